@@ -1,0 +1,1 @@
+"""Discrete-event engine: event queue, per-rank workload drivers, simulation runs."""

@@ -1,0 +1,240 @@
+"""The workload driver: issues one rank's nodes as their dependencies resolve.
+
+It keeps, per hardware resource ("slot"), a min-heap of ready node ids and a
+count of operations in flight. Whenever something finishes it issues every
+ready node whose slot has room, smallest id first across slots: ASTRA-sim's
+`issue_dep_free_nodes` order. Default capacities are ASTRA-sim's: one CPU
+operation, one GPU kernel and one communication operation in flight; memory
+loads/stores share the communication slot; receives, metadata and skipped
+nodes take no slot.
+
+Per-rank time accounting (all integer ns):
+- compute_ns: summed durations of GPU compute nodes (ASTRA-sim's "GPU ops");
+- cpu_ns: summed durations of CPU compute nodes;
+- comm_ns: time with at least one communication operation in flight;
+- exposed_comm_ns: time with communication in flight and no compute running;
+- memory_ns: time with at least one memory operation in flight;
+- idle_ns: time with nothing in flight.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Callable
+
+from chakra_core.errors import SimulationError
+from chakra_core.feeder.base import CPU_FLAG, GraphFeeder
+from chakra_core.replay import replay_time_ns
+from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.engine.simulation import Simulation
+
+SLOT_CPU, SLOT_GPU, SLOT_COMM, SLOT_MEM, SLOT_FREE = range(5)
+SLOT_NAMES = ("cpu", "gpu", "comm", "memory", "unlimited")
+
+# Accounting categories of in-flight operations.
+CAT_NONE, CAT_COMP, CAT_COMM, CAT_MEM = range(4)
+
+_SKIPPED_TYPES = {pb.INVALID_NODE, pb.STORAGE_NODE, pb.BATCH_NODE, pb.CHECKPOINT_NODE}
+
+
+def slot_table(memory_shares_comm: bool) -> dict[int, int]:
+    """Node kind (NodeType | CPU_FLAG) -> slot index."""
+    table = {}
+    for node_type in pb.NodeType.values():
+        for cpu in (0, CPU_FLAG):
+            kind = node_type | cpu
+            if node_type == pb.COMP_NODE:
+                slot = SLOT_CPU if cpu else SLOT_GPU
+            elif node_type == pb.COMM_COLL_NODE:
+                slot = SLOT_CPU if cpu else SLOT_COMM
+            elif node_type == pb.COMM_SEND_NODE:
+                slot = SLOT_COMM
+            elif node_type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
+                slot = SLOT_COMM if memory_shares_comm else SLOT_MEM
+            else:
+                slot = SLOT_FREE
+            table[kind] = slot
+    return table
+
+
+class RankDriver:
+    """Issues and completes the nodes of one rank (see module docstring)."""
+
+    def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
+                 capacities: list[int | None], slots: dict[int, int]):
+        self.rank = rank
+        self.feeder = feeder
+        self.sim = sim
+        self.queue = sim.queue
+        self.compute = sim.compute
+        self.memory = sim.memory
+        self.system = sim.system
+        self.capacity = capacities          # per slot; None = unlimited
+        self.in_use = [0] * len(SLOT_NAMES)
+        self.ready: list[list[int]] = [[] for _ in SLOT_NAMES]
+        self.slots = slots
+        self.inflight: dict[int, tuple[int, int, int]] = {}   # node id -> (slot, category, start)
+        self.remaining = feeder.num_nodes
+        self.finish_ns: int | None = None if self.remaining else 0
+        self._pumping = False
+        self._observer: Callable | None = sim.node_observer
+        # accounting
+        self.compute_ns = self.cpu_ns = 0
+        self.comm_ns = self.exposed_comm_ns = self.memory_ns = self.idle_ns = 0
+        self._active = [0, 0, 0, 0]     # in flight per category
+        self._last = 0
+        self.node_counts: dict[str, int] = {}
+        self.comm_bytes: dict[str, int] = {}
+        self.replayed_host_collectives = 0
+
+    # Issue -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.pump()
+
+    def pump(self) -> None:
+        """Move newly issuable nodes into slot heaps and issue all that fit."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            feeder, ready, slots = self.feeder, self.ready, self.slots
+            capacity, in_use = self.capacity, self.in_use
+            while True:
+                while feeder.has_nodes_to_issue():
+                    node_id = feeder.next_issuable_node()
+                    heappush(ready[slots[feeder.node_kind(node_id)]], node_id)
+                best = -1
+                best_id = 0
+                for slot in range(5):
+                    heap = ready[slot]
+                    if heap and (capacity[slot] is None or in_use[slot] < capacity[slot]):
+                        if best < 0 or heap[0] < best_id:
+                            best, best_id = slot, heap[0]
+                if best < 0:
+                    return
+                heappop(ready[best])
+                self._issue(best_id, best)
+        finally:
+            self._pumping = False
+
+    def _account(self) -> None:
+        now = self.queue.now
+        elapsed = now - self._last
+        if elapsed:
+            active = self._active
+            if active[CAT_COMM]:
+                self.comm_ns += elapsed
+                if not active[CAT_COMP]:
+                    self.exposed_comm_ns += elapsed
+            if active[CAT_MEM]:
+                self.memory_ns += elapsed
+            if not (active[CAT_COMP] or active[CAT_COMM] or active[CAT_MEM]):
+                self.idle_ns += elapsed
+            self._last = now
+
+    def _issue(self, node_id: int, slot: int) -> None:
+        node = self.feeder.lookup_node(node_id)
+        node_type = node.pb.type
+        type_name = _TYPE_NAMES.get(node_type, str(node_type))
+        self.node_counts[type_name] = self.node_counts.get(type_name, 0) + 1
+        self.in_use[slot] += 1
+        now = self.queue.now
+        rank = self.rank
+        if node_type == pb.COMP_NODE or (node_type == pb.COMM_COLL_NODE and slot == SLOT_CPU):
+            if node_type == pb.COMP_NODE:
+                duration = self.compute.compute_time_ns(rank, node)
+            else:  # host-side launch of a collective (CPU op): its kernel is a separate node
+                duration = None
+                self.replayed_host_collectives += 1
+            if duration is None:
+                duration = replay_time_ns(node)
+            elif duration.__class__ is not int or duration < 0:
+                raise SimulationError(
+                    f"compute plugin '{self.compute.name}' returned {duration!r} for rank {rank} "
+                    f"node {node_id}; durations must be non-negative ints (ns)")
+            if slot == SLOT_CPU:
+                self.cpu_ns += duration
+            else:
+                self.compute_ns += duration
+            self._begin(node_id, slot, CAT_COMP, now)
+            self.queue.schedule(duration, self.complete, node_id)
+        elif node_type == pb.COMM_COLL_NODE:
+            self._begin(node_id, slot, CAT_COMM, now)
+            size = node.int("comm_size", 0)
+            coll_name = _COLL_NAMES.get(node.int("comm_type", -1), "UNKNOWN")
+            self.comm_bytes[coll_name] = self.comm_bytes.get(coll_name, 0) + size
+            self.system.issue_collective(rank, node, self.complete)
+        elif node_type == pb.COMM_SEND_NODE:
+            self._begin(node_id, slot, CAT_COMM, now)
+            self.comm_bytes["SEND"] = self.comm_bytes.get("SEND", 0) + node.int("comm_size", 0)
+            self.system.issue_send(rank, node, self.complete)
+        elif node_type == pb.COMM_RECV_NODE:
+            self._begin(node_id, slot, CAT_COMM, now)
+            self.comm_bytes["RECV"] = self.comm_bytes.get("RECV", 0) + node.int("comm_size", 0)
+            self.system.issue_recv(rank, node, self.complete)
+        elif node_type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
+            if self.memory is None:
+                raise SimulationError(
+                    f"rank {rank}, node {node_id} ({node.name!r}) is a {type_name} but no memory "
+                    "model is selected: add a `memory:` section (e.g. `plugin: hbm`) to the manifest "
+                    "or give --astra-memory")
+            self._begin(node_id, slot, CAT_MEM, now)
+            self.memory.access(rank, node, self.complete)
+        else:
+            if node_type == pb.METADATA_NODE:
+                self.system.define_groups(rank, node)
+            self._begin(node_id, slot, CAT_NONE, now)
+            self.complete(node_id)
+
+    def _begin(self, node_id: int, slot: int, category: int, now: int) -> None:
+        if category:
+            self._account()
+            self._active[category] += 1
+        self.inflight[node_id] = (slot, category, now)
+
+    # Completion -------------------------------------------------------------------------------
+    def complete(self, node_id: int) -> None:
+        """Called by the engine or a layer when a node has finished on this rank."""
+        try:
+            slot, category, start = self.inflight.pop(node_id)
+        except KeyError:
+            raise SimulationError(f"rank {self.rank}: node {node_id} completed twice or was never "
+                                  "issued (a layer called its completion callback wrongly)") from None
+        if category:
+            self._account()
+            self._active[category] -= 1
+        self.in_use[slot] -= 1
+        feeder = self.feeder
+        if self._observer is not None:
+            self._observer(rank=self.rank, node=feeder.lookup_node(node_id),
+                           start_ns=start, end_ns=self.queue.now)
+        feeder.free_children(node_id)
+        feeder.remove_node(node_id)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.finish_ns = self.queue.now
+            self._account()
+            self.sim.rank_finished(self.rank)
+        else:
+            self.pump()
+
+    # Reporting --------------------------------------------------------------------------------
+    def waits(self) -> list[str]:
+        """What this rank is stuck on (deadlock report)."""
+        out = []
+        for node_id, (slot, category, start) in sorted(self.inflight.items()):
+            node = self.feeder.lookup_node(node_id)
+            if category != CAT_COMM:
+                out.append(f"node {node_id} ({node.name!r}, {node.type_name}) in flight since {start} ns")
+        out.extend(self.system.waits(self.rank))
+        blocked = sum(len(h) for h in self.ready)
+        if blocked:
+            first = min(h[0] for h in self.ready if h)
+            out.append(f"{blocked} ready node(s) wait for a busy resource (first: node {first})")
+        return out
+
+
+_TYPE_NAMES = {value: name for name, value in pb.NodeType.items()}
+_COLL_NAMES = {value: name for name, value in pb.CollectiveCommType.items()}

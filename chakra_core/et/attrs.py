@@ -1,0 +1,184 @@
+"""Typed access to Chakra node attributes.
+
+Real traces disagree on attribute types: `comm_size` is int64 in ASTRA-sim's
+microbenchmarks, uint64 in converted PyTorch traces; `comm_src` is int32 in
+custom collectives. Every reader of attributes goes through this module, which
+accepts every integer variant of `AttributeProto` (and integral floats) and
+raises `AttributeTypeError` naming the node and attribute otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chakra_core.errors import AttributeTypeError
+from chakra_core.schema import pb
+
+_MISSING = object()
+
+INT_FIELDS = frozenset({
+    "int32_val", "int64_val", "uint32_val", "uint64_val", "sint32_val", "sint64_val",
+    "fixed32_val", "fixed64_val", "sfixed32_val", "sfixed64_val",
+})
+FLOAT_FIELDS = frozenset({"double_val", "float_val"})
+
+
+def attr_value(attr: pb.AttributeProto) -> Any:
+    """The Python value of an AttributeProto (lists as Python lists, None if unset)."""
+    which = attr.WhichOneof("value")
+    if which is None:
+        return None
+    value = getattr(attr, which)
+    if which.endswith("_list"):
+        return list(value.values)
+    return value
+
+
+def attr_map(node: pb.Node) -> dict[str, pb.AttributeProto]:
+    """name -> AttributeProto; the last one wins when a name repeats (as in Chakra's feeder)."""
+    return {attr.name: attr for attr in node.attr}
+
+
+def _as_int(attr: pb.AttributeProto, node_id: int, name: str) -> int:
+    which = attr.WhichOneof("value")
+    if which in INT_FIELDS:
+        return getattr(attr, which)
+    if which == "bool_val":
+        return int(attr.bool_val)
+    if which in FLOAT_FIELDS:
+        value = getattr(attr, which)
+        if float(value).is_integer():
+            return int(value)
+    if which == "string_val" and attr.string_val.strip().lstrip("-").isdigit():
+        return int(attr.string_val)
+    raise AttributeTypeError(
+        f"node {node_id}: attribute '{name}' must be an integer, found {which or 'no value'}"
+        f" ({attr_value(attr)!r})")
+
+
+def _as_float(attr: pb.AttributeProto, node_id: int, name: str) -> float:
+    which = attr.WhichOneof("value")
+    if which in FLOAT_FIELDS or which in INT_FIELDS:
+        return float(getattr(attr, which))
+    raise AttributeTypeError(
+        f"node {node_id}: attribute '{name}' must be a number, found {which or 'no value'}")
+
+
+def _as_bool(attr: pb.AttributeProto, node_id: int, name: str) -> bool:
+    which = attr.WhichOneof("value")
+    if which == "bool_val":
+        return attr.bool_val
+    if which in INT_FIELDS:
+        return bool(getattr(attr, which))
+    if which == "string_val" and attr.string_val.lower() in ("true", "false", "0", "1"):
+        return attr.string_val.lower() in ("true", "1")
+    raise AttributeTypeError(
+        f"node {node_id}: attribute '{name}' must be a boolean, found {which or 'no value'}")
+
+
+def _as_str(attr: pb.AttributeProto, node_id: int, name: str) -> str:
+    which = attr.WhichOneof("value")
+    if which == "string_val":
+        return attr.string_val
+    if which in INT_FIELDS:
+        return str(getattr(attr, which))
+    if which == "bytes_val":
+        return attr.bytes_val.decode("utf-8", "replace")
+    raise AttributeTypeError(
+        f"node {node_id}: attribute '{name}' must be a string, found {which or 'no value'}")
+
+
+class NodeView:
+    """A Chakra node with typed, cached attribute access.
+
+    Wraps the protobuf `Node` without copying it; the attribute index is built
+    on first use. Layers receive NodeViews, never raw protobuf messages.
+    """
+
+    __slots__ = ("pb", "_attrs")
+
+    def __init__(self, node: pb.Node):
+        self.pb = node
+        self._attrs: dict[str, pb.AttributeProto] | None = None
+
+    # Plain fields -----------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        return self.pb.id
+
+    @property
+    def name(self) -> str:
+        return self.pb.name
+
+    @property
+    def type(self) -> int:
+        return self.pb.type
+
+    @property
+    def type_name(self) -> str:
+        return pb.NodeType.Name(self.pb.type)
+
+    @property
+    def duration_micros(self) -> int:
+        return self.pb.duration_micros
+
+    # Attributes -------------------------------------------------------------------
+    def _index(self) -> dict[str, pb.AttributeProto]:
+        if self._attrs is None:
+            self._attrs = attr_map(self.pb)
+        return self._attrs
+
+    def has(self, name: str) -> bool:
+        return name in self._index()
+
+    def raw(self, name: str, default: Any = None) -> Any:
+        attr = self._index().get(name)
+        return default if attr is None else attr_value(attr)
+
+    def int(self, name: str, default: Any = _MISSING) -> int:
+        attr = self._index().get(name)
+        if attr is None:
+            if default is _MISSING:
+                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
+            return default
+        return _as_int(attr, self.pb.id, name)
+
+    def float(self, name: str, default: Any = _MISSING) -> float:
+        attr = self._index().get(name)
+        if attr is None:
+            if default is _MISSING:
+                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
+            return default
+        return _as_float(attr, self.pb.id, name)
+
+    def bool(self, name: str, default: Any = _MISSING) -> bool:
+        attr = self._index().get(name)
+        if attr is None:
+            if default is _MISSING:
+                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
+            return default
+        return _as_bool(attr, self.pb.id, name)
+
+    def str(self, name: str, default: Any = _MISSING) -> str:
+        attr = self._index().get(name)
+        if attr is None:
+            if default is _MISSING:
+                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
+            return default
+        return _as_str(attr, self.pb.id, name)
+
+    def bool_list(self, name: str) -> list[bool] | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [bool(v) for v in value]
+        raise AttributeTypeError(f"node {self.pb.id}: attribute '{name}' must be a list of booleans")
+
+    # Common Chakra attributes ---------------------------------------------------------
+    @property
+    def is_cpu_op(self) -> bool:
+        return self.bool("is_cpu_op", False)
+
+    def __repr__(self) -> str:
+        return f"NodeView(id={self.pb.id}, name={self.pb.name!r}, type={self.type_name})"

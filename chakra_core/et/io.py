@@ -1,0 +1,223 @@
+"""Reading and writing Chakra .et files.
+
+The format (MLCommons Chakra `et_def.proto` + `protolib` framing): a stream of
+protobuf messages, each preceded by its byte length as a base-128 varint. The
+first message is a `GlobalMetadata`, every following one a `Node`, until EOF.
+There is no header, count or trailer. Files may be gzip-compressed; readers
+detect the gzip magic and decompress transparently.
+
+Errors name the file and the byte offset of the frame that is broken, so a
+truncated download or a file of the wrong kind is obvious.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+from google.protobuf.message import DecodeError
+
+from chakra_core._atomic import atomic_output
+from chakra_core.errors import TraceFormatError
+from chakra_core.schema import pb
+
+GZIP_MAGIC = b"\x1f\x8b"
+_MAX_VARINT_BYTES = 10
+
+
+def encode_varint(value: int) -> bytes:
+    """Base-128 varint, as protobuf's `_VarintBytes` writes a length prefix."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def decode_varint(buf: bytes | memoryview, pos: int, path: str = "<buffer>") -> tuple[int, int]:
+    """Decode the varint at `pos`; return (value, position after it)."""
+    result = shift = 0
+    start = pos
+    end = len(buf)
+    while True:
+        if pos >= end:
+            raise TraceFormatError(path, start, "file ends inside a length prefix (truncated file)")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if pos - start >= _MAX_VARINT_BYTES:
+            raise TraceFormatError(path, start, "length prefix longer than 10 bytes (not a Chakra .et file?)")
+
+
+def iter_frames(buf: bytes | memoryview, path: str = "<buffer>") -> Iterator[tuple[int, int, int]]:
+    """Yield (frame offset, message start, message end) for every message in `buf`."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        frame = pos
+        length, pos = decode_varint(buf, pos, path)
+        if pos + length > end:
+            raise TraceFormatError(
+                path, frame,
+                f"message of {length} bytes runs past the end of the file "
+                f"({end - pos} bytes left; truncated file)")
+        yield frame, pos, pos + length
+        pos += length
+
+
+def is_gzip(path: str | os.PathLike) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == GZIP_MAGIC
+
+
+def read_file_bytes(path: str | os.PathLike) -> bytes:
+    """The decompressed contents of a .et file (plain or gzip)."""
+    data = Path(path).read_bytes()
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(str(path), 0, f"corrupt gzip stream: {exc}") from exc
+    return data
+
+
+def parse_metadata(data: bytes | memoryview, path: str, offset: int) -> pb.GlobalMetadata:
+    meta = pb.GlobalMetadata()
+    try:
+        meta.ParseFromString(bytes(data))
+    except DecodeError as exc:
+        raise TraceFormatError(path, offset, f"GlobalMetadata does not decode: {exc}") from exc
+    return meta
+
+
+def parse_node(data: bytes | memoryview, path: str, offset: int) -> pb.Node:
+    node = pb.Node()
+    try:
+        node.ParseFromString(bytes(data))
+    except DecodeError as exc:
+        raise TraceFormatError(path, offset, f"Node does not decode: {exc}") from exc
+    return node
+
+
+@dataclass
+class Trace:
+    """One rank's trace held in memory."""
+
+    metadata: pb.GlobalMetadata
+    nodes: list[pb.Node] = field(default_factory=list)
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read a whole .et file (plain or gzip) into memory."""
+    spath = str(path)
+    data = read_file_bytes(path)
+    view = memoryview(data)
+    frames = iter_frames(view, spath)
+    first = next(frames, None)
+    if first is None:
+        raise TraceFormatError(spath, 0, "empty file: a Chakra trace starts with a GlobalMetadata message")
+    offset, start, end = first
+    trace = Trace(parse_metadata(view[start:end], spath, offset))
+    nodes = trace.nodes
+    for offset, start, end in frames:
+        nodes.append(parse_node(view[start:end], spath, offset))
+    return trace
+
+
+class FrameReader:
+    """Sequential reader of length-delimited messages from a binary stream.
+
+    Used for traces too large to hold in memory: it keeps one read buffer and
+    reports each message with its byte offset in the (decompressed) stream.
+    """
+
+    def __init__(self, stream: BinaryIO, path: str, chunk_size: int = 1 << 20):
+        self._stream, self._path, self._chunk = stream, path, chunk_size
+        self._buf = bytearray()
+        self._pos = 0           # position of _buf[0] in the stream
+        self._eof = False
+
+    def _fill(self, needed: int) -> None:
+        while len(self._buf) < needed and not self._eof:
+            try:
+                block = self._stream.read(max(self._chunk, needed - len(self._buf)))
+            except (OSError, EOFError, zlib.error) as exc:
+                raise TraceFormatError(self._path, self._pos + len(self._buf),
+                                       f"corrupt compressed stream: {exc}") from exc
+            if not block:
+                self._eof = True
+            else:
+                self._buf += block
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        """Yield (frame offset, message bytes)."""
+        while True:
+            self._fill(_MAX_VARINT_BYTES)
+            if not self._buf:
+                return
+            frame = self._pos
+            try:
+                length, body_start = decode_varint(self._buf, 0, self._path)
+            except TraceFormatError as exc:
+                raise TraceFormatError(self._path, frame, exc.reason) from None
+            self._fill(body_start + length)
+            if len(self._buf) < body_start + length:
+                raise TraceFormatError(
+                    self._path, frame,
+                    f"message of {length} bytes runs past the end of the file "
+                    f"({len(self._buf) - body_start} bytes left; truncated file)")
+            body = bytes(self._buf[body_start:body_start + length])
+            del self._buf[:body_start + length]
+            self._pos += body_start + length
+            yield frame, body
+
+
+def open_stream(path: str | os.PathLike) -> BinaryIO:
+    """A binary stream of the decompressed file contents."""
+    if is_gzip(path):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def iter_trace(path: str | os.PathLike) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, pb.Node]]]:
+    """Stream a trace: return its metadata and an iterator of (byte offset, Node)."""
+    spath = str(path)
+    stream = open_stream(path)
+    frames = iter(FrameReader(stream, spath))
+    first = next(frames, None)
+    if first is None:
+        stream.close()
+        raise TraceFormatError(spath, 0, "empty file: a Chakra trace starts with a GlobalMetadata message")
+    meta = parse_metadata(first[1], spath, first[0])
+
+    def nodes() -> Iterator[tuple[int, pb.Node]]:
+        with stream:
+            for offset, body in frames:
+                yield offset, parse_node(body, spath, offset)
+
+    return meta, nodes()
+
+
+def encode_message(message) -> bytes:
+    body = message.SerializeToString()
+    return encode_varint(len(body)) + body
+
+
+def write_trace(path: str | os.PathLike, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node],
+                compress: bool = False) -> None:
+    """Write a .et file atomically (optionally gzip-compressed)."""
+    with atomic_output(path, "wb") as handle:
+        # mtime=0 keeps compressed output deterministic.
+        sink = gzip.GzipFile(fileobj=handle, mode="wb", mtime=0) if compress else handle
+        sink.write(encode_message(metadata))
+        for node in nodes:
+            sink.write(encode_message(node))
+        if compress:
+            sink.close()

@@ -1,0 +1,363 @@
+"""Streaming GraphFeeder: an index in compact arrays, node bodies loaded on demand.
+
+Opening a trace makes one sequential pass that records, per node, its byte
+offset and length, its kind, and its parents; the dependency graph is then
+stored as compressed arrays (about 30 bytes per node plus 8 per edge, versus
+roughly 1 KB per parsed protobuf node). Node bodies are parsed only when the
+simulator looks them up and live in an LRU cache of `cache_nodes` entries, so a
+trace far larger than memory simulates in memory bounded by the index and the
+cache. Gzip-compressed traces are decompressed once to a temporary file during
+the indexing pass (random access into gzip is not possible).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import tempfile
+from array import array
+from collections import OrderedDict
+
+from chakra_core.errors import TraceFormatError, TraceGraphError
+from chakra_core.et.attrs import NodeView
+from chakra_core.et.io import FrameReader, is_gzip, parse_metadata, parse_node
+from chakra_core.feeder.base import (GraphFeeder, IssuableHeap, cycle_error, find_cycle,
+                                     missing_parent_problem, node_kind, parents_of,
+                                     use_control_deps)
+from chakra_core.schema import pb
+
+DEFAULT_CACHE_NODES = 4096
+
+
+class StreamingFeeder(GraphFeeder):
+    """GraphFeeder over an on-disk trace (see module docstring)."""
+
+    def __init__(self, path: str | os.PathLike, cache_nodes: int = DEFAULT_CACHE_NODES,
+                 missing_parents: str = "ignore-control", dependencies: str = "all"):
+        if cache_nodes < 1:
+            raise ValueError("cache_nodes must be at least 1")
+        self.path = str(path)
+        self.missing_parents = missing_parents
+        self._use_ctrl = use_control_deps(dependencies)
+        self.warnings: list[str] = []
+        self.cache_nodes = cache_nodes
+        self._tmp_dir: str | None = None
+        self._file = None
+        self._map: mmap.mmap | None = None
+        self._cache: OrderedDict[int, NodeView] = OrderedDict()
+        self._issuable = IssuableHeap()
+        self._added: dict[int, NodeView] = {}      # add_node() overlay: id -> body
+        self._added_kind: dict[int, int] = {}
+        self._added_remaining: dict[int, int] = {}
+        self._added_children: dict[int, list[int]] = {}
+        self._finished_added: set[int] = set()
+        try:
+            self._index()
+        except BaseException:
+            self.close()
+            raise
+
+    # Indexing ---------------------------------------------------------------------------
+    def _index(self) -> None:
+        source = self.path
+        if is_gzip(source):
+            self._tmp_dir = tempfile.mkdtemp(prefix="chakra-sim-")
+            plain = os.path.join(self._tmp_dir, "trace.et")
+            import gzip
+            import zlib
+            try:
+                with gzip.open(source, "rb") as src, open(plain, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise TraceFormatError(self.path, 0, f"corrupt gzip stream: {exc}") from exc
+            source = plain
+
+        ids = array("Q")
+        offsets = array("Q")
+        lengths = array("I")
+        kinds = bytearray()
+        edge_parent = array("Q")   # parent id of each edge
+        edge_child = array("I")    # child position of each edge
+        edge_is_ctrl = bytearray()  # 1 when the edge is a control-only dependency
+        with open(source, "rb") as stream:
+            frames = iter(FrameReader(stream, self.path))
+            first = next(frames, None)
+            if first is None:
+                raise TraceFormatError(self.path, 0,
+                                       "empty file: a Chakra trace starts with a GlobalMetadata message")
+            self.metadata = parse_metadata(first[1], self.path, first[0])
+            for offset, body in frames:
+                node = parse_node(body, self.path, offset)
+                position = len(ids)
+                node_id = node.id
+                ids.append(node_id)
+                # FrameReader gives the frame offset; the body follows the varint prefix.
+                offsets.append(offset + _varint_size(len(body)))
+                lengths.append(len(body))
+                kinds.append(node_kind(node))
+                data = node.data_deps
+                for parent in parents_of(node, self._use_ctrl):
+                    if parent != node_id:
+                        edge_parent.append(parent)
+                        edge_child.append(position)
+                        edge_is_ctrl.append(parent not in data)
+
+        count = len(ids)
+        self._ids, self._offsets, self._lengths, self._kinds = ids, offsets, lengths, kinds
+        self._build_id_map(ids)
+        self._check_duplicates(ids)
+        edge_parent_pos, edge_child = self._resolve_parents(edge_parent, edge_child, edge_is_ctrl)
+
+        # Compressed sparse rows: children of position p are
+        # children[child_start[p]:child_start[p + 1]].
+        remaining = array("I", bytes(4 * count))
+        child_start = array("Q", bytes(8 * (count + 1)))
+        for parent_pos, child_pos in zip(edge_parent_pos, edge_child):
+            child_start[parent_pos + 1] += 1
+            remaining[child_pos] += 1
+        for p in range(count):
+            child_start[p + 1] += child_start[p]
+        fill = array("Q", child_start)
+        children = array("I", bytes(4 * len(edge_child)))
+        for parent_pos, child_pos in zip(edge_parent_pos, edge_child):
+            children[fill[parent_pos]] = child_pos
+            fill[parent_pos] += 1
+        del fill, edge_parent, edge_parent_pos
+        self._remaining, self._child_start, self._children = remaining, child_start, children
+        self._finished = bytearray(count)
+        self._check_acyclic()
+        for p in range(count):
+            if remaining[p] == 0:
+                self._issuable.push(ids[p])
+
+        self._file = open(source, "rb")
+        if os.fstat(self._file.fileno()).st_size:
+            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _build_id_map(self, ids: array) -> None:
+        """id -> position: a dense array when ids are (nearly) contiguous, else a dict."""
+        count = len(ids)
+        if count == 0:
+            self._base, self._dense, self._sparse = 0, array("q"), None
+            return
+        low, high = min(ids), max(ids)
+        if high - low + 1 <= 2 * count + 1024:
+            dense = array("q", [-1]) * (high - low + 1)
+            for position, node_id in enumerate(ids):
+                dense[node_id - low] = position
+            self._base, self._dense, self._sparse = low, dense, None
+        else:
+            self._base, self._dense = 0, None
+            self._sparse = {node_id: position for position, node_id in enumerate(ids)}
+
+    def _position(self, node_id: int) -> int:
+        if self._dense is not None:
+            index = node_id - self._base
+            if 0 <= index < len(self._dense):
+                position = self._dense[index]
+                if position >= 0:
+                    return position
+            return -1
+        return self._sparse.get(node_id, -1)
+
+    def _check_duplicates(self, ids: array) -> None:
+        if len(set(ids)) == len(ids):
+            return
+        seen: dict[int, int] = {}
+        for position, node_id in enumerate(ids):
+            if node_id in seen:
+                first = seen[node_id]
+                raise TraceGraphError(
+                    f"{self.path}: duplicate node id {node_id} (byte offsets "
+                    f"{self._offsets[first]} and {self._offsets[position]})")
+            seen[node_id] = position
+
+    def _resolve_parents(self, edge_parent: array, edge_child: array,
+                         edge_is_ctrl: bytearray) -> tuple[array, array]:
+        """Map parent ids to positions; apply the missing-parent policy."""
+        positions = array("Q")
+        kept_children = array("I")
+        missing_data: list[tuple[int, int]] = []
+        missing_ctrl: list[tuple[int, int]] = []
+        for parent, child, is_ctrl in zip(edge_parent, edge_child, edge_is_ctrl):
+            position = self._position(parent)
+            if position < 0:
+                (missing_ctrl if is_ctrl else missing_data).append((self._ids[child], parent))
+                continue
+            positions.append(position)
+            kept_children.append(child)
+        error, warning = missing_parent_problem(
+            self.path, self.missing_parents, missing_data, missing_ctrl,
+            lambda n: self._load_for_report(n).name)
+        if error:
+            raise error
+        if warning:
+            self.warnings.append(warning)
+        return positions, kept_children
+
+    def _load_for_report(self, node_id: int) -> NodeView:
+        return self._load(self._position(node_id))
+
+    def _check_acyclic(self) -> None:
+        remaining = array("I", self._remaining)
+        stack = [p for p in range(len(remaining)) if remaining[p] == 0]
+        seen = 0
+        child_start, children = self._child_start, self._children
+        while stack:
+            p = stack.pop()
+            seen += 1
+            for i in range(child_start[p], child_start[p + 1]):
+                c = children[i]
+                remaining[c] -= 1
+                if remaining[c] == 0:
+                    stack.append(c)
+        if seen == len(remaining):
+            return
+        leftover = {self._ids[p] for p in range(len(remaining)) if remaining[p] > 0}
+
+        def parents(node_id: int) -> list[int]:
+            return [p for p in parents_of(self._load(self._position(node_id)).pb, self._use_ctrl)
+                    if self._position(p) >= 0]
+
+        raise cycle_error(self.path, find_cycle(leftover, parents), len(leftover), self._use_ctrl)
+
+    # Bodies -------------------------------------------------------------------------------
+    def _load(self, position: int) -> NodeView:
+        start = self._offsets[position]
+        if self._map is not None:
+            data = self._map[start:start + self._lengths[position]]
+        else:  # during indexing (cycle report) the file is not mapped yet
+            with open(self._source_path(), "rb") as handle:
+                handle.seek(start)
+                data = handle.read(self._lengths[position])
+        return NodeView(parse_node(data, self.path, start))
+
+    def _source_path(self) -> str:
+        return os.path.join(self._tmp_dir, "trace.et") if self._tmp_dir else self.path
+
+    # GraphFeeder ---------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self._ids) + len(self._added)
+
+    def add_node(self, node: pb.Node) -> None:
+        node_id = node.id
+        if self._position(node_id) >= 0 or node_id in self._added:
+            raise TraceGraphError(f"{self.path}: duplicate node id {node_id} ({node.name!r})")
+        waiting = []
+        for parent in parents_of(node, self._use_ctrl):
+            if parent == node_id:
+                continue
+            position = self._position(parent)
+            if position >= 0:
+                if not self._finished[position]:
+                    waiting.append(parent)
+            elif parent in self._added:
+                if parent not in self._finished_added:
+                    waiting.append(parent)
+            else:
+                raise TraceGraphError(
+                    f"{self.path}: node {node_id} ({node.name!r}) depends on node {parent}, "
+                    "which does not exist")
+        self._added[node_id] = NodeView(node)
+        self._added_kind[node_id] = node_kind(node)
+        self._added_remaining[node_id] = len(waiting)
+        for parent in waiting:
+            self._added_children.setdefault(parent, []).append(node_id)
+        if not waiting:
+            self._issuable.push(node_id)
+
+    def remove_node(self, node_id: int) -> None:
+        position = self._position(node_id)
+        if position >= 0:
+            self._cache.pop(position, None)
+        else:
+            self._added.pop(node_id, None)
+
+    def has_nodes_to_issue(self) -> bool:
+        return bool(self._issuable)
+
+    def next_issuable_node(self) -> int | None:
+        return self._issuable.pop()
+
+    def push_back_issuable_node(self, node_id: int) -> None:
+        self._issuable.push(node_id)
+
+    def lookup_node(self, node_id: int) -> NodeView:
+        position = self._position(node_id)
+        if position < 0:
+            return self._added[node_id]
+        cache = self._cache
+        view = cache.get(position)
+        if view is not None:
+            cache.move_to_end(position)
+            return view
+        view = self._load(position)
+        cache[position] = view
+        if len(cache) > self.cache_nodes:
+            cache.popitem(last=False)
+        return view
+
+    def node_kind(self, node_id: int) -> int:
+        position = self._position(node_id)
+        if position < 0:
+            return self._added_kind[node_id]
+        return self._kinds[position]
+
+    def free_children(self, node_id: int) -> list[int]:
+        ready = []
+        position = self._position(node_id)
+        if position >= 0:
+            self._finished[position] = 1
+            remaining, children, ids = self._remaining, self._children, self._ids
+            for i in range(self._child_start[position], self._child_start[position + 1]):
+                child = children[i]
+                left = remaining[child] - 1
+                remaining[child] = left
+                if left == 0:
+                    child_id = ids[child]
+                    self._issuable.push(child_id)
+                    ready.append(child_id)
+        else:
+            self._finished_added.add(node_id)
+        for child_id in self._added_children.pop(node_id, ()):
+            self._added_remaining[child_id] -= 1
+            if self._added_remaining[child_id] == 0:
+                self._issuable.push(child_id)
+                ready.append(child_id)
+        return ready
+
+    def pending_nodes(self):
+        pending = [self._ids[p] for p in range(len(self._ids)) if not self._finished[p]]
+        pending.extend(n for n in self._added if n not in self._finished_added)
+        return pending
+
+    @property
+    def cached_nodes(self) -> int:
+        return len(self._cache)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+
+    def __del__(self) -> None:  # pragma: no cover - safety net for temp files
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _varint_size(value: int) -> int:
+    size = 1
+    while value > 0x7F:
+        value >>= 7
+        size += 1
+    return size

@@ -1,0 +1,251 @@
+"""The interfaces plugins implement, one per layer: compute, memory, network, system.
+
+A plugin class subclasses one of `ComputeModel`, `MemoryModel`, `NetworkModel`
+or `SystemLayer` and declares three class attributes:
+
+- `name`: what users write after `plugin:` in a manifest section;
+- `fidelity`: one line telling users what the model does and does not capture;
+- `Config`: a pydantic model of the manifest section (the `plugin` key removed).
+
+The engine creates the selected class once per run, as `cls(config, context)`,
+and from then on calls its methods directly: no hook dispatch in the hot loop.
+`context` (a `LayerContext`) gives the number of ranks, the event scheduler and
+the already-built layers this one may depend on (memory is built first, then
+compute, network and system), so a roofline compute model can read the memory
+layer's bandwidth instead of a copy of it.
+
+Units, everywhere: time in integer nanoseconds, sizes in bytes, bandwidth in
+GB/s as each layer documents (network: GB = 2^30 bytes, like ASTRA-sim's
+network files; memory and compute: GB = 10^9 bytes).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from chakra_core.et.attrs import NodeView
+
+LAYERS = ("system", "compute", "memory", "network")
+
+
+class Scheduler(Protocol):
+    """The engine's clock and event queue, as layers see it."""
+
+    @property
+    def now(self) -> int:
+        """Current simulated time in ns."""
+
+    def schedule(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
+        """Call `callback(arg)` `delay` ns from now (delay >= 0, an int)."""
+
+    def schedule_at(self, time: int, callback: Callable[[Any], None], arg: Any = None) -> None:
+        """Call `callback(arg)` at absolute time `time` (>= now)."""
+
+
+@dataclass
+class LayerContext:
+    """What a layer receives when the engine builds it."""
+
+    num_ranks: int
+    scheduler: Scheduler
+    base_dir: Path = Path(".")
+    """Folder of the manifest: resolve relative paths in a plugin's config against it."""
+    memory: "MemoryModel | None" = None
+    compute: "ComputeModel | None" = None
+    network: "NetworkModel | None" = None
+    warnings: list[str] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Run-wide inputs a layer may use, e.g. `comm_groups` ({name: [ranks]}) from the manifest."""
+
+    def warn(self, message: str) -> None:
+        """Record a warning: shown after the run and written to results.json."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+
+class PluginConfig(BaseModel):
+    """Base for plugin Config models: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LayerModel(ABC):
+    """Common part of every layer implementation."""
+
+    layer: ClassVar[str]
+    name: ClassVar[str]
+    fidelity: ClassVar[str]
+    Config: ClassVar[type[BaseModel]] = PluginConfig
+
+    def __init__(self, config: BaseModel, context: LayerContext):
+        self.config = config
+        self.context = context
+
+    def summary(self) -> dict[str, Any]:
+        """Run-level statistics for results.json (JSON-serialisable)."""
+        return {}
+
+    def rank_summary(self, rank: int) -> dict[str, Any]:
+        """Per-rank statistics merged into that rank's entry of results.json."""
+        return {}
+
+
+class ComputeModel(LayerModel):
+    """Times COMP nodes."""
+
+    layer = "compute"
+
+    @abstractmethod
+    def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
+        """Duration of a compute node in ns, or None to replay the trace's duration_micros."""
+
+
+class MemoryModel(LayerModel):
+    """Times MEM_LOAD/MEM_STORE nodes and tells compute models the memory bandwidth."""
+
+    layer = "memory"
+
+    @abstractmethod
+    def bandwidth_gbps(self, rank: int) -> float:
+        """Local memory bandwidth of `rank` in GB/s (10^9 bytes/s), for roofline models."""
+
+    @abstractmethod
+    def access(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a MEM_LOAD_NODE or MEM_STORE_NODE; call `done(node.id)` when it completes.
+
+        Use `context.scheduler` to complete later; accesses may overlap and share bandwidth.
+        """
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One dimension of a multi-dimensional network (ASTRA-sim network YAML semantics)."""
+
+    topology: str        # "Ring", "FullyConnected" or "Switch"
+    npus: int
+    bandwidth_gbps: float  # GB/s with GB = 2^30 bytes
+    latency_ns: float
+
+
+class NetworkModel(LayerModel):
+    """Moves messages between NPUs."""
+
+    layer = "network"
+
+    contention_free: ClassVar[bool] = False
+    """True when a message's delay depends only on (src, dst, size), never on other traffic.
+    The system layer then times collectives in closed form via `message_delay`."""
+
+    npus_count: int
+    dims: tuple[Dimension, ...]
+
+    @abstractmethod
+    def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
+        """Inject `size` bytes from `src` to `dst` now; call `on_arrival(arg)` when they arrive."""
+
+    def message_delay(self, src: int, dst: int, size: int) -> int:
+        """Delay of one message on an idle network (required when contention_free)."""
+        raise NotImplementedError(f"network plugin '{self.name}' does not offer message_delay")
+
+    def dim_of(self, src: int, dst: int) -> int:
+        """The dimension a src -> dst message travels in: the first where their coordinates differ.
+
+        Coordinates as ASTRA-sim numbers NPUs: dimension 0 varies fastest.
+        """
+        stride = 1
+        for index, dim in enumerate(self.dims):
+            if (src // stride) % dim.npus != (dst // stride) % dim.npus:
+                return index
+            stride *= dim.npus
+        raise ValueError(f"src and dst are the same NPU ({src})")
+
+
+class SystemLayer(LayerModel):
+    """Turns communication nodes into network traffic (collective algorithms, p2p matching)."""
+
+    layer = "system"
+
+    @abstractmethod
+    def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a COMM_COLL_NODE on `rank`; call `done(node.id)` when it completes there."""
+
+    @abstractmethod
+    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a COMM_SEND_NODE; call `done(node.id)` when the send completes."""
+
+    @abstractmethod
+    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Post a COMM_RECV_NODE; call `done(node.id)` when the matching message arrived."""
+
+    def define_groups(self, rank: int, node: NodeView) -> None:
+        """A METADATA node may define communicator groups; default: ignore it."""
+
+    def waits(self, rank: int) -> list[str]:
+        """What `rank` still waits for (used in deadlock reports)."""
+        return []
+
+    def finish(self) -> None:
+        """Called once after the event queue drains; report leftovers with context.warn."""
+
+
+class Registry:
+    """Typed registry handed to `chakra_sim_register_<layer>` hooks.
+
+    `add(cls)` checks the class against its layer's interface and rejects a
+    name already taken, naming both providers.
+    """
+
+    def __init__(self, layer: str, base: type[LayerModel]):
+        self.layer, self.base = layer, base
+        self.classes: dict[str, type[LayerModel]] = {}
+        self.owners: dict[str, str] = {}
+        self.algorithms: dict[str, type] = {}
+        self.current_owner = "<unknown>"
+
+    def add(self, cls: type[LayerModel]) -> type[LayerModel]:
+        """Register an implementation class of this registry's layer; returns it."""
+        from chakra_core.errors import PluginError
+
+        owner = self.current_owner
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise PluginError(f"plugin '{owner}' registered {cls!r} as a {self.layer} model, "
+                              f"but it does not subclass chakra_core.layers.{self.base.__name__}")
+        for attr in ("name", "fidelity"):
+            if not isinstance(getattr(cls, attr, None), str) or not getattr(cls, attr):
+                raise PluginError(f"plugin '{owner}': {cls.__qualname__} needs a non-empty "
+                                  f"string class attribute '{attr}'")
+        config = getattr(cls, "Config", None)
+        if not (isinstance(config, type) and issubclass(config, BaseModel)):
+            raise PluginError(f"plugin '{owner}': {cls.__qualname__}.Config must be a pydantic model")
+        if cls.name in self.classes:
+            raise PluginError(f"{self.layer} model name '{cls.name}' is registered twice: "
+                              f"by '{self.owners[cls.name]}' and by '{owner}'")
+        self.classes[cls.name] = cls
+        self.owners[cls.name] = owner
+        return cls
+
+    def add_algorithm(self, cls: type) -> type:
+        """Register a collective algorithm class (system registry only; see chakra_core.system)."""
+        from chakra_core.errors import PluginError
+
+        if self.layer != "system":
+            raise PluginError(f"plugin '{self.current_owner}': algorithms register with the system registry")
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin '{self.current_owner}': algorithm {cls!r} needs a 'name'")
+        if name in self.algorithms:
+            raise PluginError(f"collective algorithm '{name}' is registered twice: by "
+                              f"'{self.owners.get('algorithm:' + name)}' and by '{self.current_owner}'")
+        self.algorithms[name] = cls
+        self.owners["algorithm:" + name] = self.current_owner
+        return cls
+
+
+LAYER_BASES: dict[str, type[LayerModel]] = {
+    "compute": ComputeModel, "memory": MemoryModel, "network": NetworkModel, "system": SystemLayer,
+}

@@ -1,0 +1,211 @@
+"""Plugin discovery, registration and lookup.
+
+Entry points in the ``chakra_sim`` group are loaded one at a time. A plugin
+that fails to import, or whose hook implementations do not match the
+hookspecs, is recorded with its error and reported by ``chakra-sim plugins``;
+it fails a run only if the manifest selects something only it could provide.
+(pluggy's ``load_setuptools_entrypoints`` would abort on the first failure.)
+
+Built-in implementations (the ``native`` system layer, the ``replay`` compute
+model) are registered through the same hooks as third-party plugins.
+
+Use ``make_plugin_host()`` for a fresh host; tests build their own with fake
+entry points or in-process plugins instead of sharing a module global.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pluggy
+
+from chakra_core import hookspecs
+from chakra_core.errors import PluginError
+from chakra_core.layers import LAYER_BASES, LAYERS, LayerModel, Registry
+
+BUILTIN_NAME = "chakra-sim (built-in)"
+
+
+@dataclass
+class PluginInfo:
+    """One loaded (or failed) plugin."""
+
+    name: str                 # entry-point name, or BUILTIN_NAME
+    distribution: str
+    version: str
+    status: str = "ok"        # "ok" or "failed"
+    error: str = ""
+    modules: tuple[str, ...] = ()
+
+
+@dataclass
+class Implementation:
+    """A class registered for a layer, with the plugin that provided it."""
+
+    layer: str
+    name: str
+    cls: type[LayerModel]
+    plugin: PluginInfo
+
+    @property
+    def fidelity(self) -> str:
+        return self.cls.fidelity
+
+
+@dataclass
+class PluginHost:
+    """Loaded plugins, their registries, and the pluggy manager for observer hooks."""
+
+    pm: pluggy.PluginManager
+    plugins: dict[str, PluginInfo] = field(default_factory=dict)
+    registries: dict[str, Registry] = field(default_factory=dict)
+
+    # Lookup ---------------------------------------------------------------------------
+    def implementations(self, layer: str) -> list[Implementation]:
+        registry = self.registries[layer]
+        return [Implementation(layer, name, cls, self.plugins[registry.owners[name]])
+                for name, cls in sorted(registry.classes.items())]
+
+    def failed(self) -> list[PluginInfo]:
+        return [info for info in self.plugins.values() if info.status != "ok"]
+
+    def get(self, layer: str, name: str) -> Implementation:
+        """The implementation a manifest selects, or a PluginError that says what is installed."""
+        if layer not in self.registries:
+            raise PluginError(f"unknown layer '{layer}'; layers are {', '.join(LAYERS)}")
+        for impl in self.implementations(layer):
+            if impl.name == name:
+                return impl
+        installed = ", ".join(i.name for i in self.implementations(layer)) or "none"
+        message = f"no {layer} plugin named '{name}'; installed {layer} plugins: {installed}"
+        failed = self.failed()
+        if failed:
+            message += ". These plugins failed to load and may provide it: " + "; ".join(
+                f"'{f.name}' ({f.distribution} {f.version}): {f.error}" for f in failed)
+        else:
+            message += " (see `chakra-sim plugins`)"
+        raise PluginError(message)
+
+    def algorithms(self) -> dict[str, type]:
+        return dict(self.registries["system"].algorithms)
+
+    def owner_of_module(self, module_name: str) -> PluginInfo | None:
+        """The plugin whose code lives in `module_name` (for naming a plugin that raised)."""
+        for info in self.plugins.values():
+            for prefix in info.modules:
+                if module_name == prefix or module_name.startswith(prefix + "."):
+                    return info
+        return None
+
+    def has_observer(self, hook_name: str) -> bool:
+        return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
+
+    # Listing --------------------------------------------------------------------------
+    def listing(self, include_builtins: bool = True) -> list[dict[str, Any]]:
+        """Rows for `chakra-sim plugins`: one per implementation, plus one per failed plugin."""
+        rows = []
+        for layer in LAYERS:
+            for impl in self.implementations(layer):
+                if not include_builtins and impl.plugin.name == BUILTIN_NAME:
+                    continue
+                rows.append({
+                    "layer": layer, "name": impl.name, "plugin": impl.plugin.name,
+                    "distribution": impl.plugin.distribution, "version": impl.plugin.version,
+                    "fidelity": impl.fidelity, "status": "ok",
+                    "config_schema": impl.cls.Config.model_json_schema(),
+                })
+        for info in self.failed():
+            rows.append({
+                "layer": "?", "name": info.name, "plugin": info.name,
+                "distribution": info.distribution, "version": info.version,
+                "fidelity": "", "status": "FAILED", "error": info.error, "config_schema": None,
+            })
+        return rows
+
+
+def _module_names(obj: Any) -> tuple[str, ...]:
+    name = getattr(obj, "__name__", None) if isinstance(obj, type(sys)) else type(obj).__module__
+    if not name:
+        return ()
+    return (name.split(".")[0],)
+
+
+def _register_plugin(host: PluginHost, obj: Any, info: PluginInfo) -> None:
+    """Register one plugin object with pluggy and collect the classes it registers."""
+    pm = host.pm
+    try:
+        pm.register(obj, name=info.name)
+        pm.check_pending()
+    except Exception as exc:  # pluggy.PluginValidationError and friends
+        if pm.is_registered(obj):
+            pm.unregister(obj)
+        info.status, info.error = "failed", f"{type(exc).__name__}: {exc}"
+        host.plugins[info.name] = info
+        return
+    host.plugins[info.name] = info
+    try:
+        for layer in LAYERS:
+            hook = getattr(pm.hook, f"chakra_sim_register_{layer}")
+            registry = host.registries[layer]
+            for impl in hook.get_hookimpls():
+                if impl.plugin is obj:
+                    registry.current_owner = info.name
+                    impl.function(registry)
+    except Exception as exc:
+        # Undo what the plugin registered: a half-registered plugin is not usable.
+        for registry in host.registries.values():
+            for key in [k for k, owner in registry.owners.items() if owner == info.name]:
+                registry.owners.pop(key)
+                if key.startswith("algorithm:"):
+                    registry.algorithms.pop(key.split(":", 1)[1], None)
+                else:
+                    registry.classes.pop(key, None)
+        pm.unregister(obj)
+        detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+        info.status, info.error = "failed", f"error while registering: {detail}"
+
+
+def _entry_points() -> Iterable[metadata.EntryPoint]:
+    return metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
+
+
+def make_plugin_host(entry_points: Iterable[metadata.EntryPoint] | None = None,
+                     extra_plugins: Iterable[tuple[str, Any]] = (),
+                     include_builtins: bool = True) -> PluginHost:
+    """A fresh plugin host: built-ins, then installed entry points, then `extra_plugins`.
+
+    `entry_points` replaces discovery (tests pass fakes); `extra_plugins` are
+    (name, object) pairs registered in-process.
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    host = PluginHost(pm=pm, registries={layer: Registry(layer, LAYER_BASES[layer]) for layer in LAYERS})
+    if include_builtins:
+        from chakra_core import builtins as builtin_plugin
+        from chakra_core import __version__
+        _register_plugin(host, builtin_plugin,
+                         PluginInfo(BUILTIN_NAME, "chakra-sim", __version__, modules=("chakra_core",)))
+    for ep in sorted(entry_points if entry_points is not None else _entry_points(), key=lambda e: e.name):
+        dist = getattr(ep, "dist", None)
+        info = PluginInfo(ep.name, dist.name if dist else "?", dist.version if dist else "?")
+        if ep.name in host.plugins:
+            info.status, info.error = "failed", f"entry point name '{ep.name}' is used twice"
+            host.plugins[f"{ep.name} ({info.distribution})"] = info
+            continue
+        try:
+            obj = ep.load()
+        except Exception as exc:
+            last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+            where = f" ({last[0].filename}:{last[0].lineno})" if last else ""
+            info.status, info.error = "failed", f"{type(exc).__name__}: {exc}{where}"
+            host.plugins[ep.name] = info
+            continue
+        info.modules = _module_names(obj) or (ep.value.split(":")[0].split(".")[0],)
+        _register_plugin(host, obj, info)
+    for name, obj in extra_plugins:
+        _register_plugin(host, obj, PluginInfo(name, name, "0", modules=_module_names(obj)))
+    return host

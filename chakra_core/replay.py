@@ -1,0 +1,30 @@
+"""The built-in `replay` compute model: every COMP node takes its traced duration.
+
+This is ASTRA-sim's behaviour with the roofline disabled, and what the
+`roofline` plugin falls back to for CPU operations and nodes without
+`num_ops`. A node with `duration_micros` 0 takes 1 ns, as in ASTRA-sim.
+"""
+
+from __future__ import annotations
+
+from chakra_core.et.attrs import NodeView
+from chakra_core.layers import ComputeModel, PluginConfig
+
+
+def replay_time_ns(node: NodeView) -> int:
+    """ASTRA-sim's replay duration: duration_micros in ns, at least 1 ns."""
+    micros = node.pb.duration_micros
+    return micros * 1000 if micros else 1
+
+
+class ReplayConfig(PluginConfig):
+    pass
+
+
+class ReplayCompute(ComputeModel):
+    name = "replay"
+    fidelity = "replays each compute node's traced duration_micros (no hardware model)"
+    Config = ReplayConfig
+
+    def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
+        return None

@@ -1,0 +1,1 @@
+"""Results: the results document, JSON/CSV writers, terminal summary."""

@@ -1,0 +1,1 @@
+"""The built-in system layer: collective algorithms, chunking, scheduling, groups, p2p."""
