@@ -30,11 +30,19 @@ from chakra_core.errors import ChakraSimError
 err_console = Console(stderr=True, highlight=False)
 
 
+def out_console() -> Console:
+    """stdout console; wide enough for the tables when output is not a terminal (pipes, logs)."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = max(console.width, 140)
+    return console
+
+
 class CliError(click.ClickException):
     exit_code = 2
 
     def show(self, file=None) -> None:
-        err_console.print(f"[red]error:[/red] {escape(self.message)}")
+        err_console.print(f"[red]error:[/red] {escape(self.message)}", soft_wrap=True)
 
 
 def _fail(exc: ChakraSimError, debug: bool) -> None:
@@ -74,8 +82,12 @@ def astra_manifest(workload: str, system: str, network: str, memory: str | None,
         manifest["compute"] = {"plugin": "replay"}
     if memory:
         mem_data = read_config_file(Path(memory))
+        # NO_MEMORY_EXPANSION gives ASTRA-sim no model for memory nodes; so here too
+        # (a trace with MEM_LOAD/MEM_STORE nodes then stops with a clear error).
         if mem_data.get("memory-type", "NO_MEMORY_EXPANSION") != "NO_MEMORY_EXPANSION":
             manifest["memory"] = {"plugin": "hbm", "astra_file": memory}
+            if "local-mem-bw" in sys_data:
+                manifest["memory"]["bandwidth_gbps"] = sys_data["local-mem-bw"]
     return manifest
 
 
@@ -134,7 +146,7 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
         written = write_results(results, loaded.output_dir, loaded.formats)
     except OSError as exc:
         raise CliError(f"cannot write results to {loaded.output_dir}: {exc.strerror or exc}") from exc
-    console = Console()
+    console = out_console()
     if not quiet:
         print_summary(results, console, wall_s)
     else:
@@ -180,12 +192,12 @@ def validate(manifest, debug) -> None:
     except ChakraSimError as exc:
         _fail(exc, debug)
         return
-    console = Console(highlight=False)
+    console = out_console()
     spec = loaded.spec
     layers = ", ".join(f"{layer}={choice.impl.name}" for layer, choice in spec.layers.items())
-    console.print(f"{manifest}: valid ({len(spec.trace_files)} rank(s); {layers})")
+    console.print(f"{manifest}: valid ({len(spec.trace_files)} rank(s); {layers})", soft_wrap=True)
     for warning in spec.warnings:
-        console.print(f"  warning: {escape(warning)}")
+        console.print(f"  warning: {escape(warning)}", soft_wrap=True)
 
 
 # plugins ------------------------------------------------------------------------------------
@@ -212,7 +224,7 @@ def plugins(as_json, layer, show_all) -> None:
         status = "[green]ok[/green]" if row["status"] == "ok" else f"[red]FAILED[/red]: {escape(row.get('error', ''))}"
         table.add_row(row["layer"], row["name"], row["distribution"], row["version"], status,
                       escape(row["fidelity"]))
-    Console().print(table)
+    out_console().print(table)
 
 
 # jsonize ------------------------------------------------------------------------------------

@@ -86,6 +86,15 @@ class LayerModel(ABC):
         self.config = config
         self.context = context
 
+    @classmethod
+    def config_problems(cls, config: BaseModel, extras: dict[str, Any]) -> list[tuple[tuple, str]]:
+        """Checks that need more than the Config model (run by `chakra-sim validate` too).
+
+        Return (key path tuple, reason) pairs, e.g. (("all-reduce-implementation", 1),
+        "unknown algorithm 'x'"). `extras` holds run-wide inputs such as "algorithms".
+        """
+        return []
+
     def summary(self) -> dict[str, Any]:
         """Run-level statistics for results.json (JSON-serialisable)."""
         return {}

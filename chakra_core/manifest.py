@@ -50,8 +50,9 @@ class ResourcesSection(_Strict):
 class WorkloadSection(_Strict):
     trace: str = Field(..., description="trace prefix: files <trace>.<rank>.et (plain or gzip)")
     ranks: PositiveInt | None = Field(None, description="number of ranks; default: count the files")
-    feeder: Literal["memory", "streaming"] = Field(
-        "memory", description="'streaming' keeps only an index and a node cache in memory")
+    feeder: Literal["streaming", "memory"] = Field(
+        "streaming", description="'streaming' keeps only a compact index and a node cache in memory "
+                                 "(memory bounded by the cache, not the trace); 'memory' parses every node up front")
     cache_nodes: PositiveInt = Field(DEFAULT_CACHE_NODES, description="streaming feeder's node cache")
     dependencies: Literal["all", "data"] = Field(
         "all", description="'data' ignores control dependencies, as Chakra's C++ feeder does")
@@ -220,10 +221,18 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, base_di
         for error in exc.errors():
             loc = error["loc"]
             message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            if loc and loc[0] not in inline and file_name is not None:
-                problems.append((f"{file_name}: {format_loc(loc)}", message))
+            if file_name is not None and (loc[0] not in inline if loc else not inline):
+                where = format_loc(loc) if loc else f"(whole file, loaded by {layer}.astra_file)"
+                problems.append((f"{file_name}: {where}", message))
             else:
                 problems.append((f"{source}: {format_loc((layer,) + tuple(loc))}", message))
+        return None
+    extra_problems = impl.cls.config_problems(config, {"algorithms": host.algorithms()})
+    for loc, message in extra_problems:
+        origin = file_name if (loc and loc[0] not in inline and file_name) else None
+        where = f"{origin}: {format_loc(loc)}" if origin else f"{source}: {format_loc((layer,) + tuple(loc))}"
+        problems.append((where, message))
+    if extra_problems:
         return None
     return LayerChoice(impl, config)
 

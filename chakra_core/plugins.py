@@ -7,7 +7,9 @@ it fails a run only if the manifest selects something only it could provide.
 (pluggy's ``load_setuptools_entrypoints`` would abort on the first failure.)
 
 Built-in implementations (the ``native`` system layer, the ``replay`` compute
-model) are registered through the same hooks as third-party plugins.
+model) are registered through the same hooks as third-party plugins, first;
+entry points follow in name order, so when two plugins register the same
+name the later one is reported as failed (deterministically).
 
 Use ``make_plugin_host()`` for a fresh host; tests build their own with fake
 entry points or in-process plugins instead of sharing a module global.

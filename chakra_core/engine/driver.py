@@ -178,8 +178,9 @@ class RankDriver:
             if self.memory is None:
                 raise SimulationError(
                     f"rank {rank}, node {node_id} ({node.name!r}) is a {type_name} but no memory "
-                    "model is selected: add a `memory:` section (e.g. `plugin: hbm`) to the manifest "
-                    "or give --astra-memory")
+                    "model is selected: add a `memory:` section (e.g. `plugin: hbm`) to the manifest, "
+                    "or give --astra-memory a remote-memory file other than NO_MEMORY_EXPANSION "
+                    "(which, as in ASTRA-sim, has no model for memory nodes)")
             self._begin(node_id, slot, CAT_MEM, now)
             self.memory.access(rank, node, self.complete)
         else:

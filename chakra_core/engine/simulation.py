@@ -50,7 +50,7 @@ class RunSpec:
 
     trace_files: list[Path]
     layers: dict[str, LayerChoice]
-    feeder: str = "memory"
+    feeder: str = "streaming"
     cache_nodes: int = 4096
     missing_parents: str = "ignore-control"
     dependencies: str = "all"

@@ -3,8 +3,9 @@
 Real traces disagree on attribute types: `comm_size` is int64 in ASTRA-sim's
 microbenchmarks, uint64 in converted PyTorch traces; `comm_src` is int32 in
 custom collectives. Every reader of attributes goes through this module, which
-accepts every integer variant of `AttributeProto` (and integral floats) and
-raises `AttributeTypeError` naming the node and attribute otherwise.
+accepts every integer variant of `AttributeProto`, integral floats and
+decimal strings (some converters write numbers as text), and raises
+`AttributeTypeError` naming the node and attribute otherwise.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _as_int(attr: pb.AttributeProto, node_id: int, name: str) -> int:
         if float(value).is_integer():
             return int(value)
     if which == "string_val" and attr.string_val.strip().lstrip("-").isdigit():
-        return int(attr.string_val)
+        try:
+            return int(attr.string_val)
+        except ValueError:  # "--5", "²": isdigit() but not an int literal
+            pass
     raise AttributeTypeError(
         f"node {node_id}: attribute '{name}' must be an integer, found {which or 'no value'}"
         f" ({attr_value(attr)!r})")

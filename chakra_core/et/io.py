@@ -191,11 +191,14 @@ def iter_trace(path: str | os.PathLike) -> tuple[pb.GlobalMetadata, Iterator[tup
     spath = str(path)
     stream = open_stream(path)
     frames = iter(FrameReader(stream, spath))
-    first = next(frames, None)
-    if first is None:
-        stream.close()
-        raise TraceFormatError(spath, 0, "empty file: a Chakra trace starts with a GlobalMetadata message")
-    meta = parse_metadata(first[1], spath, first[0])
+    try:
+        first = next(frames, None)
+        if first is None:
+            raise TraceFormatError(spath, 0, "empty file: a Chakra trace starts with a GlobalMetadata message")
+        meta = parse_metadata(first[1], spath, first[0])
+    except BaseException:
+        stream.close()  # a broken first frame must not leak the open file
+        raise
 
     def nodes() -> Iterator[tuple[int, pb.Node]]:
         with stream:

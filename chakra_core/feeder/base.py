@@ -42,15 +42,20 @@ CPU_FLAG = 0x80
 
 
 def node_kind(node: pb.Node) -> int:
-    """NodeType value, with CPU_FLAG set when the node says `is_cpu_op`; cheap enough for indexing."""
-    kind = node.type
+    """NodeType value, with CPU_FLAG set when the node says `is_cpu_op`; cheap enough for indexing.
+
+    Reads the flag as `NodeView.is_cpu_op` does: the last attribute of that name wins, and a
+    string is true only for "true"/"1" (so the kind and the node body never disagree).
+    """
+    cpu = False
     for attr in node.attr:
         if attr.name == "is_cpu_op":
             which = attr.WhichOneof("value")
-            if which is not None and getattr(attr, which):
-                kind |= CPU_FLAG
-            break
-    return kind
+            if which == "string_val":
+                cpu = attr.string_val.lower() in ("true", "1")
+            else:
+                cpu = which is not None and bool(getattr(attr, which))
+    return node.type | CPU_FLAG if cpu else node.type
 
 
 DEPENDENCY_MODES = ("all", "data")

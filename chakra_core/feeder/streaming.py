@@ -2,8 +2,8 @@
 
 Opening a trace makes one sequential pass that records, per node, its byte
 offset and length, its kind, and its parents; the dependency graph is then
-stored as compressed arrays (about 30 bytes per node plus 8 per edge, versus
-roughly 1 KB per parsed protobuf node). Node bodies are parsed only when the
+stored as compressed arrays (about 50 bytes per node with its edges, versus
+roughly 2 KB per parsed protobuf node). Node bodies are parsed only when the
 simulator looks them up and live in an LRU cache of `cache_nodes` entries, so a
 trace far larger than memory simulates in memory bounded by the index and the
 cache. Gzip-compressed traces are decompressed once to a temporary file during
@@ -12,7 +12,6 @@ the indexing pass (random access into gzip is not possible).
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import tempfile
@@ -44,7 +43,6 @@ class StreamingFeeder(GraphFeeder):
         self.cache_nodes = cache_nodes
         self._tmp_dir: str | None = None
         self._file = None
-        self._map: mmap.mmap | None = None
         self._cache: OrderedDict[int, NodeView] = OrderedDict()
         self._issuable = IssuableHeap()
         self._added: dict[int, NodeView] = {}      # add_node() overlay: id -> body
@@ -106,7 +104,6 @@ class StreamingFeeder(GraphFeeder):
         count = len(ids)
         self._ids, self._offsets, self._lengths, self._kinds = ids, offsets, lengths, kinds
         self._build_id_map(ids)
-        self._check_duplicates(ids)
         edge_parent_pos, edge_child = self._resolve_parents(edge_parent, edge_child, edge_is_ctrl)
 
         # Compressed sparse rows: children of position p are
@@ -132,11 +129,12 @@ class StreamingFeeder(GraphFeeder):
                 self._issuable.push(ids[p])
 
         self._file = open(source, "rb")
-        if os.fstat(self._file.fileno()).st_size:
-            self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
 
     def _build_id_map(self, ids: array) -> None:
-        """id -> position: a dense array when ids are (nearly) contiguous, else a dict."""
+        """id -> position: a dense array when ids are (nearly) contiguous, else a dict.
+
+        Duplicate ids are detected while filling it (no set of all ids is built).
+        """
         count = len(ids)
         if count == 0:
             self._base, self._dense, self._sparse = 0, array("q"), None
@@ -145,11 +143,23 @@ class StreamingFeeder(GraphFeeder):
         if high - low + 1 <= 2 * count + 1024:
             dense = array("q", [-1]) * (high - low + 1)
             for position, node_id in enumerate(ids):
-                dense[node_id - low] = position
+                index = node_id - low
+                if dense[index] >= 0:
+                    self._duplicate(node_id, dense[index], position)
+                dense[index] = position
             self._base, self._dense, self._sparse = low, dense, None
         else:
             self._base, self._dense = 0, None
-            self._sparse = {node_id: position for position, node_id in enumerate(ids)}
+            sparse: dict[int, int] = {}
+            for position, node_id in enumerate(ids):
+                if node_id in sparse:
+                    self._duplicate(node_id, sparse[node_id], position)
+                sparse[node_id] = position
+            self._sparse = sparse
+
+    def _duplicate(self, node_id: int, first: int, second: int) -> None:
+        raise TraceGraphError(f"{self.path}: duplicate node id {node_id} (byte offsets "
+                              f"{self._offsets[first]} and {self._offsets[second]})")
 
     def _position(self, node_id: int) -> int:
         if self._dense is not None:
@@ -161,22 +171,10 @@ class StreamingFeeder(GraphFeeder):
             return -1
         return self._sparse.get(node_id, -1)
 
-    def _check_duplicates(self, ids: array) -> None:
-        if len(set(ids)) == len(ids):
-            return
-        seen: dict[int, int] = {}
-        for position, node_id in enumerate(ids):
-            if node_id in seen:
-                first = seen[node_id]
-                raise TraceGraphError(
-                    f"{self.path}: duplicate node id {node_id} (byte offsets "
-                    f"{self._offsets[first]} and {self._offsets[position]})")
-            seen[node_id] = position
-
     def _resolve_parents(self, edge_parent: array, edge_child: array,
                          edge_is_ctrl: bytearray) -> tuple[array, array]:
         """Map parent ids to positions; apply the missing-parent policy."""
-        positions = array("Q")
+        positions = array("I")
         kept_children = array("I")
         missing_data: list[tuple[int, int]] = []
         missing_ctrl: list[tuple[int, int]] = []
@@ -218,16 +216,17 @@ class StreamingFeeder(GraphFeeder):
 
         def parents(node_id: int) -> list[int]:
             return [p for p in parents_of(self._load(self._position(node_id)).pb, self._use_ctrl)
-                    if self._position(p) >= 0]
+                    if p != node_id and self._position(p) >= 0]  # self-dependencies are ignored
 
         raise cycle_error(self.path, find_cycle(leftover, parents), len(leftover), self._use_ctrl)
 
     # Bodies -------------------------------------------------------------------------------
     def _load(self, position: int) -> NodeView:
         start = self._offsets[position]
-        if self._map is not None:
-            data = self._map[start:start + self._lengths[position]]
-        else:  # during indexing (cycle report) the file is not mapped yet
+        if self._file is not None:
+            # pread, not mmap: pages of a huge trace do not pile up in the process's memory.
+            data = os.pread(self._file.fileno(), self._lengths[position], start)
+        else:  # during indexing (cycle report) the file is not open yet
             with open(self._source_path(), "rb") as handle:
                 handle.seek(start)
                 data = handle.read(self._lengths[position])
@@ -239,11 +238,12 @@ class StreamingFeeder(GraphFeeder):
     # GraphFeeder ---------------------------------------------------------------------------
     @property
     def num_nodes(self) -> int:
-        return len(self._ids) + len(self._added)
+        return len(self._ids) + len(self._added_kind)
 
     def add_node(self, node: pb.Node) -> None:
         node_id = node.id
-        if self._position(node_id) >= 0 or node_id in self._added:
+        # _added_kind, not _added: remove_node() drops a body but the id stays known
+        if self._position(node_id) >= 0 or node_id in self._added_kind:
             raise TraceGraphError(f"{self.path}: duplicate node id {node_id} ({node.name!r})")
         waiting = []
         for parent in parents_of(node, self._use_ctrl):
@@ -253,7 +253,7 @@ class StreamingFeeder(GraphFeeder):
             if position >= 0:
                 if not self._finished[position]:
                     waiting.append(parent)
-            elif parent in self._added:
+            elif parent in self._added_kind:
                 if parent not in self._finished_added:
                     waiting.append(parent)
             else:
@@ -330,7 +330,7 @@ class StreamingFeeder(GraphFeeder):
 
     def pending_nodes(self):
         pending = [self._ids[p] for p in range(len(self._ids)) if not self._finished[p]]
-        pending.extend(n for n in self._added if n not in self._finished_added)
+        pending.extend(n for n in self._added_kind if n not in self._finished_added)
         return pending
 
     @property
@@ -338,9 +338,6 @@ class StreamingFeeder(GraphFeeder):
         return len(self._cache)
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 MAX_ROWS = 32
@@ -44,11 +45,11 @@ def print_summary(results: dict[str, Any], console: Console, wall_s: float | Non
     line = f"finish: {finish:,} ns ({finish / 1000:,.3f} µs) on {results['num_ranks']} rank(s); {layers}"
     if wall_s is not None:
         line += f"; simulated in {wall_s:.2f} s"
-    console.print(line)
+    console.print(line, soft_wrap=True, highlight=False)
     warnings = results.get("warnings", [])
     if warnings:
         console.print(f"[yellow]{len(warnings)} warning(s):[/yellow]")
         for warning in warnings[:20]:
-            console.print(f"  [yellow]-[/yellow] {warning}", markup=True, highlight=False)
+            console.print(f"  [yellow]-[/yellow] {escape(warning)}", soft_wrap=True, highlight=False)
         if len(warnings) > 20:
             console.print(f"  ... and {len(warnings) - 20} more (see results.json)")

@@ -17,6 +17,7 @@ system JSON then names it (``all-reduce-implementation: [myalgo]``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, ClassVar
 
 from chakra_core.schema import pb
@@ -50,7 +51,11 @@ class StepSchedule:
     def steps(self) -> int:
         return len(self.step_bytes)
 
+    @cached_property
     def bytes_sent_per_member(self) -> int:
+        """Bytes member 0 injects over the whole run (the same for every member of a symmetric algorithm)."""
+        if self.uniform:
+            return sum(self.step_bytes)
         return sum(b * len(self.send_to(0, k)) for k, b in enumerate(self.step_bytes))
 
 

@@ -46,14 +46,18 @@ class NativeSystemConfig(PluginConfig):
         1, alias="preferred-dataset-splits", description="chunks a collective is split into")
     all_reduce_implementation: list[str] = Field(
         ["ring"], alias="all-reduce-implementation", description="algorithm per network dimension")
-    all_gather_implementation: list[str] = Field(["ring"], alias="all-gather-implementation")
-    reduce_scatter_implementation: list[str] = Field(["ring"], alias="reduce-scatter-implementation")
-    all_to_all_implementation: list[str] = Field(["ring"], alias="all-to-all-implementation")
+    all_gather_implementation: list[str] = Field(
+        ["ring"], alias="all-gather-implementation", description="algorithm per network dimension")
+    reduce_scatter_implementation: list[str] = Field(
+        ["ring"], alias="reduce-scatter-implementation", description="algorithm per network dimension")
+    all_to_all_implementation: list[str] = Field(
+        ["ring"], alias="all-to-all-implementation", description="algorithm per network dimension")
     local_mem_bw: PositiveFloat = Field(
         1600.0, alias="local-mem-bw",
         description="GB/s (10^9 B/s); a reducing step costs 3 x int(bytes / local-mem-bw) ns")
     collective_optimization: Literal["baseline", "localBWAware"] = Field(
-        "baseline", alias="collective-optimization")
+        "baseline", alias="collective-optimization",
+        description="ASTRA-sim's multi-dimensional chunk-size optimisation; no effect on one dimension")
 
 
 _IMPL_FIELD = {
@@ -145,26 +149,38 @@ class NativeSystem(SystemLayer):
         self.collectives_done = [0] * context.num_ranks
         self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent)
         self._reduce_cache: dict[int, int] = {}
+        if config.collective_optimization == "localBWAware" and self.dims > 1:
+            context.warn("system.collective-optimization: localBWAware is not implemented for "
+                         "multi-dimensional networks yet; running baseline")
+
+    @classmethod
+    def config_problems(cls, config: NativeSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
+        available = extras.get("algorithms", {})
+        problems = []
+        for comm_type, field_name in _IMPL_FIELD.items():
+            alias = NativeSystemConfig.model_fields[field_name].alias
+            names = getattr(config, field_name)
+            if not names:
+                problems.append(((alias,), "give at least one algorithm"))
+            for index, name in enumerate(names):
+                algorithm = available.get(name)
+                if algorithm is None:
+                    problems.append(((alias, index), f"unknown collective algorithm '{name}'; "
+                                     f"available: {', '.join(sorted(available)) or 'none'}"))
+                elif comm_type not in algorithm.supports:
+                    problems.append(((alias, index), f"algorithm '{name}' does not implement "
+                                     f"{collective_name(comm_type)}"))
+        return problems
 
     def _select_algorithms(self, config: NativeSystemConfig,
                            available: dict[str, type[CollectiveAlgorithm]]) -> dict[int, list[CollectiveAlgorithm]]:
+        problems = self.config_problems(config, {"algorithms": available})
+        if problems:
+            (loc, reason) = problems[0]
+            raise SimulationError(f"system.{'.'.join(map(str, loc))}: {reason}")
         chosen = {}
         for comm_type, field_name in _IMPL_FIELD.items():
-            names = getattr(config, field_name)
-            alias = NativeSystemConfig.model_fields[field_name].alias
-            if not names:
-                raise SimulationError(f"system.{alias}: give at least one algorithm")
-            instances = []
-            for index, name in enumerate(names):
-                cls = available.get(name)
-                if cls is None:
-                    raise SimulationError(
-                        f"system.{alias}[{index}]: unknown collective algorithm '{name}'; "
-                        f"available: {', '.join(sorted(available)) or 'none'}")
-                if comm_type not in cls.supports:
-                    raise SimulationError(f"system.{alias}[{index}]: algorithm '{name}' does not "
-                                          f"implement {collective_name(comm_type)}")
-                instances.append(cls())
+            instances = [available[name]() for name in getattr(config, field_name)]
             if len(instances) < self.dims:
                 instances += [instances[-1]] * (self.dims - len(instances))
             chosen[comm_type] = instances
@@ -247,7 +263,7 @@ class NativeSystem(SystemLayer):
 
     def _start_phase(self, rank: int, phase: Phase) -> None:
         now = self.scheduler.now
-        self.bytes_sent[rank] += phase.schedule.bytes_sent_per_member()
+        self.bytes_sent[rank] += phase.schedule.bytes_sent_per_member
         if not self.closed_form:
             if phase.run is None:
                 phase.run = MessageLevelRun(

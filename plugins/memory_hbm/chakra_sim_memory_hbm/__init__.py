@@ -1,0 +1,13 @@
+"""Local HBM and ASTRA-sim remote-memory model (`plugin: hbm`)."""
+
+from __future__ import annotations
+
+from chakra_core.hookspecs import hookimpl
+from chakra_sim_memory_hbm.model import HBMConfig, HBMMemory
+
+__all__ = ["HBMConfig", "HBMMemory"]
+
+
+@hookimpl
+def chakra_sim_register_memory(registry):
+    registry.add(HBMMemory)

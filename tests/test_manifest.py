@@ -1,0 +1,176 @@
+"""Manifest loading and validation: every problem, with file, key path and reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chakra_core.errors import ManifestError
+from chakra_core.manifest import format_loc, load_manifest
+from chakra_core.plugins import make_plugin_host
+from tests.simhelpers import MICRO
+
+MICRO4 = MICRO / "all_reduce" / "4npus_1MB" / "all_reduce"
+
+
+@pytest.fixture(scope="module")
+def host():
+    return make_plugin_host()
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def problems(excinfo) -> list[str]:
+    return [f"{loc}: {why}" for loc, why in excinfo.value.problems]
+
+
+def test_format_loc():
+    assert format_loc(("network", "bandwidth", 1)) == "network.bandwidth[1]"
+    assert format_loc(()) == "(top level)"
+
+
+def test_relative_paths_resolve_against_the_manifest_folder(tmp_path, host):
+    traces = tmp_path / "exp" / "traces"
+    traces.mkdir(parents=True)
+    for rank in range(4):
+        (traces / f"ar.{rank}.et").write_bytes((MICRO4.parent / f"all_reduce.{rank}.et").read_bytes())
+    path = write(tmp_path / "exp" / "m.yaml", """
+workload: {trace: traces/ar}
+network: {plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], latency: [500]}
+output: {dir: out}
+""")
+    loaded = load_manifest(path, host)
+    assert loaded.spec.trace_files[0] == traces / "ar.0.et"
+    assert loaded.output_dir == tmp_path / "exp" / "out"
+    echo = loaded.spec.manifest
+    assert echo["workload"]["ranks"] == 4 and echo["system"]["plugin"] == "native"
+    assert echo["compute"] == {"plugin": "replay"}
+
+
+def test_every_problem_is_reported_with_its_key_path(tmp_path, host):
+    path = write(tmp_path / "bad.yaml", f"""
+workload: {{trace: {MICRO4}, feeder: turbo}}
+system: {{plugin: native, endpoint-delay: -1}}
+network:
+  plugin: analytical
+  topology: [Ring, Torus]
+  npus_count: [4, 1]
+  bandwidth: [50, 0]
+  latency: [500, 1]
+  colour: blue
+memory: {{plugin: nvme}}
+""")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, host)
+    found = problems(info)
+    expected = [
+        "workload.feeder: Input should be 'streaming' or 'memory'",
+        "system.endpoint-delay: Input should be greater than or equal to 0",
+        "network.topology[1]: Input should be 'Ring', 'FullyConnected' or 'Switch'",
+        "network.bandwidth[1]: Input should be greater than 0",
+        "network.colour: unknown key",
+        "memory.plugin: no memory plugin named 'nvme'",
+    ]
+    for fragment in expected:
+        assert any(fragment in line for line in found), (fragment, found)
+    assert all(line.startswith(str(path)) for line in found)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path, host):
+    path = write(tmp_path / "broken.yaml", "workload:\n  trace: [unclosed\nnetwork: {}\n")
+    with pytest.raises(ManifestError, match=r"broken.yaml.*not valid YAML.*line \d+"):
+        load_manifest(path, host)
+
+
+def test_manifest_must_be_a_mapping(tmp_path, host):
+    with pytest.raises(ManifestError, match="expected a mapping"):
+        load_manifest(write(tmp_path / "list.yaml", "- a\n- b\n"), host)
+
+
+def test_missing_manifest_file(tmp_path, host):
+    with pytest.raises(ManifestError, match="file not found"):
+        load_manifest(tmp_path / "nope.yaml", host)
+
+
+def test_astra_files_fill_sections_inline_keys_override_and_unknown_keys_warn(tmp_path, host):
+    sys_json = write(tmp_path / "sys.json", json.dumps({
+        "scheduling-policy": "FIFO", "endpoint-delay": 10, "preferred-dataset-splits": 4,
+        "boost-mode": 0, "roofline-enabled": 0, "peak-perf": 900}))
+    net = write(tmp_path / "net.yml", "topology: [ Ring ]\nnpus_count: [ 4 ]\nbandwidth: [ 50.0 ]\nlatency: [ 500.0 ]\n")
+    path = write(tmp_path / "m.yaml", f"""
+workload: {{trace: {MICRO4}}}
+system: {{plugin: native, astra_file: sys.json, endpoint-delay: 20}}
+network: {{plugin: analytical, astra_file: {net.name}}}
+""")
+    loaded = load_manifest(path, host)
+    config = loaded.spec.layers["system"].config
+    assert config.scheduling_policy == "FIFO" and config.endpoint_delay == 20
+    assert config.preferred_dataset_splits == 4
+    assert loaded.spec.layers["network"].config.npus_count == [4]
+    assert loaded.spec.warnings == [f"{sys_json}: key 'boost-mode' is not implemented by system "
+                                    "plugin 'native'; ignored"]
+
+
+def test_errors_inside_an_astra_file_point_at_the_file(tmp_path, host):
+    net = write(tmp_path / "net.yml", "topology: [Ring]\nnpus_count: [4]\nbandwidth: [-5]\nlatency: [500]\n")
+    path = write(tmp_path / "m.yaml", f"""
+workload: {{trace: {MICRO4}}}
+network: {{plugin: analytical, astra_file: net.yml}}
+""")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, host)
+    assert problems(info) == [f"{net}: bandwidth[0]: Input should be greater than 0"]
+
+
+def test_missing_astra_file(tmp_path, host):
+    path = write(tmp_path / "m.yaml", f"""
+workload: {{trace: {MICRO4}}}
+network: {{plugin: analytical, astra_file: nowhere.yml}}
+""")
+    with pytest.raises(ManifestError, match=r"network.astra_file: .*nowhere.yml: file not found"):
+        load_manifest(path, host)
+
+
+def test_trace_file_problems(tmp_path, host):
+    traces = tmp_path / "t"
+    traces.mkdir()
+    for rank in (0, 1, 3):
+        (traces / f"x.{rank}.et").write_bytes((MICRO4.parent / "all_reduce.0.et").read_bytes())
+    network = "network: {plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], latency: [1]}"
+    path = write(tmp_path / "gap.yaml", f"workload: {{trace: t/x}}\n{network}\n")
+    with pytest.raises(ManifestError, match=r"missing trace file\(s\) for rank\(s\) 2"):
+        load_manifest(path, host)
+    path = write(tmp_path / "none.yaml", f"workload: {{trace: t/y}}\n{network}\n")
+    with pytest.raises(ManifestError, match="no trace files"):
+        load_manifest(path, host)
+    path = write(tmp_path / "ranks.yaml", f"workload: {{trace: t/x, ranks: 2}}\n{network}\n")
+    with pytest.raises(ManifestError, match="workload.ranks: is 2 but trace files exist"):
+        load_manifest(path, host)
+
+
+def test_bad_comm_group_file(tmp_path, host):
+    write(tmp_path / "groups.json", json.dumps({"1": [0, "x"]}))
+    path = write(tmp_path / "m.yaml", f"""
+workload: {{trace: {MICRO4}, comm_groups: groups.json}}
+network: {{plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], latency: [1]}}
+""")
+    with pytest.raises(ManifestError, match="groups.json: 1: must be a list of non-negative rank numbers"):
+        load_manifest(path, host)
+
+
+def test_unknown_algorithm_is_caught_by_validation(tmp_path, host):
+    path = write(tmp_path / "m.yaml", f"""
+workload: {{trace: {MICRO4}}}
+system: {{plugin: native, all-reduce-implementation: [ring, magic]}}
+network: {{plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], latency: [1]}}
+""")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path, host)
+    assert problems(info) == [f"{path}: system.all-reduce-implementation[1]: unknown collective "
+                              "algorithm 'magic'; available: ring"]
