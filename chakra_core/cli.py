@@ -165,14 +165,14 @@ def _simulate(loaded, host, quiet: bool):
         return results, sim.wall_s
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    total = sum(1 for _ in loaded.spec.trace_files)
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[status]}"),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
-        task = progress.add_task("run", total=total, status="")
+        task = progress.add_task("run", total=None, status="")
 
         def update(now_ns: int) -> None:
-            progress.update(task, completed=sim.finished,
-                            status=f"t={now_ns / 1e6:,.3f} ms, {sim.queue.executed:,} events")
+            done, total = sim.node_progress()
+            progress.update(task, completed=done, total=total,
+                            status=f"{done:,}/{total:,} nodes, t={now_ns / 1e6:,.3f} ms")
 
         results = sim.run(progress=update)
     return results, sim.wall_s

@@ -59,5 +59,6 @@ class EventQueue:
                 callback(arg)
                 executed += 1
                 if not executed % every:
+                    self.executed = executed
                     progress(time)
         self.executed = executed

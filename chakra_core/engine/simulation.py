@@ -123,6 +123,11 @@ class Simulation:
     def rank_finished(self, rank: int) -> None:
         self.finished += 1
 
+    def node_progress(self) -> tuple[int, int]:
+        """(nodes finished, nodes in the trace) over all ranks, for progress bars."""
+        total = sum(d.feeder.num_nodes for d in self.drivers)
+        return total - sum(d.remaining for d in self.drivers), total
+
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Simulate to the end and return the results document."""
         started = time.perf_counter()
