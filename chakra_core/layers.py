@@ -198,6 +198,14 @@ class SystemLayer(LayerModel):
         """What `rank` still waits for (used in deadlock reports)."""
         return []
 
+    def on_idle(self) -> bool:
+        """Called when the event queue drains with work left; return True if events were scheduled.
+
+        Lets a system layer resolve its own waits (e.g. break a scheduling cycle) before the
+        engine declares a deadlock.
+        """
+        return False
+
     def finish(self) -> None:
         """Called once after the event queue drains; report leftovers with context.warn."""
 

@@ -173,4 +173,5 @@ network: {{plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50
     with pytest.raises(ManifestError) as info:
         load_manifest(path, host)
     assert problems(info) == [f"{path}: system.all-reduce-implementation[1]: unknown collective "
-                              "algorithm 'magic'; available: ring"]
+                              "algorithm 'magic'; available for ALL_REDUCE: direct, doubleBinaryTree, "
+                              "halvingDoubling, oneDirect, oneHalvingDoubling, oneRing, ring"]

@@ -212,7 +212,7 @@ class _DirectAllGather(CollectiveAlgorithm):
     name = "direct_test"
     supports = frozenset({ALL_GATHER})
 
-    def schedule(self, comm_type, chunk_bytes, n):
+    def step_schedule(self, comm_type, chunk_bytes, n):
         return StepSchedule(n, (chunk_bytes,), (False,),
                             lambda pos, step: tuple(p for p in range(n) if p != pos))
 

@@ -137,7 +137,10 @@ class Simulation:
         try:
             for driver in self.drivers:
                 driver.start()
-            self.queue.run(progress)
+            while True:
+                self.queue.run(progress)
+                if self.finished == len(self.drivers) or not self.system.on_idle():
+                    break
         except ChakraSimError:
             raise
         except Exception as exc:

@@ -1,31 +1,41 @@
-"""Collective algorithms as step schedules.
+"""Collective algorithms: what one phase of a collective does among its members.
 
-An algorithm describes one run of a collective among `n` members (a
-communicator group, or its slice along one network dimension) as a sequence
-of synchronous steps. In step k, every member sends `step_bytes[k]` to each
-peer in `send_to(pos, k)` and waits for the messages of the members that send
-to it; when they have arrived (and, if `reduces[k]`, been reduced locally), it
-moves to step k+1. The executors in `chakra_core.system.executor` time a
-schedule either in closed form (contention-free networks) or message by
-message through the network backend.
+A phase is one algorithm run among `n` members (a network dimension's slice
+of the group, the whole group, or all NPUs for the `one*` variants). An
+algorithm class says which collective types it implements, how much data a
+member holds after the phase (`final_size`), and builds the members' state
+machines (`members`). An algorithm whose members all do the same symmetric,
+synchronous steps may also return a `StepSchedule`, which the closed-form
+executor times in O(steps) on contention-free networks.
 
-Adding an algorithm is adding one class here or in a plugin, registered with
-``registry.add_algorithm(cls)`` in a ``chakra_sim_register_system`` hook; the
-system JSON then names it (``all-reduce-implementation: [myalgo]``).
+The built-in algorithms reproduce ASTRA-sim's (names as in its system JSON):
+`ring`, `direct` (optionally `direct<window>`), `halvingDoubling`,
+`doubleBinaryTree`, and the `oneRing`/`oneDirect`/`oneHalvingDoubling`
+variants that treat all NPUs as one dimension. `chain` and `star` time the
+rooted collectives ASTRA-sim does not run.
+
+Adding an algorithm is adding one class registered with
+``registry.add_algorithm(cls)`` from a ``chakra_sim_register_system`` hook.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, ClassVar
 
 from chakra_core.schema import pb
+from chakra_core.system.machines import (DirectMember, DoubleBinaryTreeMember, HalvingDoublingMember,
+                                         PhaseContext, RingMember, RootedMember, StepMember,
+                                         binary_tree)
 
 ALL_REDUCE = pb.ALL_REDUCE
 ALL_GATHER = pb.ALL_GATHER
 REDUCE_SCATTER = pb.REDUCE_SCATTER
 ALL_TO_ALL = pb.ALL_TO_ALL
+ROOTED = frozenset({pb.BROADCAST, pb.REDUCE, pb.GATHER, pb.SCATTER})
+SYMMETRIC = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL})
 
 
 def collective_name(comm_type: int) -> str:
@@ -37,7 +47,7 @@ def collective_name(comm_type: int) -> str:
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """The timing-relevant shape of one algorithm run among `n` members."""
+    """A symmetric synchronous algorithm: per step, bytes sent, peers, and whether it reduces."""
 
     n: int
     step_bytes: tuple[int, ...]
@@ -53,7 +63,7 @@ class StepSchedule:
 
     @cached_property
     def bytes_sent_per_member(self) -> int:
-        """Bytes member 0 injects over the whole run (the same for every member of a symmetric algorithm)."""
+        """Bytes member 0 injects over the whole run (the same for every member)."""
         if self.uniform:
             return sum(self.step_bytes)
         return sum(b * len(self.send_to(0, k)) for k, b in enumerate(self.step_bytes))
@@ -64,44 +74,154 @@ class CollectiveAlgorithm:
 
     name: ClassVar[str]
     supports: ClassVar[frozenset[int]]
+    flat: ClassVar[bool] = False
+    """True for `one*` variants: one phase over all NPUs instead of one per dimension."""
+    parameter: ClassVar[str | None] = None
+    """Name of an optional integer parameter appended to the name (`direct8`: window 8)."""
+    powers_of_two: ClassVar[bool] = False
 
-    def schedule(self, comm_type: int, chunk_bytes: int, n: int) -> StepSchedule:
-        raise NotImplementedError
+    def __init__(self, value: int | None = None):
+        self.value = value
 
+    def final_size(self, comm_type: int, size: int, n: int) -> int:
+        """Bytes each member holds after the phase (ASTRA-sim's `final_data_size`)."""
+        if comm_type == ALL_GATHER:
+            return size * n
+        if comm_type == REDUCE_SCATTER:
+            return size // n
+        return size
 
-def _next_in_ring(pos: int, step: int, n: int) -> tuple[int, ...]:
-    return ((pos + 1) % n,)
+    def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
+        return None
+
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0, root: int = 0) -> list:
+        """Member state machines (see machines.py); by default, generic ones for `step_schedule`."""
+        schedule = self.step_schedule(comm_type, size, ctx.n)
+        if schedule is None:
+            raise NotImplementedError(f"algorithm '{self.name}' defines neither members() nor step_schedule()")
+        return [StepMember(ctx, pos, schedule) for pos in range(ctx.n)]
 
 
 class Ring(CollectiveAlgorithm):
-    """Ring algorithms, with ASTRA-sim's step counts and message sizes.
-
-    With n members and a chunk of B bytes (ASTRA-sim's `comm_size` semantics):
-    all-reduce 2(n-1) steps of B/n (the first n-1 reduce); reduce-scatter n-1
-    steps of B/n, all reducing; all-gather n-1 steps of B (B is each member's
-    input); all-to-all n(n-1)/2 steps of B/n over ring neighbours.
-    """
+    """Ring: all-reduce 2(n-1) steps of B/n (the first n-1 reduce); reduce-scatter n-1 steps of B/n;
+    all-gather n-1 steps of B (each member's input); all-to-all n(n-1)/2 steps of B/n."""
 
     name = "ring"
-    supports = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL})
+    supports = SYMMETRIC
 
-    def schedule(self, comm_type: int, chunk_bytes: int, n: int) -> StepSchedule:
+    def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule:
         if comm_type == ALL_REDUCE:
-            steps, size = 2 * (n - 1), chunk_bytes // n
+            steps, msg = 2 * (n - 1), size // n
             reduces = tuple(k < n - 1 for k in range(steps))
         elif comm_type == REDUCE_SCATTER:
-            steps, size = n - 1, chunk_bytes // n
+            steps, msg = n - 1, size // n
             reduces = (True,) * steps
         elif comm_type == ALL_GATHER:
-            steps, size = n - 1, chunk_bytes
+            steps, msg = n - 1, size
             reduces = (False,) * steps
         elif comm_type == ALL_TO_ALL:
-            steps, size = n * (n - 1) // 2, chunk_bytes // n
+            steps, msg = n * (n - 1) // 2, size // n
             reduces = (False,) * steps
         else:
             raise ValueError(f"ring does not implement {collective_name(comm_type)}")
-        return StepSchedule(n, (size,) * steps, reduces,
-                            lambda pos, step: _next_in_ring(pos, step, n), uniform=True)
+        return StepSchedule(n, (msg,) * steps, reduces, lambda pos, step: ((pos + 1) % n,), uniform=True)
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        return [RingMember(ctx, pos, comm_type, size) for pos in range(ctx.n)]
 
 
-BUILTIN_ALGORITHMS: tuple[type[CollectiveAlgorithm], ...] = (Ring,)
+class OneRing(Ring):
+    """Ring over all NPUs as a single dimension (ASTRA-sim's oneRing)."""
+
+    name = "oneRing"
+    flat = True
+
+
+class Direct(CollectiveAlgorithm):
+    """Direct: each member exchanges with every other member, `window` messages at a time
+    (default n-1). All-reduce = a direct reduce-scatter, then a direct all-gather."""
+
+    name = "direct"
+    supports = SYMMETRIC
+    parameter = "window"
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        window = -1 if self.value is None else self.value
+        return [DirectMember(ctx, pos, comm_type, size, window) for pos in range(ctx.n)]
+
+
+class OneDirect(Direct):
+    name = "oneDirect"
+    flat = True
+
+
+class HalvingDoubling(CollectiveAlgorithm):
+    """Recursive halving (reduce-scatter) and doubling (all-gather), log2(n) steps each;
+    needs a power-of-two number of members. ASTRA-sim rejects it for all-to-all."""
+
+    name = "halvingDoubling"
+    supports = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER})
+    powers_of_two = True
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        return [HalvingDoublingMember(ctx, pos, comm_type, size) for pos in range(ctx.n)]
+
+
+class OneHalvingDoubling(HalvingDoubling):
+    name = "oneHalvingDoubling"
+    flat = True
+
+
+class DoubleBinaryTree(CollectiveAlgorithm):
+    """Double binary tree all-reduce (chunks alternate between the two trees); needs a power-of-two
+    number of members. Like ASTRA-sim, it times every collective type as an all-reduce."""
+
+    name = "doubleBinaryTree"
+    supports = SYMMETRIC
+    powers_of_two = True
+
+    def final_size(self, comm_type: int, size: int, n: int) -> int:
+        return size
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        tree = binary_tree(ctx.n, root_max=variant % 2 == 0)
+        return [DoubleBinaryTreeMember(ctx, pos, size, *tree[pos]) for pos in range(ctx.n)]
+
+
+class Chain(CollectiveAlgorithm):
+    """Rooted collectives along the ring from/to the root (pipelined by chunks)."""
+
+    name = "chain"
+    supports = ROOTED
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        return [RootedMember(ctx, pos, comm_type, size, root, star=False) for pos in range(ctx.n)]
+
+
+class Star(CollectiveAlgorithm):
+    """Rooted collectives with direct messages between the root and every member."""
+
+    name = "star"
+    supports = ROOTED
+
+    def members(self, ctx, comm_type, size, variant=0, root=0):
+        return [RootedMember(ctx, pos, comm_type, size, root, star=True) for pos in range(ctx.n)]
+
+
+BUILTIN_ALGORITHMS: tuple[type[CollectiveAlgorithm], ...] = (
+    Ring, OneRing, Direct, OneDirect, HalvingDoubling, OneHalvingDoubling, DoubleBinaryTree, Chain, Star)
+
+_PARAMETERISED = re.compile(r"^(?P<base>.*?)(?P<value>\d+)$")
+
+
+def resolve_algorithm(name: str, available: dict[str, type[CollectiveAlgorithm]]) -> CollectiveAlgorithm | None:
+    """An algorithm instance for a configured name (`ring`, `direct`, `direct8`), or None."""
+    cls = available.get(name)
+    if cls is not None:
+        return cls()
+    match = _PARAMETERISED.match(name)
+    if match:
+        cls = available.get(match.group("base"))
+        if cls is not None and cls.parameter:
+            return cls(int(match.group("value")))
+    return None

@@ -2,22 +2,36 @@
 
 A collective node becomes one `Collective` shared by its group's ranks: the
 k-th collective a rank issues in a group matches the k-th of every other
-member (type and size must agree). Its `comm_size` bytes are split into
-`preferred-dataset-splits` chunks; each chunk runs the configured algorithm
-as one `Phase` per network dimension it spans. Every rank has, per dimension,
-a queue of phases and at most `active-chunks-per-dimension` running at once;
-`scheduling-policy` LIFO puts a newly issued collective's chunks ahead of
-older waiting ones, FIFO behind.
+member (type and size must agree). Its bytes are split into
+`preferred-dataset-splits` chunks. Each chunk runs as a sequence of phases,
+one per network dimension it spans (ASTRA-sim's decomposition):
 
-Timing of a phase (see `executor`): on a contention-free network the phase is
-solved in closed form as soon as its last member starts it (every member's
-finish depends on every member's start, so nothing is scheduled in the past);
-otherwise it runs message by message through the network backend.
+- all-reduce with `collective-optimization: localBWAware`: reduce-scatter on
+  dimensions 0..D-2, all-reduce on the last, all-gather back down; with
+  `baseline`: an all-reduce on every dimension in turn;
+- reduce-scatter and all-to-all: dimensions 0..D-1; all-gather: D-1..0;
+- `one*` algorithms and communicator groups other than all ranks: one phase
+  over all members; rooted collectives (broadcast, reduce, gather, scatter):
+  one phase over the group with the `chain` or `star` algorithm.
+
+A phase on dimension d is a set of independent runs, one per slice of NPUs
+differing only in their d-th coordinate. Every rank has, per dimension, a
+queue of waiting phases and at most `active-chunks-per-dimension` running;
+waiting phases are ordered by collective priority (`scheduling-policy` LIFO:
+newest collective first; FIFO: oldest first), then by arrival.
+
+Timing of a run (see executor.py, runner.py): on a contention-free network
+it is solved when its last member starts it, in closed form (ring) or by
+simulating it in isolation; otherwise it runs message by message through
+the network backend.
+
+If ranks' queues ever wait on each other in a cycle (ASTRA-sim deadlocks
+there: astra-sim issue 370), the ranks holding back a run that others have
+started join it beyond their active-chunk limit, and a warning says so.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
@@ -25,15 +39,21 @@ from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
-from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER,
-                                           CollectiveAlgorithm, StepSchedule, collective_name)
-from chakra_core.system.executor import MessageLevelRun, closed_form_finishes
+from chakra_core.schema import pb
+from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
+                                           CollectiveAlgorithm, collective_name, resolve_algorithm)
+from chakra_core.system.executor import closed_form_finishes
 from chakra_core.system.groups import GroupRegistry
+from chakra_core.system.machines import PhaseContext
 from chakra_core.system.p2p import PointToPoint
+from chakra_core.system.runner import IsolatedPhase, NetworkPhase
+
+FAST_ENDPOINT_DELAY = 10
+"""ASTRA-sim's fixed memory-bus delay on a communicator group's own ring ("local" dimension)."""
 
 
 class NativeSystemConfig(PluginConfig):
-    """Keys of ASTRA-sim's system JSON (hyphenated or with underscores)."""
+    """Keys of ASTRA-sim's system JSON (hyphenated or with underscores), plus chakra-sim's rooted ones."""
 
     scheduling_policy: Literal["LIFO", "FIFO"] = Field(
         "LIFO", alias="scheduling-policy",
@@ -45,19 +65,39 @@ class NativeSystemConfig(PluginConfig):
     preferred_dataset_splits: PositiveInt = Field(
         1, alias="preferred-dataset-splits", description="chunks a collective is split into")
     all_reduce_implementation: list[str] = Field(
-        ["ring"], alias="all-reduce-implementation", description="algorithm per network dimension")
+        ["ring"], alias="all-reduce-implementation",
+        description="algorithm per network dimension: ring, direct[<window>], halvingDoubling, "
+                    "doubleBinaryTree, oneRing, oneDirect[<window>], oneHalvingDoubling")
     all_gather_implementation: list[str] = Field(
         ["ring"], alias="all-gather-implementation", description="algorithm per network dimension")
     reduce_scatter_implementation: list[str] = Field(
         ["ring"], alias="reduce-scatter-implementation", description="algorithm per network dimension")
     all_to_all_implementation: list[str] = Field(
         ["ring"], alias="all-to-all-implementation", description="algorithm per network dimension")
+    broadcast_implementation: list[str] = Field(
+        ["chain"], alias="broadcast-implementation",
+        description="chain (pipelined along the ring) or star (root to every member); chakra-sim only")
+    reduce_implementation: list[str] = Field(["chain"], alias="reduce-implementation",
+                                             description="chain or star; chakra-sim only")
+    gather_implementation: list[str] = Field(["chain"], alias="gather-implementation",
+                                             description="chain or star; chakra-sim only")
+    scatter_implementation: list[str] = Field(["chain"], alias="scatter-implementation",
+                                              description="chain or star; chakra-sim only")
     local_mem_bw: PositiveFloat = Field(
         1600.0, alias="local-mem-bw",
         description="GB/s (10^9 B/s); a reducing step costs 3 x int(bytes / local-mem-bw) ns")
     collective_optimization: Literal["baseline", "localBWAware"] = Field(
         "baseline", alias="collective-optimization",
-        description="ASTRA-sim's multi-dimensional chunk-size optimisation; no effect on one dimension")
+        description="localBWAware: multi-dimensional all-reduce as reduce-scatter, all-reduce, "
+                    "all-gather; baseline: an all-reduce per dimension")
+    local_reduction_delay: NonNegativeInt = Field(
+        1, alias="local-reduction-delay",
+        description="ASTRA-sim uses it only in its shared-bus (LogGP) model, which neither it by "
+                    "default nor chakra-sim models; accepted for compatibility, no effect")
+    rendezvous_protocol: bool = Field(
+        False, alias="rendezvous-protocol",
+        description="point-to-point sends wait for the receiver (an 8 KiB control message first), "
+                    "as ASTRA-sim's --rendezvous-protocol")
 
 
 _IMPL_FIELD = {
@@ -65,62 +105,109 @@ _IMPL_FIELD = {
     ALL_GATHER: "all_gather_implementation",
     REDUCE_SCATTER: "reduce_scatter_implementation",
     ALL_TO_ALL: "all_to_all_implementation",
+    pb.BROADCAST: "broadcast_implementation",
+    pb.REDUCE: "reduce_implementation",
+    pb.GATHER: "gather_implementation",
+    pb.SCATTER: "scatter_implementation",
 }
+# Collective types that run as another one.
+_RUNS_AS = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}
+_ROOT_ATTRS = ("root_rank", "root", "comm_root")
 
 
 class Collective:
     """One collective operation, shared by the ranks of its group."""
 
     __slots__ = ("group", "seq", "comm_type", "size", "members", "nodes", "done", "remaining",
-                 "chunks", "first_rank", "issue_times")
+                 "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
-                 first_rank: int):
+                 first_rank: int, root: int):
         self.group, self.seq = group, seq
         self.comm_type, self.size, self.members = comm_type, size, members
-        self.first_rank = first_rank
+        self.first_rank, self.root = first_rank, root
         self.nodes: dict[int, int] = {}                    # rank -> node id
         self.done: dict[int, Callable[[int], None]] = {}   # rank -> completion callback
         self.remaining: dict[int, int] = {}                # rank -> chunks not finished
-        self.issue_times: dict[int, int] = {}
-        self.chunks: list[list[Phase]] = []
+        self.priority: dict[int, int] = {}                 # rank -> scheduling priority
+        self.plans: list[list[PhaseSpec]] = []             # per chunk, its phases
+        self.runs: dict[tuple, PhaseRun] = {}
+        self.order: dict[int, list[tuple[int, int]]] = {}  # queue -> (phase index, chunk) start order
+        self.cursor: dict[tuple[int, int], int] = {}       # (rank, queue) -> position in that order
+        self.begun: dict[tuple[int, int], set] = {}        # (rank, queue) -> keys started out of order
+
+    def set_plans(self, plans: list[list["PhaseSpec"]]) -> None:
+        """Fix the phases, and the order every rank starts them in on each dimension."""
+        self.plans = plans
+        for chunk in plans:
+            for spec in chunk:
+                self.order.setdefault(spec.queue, []).append((spec.index, spec.chunk))
+        for keys in self.order.values():
+            keys.sort()
+
+    def may_start(self, rank: int, spec: "PhaseSpec") -> bool:
+        """A rank starts a collective's phases on a dimension in one fixed order (deadlock-free)."""
+        return self.order[spec.queue][self.cursor.get((rank, spec.queue), 0)] == (spec.index, spec.chunk)
+
+    def started(self, rank: int, spec: "PhaseSpec") -> None:
+        key = (rank, spec.queue)
+        order, position = self.order[spec.queue], self.cursor.get(key, 0)
+        if order[position] == (spec.index, spec.chunk):
+            position += 1
+            begun = self.begun.get(key)
+            while begun and position < len(order) and order[position] in begun:
+                begun.discard(order[position])
+                position += 1
+            self.cursor[key] = position
+        else:  # only the deadlock breaker starts phases out of order
+            self.begun.setdefault(key, set()).add((spec.index, spec.chunk))
 
     def describe(self) -> str:
         group = f"group '{self.group}'" if self.group else "all ranks"
         return f"{collective_name(self.comm_type)} of {self.size} B among {group} (#{self.seq + 1} there)"
 
 
-class Phase:
-    """One algorithm run among `members` for one chunk (a dimension's slice of the group)."""
+class PhaseSpec:
+    """One phase of one chunk: which dimension, what it does, with which algorithm."""
 
-    __slots__ = ("collective", "chunk", "index", "dim", "members", "position", "schedule",
-                 "starts", "run", "finished")
+    __slots__ = ("chunk", "index", "queue", "comm_type", "size", "algorithm", "dim", "variant", "local")
 
-    def __init__(self, collective: Collective, chunk: int, index: int, dim: int,
-                 members: tuple[int, ...], schedule: StepSchedule):
-        self.collective, self.chunk, self.index, self.dim = collective, chunk, index, dim
-        self.members = members
+    def __init__(self, chunk, index, queue, comm_type, size, algorithm, dim, variant=0, local=False):
+        self.chunk, self.index, self.queue = chunk, index, queue
+        self.comm_type, self.size, self.algorithm = comm_type, size, algorithm
+        self.dim, self.variant, self.local = dim, variant, local
+
+
+class PhaseRun:
+    """One run of a phase among its members (one slice of the group)."""
+
+    __slots__ = ("collective", "spec", "members", "position", "starts", "io", "machines", "done")
+
+    def __init__(self, collective: Collective, spec: PhaseSpec, members: tuple[int, ...]):
+        self.collective, self.spec, self.members = collective, spec, members
         self.position = {rank: pos for pos, rank in enumerate(members)}
-        self.schedule = schedule
         self.starts: dict[int, int] = {}
-        self.run: MessageLevelRun | None = None
-        self.finished = 0
+        self.io = None
+        self.machines = None
+        self.done = 0
 
 
 class RankQueues:
-    """Per-rank, per-dimension queues of phases and counts of running ones."""
+    """Per-rank, per-dimension queues of waiting runs and counts of running ones."""
 
-    __slots__ = ("active", "waiting")
+    __slots__ = ("active", "waiting", "counter")
 
     def __init__(self, dims: int):
         self.active = [0] * dims
-        self.waiting: list[deque[Phase]] = [deque() for _ in range(dims)]
+        self.waiting: list[list[tuple[int, PhaseRun]]] = [[] for _ in range(dims)]
+        self.counter = 0
 
 
 class NativeSystem(SystemLayer):
     name = "native"
-    fidelity = ("ASTRA-sim's native collectives: chunked ring algorithms per dimension, "
-                "endpoint and reduction delays, LIFO/FIFO chunk scheduling, p2p matching")
+    fidelity = ("ASTRA-sim's native collectives (ring, direct, halving-doubling, double binary tree, "
+                "one* variants) per network dimension, chunked and pipelined, endpoint and reduction "
+                "delays, LIFO/FIFO scheduling, communicator groups, eager/rendezvous p2p")
     Config = NativeSystemConfig
 
     def __init__(self, config: NativeSystemConfig, context: LayerContext):
@@ -131,28 +218,41 @@ class NativeSystem(SystemLayer):
         self.network = network
         self.scheduler = context.scheduler
         self.num_ranks = context.num_ranks
-        self.dims = len(network.dims)
+        self.dim_sizes = [d.npus for d in network.dims]
+        self.strides = []
+        stride = 1
+        for size in self.dim_sizes:
+            self.strides.append(stride)
+            stride *= size
         self.groups = GroupRegistry(context.num_ranks, context.extras.get("comm_groups"))
-        algorithms: dict[str, type[CollectiveAlgorithm]] = context.extras.get("algorithms", {})
-        self.algorithms = self._select_algorithms(config, algorithms)
-        self.closed_form = bool(getattr(network, "contention_free", False))
+        available: dict[str, type[CollectiveAlgorithm]] = context.extras.get("algorithms", {})
+        problems = self.config_problems(config, {"algorithms": available})
+        if problems:
+            loc, reason = problems[0]
+            raise SimulationError(f"system.{'.'.join(map(str, loc))}: {reason}")
+        self.algorithms = {t: [resolve_algorithm(name, available) for name in getattr(config, f)]
+                           for t, f in _IMPL_FIELD.items()}
+        self.contention_free = bool(getattr(network, "contention_free", False))
         self.endpoint_delay = config.endpoint_delay
         self.mem_bw = config.local_mem_bw  # GB/s == bytes/ns
         self.lifo = config.scheduling_policy == "LIFO"
+        self.local_bw_aware = config.collective_optimization == "localBWAware"
         self.active_limit = config.active_chunks_per_dimension
         self.splits = config.preferred_dataset_splits
-        self.queues = [RankQueues(self.dims) for _ in range(context.num_ranks)]
+        self.queues = [RankQueues(max(1, len(self.dim_sizes))) for _ in range(context.num_ranks)]
         self.collectives: dict[tuple[str, int], Collective] = {}
         self.issued: list[dict[str, int]] = [dict() for _ in range(context.num_ranks)]
         self.open: list[dict[int, Collective]] = [dict() for _ in range(context.num_ranks)]
         self.bytes_sent = [0] * context.num_ranks
         self.collectives_done = [0] * context.num_ranks
-        self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent)
+        self.tree_counters: dict[tuple[int, int], int] = {}
+        self.oversubscribed = 0
+        self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent,
+                                rendezvous=config.rendezvous_protocol)
         self._reduce_cache: dict[int, int] = {}
-        if config.collective_optimization == "localBWAware" and self.dims > 1:
-            context.warn("system.collective-optimization: localBWAware is not implemented for "
-                         "multi-dimensional networks yet; running baseline")
+        self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
 
+    # Configuration -------------------------------------------------------------------------------
     @classmethod
     def config_problems(cls, config: NativeSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
         available = extras.get("algorithms", {})
@@ -163,38 +263,33 @@ class NativeSystem(SystemLayer):
             if not names:
                 problems.append(((alias,), "give at least one algorithm"))
             for index, name in enumerate(names):
-                algorithm = available.get(name)
+                algorithm = resolve_algorithm(name, available)
                 if algorithm is None:
+                    fitting = sorted(n for n, c in available.items() if comm_type in c.supports)
                     problems.append(((alias, index), f"unknown collective algorithm '{name}'; "
-                                     f"available: {', '.join(sorted(available)) or 'none'}"))
-                elif comm_type not in algorithm.supports:
-                    problems.append(((alias, index), f"algorithm '{name}' does not implement "
-                                     f"{collective_name(comm_type)}"))
+                                     f"available for {collective_name(comm_type)}: "
+                                     f"{', '.join(fitting) or 'none'}"))
+        # An algorithm listed for a type it does not implement (ASTRA-sim's example files list
+        # halvingDoubling for all-to-all) is an error only if such a collective runs: see _algorithm.
         return problems
 
-    def _select_algorithms(self, config: NativeSystemConfig,
-                           available: dict[str, type[CollectiveAlgorithm]]) -> dict[int, list[CollectiveAlgorithm]]:
-        problems = self.config_problems(config, {"algorithms": available})
-        if problems:
-            (loc, reason) = problems[0]
-            raise SimulationError(f"system.{'.'.join(map(str, loc))}: {reason}")
-        chosen = {}
-        for comm_type, field_name in _IMPL_FIELD.items():
-            instances = [available[name]() for name in getattr(config, field_name)]
-            if len(instances) < self.dims:
-                instances += [instances[-1]] * (self.dims - len(instances))
-            chosen[comm_type] = instances
-        return chosen
+    def _algorithm(self, comm_type: int, dim: int) -> CollectiveAlgorithm:
+        chosen = self.algorithms[comm_type]
+        index = min(dim, len(chosen) - 1)
+        algorithm = chosen[index]
+        if comm_type not in algorithm.supports:
+            alias = NativeSystemConfig.model_fields[_IMPL_FIELD[comm_type]].alias
+            raise SimulationError(f"system.{alias}[{index}]: algorithm '{algorithm.name}' does not "
+                                  f"implement {collective_name(comm_type)} (ASTRA-sim rejects it too)")
+        return algorithm
 
-    # Collectives ---------------------------------------------------------------------------
+    # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         comm_type = node.int("comm_type")
-        size = node.int("comm_size")
-        if comm_type not in _IMPL_FIELD:
-            raise SimulationError(
-                f"rank {rank}, node {node.id} ({node.name!r}): collective "
-                f"{collective_name(comm_type)} is not implemented by the native system layer yet "
-                f"(implemented: {', '.join(collective_name(t) for t in _IMPL_FIELD)})")
+        size = node.int("comm_size", 0)
+        if comm_type not in _IMPL_FIELD and comm_type not in _RUNS_AS:
+            raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): unknown collective "
+                                  f"type {comm_type}")
         if size < 0:
             raise SimulationError(f"rank {rank}, node {node.id}: negative comm_size {size}")
         group = node.str("pg_name", "")
@@ -206,87 +301,195 @@ class NativeSystem(SystemLayer):
         key = (group, seq)
         coll = self.collectives.get(key)
         if coll is None:
-            coll = Collective(group, seq, comm_type, size, members, rank)
-            coll.chunks = self._plan_chunks(coll)
+            root = self._root(node, members, rank, comm_type)
+            coll = Collective(group, seq, comm_type, size, members, rank, root)
+            coll.set_plans(self._plan(coll, node))
             self.collectives[key] = coll
         elif coll.comm_type != comm_type or coll.size != size or coll.members != members:
             first = coll.first_rank
+            where = f"group {group!r}" if group else "all ranks"
             raise SimulationError(
                 f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
                 f"{collective_name(comm_type)} of {size} B, but rank {first}'s matching collective "
-                f"(node {coll.nodes[first]}, #{seq + 1} in {('group ' + repr(group)) if group else 'all ranks'}) "
-                f"is {collective_name(coll.comm_type)} of {coll.size} B")
+                f"(node {coll.nodes[first]}, #{seq + 1} in {where}) is "
+                f"{collective_name(coll.comm_type)} of {coll.size} B")
+        queues = self.queues[rank]
+        queues.counter += 1
+        coll.priority[rank] = queues.counter if self.lifo else -queues.counter
         coll.nodes[rank] = node.id
         coll.done[rank] = done
-        coll.issue_times[rank] = self.scheduler.now
-        coll.remaining[rank] = len(coll.chunks)
+        coll.remaining[rank] = len(coll.plans)
         self.open[rank][node.id] = coll
-        if not coll.chunks:  # zero bytes, or a group of one: nothing to move
+        if not coll.plans:  # nothing to move: zero bytes, or a group of one
             self._collective_done(rank, coll)
             return
-        firsts = [chunk[0] for chunk in coll.chunks]
-        self._enqueue(rank, firsts)
+        for chunk in coll.plans:
+            self._enqueue(rank, coll, chunk[0])
 
-    def _plan_chunks(self, coll: Collective) -> list[list[Phase]]:
+    def _root(self, node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
+        if comm_type not in ROOTED:
+            return members[0]
+        for attr in _ROOT_ATTRS:
+            if node.has(attr):
+                root = node.int(attr)
+                if root not in members:
+                    raise SimulationError(f"rank {rank}, node {node.id}: root {root} ({attr}) is not "
+                                          f"a member of the collective's group {list(members)}")
+                return root
+        return members[0]
+
+    def _plan(self, coll: Collective, node: NodeView) -> list[list[PhaseSpec]]:
+        """The phases of every chunk (see the module docstring)."""
         n = len(coll.members)
-        if n < 2 or coll.size == 0:
+        comm_type = _RUNS_AS.get(coll.comm_type, coll.comm_type)
+        if n < 2 or (coll.size == 0 and coll.comm_type != pb.BARRIER):
             return []
-        splits = min(self.splits, coll.size)
+        splits = min(self.splits, max(coll.size, 1))
         base, extra = divmod(coll.size, splits)
         chunk_sizes = [base + (1 if i < extra else 0) for i in range(splits)]
-        algorithm = self.algorithms[coll.comm_type][0]
-        chunks = []
-        for index, chunk_bytes in enumerate(chunk_sizes):
-            schedule = algorithm.schedule(coll.comm_type, chunk_bytes, n)
-            chunks.append([Phase(coll, index, 0, 0, coll.members, schedule)])
-        return chunks
-
-    def _enqueue(self, rank: int, phases: list[Phase]) -> None:
-        by_dim: dict[int, list[Phase]] = {}
-        for phase in phases:
-            by_dim.setdefault(phase.dim, []).append(phase)
-        for dim, batch in by_dim.items():
-            waiting = self.queues[rank].waiting[dim]
-            if self.lifo:
-                waiting.extendleft(reversed(batch))
+        world = coll.members == self.groups.world and len(self.dim_sizes) > 0
+        plans = []
+        for chunk, chunk_bytes in enumerate(chunk_sizes):
+            if comm_type in ROOTED or not world:
+                algorithm = self._algorithm(comm_type, 0)
+                plans.append([PhaseSpec(chunk, 0, 0, comm_type, chunk_bytes, algorithm, None,
+                                        local=not world)])
             else:
-                waiting.extend(batch)
-            self._dispatch(rank, dim)
+                plans.append(self._plan_world_chunk(chunk, comm_type, chunk_bytes, node))
+        return plans
 
-    def _dispatch(self, rank: int, dim: int) -> None:
+    def _plan_world_chunk(self, chunk: int, comm_type: int, size: int, node: NodeView) -> list[PhaseSpec]:
+        # Logical dimensions: the network's, up to the first one* algorithm, which spans all NPUs.
+        dims: list[tuple[int | None, CollectiveAlgorithm]] = []
+        for d in range(len(self.dim_sizes)):
+            algorithm = self._algorithm(comm_type, d)
+            if algorithm.flat:
+                dims.append((None, algorithm))
+                break
+            dims.append((d, algorithm))
+        involved = node.bool_list("involved_dim") or []
+
+        def active(index: int) -> bool:
+            dim = dims[index][0]
+            n = self.num_ranks if dim is None else self.dim_sizes[dim]
+            return n > 1 and (index >= len(involved) or involved[index])
+
+        order = list(range(len(dims)))
+        if comm_type == ALL_GATHER:
+            order.reverse()
+        steps: list[tuple[int, int]] = []   # (logical dimension, phase collective type)
+        if comm_type != ALL_REDUCE or not self.local_bw_aware:
+            steps = [(i, comm_type) for i in order if active(i)]
+        else:
+            live = [i for i in order if active(i)]
+            if live:
+                last = live[-1]
+                steps = [(i, REDUCE_SCATTER) for i in live[:-1]] + [(last, ALL_REDUCE)]
+                steps += [(i, ALL_GATHER) for i in reversed(live[:-1])]
+        specs = []
+        remain = size
+        for index, (logical, phase_type) in enumerate(steps):
+            dim, algorithm = dims[logical]
+            n = self.num_ranks if dim is None else self.dim_sizes[dim]
+            queue = 0 if dim is None else dim
+            counter_key = (comm_type, logical)
+            variant = self.tree_counters.get(counter_key, 0)
+            self.tree_counters[counter_key] = variant + 1
+            specs.append(PhaseSpec(chunk, index, queue, phase_type, remain, algorithm, dim, variant))
+            remain = algorithm.final_size(phase_type, remain, n)
+        return specs
+
+    def _slice(self, coll: Collective, spec: PhaseSpec, rank: int) -> tuple[int, ...]:
+        """The members of the run of `spec` that `rank` belongs to, in ring order."""
+        dim = spec.dim
+        if dim is None:
+            return coll.members
+        stride, size = self.strides[dim], self.dim_sizes[dim]
+        base = rank - ((rank // stride) % size) * stride
+        members = self._slices.get((dim, base))
+        if members is None:
+            members = self._slices[(dim, base)] = tuple(base + i * stride for i in range(size))
+        return members
+
+    # Scheduling ------------------------------------------------------------------------------------
+    def _enqueue(self, rank: int, coll: Collective, spec: PhaseSpec) -> None:
+        members = self._slice(coll, spec, rank)
+        key = (spec.chunk, spec.index, members[0])
+        run = coll.runs.get(key)
+        if run is None:
+            run = coll.runs[key] = PhaseRun(coll, spec, members)
+        if run.spec.algorithm.powers_of_two and len(members) & (len(members) - 1):
+            raise SimulationError(f"{coll.describe()}: algorithm '{spec.algorithm.name}' needs a "
+                                  f"power-of-two number of members, not {len(members)}")
+        waiting = self.queues[rank].waiting[spec.queue]
+        priority = coll.priority[rank]
+        index = 0
+        while index < len(waiting) and waiting[index][0] >= priority:
+            index += 1
+        waiting.insert(index, (priority, run))
+        self._dispatch(rank, spec.queue)
+
+    def _dispatch(self, rank: int, queue: int) -> None:
         queues = self.queues[rank]
-        waiting = queues.waiting[dim]
-        while waiting and queues.active[dim] < self.active_limit:
-            phase = waiting.popleft()
-            queues.active[dim] += 1
-            self._start_phase(rank, phase)
+        waiting = queues.waiting[queue]
+        index = 0
+        while index < len(waiting) and queues.active[queue] < self.active_limit:
+            run = waiting[index][1]
+            if not run.collective.may_start(rank, run.spec):
+                index += 1
+                continue
+            del waiting[index]
+            queues.active[queue] += 1
+            run.collective.started(rank, run.spec)
+            self._start(rank, run)
 
-    def _start_phase(self, rank: int, phase: Phase) -> None:
+    def _start(self, rank: int, run: PhaseRun) -> None:
         now = self.scheduler.now
-        self.bytes_sent[rank] += phase.schedule.bytes_sent_per_member
-        if not self.closed_form:
-            if phase.run is None:
-                phase.run = MessageLevelRun(
-                    phase.schedule, phase.members, self.network, self.scheduler,
-                    self.endpoint_delay, self._reduce_delay,
-                    lambda pos, _t, phase=phase: self._member_done((phase, phase.members[pos])))
-            phase.run.start(phase.position[rank])
+        run.starts[rank] = now
+        spec = run.spec
+        n = len(run.members)
+        if not self.contention_free:
+            if run.io is None:
+                run.io = NetworkPhase(run.members, self.network, self.scheduler,
+                                      lambda pos, run=run: self._member_done((run, run.members[pos])))
+                run.machines = self._machines(run, run.io)
+            run.machines[run.position[rank]].start()
             return
-        phase.starts[rank] = now
-        if len(phase.starts) < len(phase.members):
+        if len(run.starts) < n:
             return
-        starts = [phase.starts[r] for r in phase.members]
-        finishes = closed_form_finishes(phase.schedule, phase.members, starts,
-                                        self.network.message_delay, self.endpoint_delay,
-                                        self._reduce_delay)
-        schedule_at = self.scheduler.schedule_at
-        for member, finish in zip(phase.members, finishes):
+        starts = [run.starts[r] for r in run.members]
+        schedule = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
+        if schedule is not None:
+            endpoint = FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay
+            finishes = closed_form_finishes(schedule, run.members, starts, self.network.message_delay,
+                                            endpoint, self._reduce_delay)
+            for member in run.members:
+                self.bytes_sent[member] += schedule.bytes_sent_per_member
+        else:
+            io = IsolatedPhase(run.members, self.network.message_delay)
+            machines = self._machines(run, io)
+            by_pos = io.run(starts, lambda pos: machines[pos].start())
+            if len(by_pos) != n:
+                stuck = [run.members[p] for p in range(n) if p not in by_pos]
+                raise SimulationError(f"internal error: {run.collective.describe()} chunk {spec.chunk}: "
+                                      f"'{spec.algorithm.name}' left rank(s) {stuck} unfinished")
+            finishes = [by_pos[p] for p in range(n)]
+            for pos, member in enumerate(run.members):
+                self.bytes_sent[member] += io.bytes_sent[pos]
+        for member, finish in zip(run.members, finishes):
             if finish < now:
                 raise SimulationError(
-                    f"internal error: {phase.collective.describe()} chunk {phase.chunk} would finish "
-                    f"on rank {member} at {finish} ns, before its last member started ({now} ns)")
-            schedule_at(finish, self._member_done, (phase, member))
-        phase.starts.clear()
+                    f"internal error: {run.collective.describe()} chunk {spec.chunk} would finish on "
+                    f"rank {member} at {finish} ns, before its last member started ({now} ns)")
+            self.scheduler.schedule_at(finish, self._member_done, (run, member))
+
+    def _machines(self, run: PhaseRun, io) -> list:
+        spec = run.spec
+        ctx = PhaseContext(io, len(run.members),
+                           FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay,
+                           self._reduce_delay, local=spec.local)
+        root = run.position.get(run.collective.root, 0)
+        return spec.algorithm.members(ctx, spec.comm_type, spec.size, spec.variant, root)
 
     def _reduce_delay(self, size: int) -> int:
         value = self._reduce_cache.get(size)
@@ -294,18 +497,23 @@ class NativeSystem(SystemLayer):
             value = self._reduce_cache[size] = 3 * int(size / self.mem_bw)
         return value
 
-    def _member_done(self, arg: tuple[Phase, int]) -> None:
-        phase, rank = arg
-        coll = phase.collective
-        self.queues[rank].active[phase.dim] -= 1
-        chunk = coll.chunks[phase.chunk]
-        if phase.index + 1 < len(chunk):
-            self._enqueue(rank, [chunk[phase.index + 1]])
+    def _member_done(self, arg: tuple[PhaseRun, int]) -> None:
+        run, rank = arg
+        spec, coll = run.spec, run.collective
+        if isinstance(run.io, NetworkPhase):
+            self.bytes_sent[rank] += run.io.bytes_sent[run.position[rank]]
+        run.done += 1
+        if run.done == len(run.members):
+            del coll.runs[(spec.chunk, spec.index, run.members[0])]
+        self.queues[rank].active[spec.queue] -= 1
+        chunk = coll.plans[spec.chunk]
+        if spec.index + 1 < len(chunk):
+            self._enqueue(rank, coll, chunk[spec.index + 1])
         else:
             coll.remaining[rank] -= 1
             if coll.remaining[rank] == 0:
                 self._collective_done(rank, coll)
-        self._dispatch(rank, phase.dim)
+        self._dispatch(rank, spec.queue)
 
     def _collective_done(self, rank: int, coll: Collective) -> None:
         node_id = coll.nodes[rank]
@@ -317,7 +525,28 @@ class NativeSystem(SystemLayer):
             del self.collectives[(coll.group, coll.seq)]
         done(node_id)
 
-    # Point-to-point and groups --------------------------------------------------------------
+    def on_idle(self) -> bool:
+        """Break a cycle of ranks waiting on each other's queues (see module docstring)."""
+        forced = False
+        for rank, queues in enumerate(self.queues):
+            for queue, waiting in enumerate(queues.waiting):
+                for entry in list(waiting):
+                    run = entry[1]
+                    if run.starts and rank not in run.starts:
+                        waiting.remove(entry)
+                        queues.active[queue] += 1
+                        run.collective.started(rank, run.spec)
+                        self.oversubscribed += 1
+                        self._start(rank, run)
+                        forced = True
+        if forced:
+            self.context.warn(
+                "ranks waited on each other's chunk queues in a cycle (ASTRA-sim deadlocks here, "
+                "astra-sim issue 370); ranks joined started chunks beyond active-chunks-per-dimension "
+                f"({self.oversubscribed} time(s) so far)")
+        return forced
+
+    # Point-to-point and groups -------------------------------------------------------------------------
     def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         self.p2p.send(rank, node, done)
 
@@ -327,7 +556,7 @@ class NativeSystem(SystemLayer):
     def define_groups(self, rank: int, node: NodeView) -> None:
         self.groups.define_from_metadata(rank, node)
 
-    # Reporting -----------------------------------------------------------------------------
+    # Reporting --------------------------------------------------------------------------------------
     def waits(self, rank: int) -> list[str]:
         out = []
         for node_id, coll in self.open[rank].items():
@@ -347,8 +576,8 @@ class NativeSystem(SystemLayer):
                               f"to rank {row['peer']} (tag {row['tag']}) was never received")
 
     def summary(self) -> dict:
-        return {"unmatched_sends": self.p2p.unmatched_sends()}
+        return {"unmatched_sends": self.p2p.unmatched_sends(),
+                "oversubscribed_chunk_starts": self.oversubscribed}
 
     def rank_summary(self, rank: int) -> dict:
         return {"bytes_sent": self.bytes_sent[rank], "collectives": self.collectives_done[rank]}
-

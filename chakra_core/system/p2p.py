@@ -6,6 +6,11 @@ receive completes at the later of its post and the message's arrival. Sends
 and receives with the same (src, dst, tag) match in issue order. A message
 nobody receives is reported at the end of the run (rank, peer, tag, size); a
 receive that never gets its message shows up in the deadlock report.
+
+With the rendezvous protocol (ASTRA-sim's --rendezvous-protocol), a receive
+first sends an 8 KiB control message to the sender; the data leaves only once
+both the send is issued and that control message has arrived, so a send never
+completes before its receiver is ready.
 """
 
 from __future__ import annotations
@@ -17,10 +22,18 @@ from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 
 
+RENDEZVOUS_BYTES = 8192
+
+
 class PointToPoint:
-    def __init__(self, network, scheduler, warn: Callable[[str], None], bytes_sent: list[int]):
+    def __init__(self, network, scheduler, warn: Callable[[str], None], bytes_sent: list[int],
+                 rendezvous: bool = False):
         self.network, self.scheduler, self.warn = network, scheduler, warn
         self.bytes_sent = bytes_sent
+        self.rendezvous = rendezvous
+        # rendezvous: (src, dst, tag) -> deque of control messages arrived at the sender / sends waiting
+        self._clear_to_send: dict[tuple[int, int, int], int] = {}
+        self._held: dict[tuple[int, int, int], deque] = {}
         # (src, dst, tag) -> deque of arrived messages [(size, send node id)]
         self._arrived: dict[tuple[int, int, int], deque] = {}
         # (src, dst, tag) -> deque of posted receives [(node id, size, done)]
@@ -46,8 +59,26 @@ class PointToPoint:
         src, dst, tag, size = self._endpoints(rank, node, sending=True)
         if not 0 <= dst < self.network.npus_count or dst == src:
             raise SimulationError(f"rank {rank}, COMM_SEND node {node.id}: invalid destination {dst}")
-        self.bytes_sent[rank] += size
-        self.network.send(src, dst, size, self._arrive, ((src, dst, tag), size, node.id, done))
+        key = (src, dst, tag)
+        if self.rendezvous:
+            cleared = self._clear_to_send.get(key, 0)
+            if not cleared:
+                self._held.setdefault(key, deque()).append((size, node.id, done))
+                return
+            self._clear_to_send[key] = cleared - 1
+        self._inject(key, size, node.id, done)
+
+    def _inject(self, key, size: int, send_id: int, done) -> None:
+        self.bytes_sent[key[0]] += size
+        self.network.send(key[0], key[1], size, self._arrive, (key, size, send_id, done))
+
+    def _control_arrived(self, key) -> None:
+        held = self._held.get(key)
+        if held:
+            size, send_id, done = held.popleft()
+            self._inject(key, size, send_id, done)
+        else:
+            self._clear_to_send[key] = self._clear_to_send.get(key, 0) + 1
 
     def _arrive(self, arg) -> None:
         key, size, send_id, done = arg
@@ -63,6 +94,9 @@ class PointToPoint:
     def recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         src, dst, tag, size = self._endpoints(rank, node, sending=False)
         key = (src, dst, tag)
+        if self.rendezvous:
+            self.bytes_sent[dst] += RENDEZVOUS_BYTES
+            self.network.send(dst, src, RENDEZVOUS_BYTES, self._control_arrived, key)
         arrived = self._arrived.get(key)
         if arrived:
             sent_size, _ = arrived.popleft()
@@ -80,6 +114,11 @@ class PointToPoint:
 
     def waits(self, rank: int) -> list[str]:
         out = []
+        for (src, dst, tag), held in self._held.items():
+            if src == rank:
+                for size, send_id, _ in held:
+                    out.append(f"COMM_SEND node {send_id}: rendezvous send of {size} B to rank {dst} "
+                               f"with tag {tag} waits for the receiver to post its receive")
         for (src, dst, tag), posted in self._posted.items():
             if dst == rank:
                 for recv_id, size, _ in posted:

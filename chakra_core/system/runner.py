@@ -1,0 +1,149 @@
+"""Running one phase's member state machines: in isolation, or on the real network.
+
+An algorithm's members (see `chakra_core.system.machines`) talk to the world
+through a `PhaseIO`: send a message, post a receive, wait, finish. Two
+implementations:
+
+- `IsolatedPhase`: for contention-free networks. When the last member has
+  started, the whole phase is simulated on a private event heap using
+  `message_delay`, and each member's finish time comes back. A phase's
+  timing depends only on its members' start times then, so this is exact,
+  and it keeps the global event queue free of per-message events.
+- `NetworkPhase`: messages go through `NetworkModel.send` and the global
+  scheduler, for backends where traffic contends.
+
+Both follow ASTRA-sim's frontend semantics: a send completes when its message
+arrives; a receive completes at the later of the arrival and the post;
+messages between the same two members match in order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from heapq import heappop, heappush
+from itertools import count
+from typing import Any, Callable, Sequence
+
+
+class PhaseIO:
+    """What a member state machine may do. `pos` is a member's position in the phase."""
+
+    now: int
+
+    def send(self, src: int, dst: int, size: int) -> None:
+        raise NotImplementedError
+
+    def recv(self, dst: int, src: int, callback: Callable[[Any], None], arg: Any) -> None:
+        """Post a receive at `dst` for the next message from `src`; call callback(arg) when it completes."""
+        raise NotImplementedError
+
+    def after(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
+        raise NotImplementedError
+
+    def finish(self, pos: int) -> None:
+        raise NotImplementedError
+
+
+class _Mailboxes:
+    """Per (src, dst) FIFO matching of arrived messages and posted receives."""
+
+    __slots__ = ("arrived", "posted")
+
+    def __init__(self) -> None:
+        self.arrived: dict[tuple[int, int], int] = {}
+        self.posted: dict[tuple[int, int], deque] = {}
+
+    def on_arrival(self, key: tuple[int, int]) -> tuple[Callable, Any] | None:
+        waiting = self.posted.get(key)
+        if waiting:
+            return waiting.popleft()
+        self.arrived[key] = self.arrived.get(key, 0) + 1
+        return None
+
+    def on_post(self, key: tuple[int, int], callback: Callable, arg: Any) -> bool:
+        """True if a message was already there (the receive completes now)."""
+        waiting = self.arrived.get(key, 0)
+        if waiting:
+            self.arrived[key] = waiting - 1
+            return True
+        self.posted.setdefault(key, deque()).append((callback, arg))
+        return False
+
+
+class IsolatedPhase(PhaseIO):
+    """Simulate a phase alone, on a private heap (contention-free networks)."""
+
+    def __init__(self, ranks: Sequence[int], delay: Callable[[int, int, int], int]):
+        self.ranks = ranks
+        self.delay = delay
+        self.now = 0
+        self._heap: list = []
+        self._seq = count()
+        self._mail = _Mailboxes()
+        self.finishes: dict[int, int] = {}
+        self.bytes_sent = [0] * len(ranks)
+
+    def after(self, delay: int, callback, arg=None) -> None:
+        heappush(self._heap, (self.now + delay, next(self._seq), callback, arg))
+
+    def send(self, src: int, dst: int, size: int) -> None:
+        self.bytes_sent[src] += size
+        self.after(self.delay(self.ranks[src], self.ranks[dst], size), self._arrive, (src, dst))
+
+    def _arrive(self, key: tuple[int, int]) -> None:
+        matched = self._mail.on_arrival(key)
+        if matched is not None:
+            callback, arg = matched
+            callback(arg)
+
+    def recv(self, dst: int, src: int, callback, arg) -> None:
+        if self._mail.on_post((src, dst), callback, arg):
+            self.after(0, callback, arg)
+
+    def finish(self, pos: int) -> None:
+        self.finishes[pos] = self.now
+
+    def run(self, starts: Sequence[int], start_member: Callable[[int], None]) -> dict[int, int]:
+        """Start member i at starts[i]; run to the end; return {position: finish time}."""
+        for pos in sorted(range(len(starts)), key=lambda p: (starts[p], p)):
+            heappush(self._heap, (starts[pos], next(self._seq), start_member, pos))
+        heap = self._heap
+        while heap:
+            time, _, callback, arg = heappop(heap)
+            self.now = time
+            callback(arg)
+        return self.finishes
+
+
+class NetworkPhase(PhaseIO):
+    """Run a phase on the global scheduler through the network backend."""
+
+    def __init__(self, ranks: Sequence[int], network, scheduler, on_finish: Callable[[int], None]):
+        self.ranks, self.network, self.scheduler = ranks, network, scheduler
+        self._on_finish = on_finish
+        self._mail = _Mailboxes()
+        self.bytes_sent = [0] * len(ranks)
+
+    @property
+    def now(self) -> int:  # type: ignore[override]
+        return self.scheduler.now
+
+    def after(self, delay: int, callback, arg=None) -> None:
+        self.scheduler.schedule(delay, callback, arg)
+
+    def send(self, src: int, dst: int, size: int) -> None:
+        self.bytes_sent[src] += size
+        self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive, (src, dst))
+
+    def _arrive(self, key: tuple[int, int]) -> None:
+        matched = self._mail.on_arrival(key)
+        if matched is not None:
+            callback, arg = matched
+            callback(arg)
+
+    def recv(self, dst: int, src: int, callback, arg) -> None:
+        if self._mail.on_post((src, dst), callback, arg):
+            self.scheduler.schedule(0, callback, arg)
+
+    def finish(self, pos: int) -> None:
+        self._on_finish(pos)
