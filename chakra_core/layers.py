@@ -127,8 +127,19 @@ class MemoryModel(LayerModel):
     def access(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         """Start a MEM_LOAD_NODE or MEM_STORE_NODE; call `done(node.id)` when it completes.
 
-        Use `context.scheduler` to complete later; accesses may overlap and share bandwidth.
+        Use `context.scheduler` to complete later; accesses may overlap.
         """
+
+    tracks_tensors: ClassVar[bool] = False
+    """Set True to be told about every node's issue and completion (`node_issued`,
+    `node_completed`), e.g. to allocate and free the tensors it produces and consumes.
+    Checked once per run; models that leave it False cost nothing per node."""
+
+    def node_issued(self, rank: int, node: NodeView, now: int) -> None:
+        """Any node starts on `rank` (only if tracks_tensors). May raise SimulationError (OOM)."""
+
+    def node_completed(self, rank: int, node: NodeView, now: int) -> None:
+        """Any node finished on `rank` (only if tracks_tensors)."""
 
 
 @dataclass(frozen=True)

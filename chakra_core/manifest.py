@@ -75,6 +75,8 @@ class LayerSection(BaseModel):
 class OutputSection(_Strict):
     dir: str = Field("results", description="folder for results.json / results.csv")
     formats: list[Literal["json", "csv"]] = Field(["json", "csv"], description="files to write")
+    timeline: bool = Field(False, description="also write timeline.json (Perfetto / Chrome trace; "
+                                              "open in ui.perfetto.dev)")
 
 
 class Manifest(_Strict):
@@ -111,8 +113,10 @@ def validation_problems(exc: ValidationError, prefix: tuple, source: str) -> lis
 class LoadedManifest:
     """A validated manifest: the RunSpec for the engine and the output settings."""
 
-    def __init__(self, spec: RunSpec, output_dir: Path, formats: list[str], source: str):
+    def __init__(self, spec: RunSpec, output_dir: Path, formats: list[str], source: str,
+                 timeline: bool = False):
         self.spec, self.output_dir, self.formats, self.source = spec, output_dir, formats, source
+        self.timeline = timeline
 
 
 def load_manifest(path: str | Path, host: PluginHost, out_dir: str | None = None) -> LoadedManifest:
@@ -173,7 +177,8 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
                      "trace": str(_resolve(base_dir, workload.trace)), "ranks": len(trace_paths),
                      "comm_groups": comm_groups},
         **echo,
-        "output": {"dir": str(output_dir), "formats": manifest.output.formats},
+        "output": {"dir": str(output_dir), "formats": manifest.output.formats,
+                   "timeline": manifest.output.timeline},
     }
     resources = workload.resources
     spec = RunSpec(
@@ -182,7 +187,7 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
         dependencies=workload.dependencies,
         resources=Resources(resources.cpu, resources.gpu, resources.comm, resources.memory),
         comm_groups=comm_groups, base_dir=base_dir, manifest=echo, warnings=warnings)
-    return LoadedManifest(spec, output_dir, list(manifest.output.formats), source)
+    return LoadedManifest(spec, output_dir, list(manifest.output.formats), source, manifest.output.timeline)
 
 
 def _resolve(base_dir: Path, value: str) -> Path:

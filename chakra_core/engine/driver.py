@@ -80,6 +80,9 @@ class RankDriver:
         self.finish_ns: int | None = None if self.remaining else 0
         self._pumping = False
         self._observer: Callable | None = sim.node_observer
+        self._intervals: list | None = sim.intervals
+        memory = sim.memory
+        self._tensor_tracker = memory if memory is not None and memory.tracks_tensors else None
         # accounting
         self.compute_ns = self.cpu_ns = 0
         self.comm_ns = self.exposed_comm_ns = self.memory_ns = self.idle_ns = 0
@@ -137,6 +140,8 @@ class RankDriver:
     def _issue(self, node_id: int, slot: int) -> None:
         node = self.feeder.lookup_node(node_id)
         node_type = node.pb.type
+        if self._tensor_tracker is not None:
+            self._tensor_tracker.node_issued(self.rank, node, self.queue.now)
         type_name = _TYPE_NAMES.get(node_type, str(node_type))
         self.node_counts[type_name] = self.node_counts.get(type_name, 0) + 1
         self.in_use[slot] += 1
@@ -208,9 +213,8 @@ class RankDriver:
             self._active[category] -= 1
         self.in_use[slot] -= 1
         feeder = self.feeder
-        if self._observer is not None:
-            self._observer(rank=self.rank, node=feeder.lookup_node(node_id),
-                           start_ns=start, end_ns=self.queue.now)
+        if self._observer is not None or self._intervals is not None or self._tensor_tracker is not None:
+            self._report(node_id, slot, start)
         feeder.free_children(node_id)
         feeder.remove_node(node_id)
         self.remaining -= 1
@@ -220,6 +224,20 @@ class RankDriver:
             self.sim.rank_finished(self.rank)
         else:
             self.pump()
+
+    def _report(self, node_id: int, slot: int, start: int) -> None:
+        """Per-node consumers: the memory layer's tensor tracking, the timeline, observer hooks."""
+        node = self.feeder.lookup_node(node_id)
+        now = self.queue.now
+        if self._tensor_tracker is not None:
+            self._tensor_tracker.node_completed(self.rank, node, now)
+        if self._intervals is not None:
+            pb_node = node.pb
+            self._intervals.append((self.rank, node_id, pb_node.name, _TYPE_NAMES.get(pb_node.type, "?"),
+                                    SLOT_NAMES[slot], start, now,
+                                    tuple(pb_node.data_deps) + tuple(pb_node.ctrl_deps)))
+        if self._observer is not None:
+            self._observer(rank=self.rank, node=node, start_ns=start, end_ns=now)
 
     # Reporting --------------------------------------------------------------------------------
     def waits(self) -> list[str]:

@@ -64,8 +64,11 @@ class RunSpec:
 class Simulation:
     """Build with a RunSpec and a PluginHost, then call run()."""
 
-    def __init__(self, spec: RunSpec, host: PluginHost):
+    def __init__(self, spec: RunSpec, host: PluginHost, record_intervals: bool = False):
         self.spec = spec
+        self.intervals: list | None = [] if record_intervals else None
+        """With record_intervals: (rank, node id, name, type, slot, start ns, end ns, parent ids)
+        per finished node, in completion order (for timelines)."""
         self.host = host
         self.num_ranks = len(spec.trace_files)
         self.queue = EventQueue()
