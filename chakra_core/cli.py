@@ -7,6 +7,11 @@
     chakra-sim validate MANIFEST.yaml
     chakra-sim plugins [--json] [--layer LAYER] [--all]
     chakra-sim jsonize PREFIX|FILE.et [--out DIR]
+    chakra-sim convert pytorch HOST.json[.gz] [--kineto KINETO.json[.gz]] --output PREFIX
+    chakra-sim convert text INPUT.txt --num-npus N --num-passes P --output PREFIX
+    chakra-sim generate microbenchmark|transformer ...
+    chakra-sim visualize TRACE.et --format dot|graphml --output FILE
+    chakra-sim timeline MANIFEST.yaml [--out FILE]
 
 Errors caused by inputs print one clear message and exit with status 2 (no
 traceback); `--debug` shows the traceback too.
@@ -135,7 +140,7 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
             if out_dir:
                 data["output"] = {"dir": out_dir}
             loaded = build_manifest(data, host, base_dir=Path.cwd(), source="command line")
-        results, wall_s = _simulate(loaded, host, quiet)
+        results, wall_s, intervals = _simulate(loaded, host, quiet)
     except ChakraSimError as exc:
         _fail(exc, debug)
         return
@@ -144,6 +149,12 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
 
     try:
         written = write_results(results, loaded.output_dir, loaded.formats)
+        if loaded.timeline:
+            from chakra_core.report.timeline import write_timeline
+
+            path = loaded.output_dir / "timeline.json"
+            write_timeline(intervals, results, path)
+            written.append(path)
     except OSError as exc:
         raise CliError(f"cannot write results to {loaded.output_dir}: {exc.strerror or exc}") from exc
     console = out_console()
@@ -158,11 +169,11 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
 def _simulate(loaded, host, quiet: bool):
     from chakra_core.engine.simulation import Simulation
 
-    sim = Simulation(loaded.spec, host)
+    sim = Simulation(loaded.spec, host, record_intervals=loaded.timeline)
     show_progress = not quiet and sys.stderr.isatty()
     if not show_progress:
         results = sim.run()
-        return results, sim.wall_s
+        return results, sim.wall_s, sim.intervals
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[status]}"),
@@ -175,7 +186,7 @@ def _simulate(loaded, host, quiet: bool):
                             status=f"{done:,}/{total:,} nodes, t={now_ns / 1e6:,.3f} ms")
 
         results = sim.run(progress=update)
-    return results, sim.wall_s
+    return results, sim.wall_s, sim.intervals
 
 
 # validate -----------------------------------------------------------------------------------
@@ -255,6 +266,29 @@ def jsonize(trace, out_dir, compact) -> None:
             click.echo(f"{et_path} -> {target} ({count} nodes)")
     except ChakraSimError as exc:
         raise CliError(str(exc)) from exc
+
+
+# toolchain ------------------------------------------------------------------------------------
+@main.group()
+def convert() -> None:
+    """Convert traces to Chakra .et: PyTorch execution traces, ASTRA-sim text workloads."""
+
+
+def _register_tools() -> None:
+    from chakra_core.report.timeline import timeline
+    from chakra_core.tools.generate import generate
+    from chakra_core.tools.pytorch.cli import convert_pytorch
+    from chakra_core.tools.text import convert_text
+    from chakra_core.tools.visualize import visualize
+
+    convert.add_command(convert_pytorch, "pytorch")
+    convert.add_command(convert_text, "text")
+    main.add_command(generate)
+    main.add_command(visualize)
+    main.add_command(timeline)
+
+
+_register_tools()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -60,7 +60,8 @@ class LayerContext:
     network: "NetworkModel | None" = None
     warnings: list[str] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
-    """Run-wide inputs a layer may use, e.g. `comm_groups` ({name: [ranks]}) from the manifest."""
+    """Run-wide inputs a layer may use: `comm_groups` ({name: [ranks]}), `algorithms` (registered
+    collective algorithms), `trace_files` (one path per rank), `dependencies` ("all" or "data")."""
 
     def warn(self, message: str) -> None:
         """Record a warning: shown after the run and written to results.json."""
@@ -102,6 +103,11 @@ class LayerModel(ABC):
     def rank_summary(self, rank: int) -> dict[str, Any]:
         """Per-rank statistics merged into that rank's entry of results.json."""
         return {}
+
+    def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        """Small tables (title, column names, rows of strings) for the terminal summary,
+        e.g. the hottest links; also kept in results.json under the layer's "highlights"."""
+        return []
 
 
 class ComputeModel(LayerModel):

@@ -1,64 +1,74 @@
-"""The discrete-event core: a clock and a heap of (time, seq, callback, arg).
+"""The discrete-event core: a clock and a time-ordered queue of (callback, arg) events.
 
 Time is integer nanoseconds. Events at the same time run in the order they
-were scheduled (the sequence number breaks ties), which makes every run
-deterministic. The loop is deliberately tiny; all model knowledge lives in
-the layers.
+were scheduled, which makes every run deterministic. Collective traffic puts
+many events at the same instant (all ranks step together), so events are
+kept in one FIFO bucket per distinct time, and a heap orders the times: the
+heap sees one entry per instant instead of one per event. An event scheduled
+for the current instant joins the bucket being run.
+
+The loop is deliberately tiny; all model knowledge lives in the layers.
 """
 
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from itertools import count
 from typing import Any, Callable
 
 from chakra_core.errors import SimulationError
 
 
 class EventQueue:
-    """Clock + event heap; implements the `Scheduler` protocol of chakra_core.layers."""
+    """Clock + event queue; implements the `Scheduler` protocol of chakra_core.layers."""
 
-    __slots__ = ("now", "_heap", "_seq", "executed")
+    __slots__ = ("now", "_times", "_buckets", "executed", "pending")
 
     def __init__(self) -> None:
         self.now = 0
-        self._heap: list[tuple[int, int, Callable[[Any], None], Any]] = []
-        self._seq = count()
+        self._times: list[int] = []
+        self._buckets: dict[int, list[tuple[Callable[[Any], None], Any]]] = {}
         self.executed = 0
+        self.pending = 0
 
     def schedule(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
         if delay.__class__ is not int or delay < 0:
             raise SimulationError(f"event delay must be a non-negative int of ns, got {delay!r} "
                                   f"(from {getattr(callback, '__qualname__', callback)})")
-        heappush(self._heap, (self.now + delay, next(self._seq), callback, arg))
+        self._push(self.now + delay, callback, arg)
 
     def schedule_at(self, time: int, callback: Callable[[Any], None], arg: Any = None) -> None:
         if time.__class__ is not int or time < self.now:
             raise SimulationError(f"event time must be an int >= now ({self.now} ns), got {time!r} "
                                   f"(from {getattr(callback, '__qualname__', callback)})")
-        heappush(self._heap, (time, next(self._seq), callback, arg))
+        self._push(time, callback, arg)
+
+    def _push(self, time: int, callback, arg) -> None:
+        bucket = self._buckets.get(time)
+        if bucket is None:
+            self._buckets[time] = bucket = []
+            heappush(self._times, time)
+        bucket.append((callback, arg))
+        self.pending += 1
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self.pending
 
     def run(self, progress: Callable[[int], None] | None = None, every: int = 1 << 16) -> None:
-        """Run until the heap is empty; call `progress(now)` every `every` events."""
-        heap = self._heap
-        pop = heappop
-        executed = self.executed
-        if progress is None:
-            while heap:
-                time, _, callback, arg = pop(heap)
-                self.now = time
+        """Run until no event is left; call `progress(now)` about every `every` events."""
+        times, buckets = self._times, self._buckets
+        next_report = self.executed + every
+        while times:
+            time = heappop(times)
+            bucket = buckets[time]
+            self.now = time
+            index = 0
+            while index < len(bucket):   # callbacks may append to this bucket
+                callback, arg = bucket[index]
+                index += 1
                 callback(arg)
-                executed += 1
-        else:
-            while heap:
-                time, _, callback, arg = pop(heap)
-                self.now = time
-                callback(arg)
-                executed += 1
-                if not executed % every:
-                    self.executed = executed
-                    progress(time)
-        self.executed = executed
+            del buckets[time]
+            self.pending -= index
+            self.executed += index
+            if progress is not None and self.executed >= next_report:
+                next_report = self.executed + every
+                progress(time)

@@ -44,6 +44,10 @@ def build_results(sim: "Simulation") -> dict[str, Any]:
     for layer, instance in sim.layers.items():
         layers[layer] = {"plugin": instance.name, "fidelity": instance.fidelity,
                          "summary": instance.summary()}
+        tables = instance.terminal_tables()
+        if tables:
+            layers[layer]["highlights"] = [{"title": title, "columns": columns, "rows": rows}
+                                           for title, columns, rows in tables]
     return {
         "schema_version": SCHEMA_VERSION,
         "chakra_sim_version": __version__,

@@ -40,6 +40,16 @@ def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Ta
 
 def print_summary(results: dict[str, Any], console: Console, wall_s: float | None = None) -> None:
     console.print(rank_table(results))
+    for layer, info in results["layers"].items():
+        for block in info.get("highlights", []):
+            if not block["rows"]:
+                continue
+            table = Table(title=f"{layer}: {block['title']}", title_justify="left")
+            for index, column in enumerate(block["columns"]):
+                table.add_column(column, justify="left" if index == 0 else "right")
+            for row in block["rows"]:
+                table.add_row(*row)
+            console.print(table)
     finish = results["finish_ns"]
     layers = ", ".join(f"{layer}={info['plugin']}" for layer, info in results["layers"].items())
     line = f"finish: {finish:,} ns ({finish / 1000:,.3f} µs) on {results['num_ranks']} rank(s); {layers}"

@@ -79,6 +79,10 @@ class CollectiveAlgorithm:
     parameter: ClassVar[str | None] = None
     """Name of an optional integer parameter appended to the name (`direct8`: window 8)."""
     powers_of_two: ClassVar[bool] = False
+    causal: ClassVar[bool] = True
+    """Every member's finish depends on every member's start (true of the symmetric collectives).
+    Lets a contention-free run be solved when its last member starts; rooted collectives, where a
+    root may finish before others start, run event by event instead."""
 
     def __init__(self, value: int | None = None):
         self.value = value
@@ -193,6 +197,7 @@ class Chain(CollectiveAlgorithm):
 
     name = "chain"
     supports = ROOTED
+    causal = False
 
     def members(self, ctx, comm_type, size, variant=0, root=0):
         return [RootedMember(ctx, pos, comm_type, size, root, star=False) for pos in range(ctx.n)]
@@ -203,6 +208,7 @@ class Star(CollectiveAlgorithm):
 
     name = "star"
     supports = ROOTED
+    causal = False
 
     def members(self, ctx, comm_type, size, variant=0, root=0):
         return [RootedMember(ctx, pos, comm_type, size, root, star=True) for pos in range(ctx.n)]

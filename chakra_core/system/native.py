@@ -448,7 +448,7 @@ class NativeSystem(SystemLayer):
         run.starts[rank] = now
         spec = run.spec
         n = len(run.members)
-        if not self.contention_free:
+        if not self.contention_free or not spec.algorithm.causal:
             if run.io is None:
                 run.io = NetworkPhase(run.members, self.network, self.scheduler,
                                       lambda pos, run=run: self._member_done((run, run.members[pos])))
@@ -469,6 +469,7 @@ class NativeSystem(SystemLayer):
             io = IsolatedPhase(run.members, self.network.message_delay)
             machines = self._machines(run, io)
             by_pos = io.run(starts, lambda pos: machines[pos].start())
+            io.release()
             if len(by_pos) != n:
                 stuck = [run.members[p] for p in range(n) if p not in by_pos]
                 raise SimulationError(f"internal error: {run.collective.describe()} chunk {spec.chunk}: "
@@ -505,6 +506,7 @@ class NativeSystem(SystemLayer):
         run.done += 1
         if run.done == len(run.members):
             del coll.runs[(spec.chunk, spec.index, run.members[0])]
+            run.io = run.machines = None   # break the run <-> io <-> machines cycle
         self.queues[rank].active[spec.queue] -= 1
         chunk = coll.plans[spec.chunk]
         if spec.index + 1 < len(chunk):

@@ -19,7 +19,6 @@ messages between the same two members match in order.
 
 from __future__ import annotations
 
-from collections import deque
 from heapq import heappop, heappush
 from itertools import count
 from typing import Any, Callable, Sequence
@@ -45,18 +44,25 @@ class PhaseIO:
 
 
 class _Mailboxes:
-    """Per (src, dst) FIFO matching of arrived messages and posted receives."""
+    """Per (src, dst) FIFO matching of arrived messages and posted receives.
+
+    Posted receives are kept in short lists (usually one entry): a deque per
+    pair costs ~600 bytes, which an all-to-all on 1,000 NPUs multiplies by a million.
+    """
 
     __slots__ = ("arrived", "posted")
 
     def __init__(self) -> None:
         self.arrived: dict[tuple[int, int], int] = {}
-        self.posted: dict[tuple[int, int], deque] = {}
+        self.posted: dict[tuple[int, int], list] = {}
 
     def on_arrival(self, key: tuple[int, int]) -> tuple[Callable, Any] | None:
         waiting = self.posted.get(key)
         if waiting:
-            return waiting.popleft()
+            entry = waiting.pop(0)
+            if not waiting:
+                del self.posted[key]
+            return entry
         self.arrived[key] = self.arrived.get(key, 0) + 1
         return None
 
@@ -64,9 +70,16 @@ class _Mailboxes:
         """True if a message was already there (the receive completes now)."""
         waiting = self.arrived.get(key, 0)
         if waiting:
-            self.arrived[key] = waiting - 1
+            if waiting == 1:
+                del self.arrived[key]
+            else:
+                self.arrived[key] = waiting - 1
             return True
-        self.posted.setdefault(key, deque()).append((callback, arg))
+        waiting = self.posted.get(key)
+        if waiting is None:
+            self.posted[key] = [(callback, arg)]
+        else:
+            waiting.append((callback, arg))
         return False
 
 
@@ -102,6 +115,11 @@ class IsolatedPhase(PhaseIO):
 
     def finish(self, pos: int) -> None:
         self.finishes[pos] = self.now
+
+    def release(self) -> None:
+        """Drop references to the members (their callbacks) so no reference cycle outlives the run."""
+        self._mail = _Mailboxes()
+        self._heap.clear()
 
     def run(self, starts: Sequence[int], start_member: Callable[[int], None]) -> dict[int, int]:
         """Start member i at starts[i]; run to the end; return {position: finish time}."""

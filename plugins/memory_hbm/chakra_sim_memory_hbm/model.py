@@ -1,17 +1,28 @@
-"""Memory loads and stores: local HBM, or ASTRA-sim's analytical remote memory.
+"""Memory loads and stores (local HBM or ASTRA-sim's remote memory) and tensor capacity.
 
-Local access:   int(latency_ns + size / bandwidth_gbps) ns      (GB/s = 10^9 B/s = B/ns)
-Remote access:  remote-mem-latency + int(size / (remote-mem-bw * 1e9) * 1e9) ns, in
-                ASTRA-sim's arithmetic so its remote-memory files give identical numbers.
+Timing. A MEM_LOAD_NODE / MEM_STORE_NODE of `tensor_size` bytes waits its fixed
+latency, then transfers its bytes:
 
-Remote queueing follows ASTRA-sim's AnalyticalRemoteMemory: a per-NPU expansion
-serves every access at once; a per-node expansion (one queue per node) and a
-memory pool (one queue) serve one access at a time, first come first served.
+- local HBM: the rank's HBM bandwidth is shared by the rank's transfers in
+  progress (processor sharing over `channels`, see `sharing.py`); a lone access
+  takes int(latency_ns + size / bandwidth_gbps) ns;
+- remote memory, `pool_sharing: fifo` (default): ASTRA-sim's AnalyticalRemoteMemory,
+  remote-mem-latency + int(size / (remote-mem-bw x 1e9) x 1e9) ns in ASTRA-sim's
+  float arithmetic; a per-NPU expansion serves every access at once, a per-node
+  expansion and the pool serve one access at a time, first come first served;
+- remote memory, `pool_sharing: fair`: the per-NPU / per-node / pool bandwidth is
+  shared by its transfers in progress like local HBM (exact arithmetic).
+
+Capacity. With `track_tensors` (default) the model follows the storages behind the
+tensors in every node's IOInfo (see `tensors.py`) and reports each rank's peak,
+a bounded bytes-in-use series, and out-of-memory against `capacity_gib`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -19,9 +30,12 @@ from chakra_core.errors import AttributeTypeError, SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.layers import LayerContext, MemoryModel, PluginConfig
 from chakra_core.schema import pb
+from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
+from chakra_sim_memory_hbm.tensors import TensorTracker
 
 NO_EXPANSION = "NO_MEMORY_EXPANSION"
 PER_NODE = "PER_NODE_MEMORY_EXPANSION"
+PER_NPU = "PER_NPU_MEMORY_EXPANSION"
 POOL = "MEMORY_POOL"
 MemoryType = Literal["NO_MEMORY_EXPANSION", "PER_NODE_MEMORY_EXPANSION", "PER_NPU_MEMORY_EXPANSION",
                      "MEMORY_POOL"]
@@ -29,16 +43,25 @@ MemoryType = Literal["NO_MEMORY_EXPANSION", "PER_NODE_MEMORY_EXPANSION", "PER_NP
 LOCATION_ATTR = "mem_location"
 """Node attribute ("local" or "remote") overriding memory-type for one node."""
 
+GIB = 1 << 30
+
 
 class HBMConfig(PluginConfig):
     """Local HBM keys, plus the keys of an ASTRA-sim remote-memory JSON (hyphenated aliases)."""
 
     bandwidth_gbps: PositiveFloat = Field(
-        2000.0, description="local HBM bandwidth per rank in GB/s (10^9 B/s); roofline compute reads it")
-    latency_ns: NonNegativeFloat = Field(0.0, description="fixed latency of a local access, ns")
+        2000.0, allow_inf_nan=False,
+        description="local HBM bandwidth per rank in GB/s (10^9 B/s); shared by the rank's concurrent "
+                    "accesses; roofline compute reads it")
+    latency_ns: NonNegativeFloat = Field(0.0, allow_inf_nan=False,
+                                         description="fixed latency of a local access, ns")
+    channels: PositiveInt = Field(
+        1, description="local HBM channels: one access gets at most bandwidth/channels; n concurrent "
+                       "accesses get bandwidth/max(n, channels) each")
     capacity_gib: PositiveFloat | None = Field(
-        None, description="HBM capacity per rank in GiB (2^30 B); reported only, not tracked yet; "
-                          "null = unlimited")
+        None, allow_inf_nan=False,
+        description="HBM capacity per rank in GiB (2^30 B), checked against tracked tensors "
+                    "(see oom); null = unlimited")
     memory_type: MemoryType = Field(
         NO_EXPANSION, alias="memory-type",
         description="where memory nodes go: NO_MEMORY_EXPANSION = local HBM; otherwise ASTRA-sim's "
@@ -47,7 +70,7 @@ class HBMConfig(PluginConfig):
         0, alias="remote-mem-latency",
         description="fixed latency of a remote access, ns (an integer, as ASTRA-sim reads it)")
     remote_mem_bw: PositiveFloat | None = Field(
-        None, alias="remote-mem-bw",
+        None, alias="remote-mem-bw", allow_inf_nan=False,
         description="remote memory bandwidth in bytes per ns (= GB/s, 10^9 B/s); required with an expansion")
     num_nodes: PositiveInt | None = Field(
         None, alias="num-nodes",
@@ -56,6 +79,29 @@ class HBMConfig(PluginConfig):
     num_npus_per_node: PositiveInt | None = Field(
         None, alias="num-npus-per-node",
         description="NPUs sharing one node's expansion memory (required by PER_NODE_MEMORY_EXPANSION)")
+    pool_sharing: Literal["fifo", "fair"] = Field(
+        "fifo", description="concurrent remote accesses: 'fifo' = ASTRA-sim (pool / per-node memory "
+                            "serves one at a time, per-NPU memory all at once at full bandwidth); "
+                            "'fair' = they share the pool's / node's / NPU's bandwidth")
+    track_tensors: bool = Field(
+        True, description="follow the tensors in nodes' inputs/outputs (IOInfo) to report peak memory, "
+                          "a memory series and out-of-memory; cheap for traces without tensors")
+    lifetime: Literal["trace", "issued"] = Field(
+        "trace", description="when a storage is released: 'trace' = after the last node referencing it "
+                             "(counted in a pre-pass over the rank's trace file); 'issued' = when no "
+                             "issued, unfinished node references it (no pre-pass; a lower bound)")
+    tensor_nodes: Literal["all", "cpu", "gpu"] = Field(
+        "all", description="whose references make a storage live: 'all' nodes; 'cpu' = CPU operations "
+                           "only (PyTorch's allocator: the host allocates and frees); 'gpu' = all but CPU "
+                           "operations (kernels)")
+    oom: Literal["warn", "fail"] = Field(
+        "warn", description="when tracked tensors exceed capacity_gib: 'warn' once per rank and go on, "
+                            "or 'fail' the run")
+    count_host_tensors: bool = Field(
+        False, description="also count tensors on device 'cpu' (host memory) towards HBM")
+    series_points: int = Field(
+        1000, ge=4, description="at most this many [time_ns, bytes] points per rank in memory_series "
+                                "(max-preserving bucketing beyond it)")
 
     @model_validator(mode="after")
     def _remote_keys(self):
@@ -66,21 +112,41 @@ class HBMConfig(PluginConfig):
         return self
 
 
+class _Access:
+    """A memory node going through a shared bandwidth (latency, then its transfer)."""
+
+    __slots__ = ("node_id", "done", "link", "size", "issued", "latency_frac", "alone_ns", "remote")
+
+    def __init__(self, node_id: int, done: Callable[[int], None], link: SharedBandwidth, size: int,
+                 issued: int, latency_frac: Fraction, alone_ns: int, remote: bool):
+        self.node_id, self.done, self.link, self.size = node_id, done, link, size
+        self.issued, self.latency_frac, self.alone_ns, self.remote = issued, latency_frac, alone_ns, remote
+
+
 class HBMMemory(MemoryModel):
     name = "hbm"
-    fidelity = ("latency + size / bandwidth per access, local HBM or ASTRA-sim remote memory "
-                "(per-NPU, per-node FIFO, pool FIFO); no bandwidth sharing, no capacity tracking")
+    fidelity = ("latency + size/bandwidth per access; concurrent accesses share a rank's HBM bandwidth "
+                "(processor sharing over channels); ASTRA-sim remote memory (per-NPU, per-node/pool FIFO) "
+                "or fair-shared; peak memory and OOM from IOInfo storage lifetimes; no caches, banks, "
+                "fragmentation or allocator block caching")
     Config = HBMConfig
 
     def __init__(self, config: HBMConfig, context: LayerContext):
         super().__init__(config, context)
         self._scheduler = context.scheduler
         self._bw = config.bandwidth_gbps                    # bytes per ns
-        self._latency = config.latency_ns
+        self._bw_exact = exact(config.bandwidth_gbps, "bandwidth_gbps")
+        latency = exact(config.latency_ns, "latency_ns")
+        self._latency_exact = latency
+        self._latency_whole = int(latency)                  # floor: latency >= 0
+        self._latency_frac = latency - self._latency_whole
         self._remote_default = config.memory_type != NO_EXPANSION
         self._remote_latency = config.remote_mem_latency
-        # bytes per second, as ASTRA-sim scales remote-mem-bw, for identical rounding
+        # bytes per second, as ASTRA-sim scales remote-mem-bw, for identical rounding (fifo)
         self._remote_bps = None if config.remote_mem_bw is None else config.remote_mem_bw * 1e9
+        self._remote_exact = None if config.remote_mem_bw is None else exact(config.remote_mem_bw,
+                                                                             "remote-mem-bw")
+        self._fair = config.pool_sharing == "fair"
         self._npus_per_node = config.num_npus_per_node or 1
         if config.memory_type == PER_NODE and config.num_nodes is not None:
             capacity = config.num_nodes * self._npus_per_node
@@ -88,36 +154,55 @@ class HBMMemory(MemoryModel):
                 raise SimulationError(
                     f"memory plugin 'hbm': num-nodes {config.num_nodes} x num-npus-per-node "
                     f"{self._npus_per_node} = {capacity} NPUs, but the run has {context.num_ranks} ranks")
-        self._free_at: dict[int, int] = {}     # remote queue -> time its last queued access ends
+        self._local: list[SharedBandwidth | None] = [None] * context.num_ranks
+        self._shared_remote: dict[int, SharedBandwidth] = {}
+        self._free_at: dict[int, int] = {}     # FIFO remote queue -> time its last queued access ends
         self._loaded = [0] * context.num_ranks
         self._stored = [0] * context.num_ranks
         self.local_accesses = self.remote_accesses = 0
         self.queueing_delay_ns = self.queued_accesses = 0
-        if config.capacity_gib is not None:
-            context.warn("memory plugin 'hbm': capacity_gib is reported but not enforced "
-                         "(capacity tracking is not implemented yet)")
+        self.local_sharing_delay_ns = self.remote_sharing_delay_ns = 0
+        self.capacity_bytes = (None if config.capacity_gib is None
+                               else int(exact(config.capacity_gib, "capacity_gib") * GIB))
+        self._trace_files: list[Path] | None = None
+        self.oom_ranks: list[int] = []
+        self.tensors: TensorTracker | None = None
+        # The engine reads `tracks_tensors` once per run and then calls node_issued /
+        # node_completed for every node: bind them straight to the tracker's methods.
+        self.tracks_tensors = config.track_tensors
+        if config.track_tensors:
+            self.tensors = TensorTracker(context.num_ranks, config.lifetime, config.count_host_tensors,
+                                         self.capacity_bytes, config.series_points, self._trace_file,
+                                         self._out_of_memory, config.tensor_nodes)
+            self.node_issued = self.tensors.issued            # type: ignore[method-assign]
+            self.node_completed = self.tensors.completed      # type: ignore[method-assign]
+        elif config.capacity_gib is not None:
+            context.warn("memory plugin 'hbm': capacity_gib is set but track_tensors is false, so "
+                         "nothing is checked against it")
 
+    # Bandwidth for roofline compute ---------------------------------------------------------------
     def bandwidth_gbps(self, rank: int) -> float:
         return self._bw
 
+    # Timing ---------------------------------------------------------------------------------------
     def local_time_ns(self, size: int) -> int:
-        """Duration of one local HBM access of `size` bytes."""
-        return int(self._latency + size / self._bw)
+        """Duration of one local HBM access of `size` bytes that shares with nobody."""
+        return int(self._latency_exact + size * self.config.channels / self._bw_exact)
 
     def remote_time_ns(self, size: int) -> int:
-        """Duration of one remote access once served, as ASTRA-sim computes it."""
+        """Duration of one remote access once served, as ASTRA-sim computes it (fifo)."""
         if self._remote_bps is None:
             raise SimulationError("memory plugin 'hbm': remote access without remote-mem-bw")
         return self._remote_latency + int(size / self._remote_bps * 1e9)
 
     def _queue_of(self, rank: int) -> int | None:
-        """The FIFO serving `rank`'s remote accesses, or None when they never wait."""
+        """The remote memory serving `rank`: a FIFO / shared-bandwidth key, None = no queue (fifo)."""
         memory_type = self.config.memory_type
         if memory_type == PER_NODE:
             return rank // self._npus_per_node
         if memory_type == POOL:
             return 0
-        return None
+        return rank if self._fair else None
 
     def access(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         size = self._size(rank, node)
@@ -128,22 +213,55 @@ class HBMMemory(MemoryModel):
             self._stored[rank] += size
         else:
             self._loaded[rank] += size
+        scheduler = self._scheduler
         if not remote:
             self.local_accesses += 1
-            delay = self.local_time_ns(size)
+            link = self._local[rank]
+            if link is None:
+                link = self._local[rank] = SharedBandwidth(scheduler, self._bw_exact, self.config.channels)
+            alone = int(self._latency_exact + link.alone_ns(size))
+            self._shared(_Access(node.id, done, link, size, scheduler.now, self._latency_frac, alone, False),
+                         self._latency_whole)
+            return
+        self.remote_accesses += 1
+        queue = self._queue_of(rank)
+        if self._fair:
+            link = self._shared_remote.get(queue)
+            if link is None:
+                link = self._shared_remote[queue] = SharedBandwidth(scheduler, self._remote_exact)
+            alone = self._remote_latency + int(link.alone_ns(size))
+            self._shared(_Access(node.id, done, link, size, scheduler.now, Fraction(0), alone, True),
+                         self._remote_latency)
+            return
+        delay = self.remote_time_ns(size)
+        if queue is not None:
+            now = scheduler.now
+            start = max(now, self._free_at.get(queue, 0))
+            self._free_at[queue] = start + delay
+            if start > now:
+                self.queueing_delay_ns += start - now
+                self.queued_accesses += 1
+                delay += start - now
+        scheduler.schedule(delay, done, node.id)
+
+    def _shared(self, access: _Access, latency_whole: int) -> None:
+        if latency_whole:
+            self._scheduler.schedule(latency_whole, self._transfer, access)
         else:
-            self.remote_accesses += 1
-            delay = self.remote_time_ns(size)
-            queue = self._queue_of(rank)
-            if queue is not None:
-                now = self._scheduler.now
-                start = max(now, self._free_at.get(queue, 0))
-                self._free_at[queue] = start + delay
-                if start > now:
-                    self.queueing_delay_ns += start - now
-                    self.queued_accesses += 1
-                    delay += start - now
-        self._scheduler.schedule(delay, done, node.id)
+            self._transfer(access)
+
+    def _transfer(self, access: _Access) -> None:
+        access.link.start(access.size, self._transferred, access)
+
+    def _transferred(self, access: _Access, leftover: Fraction) -> None:
+        delay = int(leftover + access.latency_frac)     # the latency's fraction of a ns, rounded once
+        scheduler = self._scheduler
+        scheduler.schedule(delay, access.done, access.node_id)
+        extra = scheduler.now + delay - access.issued - access.alone_ns
+        if access.remote:
+            self.remote_sharing_delay_ns += extra
+        else:
+            self.local_sharing_delay_ns += extra
 
     def _size(self, rank: int, node: NodeView) -> int:
         if not node.has("tensor_size"):
@@ -172,10 +290,37 @@ class HBMMemory(MemoryModel):
                                   f"but memory-type is {NO_EXPANSION}: set memory-type and remote-mem-bw")
         return True
 
-    def summary(self) -> dict:
-        return {
+    # Tensor tracking ------------------------------------------------------------------------------
+    def set_trace_files(self, paths: list[Path] | None) -> None:
+        """The per-rank trace files, for `lifetime: trace` (set by the plugin's simulation_start hook)."""
+        self._trace_files = None if paths is None else [Path(p) for p in paths]
+
+    def _trace_file(self, rank: int) -> Path | None:
+        files = self.context.extras.get("trace_files") or self._trace_files
+        if files is not None and rank < len(files):
+            return Path(files[rank])
+        self.context.warn("memory plugin 'hbm': the trace files are unknown (model built outside a "
+                          "manifest run), so tensors are released by the 'issued' rule: when no issued, "
+                          "unfinished node references them (a lower bound of the 'trace' rule)")
+        return None
+
+    def _out_of_memory(self, rank: int, node: NodeView, short: int, in_use: int) -> None:
+        message = (f"memory plugin 'hbm': rank {rank} is out of memory at node {node.id} ({node.name!r}), "
+                   f"t={self._scheduler.now} ns: its tensors need {in_use} bytes, capacity_gib "
+                   f"{self.config.capacity_gib} is {self.capacity_bytes} bytes, {short} bytes short")
+        if self.config.oom == "fail":
+            raise SimulationError(message)
+        if rank not in self.oom_ranks:
+            self.oom_ranks.append(rank)
+            self.context.warn(message + " (oom: warn, first time on this rank; the run goes on)")
+
+    # Results --------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "memory_type": self.config.memory_type,
             "bandwidth_gbps": self._bw,
+            "channels": self.config.channels,
+            "pool_sharing": self.config.pool_sharing,
             "capacity_gib": self.config.capacity_gib,
             "accesses": self.local_accesses + self.remote_accesses,
             "local_accesses": self.local_accesses,
@@ -184,7 +329,54 @@ class HBMMemory(MemoryModel):
             "bytes_stored": sum(self._stored),
             "remote_queueing_delay_ns": self.queueing_delay_ns,
             "remote_queued_accesses": self.queued_accesses,
+            "local_sharing_delay_ns": self.local_sharing_delay_ns,
+            "remote_sharing_delay_ns": self.remote_sharing_delay_ns,
+            "track_tensors": self.tensors is not None,
         }
+        tracker = self.tensors
+        if tracker is None:
+            out["memory_series"] = {}
+            return out
+        planned = [s.rank for s in tracker.ranks if s.plan is not None]
+        out.update({
+            "lifetime": self.config.lifetime,
+            "tensor_nodes": self.config.tensor_nodes,
+            "lifetime_fallback_ranks": list(tracker.unplanned_ranks),
+            "capacity_bytes": self.capacity_bytes,
+            "oom": self.config.oom,
+            "oom_ranks": sorted(self.oom_ranks),
+            "peak_memory_bytes": max((s.peak for s in tracker.ranks), default=0),
+            "storage_allocations": sum(s.allocations for s in tracker.ranks),
+            "pre_pass_ranks": len(planned),
+            "series_points": self.config.series_points,
+            "memory_series": {str(s.rank): s.series.export() for s in tracker.ranks},
+        })
+        return out
 
-    def rank_summary(self, rank: int) -> dict:
-        return {"memory_bytes_loaded": self._loaded[rank], "memory_bytes_stored": self._stored[rank]}
+    def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        """The ranks with the highest peak memory (at most 8), when tensors were tracked."""
+        if self.tensors is None:
+            return []
+        ranks = sorted((s for s in self.tensors.ranks if s.peak), key=lambda s: (-s.peak, s.rank))[:8]
+        columns = ["rank", "peak (bytes)", "peak (GiB)", "at (µs)"]
+        if self.capacity_bytes is not None:
+            columns.append("of capacity")
+        rows = []
+        for state in ranks:
+            row = [str(state.rank), f"{state.peak:,}", f"{state.peak / GIB:,.3f}", f"{state.peak_ns / 1000:,.3f}"]
+            if self.capacity_bytes is not None:
+                row.append(f"{100 * state.peak / self.capacity_bytes:.1f}%")
+            rows.append(row)
+        title = "peak memory (tracked tensors)" + (" — highest 8 ranks" if len(self.tensors.ranks) > 8 else "")
+        return [(title, columns, rows)] if rows else []
+
+    def rank_summary(self, rank: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"memory_bytes_loaded": self._loaded[rank],
+                               "memory_bytes_stored": self._stored[rank]}
+        if self.tensors is None:
+            row["peak_memory_bytes"] = None
+        else:
+            state = self.tensors.ranks[rank]
+            row["peak_memory_bytes"] = state.peak
+            row["peak_memory_ns"] = state.peak_ns
+        return row

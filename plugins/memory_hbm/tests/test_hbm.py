@@ -7,41 +7,10 @@ from pydantic import ValidationError
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
 from chakra_core.layers import LayerContext
 from chakra_core.schema import pb
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
-
-MiB = 1 << 20
-
-
-def mem_node(node_id: int, size: int | None, store: bool = False, location: str | None = None) -> NodeView:
-    node = pb.Node(id=node_id, name=f"mem{node_id}", type=pb.MEM_STORE_NODE if store else pb.MEM_LOAD_NODE)
-    if size is not None:
-        node.attr.append(pb.AttributeProto(name="tensor_size", uint64_val=size))
-    if location is not None:
-        node.attr.append(pb.AttributeProto(name="mem_location", string_val=location))
-    return NodeView(node)
-
-
-def make(num_ranks: int = 4, **settings) -> tuple[HBMMemory, EventQueue]:
-    queue = EventQueue()
-    model = HBMMemory(HBMConfig.model_validate(settings), LayerContext(num_ranks=num_ranks, scheduler=queue))
-    return model, queue
-
-
-def run(model: HBMMemory, queue: EventQueue, accesses) -> dict[tuple[int, int], int]:
-    """Issue (rank, node) pairs at t=0 in order; return {(rank, node id): completion time}."""
-    finished: dict[tuple[int, int], int] = {}
-    for rank, node in accesses:
-        model.access(rank, node, lambda node_id, rank=rank: finished.setdefault((rank, node_id), queue.now))
-    queue.run()
-    return finished
-
-
-REMOTE = {"remote-mem-latency": 100, "remote-mem-bw": 50}     # 50 B/ns
-SIZE = 1 * MiB
-REMOTE_NS = 100 + 20971                                          # 1 MiB / 50 B/ns = 20971.52 ns, truncated
+from hbm_helpers import REMOTE, REMOTE_NS, SIZE, make, mem_node, run
 
 
 # Local HBM -----------------------------------------------------------------------------------------
@@ -56,7 +25,14 @@ def test_defaults_are_local_hbm_at_2000_gbps():
 def test_local_access_time(size, bandwidth, latency):
     model, queue = make(bandwidth_gbps=bandwidth, latency_ns=latency)
     done = run(model, queue, [(0, mem_node(7, size))])
-    assert done == {(0, 7): int(latency + size / bandwidth)}
+    assert done == {(0, 7): int(latency + size / bandwidth)} == {(0, 7): model.local_time_ns(size)}
+
+
+def test_local_access_time_is_exact_decimal_arithmetic():
+    """1 ns + 33 B at 1.1 B/ns is exactly 31 ns; float arithmetic says 30.999999999999996."""
+    model, queue = make(bandwidth_gbps=1.1, latency_ns=1.0)
+    assert int(1.0 + 33 / 1.1) == 30
+    assert run(model, queue, [(0, mem_node(7, 33))]) == {(0, 7): 31}
 
 
 def test_local_accesses_do_not_queue():
@@ -169,18 +145,29 @@ def test_summary_counts_loads_and_stores_per_rank():
     model, queue = make(num_ranks=2)
     run(model, queue, [(0, mem_node(1, 100)), (0, mem_node(2, 30, store=True)),
                        (1, mem_node(1, 5, store=True)), (1, mem_node(2, 7))])
-    assert model.rank_summary(0) == {"memory_bytes_loaded": 100, "memory_bytes_stored": 30}
-    assert model.rank_summary(1) == {"memory_bytes_loaded": 7, "memory_bytes_stored": 5}
+    assert model.rank_summary(0) == {"memory_bytes_loaded": 100, "memory_bytes_stored": 30,
+                                     "peak_memory_bytes": 0, "peak_memory_ns": 0}
+    assert model.rank_summary(1) == {"memory_bytes_loaded": 7, "memory_bytes_stored": 5,
+                                     "peak_memory_bytes": 0, "peak_memory_ns": 0}
     summary = model.summary()
     assert (summary["accesses"], summary["bytes_loaded"], summary["bytes_stored"]) == (4, 107, 35)
 
 
-def test_capacity_is_reported_and_the_user_warned_it_is_not_tracked():
+def test_capacity_is_reported_in_bytes():
     queue = EventQueue()
     context = LayerContext(num_ranks=1, scheduler=queue)
     model = HBMMemory(HBMConfig(capacity_gib=80), context)
-    assert model.summary()["capacity_gib"] == 80
-    assert any("capacity_gib" in w for w in context.warnings)
+    assert (model.summary()["capacity_gib"], model.summary()["capacity_bytes"]) == (80, 80 << 30)
+    assert context.warnings == []
+
+
+def test_capacity_without_tracking_warns_that_nothing_checks_it():
+    context = LayerContext(num_ranks=1, scheduler=EventQueue())
+    model = HBMMemory(HBMConfig(capacity_gib=80, track_tensors=False), context)
+    assert model.tracks_tensors is False
+    assert model.rank_summary(0)["peak_memory_bytes"] is None
+    assert model.summary()["memory_series"] == {}
+    assert any("capacity_gib" in w and "track_tensors" in w for w in context.warnings)
 
 
 # Config -------------------------------------------------------------------------------------------
@@ -206,6 +193,13 @@ def test_config_rejects_unknown_keys():
     ({"memory-type": "MEMORY_POOL"}, "remote-mem-bw"),
     ({"memory-type": "PER_NODE_MEMORY_EXPANSION", "remote-mem-bw": 1}, "num-npus-per-node"),
     ({"memory-type": "MEMORY_POOL", "remote-mem-bw": 1, "remote-mem-latency": 1.5}, "remote-mem-latency"),
+    ({"channels": 0}, "channels"),
+    ({"pool_sharing": "lifo"}, "pool_sharing"),
+    ({"lifetime": "never"}, "lifetime"),
+    ({"oom": "ignore"}, "oom"),
+    ({"series_points": 3}, "series_points"),
+    ({"bandwidth_gbps": float("inf")}, "bandwidth_gbps"),
+    ({"capacity_gib": 0}, "capacity_gib"),
 ])
 def test_config_rejects_bad_values_naming_the_key(settings, key):
     with pytest.raises(ValidationError, match=key):

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""What `chakra-sim convert pytorch` makes of every PyTorch trace in ../shared/ref-traces/pytorch.
+
+Converts each host execution trace on its own and each host + Kineto pair linked, and prints a
+Markdown table (the one in docs/converter.md): nodes by type, edges, communication nodes,
+linked / unlinked host operators and GPU events, and the measured compute time the nodes carry.
+
+    python benchmarks/converter_table.py [--timing] [--refs DIR]
+
+`--timing` adds each conversion's wall time (not reproducible, so not in the docs table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from chakra_core.tools.pytorch import convert
+from chakra_core.tools.pytorch.jsonfile import load_json
+
+ROOT = Path(__file__).resolve().parents[1]
+REFS = ROOT.parent / "shared" / "ref-traces" / "pytorch"
+
+PAIRS = [
+    ("hta/benchmark_simple_add_et.json.gz", "hta/benchmark_simple_add_trace.json.gz"),
+    ("param/linear_et.json.gz", "param/linear_kineto.json.gz"),
+    ("param/dlrm/dlrm_eg_0.json", "param/dlrm/worker0_step_12.1694128201545.pt.trace.json"),
+    ("param/dlrm/dlrm_eg_1.json", "param/dlrm/worker1_step_12.1694128201556.pt.trace.json"),
+    ("selfgen-cpu/host.0.json.gz", "selfgen-cpu/device.0.json.gz"),
+    ("selfgen-cpu/host.1.json.gz", "selfgen-cpu/device.1.json.gz"),
+]
+"""Host trace -> the Kineto trace of the same run (paths relative to the reference folder)."""
+
+_SHORT = {"METADATA_NODE": "meta", "COMP_NODE (cpu)": "cpu", "COMP_NODE (gpu)": "gpu",
+          "COMM_COLL_NODE": "coll", "COMM_SEND_NODE": "send", "COMM_RECV_NODE": "recv"}
+
+
+def trace_kinds(refs: Path) -> tuple[list[Path], list[Path]]:
+    """(host traces, Kineto traces) under `refs`, recognised by content."""
+    hosts, kinetos = [], []
+    for path in sorted(p for p in refs.rglob("*") if p.name.endswith((".json", ".json.gz"))):
+        doc = load_json(path, "trace")
+        if isinstance(doc, dict) and "nodes" in doc:
+            hosts.append(path)
+        elif isinstance(doc, dict) and "traceEvents" in doc:
+            kinetos.append(path)
+    return hosts, kinetos
+
+
+def row(refs: Path, host: Path, kineto: Path | None, timing: bool) -> list[str]:
+    start = time.perf_counter()
+    summary = convert(host, kineto).summary
+    wall = time.perf_counter() - start
+    nodes = ", ".join(f"{n:,} {_SHORT.get(name, name)}" for name, n in summary.nodes.items())
+    comm = ", ".join(f"{n} {name.lower()}" for name, n in summary.collectives.items()) or "-"
+    linked = (f"{summary.linked:,}/{summary.unlinked:,}; {summary.gpu_linked:,}/"
+              f"{summary.gpu_events - summary.gpu_linked:,}") if kineto else "-"
+    compute = (f"{summary.gpu_micros:,} / {summary.cpu_micros:,} / {summary.comm_micros:,}"
+               if kineto else "-")
+    cells = [host.relative_to(refs).as_posix(), "linked" if kineto else "host only", str(summary.rank),
+             nodes, f"{summary.edges:,} ({summary.ctrl_edges:,} ctrl)", comm, linked, compute,
+             f"{summary.num_ops:.3g}", str(len(summary.warnings))]
+    if timing:
+        cells.append(f"{wall:.2f}")
+    return cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refs", type=Path, default=REFS, help="folder of PyTorch reference traces")
+    parser.add_argument("--timing", action="store_true", help="add each conversion's wall time")
+    args = parser.parse_args()
+    hosts, kinetos = trace_kinds(args.refs)
+    paired = {args.refs / k for _, k in PAIRS}
+    missing = [k for k in kinetos if k not in paired]
+    if missing:
+        raise SystemExit(f"Kineto traces without a pair in PAIRS: {', '.join(map(str, missing))}")
+    header = ["input", "mode", "rank", "nodes", "edges", "communication nodes",
+              "host ops linked/unlinked; GPU events linked/unlinked",
+              "measured GPU / CPU / comm us", "FLOPs", "warnings"]
+    if args.timing:
+        header.append("seconds")
+    rows = [row(args.refs, host, None, args.timing) for host in hosts]
+    rows += [row(args.refs, args.refs / h, args.refs / k, args.timing) for h, k in PAIRS]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

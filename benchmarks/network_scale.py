@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Congestion-aware backend at 1,024 NPUs: a fat-tree all-to-all and a ring all-reduce.
+
+    python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair]
+
+Runs, each in a fresh process:
+- all-to-all of SIZE per NPU, `direct` algorithm, on a k-ary fat-tree
+  (k = 16 gives 1,024 NPUs; 50 GB/s links, 500 ns);
+- ring all-reduce of SIZE on a 1-D ring of the same number of NPUs (50 GB/s, 500 ns);
+
+and prints wall time, peak RSS, simulated finish time, messages simulated and
+messages per second. Messages are network-level flows (one per send).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.simhelpers import collective, manifest, write_ranks
+from chakra_core.engine.simulation import Simulation
+from chakra_core.manifest import build_manifest
+from chakra_core.plugins import make_plugin_host
+from chakra_core.schema import pb
+case, npus, size, mode, folder = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], Path(sys.argv[6])
+if case == "fat-tree all-to-all":
+    k = round((4 * npus) ** (1 / 3))
+    assert k ** 3 // 4 == npus, f"{npus} NPUs is not k^3/4 for an even k"
+    network = {"plugin": "congestion", "mode": mode,
+               "generator": {"kind": "fat_tree", "k": k, "bandwidth_gbps": 50, "latency_ns": 500}}
+    comm, system = pb.ALL_TO_ALL, {"all-to-all-implementation": ["direct"]}
+else:
+    network = {"plugin": "congestion", "mode": mode, "topology": ["Ring"], "npus_count": [npus],
+               "bandwidth": [50], "latency": [500]}
+    comm, system = pb.ALL_REDUCE, {"all-reduce-implementation": ["ring"]}
+prefix = write_ranks(folder, [[collective(1, comm, size)]] * npus)
+started = time.perf_counter()
+host = make_plugin_host()
+loaded = build_manifest(manifest(prefix, network, system=system), host, Path.cwd(), "benchmark")
+sim = Simulation(loaded.spec, host)
+results = sim.run()
+wall = time.perf_counter() - started
+messages = results["layers"]["network"]["summary"]["messages"]
+print(json.dumps({"case": case, "wall_s": wall, "finish_ns": results["finish_ns"], "messages": messages,
+                  "events": results["events"],
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--npus", type=int, default=1024)
+    parser.add_argument("--size-mib", type=float, default=1.0)
+    parser.add_argument("--mode", choices=["fifo", "fair"], default="fifo")
+    parser.add_argument("--cases", nargs="+", default=["fat-tree all-to-all", "ring all-reduce"])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    size = int(args.size_mib * (1 << 20))
+    rows = []
+    for case in args.cases:
+        with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
+            out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), case, str(args.npus), str(size),
+                                  args.mode, tmp], capture_output=True, text=True, check=True, cwd=ROOT)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU")
+    header = f"{'case':<22} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>9} {'events':>11}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(f"{row['case']:<22} {row['wall_s']:>8.1f} {row['rss_mb']:>8.0f} {row['finish_ns']:>14,} "
+              f"{row['messages']:>11,} {row['messages'] / row['wall_s']:>9,.0f} {row['events']:>11,}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""Chrome-trace / Perfetto timeline of a simulation (timeline.json; open it in ui.perfetto.dev).
+
+Input: the intervals a `Simulation(..., record_intervals=True)` records, one
+per finished node: (rank, node id, name, node type, slot, start ns, end ns,
+parent ids), and the results document.
+
+Layout of the JSON (Trace Event Format, object form):
+
+- one process per rank (`pid` = rank, named "rank <r>");
+- one thread lane per resource slot: compute (cpu), compute (gpu),
+  communication, memory, other (receives, metadata and other nodes that hold
+  no resource). Nodes that overlap on one slot (a slot with capacity above
+  one, or the unlimited "other" slot) go to extra lanes "<lane> #2", "#3"...,
+  so slices on a lane never overlap;
+- a complete event ("X") per node: `ts` and `dur` in µs as floats, so the
+  simulator's integer ns survive exactly (ns / 1000); `args` holds the node
+  id, node type and the exact start/end ns;
+- flow arrows ("s" -> "f") from each parent to its child when both are in the
+  timeline, at most `max_flows` of them (the earliest children first); the
+  `metadata` object says how many there were and how many were left out;
+- counter events ("C", "memory in use", bytes) when the memory layer's summary
+  holds `memory_series` = {"<rank>": [[time_ns, bytes_in_use], ...]}.
+
+Output is deterministic: the same intervals and results give the same bytes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import click
+
+from chakra_core import __version__
+from chakra_core._atomic import atomic_write_text
+from chakra_core.errors import ChakraSimError
+
+DEFAULT_MAX_FLOWS = 20000
+
+LANES = {
+    "cpu": (1, "compute (cpu)"),
+    "gpu": (2, "compute (gpu)"),
+    "comm": (3, "communication"),
+    "memory": (4, "memory"),
+    "unlimited": (5, "other"),
+}
+"""Slot name -> (lane number, lane name). Lane n's tids are n*1000 + overlap index."""
+
+COUNTER_NAME = "memory in use"
+
+
+def _us(ns: int) -> float:
+    return ns / 1000
+
+
+def _tid(lane: int, sub: int) -> int:
+    return lane * 1000 + sub
+
+
+def _lane_of(slot: str) -> tuple[int, str]:
+    return LANES.get(slot, (6, slot))
+
+
+def build_timeline(intervals: Iterable[Sequence], results: dict[str, Any],
+                   max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
+    """The Chrome-trace document (a dict ready for json.dumps); see the module docstring."""
+    rows = sorted((int(r[0]), int(r[5]), int(r[6]), int(r[1]), str(r[2]), str(r[3]), str(r[4]),
+                   tuple(r[7])) for r in intervals)
+    ranks = sorted({int(row["rank"]) for row in results.get("ranks", [])} | {row[0] for row in rows})
+    events: list[dict[str, Any]] = []
+    for rank in ranks:
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
+
+    # Lanes: interval partitioning per (rank, slot), so slices on one tid never overlap.
+    placed: dict[tuple[int, int], tuple[int, int, int]] = {}    # (rank, node id) -> (tid, start, end)
+    lanes_used: set[tuple[int, int, int]] = set()                # (rank, lane, sub)
+    slices: list[dict[str, Any]] = []
+    busy: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    free: dict[tuple[int, str], list[int]] = {}
+    count: dict[tuple[int, str], int] = {}
+    for rank, start, end, node_id, name, type_name, slot, _ in rows:
+        key = (rank, slot)
+        heap, idle = busy.setdefault(key, []), free.setdefault(key, [])
+        while heap and heap[0][0] <= start:
+            heapq.heappush(idle, heapq.heappop(heap)[1])
+        if idle:
+            sub = heapq.heappop(idle)
+        else:
+            sub = count.get(key, 0)
+            count[key] = sub + 1
+        heapq.heappush(heap, (end, sub))
+        lane = _lane_of(slot)[0]
+        tid = _tid(lane, sub)
+        lanes_used.add((rank, lane, sub))
+        placed[(rank, node_id)] = (tid, start, end)
+        slices.append({"ph": "X", "name": name or f"node {node_id}", "cat": type_name, "pid": rank,
+                       "tid": tid, "ts": _us(start), "dur": _us(end - start),
+                       "args": {"node_id": node_id, "type": type_name, "slot": slot,
+                                "start_ns": start, "end_ns": end}})
+    lane_names = {number: label for number, label in LANES.values()}
+    for slot in sorted({row[6] for row in rows} - set(LANES)):
+        lane_names[_lane_of(slot)[0]] = slot
+    for rank, lane, sub in sorted(lanes_used):
+        label = lane_names[lane] + (f" #{sub + 1}" if sub else "")
+        tid = _tid(lane, sub)
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": label}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                       "args": {"sort_index": tid}})
+    events.extend(slices)
+
+    # Dependencies as flow arrows, earliest children first, capped.
+    candidates = []
+    for rank, start, end, node_id, _, _, _, parents in rows:
+        for parent in sorted(set(parents)):
+            if (rank, parent) in placed:
+                candidates.append((start, rank, node_id, parent))
+    candidates.sort()
+    shown = candidates[:max(0, max_flows)]
+    for flow_id, (_, rank, child, parent) in enumerate(shown, start=1):
+        p_tid, p_start, p_end = placed[(rank, parent)]
+        c_tid, c_start, c_end = placed[(rank, child)]
+        # bind both ends inside their slices (midpoints), never on a boundary shared with a neighbour
+        events.append({"ph": "s", "name": "dependency", "cat": "dependency", "id": flow_id, "pid": rank,
+                       "tid": p_tid, "ts": _us(p_start + p_end) / 2})
+        events.append({"ph": "f", "bp": "e", "name": "dependency", "cat": "dependency", "id": flow_id,
+                       "pid": rank, "tid": c_tid, "ts": _us(c_start + c_end) / 2})
+
+    counters = _memory_counters(results)
+    events.extend(counters)
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ns",
+        "metadata": {
+            "generator": "chakra-sim timeline",
+            "chakra_sim_version": results.get("chakra_sim_version", __version__),
+            "finish_ns": results.get("finish_ns"),
+            "num_ranks": len(ranks),
+            "time_unit": "ts and dur are microseconds with nanosecond precision",
+            "slices": len(slices),
+            "flows": {"total": len(candidates), "shown": len(shown), "cap": max_flows,
+                      "dropped": len(candidates) - len(shown)},
+            "memory_counters": len(counters),
+        },
+    }
+
+
+def _memory_counters(results: dict[str, Any]) -> list[dict[str, Any]]:
+    summary = ((results.get("layers") or {}).get("memory") or {}).get("summary") or {}
+    series = summary.get("memory_series")
+    if not series:
+        return []
+    if not isinstance(series, dict):
+        raise ChakraSimError("results: layers.memory.summary.memory_series must map ranks to "
+                             "[[time_ns, bytes_in_use], ...]")
+    out = []
+    for rank_key in sorted(series, key=lambda k: int(k)):
+        for point in series[rank_key]:
+            try:
+                time_ns, in_use = (int(v) for v in point)
+            except (TypeError, ValueError):
+                raise ChakraSimError(f"results: memory_series[{rank_key!r}] holds {point!r}; expected "
+                                     "[time_ns, bytes_in_use] pairs") from None
+            out.append({"ph": "C", "name": COUNTER_NAME, "pid": int(rank_key), "tid": 0, "ts": _us(time_ns),
+                        "args": {"bytes": in_use}})
+    return out
+
+
+def timeline_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":")) + "\n"
+
+
+def write_timeline(intervals: Iterable[Sequence], results: dict[str, Any], path: str | os.PathLike,
+                   max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
+    """Build the timeline and write it atomically to `path`; return the document's metadata."""
+    doc = build_timeline(intervals, results, max_flows)
+    atomic_write_text(path, timeline_json(doc))
+    return doc["metadata"]
+
+
+@click.command("timeline")
+@click.argument("manifest", metavar="MANIFEST.yaml", type=click.Path(dir_okay=False))
+@click.option("--out", "out_file", type=click.Path(dir_okay=False),
+              help="timeline file [default: <output dir>/timeline.json]")
+@click.option("--max-flows", default=DEFAULT_MAX_FLOWS, show_default=True, type=click.IntRange(min=0),
+              help="dependency arrows to draw at most (earliest first)")
+@click.option("--debug", is_flag=True, help="show tracebacks")
+def timeline(manifest, out_file, max_flows, debug) -> None:
+    """Simulate a manifest and write a Perfetto / Chrome-trace timeline.
+
+    One process per rank, one lane per resource (compute cpu/gpu,
+    communication, memory, other), a slice per node with its simulated start
+    and duration, dependency arrows, and memory-in-use counters when the
+    memory model reports them. Open the file in https://ui.perfetto.dev or
+    chrome://tracing.
+
+    \b
+    Example:
+      chakra-sim timeline examples/allreduce_8npu.yaml --out allreduce.json
+    """
+    from chakra_core.engine.simulation import Simulation
+    from chakra_core.manifest import load_manifest
+    from chakra_core.plugins import make_plugin_host
+    from chakra_core.tools import ToolError
+
+    try:
+        host = make_plugin_host()
+        loaded = load_manifest(manifest, host)
+        sim = Simulation(loaded.spec, host, record_intervals=True)
+        results = sim.run()
+        path = Path(out_file) if out_file else loaded.output_dir / "timeline.json"
+        meta = write_timeline(sim.intervals or [], results, path, max_flows)
+    except ChakraSimError as exc:
+        if debug:
+            raise
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:
+        raise ToolError(f"cannot write the timeline: {exc.strerror or exc}") from exc
+    flows = meta["flows"]
+    dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
+    click.echo(f"finish: {results['finish_ns']} ns")
+    click.echo(f"wrote {path} ({meta['slices']:,} slices, {flows['shown']:,} dependency arrows{dropped})")

@@ -1,0 +1,147 @@
+"""Building Chakra traces programmatically: nodes, attributes, process groups, files.
+
+Shared by the text converter and the generators. Everything here is
+deterministic: node ids are assigned in creation order, attributes are
+written in the order given, and `write_rank_files` goes through
+`chakra_core.et.io.write_trace` (atomic, byte-identical for identical input).
+
+`Stream` models what ASTRA-sim 1.0's workload loop and a framework's
+single-stream program have in common: operations run one after another, an
+asynchronous collective may run in the background, and a later operation
+may wait for it. Each new operation depends on the stream's *frontier* (the
+last operation plus anything it was told to wait for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from chakra_core.et.io import write_trace
+from chakra_core.schema import pb
+
+TRACE_VERSION = "0.0.4"
+"""GlobalMetadata.version written by the tools (what ASTRA-sim's own example traces carry)."""
+
+
+def int_attr(name: str, value: int, field: str = "int64_val") -> pb.AttributeProto:
+    attr = pb.AttributeProto(name=name)
+    setattr(attr, field, int(value))
+    return attr
+
+
+def uint_attr(name: str, value: int) -> pb.AttributeProto:
+    return int_attr(name, value, "uint64_val")
+
+
+def str_attr(name: str, value: str) -> pb.AttributeProto:
+    return pb.AttributeProto(name=name, string_val=value)
+
+
+def bool_attr(name: str, value: bool) -> pb.AttributeProto:
+    return pb.AttributeProto(name=name, bool_val=value)
+
+
+def metadata(attrs: dict[str, object]) -> pb.GlobalMetadata:
+    """A GlobalMetadata with string / int attributes, in the order given."""
+    meta = pb.GlobalMetadata(version=TRACE_VERSION)
+    for name, value in attrs.items():
+        if isinstance(value, bool):
+            meta.attr.append(bool_attr(name, value))
+        elif isinstance(value, int):
+            meta.attr.append(int_attr(name, value))
+        else:
+            meta.attr.append(str_attr(name, str(value)))
+    return meta
+
+
+def process_group_json(groups: Sequence[tuple[str, Sequence[int]]]) -> str:
+    """The METADATA `inputs.values` text defining process groups (PyTorch `pg_config` shape)."""
+    return json.dumps([{"pg_name": name, "ranks": list(ranks)} for name, ranks in groups],
+                      separators=(",", ":"))
+
+
+class Stream:
+    """The nodes of one rank, built in program order (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[pb.Node] = []
+        self.frontier: list[int] = []
+        self.root_deps: list[int] = []
+
+    # Raw nodes --------------------------------------------------------------------------
+    def add(self, node_type: int, name: str, deps: Iterable[int] = (), ctrl: Iterable[int] = (),
+            duration_micros: int = 0, attrs: Iterable[pb.AttributeProto] = ()) -> int:
+        node_id = len(self.nodes)
+        node = pb.Node(id=node_id, name=name, type=node_type, duration_micros=duration_micros)
+        data = _unique(deps)
+        node.data_deps.extend(data)
+        control = _unique(ctrl)
+        if not data and not control and self.root_deps and node_type != pb.METADATA_NODE:
+            control = list(self.root_deps)
+        node.ctrl_deps.extend(control)
+        node.attr.extend(attrs)
+        self.nodes.append(node)
+        return node_id
+
+    def define_groups(self, groups: Sequence[tuple[str, Sequence[int]]]) -> int | None:
+        """A METADATA node defining `groups`; every later node without parents waits for it."""
+        if not groups:
+            return None
+        node_id = self.add(pb.METADATA_NODE, "process_groups")
+        self.nodes[node_id].inputs.values = process_group_json(groups)
+        self.root_deps = [node_id]
+        return node_id
+
+    # Stream operations -------------------------------------------------------------------
+    def step(self, node_type: int, name: str, duration_micros: int = 0,
+             attrs: Iterable[pb.AttributeProto] = ()) -> int:
+        """An operation of the stream: it waits for the frontier and becomes the frontier."""
+        node_id = self.add(node_type, name, deps=self.frontier, duration_micros=duration_micros,
+                           attrs=attrs)
+        self.frontier = [node_id]
+        return node_id
+
+    def launch(self, node_type: int, name: str, duration_micros: int = 0,
+               attrs: Iterable[pb.AttributeProto] = (), after: Sequence[int] | None = None) -> int:
+        """An asynchronous operation started after the frontier (or `after`); the frontier stays."""
+        deps = self.frontier if after is None else after
+        return self.add(node_type, name, deps=deps, duration_micros=duration_micros, attrs=attrs)
+
+    def wait(self, *node_ids: int | None) -> None:
+        """The next stream operation also waits for these (None: nothing to wait for)."""
+        for node_id in node_ids:
+            if node_id is not None and node_id not in self.frontier:
+                self.frontier.append(node_id)
+
+
+def _unique(ids: Iterable[int]) -> list[int]:
+    seen: set[int] = set()
+    out = []
+    for value in ids:
+        if value not in seen:
+            seen.add(value)
+            out.append(value)
+    return out
+
+
+def rank_path(prefix: str | os.PathLike, rank: int) -> Path:
+    return Path(f"{os.fspath(prefix)}.{rank}.et")
+
+
+def write_rank_files(prefix: str | os.PathLike, ranks: Sequence[Sequence[pb.Node]],
+                     meta: pb.GlobalMetadata, compress: bool = False) -> list[Path]:
+    """Write PREFIX.<rank>.et for every rank; return the paths."""
+    paths = []
+    for rank, nodes in enumerate(ranks):
+        path = rank_path(prefix, rank)
+        write_trace(path, meta, nodes, compress=compress)
+        paths.append(path)
+    return paths
+
+
+def micros_from_ns(ns: int) -> int:
+    """Whole microseconds, rounded half up (Chakra's duration_micros is an integer)."""
+    return (int(ns) + 500) // 1000

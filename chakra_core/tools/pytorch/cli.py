@@ -1,0 +1,70 @@
+"""`chakra-sim convert pytorch`: the command line of the PyTorch converter.
+
+    chakra-sim convert pytorch HOST.json[.gz] [--kineto KINETO.json[.gz]] --output PREFIX [--rank R]
+
+Writes PREFIX.<rank>.et and prints what was converted. Input errors print one line and exit
+with status 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+from chakra_core.errors import ChakraSimError
+from chakra_core.tools import ToolError
+from chakra_core.tools.pytorch.convert import Summary, convert
+
+MAX_WARNINGS_SHOWN = 20
+
+
+@click.command("pytorch")
+@click.argument("host", type=click.Path(dir_okay=False))
+@click.option("--kineto", type=click.Path(dir_okay=False),
+              help="Kineto (PyTorch profiler) trace of the same run, to link measured durations and GPU kernels")
+@click.option("--output", "-o", "prefix", required=True, metavar="PREFIX",
+              help="output prefix: writes PREFIX.<rank>.et")
+@click.option("--rank", type=click.IntRange(min=0),
+              help="rank to write when the traces do not record it (default 0)")
+@click.option("--debug", is_flag=True, hidden=True, help="show tracebacks")
+def convert_pytorch(host, kineto, prefix, rank, debug) -> None:
+    """Convert a PyTorch execution trace (and its Kineto trace) to a Chakra .et file.
+
+    \b
+    Examples:
+      chakra-sim convert pytorch rank0_et.json.gz --output traces/model
+      chakra-sim convert pytorch host.1.json --kineto kineto.1.json --output traces/model
+    """
+    try:
+        result = convert(host, kineto, rank)
+        path = result.write(prefix)
+    except ChakraSimError as exc:
+        if debug:
+            raise
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:
+        raise ToolError(f"cannot write {prefix}.<rank>.et: {exc.strerror or exc}") from exc
+    for line in summary_lines(result.summary):
+        click.echo(line)
+    click.echo(f"wrote {path}")
+
+
+def summary_lines(summary: Summary) -> list[str]:
+    """The short report printed after a conversion."""
+    lines = [f"rank {summary.rank}: {sum(summary.nodes.values())} nodes "
+             f"({', '.join(f'{n} {name}' for name, n in summary.nodes.items())}), "
+             f"{summary.edges} edges ({summary.ctrl_edges} control, {summary.data_edges} data)"]
+    collectives = ", ".join(f"{n} {name}" for name, n in summary.collectives.items()) or "none"
+    lines.append(f"communication: {collectives}")
+    if summary.kineto:
+        lines.append(f"linked: {summary.linked} of {summary.units} host ops "
+                     f"({summary.linked_by_rf_id} by record-function id), {summary.unlinked} unlinked; "
+                     f"{summary.gpu_linked} of {summary.gpu_events} GPU events")
+    lines.append(f"compute: {summary.gpu_micros} us GPU, {summary.cpu_micros} us CPU, "
+                 f"{summary.comm_micros} us communication; {summary.num_ops:.3e} FLOPs estimated")
+    for note in summary.notes:
+        lines.append(f"note: {note}")
+    for warning in summary.warnings[:MAX_WARNINGS_SHOWN]:
+        lines.append(f"warning: {warning}")
+    if len(summary.warnings) > MAX_WARNINGS_SHOWN:
+        lines.append(f"... and {len(summary.warnings) - MAX_WARNINGS_SHOWN} more warnings")
+    return lines

@@ -1,0 +1,35 @@
+"""Reading the (optionally gzip-compressed) JSON files PyTorch's profilers write."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+from chakra_core.tools.pytorch.errors import ConversionError
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def load_json(path: str | os.PathLike, what: str) -> Any:
+    """The decoded document; `what` names the kind of file in error messages."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConversionError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from exc
+    if data[:2] == GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ConversionError(f"{path}: corrupt or truncated gzip stream ({exc})") from exc
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{path}: the {what} is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise ConversionError(f"{path}: the {what} is not valid JSON: {exc.msg} at line {exc.lineno} "
+                              f"column {exc.colno} (truncated or corrupt file?)") from exc

@@ -1,0 +1,13 @@
+"""Congestion-aware, link-level network backend (`plugin: congestion`)."""
+
+from __future__ import annotations
+
+from chakra_core.hookspecs import hookimpl
+from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
+
+__all__ = ["CongestionConfig", "CongestionNetwork"]
+
+
+@hookimpl
+def chakra_sim_register_network(registry):
+    registry.add(CongestionNetwork)

@@ -1,0 +1,325 @@
+"""Explicit network graphs: NPUs, switches and directed links, compiled to arrays.
+
+Sources of a topology:
+
+- ASTRA-sim's multi-dimensional spec (`topology`, `npus_count`, `bandwidth`,
+  `latency` lists): each dimension's slices become rings (bidirectional links
+  between neighbours), fully connected groups (a directed link per pair) or a
+  switch (one switch device per slice, bidirectional NPU-switch links), as
+  ASTRA-sim's congestion-aware backend builds them;
+- generators: k-ary fat-tree (with oversubscription), torus (2D/3D: a
+  multi-dimensional ring spec), dragonfly;
+- a file: an edge list (`src dst bandwidth_gbps latency_ns [uni]` per line) or
+  GraphML (edge attributes `bandwidth_gbps`, `latency_ns`).
+
+NPUs are devices 0..N-1; switches follow. Bandwidth is stored in bytes per ns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import networkx as nx
+
+from chakra_core.errors import ManifestError
+
+GIB = 1 << 30
+
+
+def gib_per_s_to_bpns(bandwidth: float) -> float:
+    """ASTRA-sim network GB/s (GB = 2^30 bytes) to bytes per ns, rounded the way it does."""
+    return bandwidth * GIB / 1_000_000_000
+
+
+def gb_per_s_to_bpns(bandwidth: float) -> float:
+    """GB/s with GB = 10^9 bytes (files and generators) to bytes per ns."""
+    return float(bandwidth)
+
+
+@dataclass
+class Topology:
+    """Devices and directed links; `dims` describes NPU coordinates for dimension-order routing."""
+
+    npus: int
+    names: list[str] = field(default_factory=list)                  # device names
+    link_src: list[int] = field(default_factory=list)
+    link_dst: list[int] = field(default_factory=list)
+    link_bw: list[float] = field(default_factory=list)              # bytes per ns
+    link_latency: list[float] = field(default_factory=list)         # ns
+    out: list[dict[int, int]] = field(default_factory=list)         # device -> {neighbour: link}
+    dims: list[tuple[str, int, float, float]] = field(default_factory=list)
+    """(building block, size, bandwidth GB/s as given, latency) per dimension; empty for graphs."""
+    switch_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (dim, slice base) -> switch
+    source: str = "spec"
+
+    @property
+    def devices(self) -> int:
+        return len(self.names)
+
+    def add_device(self, name: str) -> int:
+        self.names.append(name)
+        self.out.append({})
+        return len(self.names) - 1
+
+    def connect(self, src: int, dst: int, bw_bpns: float, latency: float) -> int:
+        existing = self.out[src].get(dst)
+        if existing is not None:
+            return existing
+        link = len(self.link_src)
+        self.link_src.append(src)
+        self.link_dst.append(dst)
+        self.link_bw.append(bw_bpns)
+        self.link_latency.append(latency)
+        self.out[src][dst] = link
+        return link
+
+    def link_name(self, link: int) -> str:
+        return f"{self.names[self.link_src[link]]}->{self.names[self.link_dst[link]]}"
+
+    def graph(self) -> nx.DiGraph:
+        graph = nx.DiGraph()
+        graph.add_nodes_from(range(self.devices))
+        for link, (src, dst) in enumerate(zip(self.link_src, self.link_dst)):
+            graph.add_edge(src, dst, link=link)
+        return graph
+
+
+def from_dims(topologies: list[str], npus_count: list[int], bandwidth: list[float],
+              latency: list[float]) -> Topology:
+    """Expand ASTRA-sim's multi-dimensional spec (bandwidth in GB/s, GB = 2^30)."""
+    total = 1
+    for size in npus_count:
+        total *= size
+    topo = Topology(npus=total, source="spec")
+    for npu in range(total):
+        topo.add_device(f"npu{npu}")
+    stride = 1
+    for dim, (kind, size, bw, lat) in enumerate(zip(topologies, npus_count, bandwidth, latency)):
+        topo.dims.append((kind, size, bw, lat))
+        bpns = gib_per_s_to_bpns(bw)
+        for base in range(total):
+            if (base // stride) % size:
+                continue   # not the first NPU of its slice in this dimension
+            members = [base + i * stride for i in range(size)]
+            if size == 1:
+                continue
+            if kind == "Ring":
+                for i in range(size):
+                    a, b = members[i], members[(i + 1) % size]
+                    topo.connect(a, b, bpns, lat)
+                    topo.connect(b, a, bpns, lat)
+            elif kind == "FullyConnected":
+                for a in members:
+                    for b in members:
+                        if a != b:
+                            topo.connect(a, b, bpns, lat)
+            elif kind == "Switch":
+                switch = topo.add_device(f"sw{dim}.{base}")
+                topo.switch_of[(dim, base)] = switch
+                for a in members:
+                    topo.connect(a, switch, bpns, lat)
+                    topo.connect(switch, a, bpns, lat)
+            else:
+                raise ValueError(f"unknown building block {kind!r}")
+        stride *= size
+    return topo
+
+
+# Generators -------------------------------------------------------------------------------------
+def fat_tree(k: int, bandwidth_gbps: float, latency_ns: float, oversubscription: float = 1.0) -> Topology:
+    """k-ary fat-tree (k even): k pods of k/2 edge and k/2 aggregation switches, (k/2)^2 cores,
+    k^3/4 hosts. Links above the edge layer get bandwidth / oversubscription."""
+    if k < 2 or k % 2:
+        raise ValueError("fat-tree k must be an even number >= 2")
+    half = k // 2
+    hosts = k * half * half
+    topo = Topology(npus=hosts, source=f"fat-tree k={k}")
+    for host in range(hosts):
+        topo.add_device(f"npu{host}")
+    down = gb_per_s_to_bpns(bandwidth_gbps)
+    up = down / oversubscription
+    cores = [topo.add_device(f"core{c}") for c in range(half * half)]
+    host = 0
+    for pod in range(k):
+        edges = [topo.add_device(f"edge{pod}.{e}") for e in range(half)]
+        aggs = [topo.add_device(f"agg{pod}.{a}") for a in range(half)]
+        for edge in edges:
+            for _ in range(half):
+                topo.connect(host, edge, down, latency_ns)
+                topo.connect(edge, host, down, latency_ns)
+                host += 1
+            for agg in aggs:
+                topo.connect(edge, agg, up, latency_ns)
+                topo.connect(agg, edge, up, latency_ns)
+        for a, agg in enumerate(aggs):
+            for c in range(half):
+                core = cores[a * half + c]
+                topo.connect(agg, core, up, latency_ns)
+                topo.connect(core, agg, up, latency_ns)
+    return topo
+
+
+def dragonfly(groups: int, routers_per_group: int, hosts_per_router: int, global_links_per_router: int,
+              bandwidth_gbps: float, latency_ns: float, global_bandwidth_gbps: float | None = None,
+              global_latency_ns: float | None = None) -> Topology:
+    """Dragonfly: routers fully connected within a group; each router has `global_links_per_router`
+    links to other groups, assigned round-robin so every pair of groups is connected when
+    groups <= routers_per_group * global_links_per_router + 1."""
+    if groups < 2 or routers_per_group < 1 or hosts_per_router < 1 or global_links_per_router < 1:
+        raise ValueError("dragonfly needs groups >= 2 and at least one router, host and global link")
+    if groups - 1 > routers_per_group * global_links_per_router:
+        raise ValueError(f"dragonfly: {groups} groups need at least {groups - 1} global links per group; "
+                         f"{routers_per_group} routers x {global_links_per_router} give "
+                         f"{routers_per_group * global_links_per_router}")
+    hosts = groups * routers_per_group * hosts_per_router
+    topo = Topology(npus=hosts, source=f"dragonfly g={groups} a={routers_per_group}")
+    for host in range(hosts):
+        topo.add_device(f"npu{host}")
+    local = gb_per_s_to_bpns(bandwidth_gbps)
+    remote = gb_per_s_to_bpns(global_bandwidth_gbps or bandwidth_gbps)
+    remote_latency = latency_ns if global_latency_ns is None else global_latency_ns
+    routers = [[topo.add_device(f"r{g}.{r}") for r in range(routers_per_group)] for g in range(groups)]
+    host = 0
+    for g in range(groups):
+        for router in routers[g]:
+            for _ in range(hosts_per_router):
+                topo.connect(host, router, local, latency_ns)
+                topo.connect(router, host, local, latency_ns)
+                host += 1
+        for a in routers[g]:
+            for b in routers[g]:
+                if a != b:
+                    topo.connect(a, b, local, latency_ns)
+    # Global links: group g's j-th global port goes to group (g + 1 + j) mod groups.
+    for g in range(groups):
+        for j in range(groups - 1):
+            other = (g + 1 + j) % groups
+            if other < g:
+                continue
+            a = routers[g][j % routers_per_group]
+            b = routers[other][(groups - 2 - j) % routers_per_group]
+            topo.connect(a, b, remote, remote_latency)
+            topo.connect(b, a, remote, remote_latency)
+    return topo
+
+
+# Files -------------------------------------------------------------------------------------------
+def from_file(path: Path) -> Topology:
+    if not path.exists():
+        raise ManifestError([(str(path), "topology file not found")])
+    if path.suffix.lower() == ".graphml":
+        return _from_graphml(path)
+    return _from_edge_list(path)
+
+
+def _node_index(names: dict[str, int], npu_ids: dict[str, int], token: str) -> None:
+    if token not in names:
+        names[token] = -1
+        if token.isdigit():
+            npu_ids[token] = int(token)
+
+
+def _finish(path: Path, edges: list[tuple[str, str, float, float, bool, str]]) -> Topology:
+    """Edges (src, dst, GB/s, ns, bidirectional, where) over named nodes; integers are NPUs."""
+    tokens: dict[str, int] = {}
+    npus: dict[str, int] = {}
+    for src, dst, *_ in edges:
+        _node_index(tokens, npus, src)
+        _node_index(tokens, npus, dst)
+    count = len(npus)
+    ids = sorted(npus.values())
+    if ids != list(range(count)):
+        missing = sorted(set(range(max(ids) + 1 if ids else 0)) - set(ids))
+        raise ManifestError([(str(path), f"NPUs must be numbered 0..N-1; missing: {missing[:10]}")])
+    if count == 0:
+        raise ManifestError([(str(path), "no NPU nodes (NPUs are the nodes named by integers)")])
+    topo = Topology(npus=count, source=str(path))
+    for npu in range(count):
+        topo.add_device(f"npu{npu}")
+        tokens[str(npu)] = npu
+    for token in sorted(t for t in tokens if t not in npus):
+        tokens[token] = topo.add_device(token)
+    for src, dst, bw, lat, bidirectional, where in edges:
+        a, b = tokens[src], tokens[dst]
+        if a == b:
+            raise ManifestError([(f"{path}: {where}", f"link from {src} to itself")])
+        topo.connect(a, b, gb_per_s_to_bpns(bw), lat)
+        if bidirectional:
+            topo.connect(b, a, gb_per_s_to_bpns(bw), lat)
+    return topo
+
+
+def _from_edge_list(path: Path) -> Topology:
+    edges = []
+    problems = []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.replace(",", " ").split()
+        where = f"line {number}"
+        if len(parts) not in (4, 5):
+            problems.append((f"{path}: {where}", "expected 'src dst bandwidth_gbps latency_ns [uni]'"))
+            continue
+        src, dst = parts[0], parts[1]
+        try:
+            bw, lat = float(parts[2]), float(parts[3])
+        except ValueError:
+            problems.append((f"{path}: {where}", f"bandwidth and latency must be numbers: {line!r}"))
+            continue
+        if bw <= 0:
+            problems.append((f"{path}: {where}", f"bandwidth must be positive, got {parts[2]}"))
+        if lat < 0:
+            problems.append((f"{path}: {where}", f"latency must be >= 0, got {parts[3]}"))
+        if len(parts) == 5 and parts[4] not in ("uni", "bi"):
+            problems.append((f"{path}: {where}", f"the fifth field must be 'uni' or 'bi', got {parts[4]!r}"))
+        edges.append((src, dst, bw, lat, not (len(parts) == 5 and parts[4] == "uni"), where))
+    if problems:
+        raise ManifestError(problems)
+    if not edges:
+        raise ManifestError([(str(path), "no links")])
+    return _finish(path, edges)
+
+
+def _declared_graphml_nodes(path: Path) -> set[str]:
+    import xml.etree.ElementTree as ET
+
+    nodes = set()
+    for element in ET.parse(path).getroot().iter():
+        if element.tag.endswith("}node") or element.tag == "node":
+            nodes.add(element.get("id"))
+    return nodes
+
+
+def _from_graphml(path: Path) -> Topology:
+    try:
+        graph = nx.read_graphml(path)
+        declared = _declared_graphml_nodes(path)
+    except Exception as exc:  # networkx and ElementTree raise several parser exception types
+        raise ManifestError([(str(path), f"not valid GraphML: {exc}")]) from None
+    edges, problems = [], []
+    for src, dst, data in graph.edges(data=True):
+        where = f"edge {src} -> {dst}"
+        unknown = [n for n in (src, dst) if str(n) not in declared]
+        if unknown:
+            problems.append((f"{path}: {where}", f"unknown node {unknown[0]!r} (not declared as a <node>)"))
+            continue
+        try:
+            bw, lat = float(data["bandwidth_gbps"]), float(data.get("latency_ns", 0.0))
+        except KeyError:
+            problems.append((f"{path}: {where}", "needs a 'bandwidth_gbps' attribute"))
+            continue
+        except ValueError:
+            problems.append((f"{path}: {where}", "bandwidth_gbps and latency_ns must be numbers"))
+            continue
+        if bw <= 0:
+            problems.append((f"{path}: {where}", f"bandwidth must be positive, got {bw}"))
+        if lat < 0:
+            problems.append((f"{path}: {where}", f"latency must be >= 0, got {lat}"))
+        edges.append((str(src), str(dst), bw, lat, not graph.is_directed(), where))
+    if problems:
+        raise ManifestError(problems)
+    if not edges:
+        raise ManifestError([(str(path), "no edges")])
+    return _finish(path, edges)
