@@ -62,6 +62,9 @@ class CongestionConfig(PluginConfig):
         None, description="edge list (src dst bandwidth_gbps latency_ns [uni|bi] per line) or .graphml; "
                           "NPUs are the nodes named 0..N-1, other nodes are switches")
     top_links: PositiveInt = Field(10, description="hottest links shown in the terminal summary")
+    trace_messages: int = Field(
+        0, ge=0, description="record the first N messages (endpoints, size, route, send and arrival "
+                             "times) in results.json, for debugging routes")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -102,6 +105,7 @@ class CongestionNetwork(NetworkModel):
         self.flows = 0
         self.flow_bytes = 0
         self.flow_hops = 0
+        self.traced: list[dict] = []
 
     @staticmethod
     def _build(config: CongestionConfig, base_dir: Path) -> Topology:
@@ -135,7 +139,17 @@ class CongestionNetwork(NetworkModel):
         self.flows += 1
         self.flow_bytes += size
         self.flow_hops += size * len(route)
+        if len(self.traced) < self.config.trace_messages:
+            record = {"src": src, "dst": dst, "bytes": size, "sent_ns": self.context.scheduler.now,
+                      "arrived_ns": None, "route": [self.topo.link_name(link) for link in route]}
+            self.traced.append(record)
+            on_arrival, arg = self._traced_arrival, (record, on_arrival, arg)
         self.links.send(route, size, on_arrival, arg)
+
+    def _traced_arrival(self, arg) -> None:
+        record, on_arrival, inner = arg
+        record["arrived_ns"] = self.context.scheduler.now
+        on_arrival(inner)
 
     # Statistics ---------------------------------------------------------------------------------
     def link_rows(self) -> list[dict]:
@@ -153,9 +167,12 @@ class CongestionNetwork(NetworkModel):
     def summary(self) -> dict:
         rows = self.link_rows()
         rows.sort(key=lambda r: (-r["bytes"], r["index"]))
-        return {"mode": self.config.mode, "topology": self.topo.source, "devices": self.topo.devices,
-                "links": len(rows), "messages": self.flows, "message_bytes": self.flow_bytes,
-                "link_bytes": sum(r["bytes"] for r in rows), "hottest_links": rows}
+        summary = {"mode": self.config.mode, "topology": self.topo.source, "devices": self.topo.devices,
+                   "links": len(rows), "messages": self.flows, "message_bytes": self.flow_bytes,
+                   "link_bytes": sum(r["bytes"] for r in rows), "hottest_links": rows}
+        if self.traced:
+            summary["traced_messages"] = self.traced
+        return summary
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         rows = sorted(self.link_rows(), key=lambda r: (-r["busy_ns"], -r["bytes"], r["index"]))

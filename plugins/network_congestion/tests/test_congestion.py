@@ -284,3 +284,11 @@ def test_every_astra_congestion_aware_run_agrees(case):
                           str(ref / case["network"]), None, None, "congestion")
     results = Simulation(build_manifest(data, host, Path.cwd(), "test").spec, host).run()
     assert abs(results["finish_ns"] - case["max_finish_ns"]) <= 0.01 * case["max_finish_ns"]
+
+
+def test_traced_messages_show_routes_and_times():
+    network, queue = build(**spec("Switch", 4, 10.0, 100.0), trace_messages=2)
+    deliver(network, queue, [(1, 0, 1000, 0), (2, 0, 1000, 0), (3, 0, 1000, 0)])
+    traced = network.summary()["traced_messages"]
+    assert [t["route"] for t in traced] == [["npu1->sw0.0", "sw0.0->npu0"], ["npu2->sw0.0", "sw0.0->npu0"]]
+    assert traced[0]["sent_ns"] == 0 and traced[0]["arrived_ns"] > 0
