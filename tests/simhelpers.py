@@ -61,3 +61,19 @@ def comp(node_id: int, micros: int, deps: Iterable[int] = (), **attrs: Any) -> p
 def hop_ns(size: int, bandwidth: float = 50.0, latency: float = 500.0, hops: int = 1) -> int:
     """ASTRA-sim's congestion-unaware message time."""
     return int(hops * latency + size / (bandwidth * GIB / 1e9))
+
+
+class PairDelayNetwork:
+    """A contention-free network with a given delay per (src, dst) pair plus size // per_byte_divisor;
+    usable by every executor (closed form, isolated, message level)."""
+
+    contention_free = True
+
+    def __init__(self, scheduler, delays: dict, per_byte_divisor: int = 7):
+        self.scheduler, self.delays, self.divisor = scheduler, delays, per_byte_divisor
+
+    def message_delay(self, src: int, dst: int, size: int) -> int:
+        return self.delays[(src, dst)] + size // self.divisor
+
+    def send(self, src, dst, size, on_arrival, arg=None) -> None:
+        self.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)

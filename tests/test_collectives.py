@@ -18,7 +18,7 @@ from chakra_core.system.algorithms import (Chain, Direct, DoubleBinaryTree, Halv
                                            resolve_algorithm)
 from chakra_core.system.machines import PhaseContext, binary_tree
 from chakra_core.system.runner import IsolatedPhase, NetworkPhase
-from tests.simhelpers import collective, hop_ns, manifest, simulate, write_ranks
+from tests.simhelpers import PairDelayNetwork, collective, hop_ns, manifest, simulate, write_ranks
 
 AR, AG, RS, A2A = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL
 
@@ -240,19 +240,6 @@ def test_barrier_and_reduce_scatter_block(tmp_path):
 
 
 # State machines: isolated and through the network agree -------------------------------------------------
-class _PairNetwork:
-    contention_free = True
-
-    def __init__(self, scheduler, delays):
-        self.scheduler, self.delays = scheduler, delays
-
-    def message_delay(self, src, dst, size):
-        return self.delays[(src, dst)] + size // 13
-
-    def send(self, src, dst, size, on_arrival, arg=None):
-        self.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
-
-
 ALGORITHMS = [(Ring(), [AR, AG, RS, A2A]), (Direct(), [AR, AG, RS, A2A]), (Direct(2), [AR, AG, RS, A2A]),
               (HalvingDoubling(), [AR, AG, RS]), (DoubleBinaryTree(), [AR]),
               (Chain(), [pb.BROADCAST, pb.REDUCE, pb.GATHER, pb.SCATTER]),
@@ -273,7 +260,7 @@ def test_isolated_and_network_runs_agree(choice, k, size, data):
     def reduce(b):
         return b // 500
 
-    isolated = IsolatedPhase(members, _PairNetwork(None, delays).message_delay)
+    isolated = IsolatedPhase(members, PairDelayNetwork(None, delays, 13).message_delay)
     machines = algorithm.members(PhaseContext(isolated, n, 7, reduce), comm_type, size, 0, 0)
     expected = isolated.run(starts, lambda pos: machines[pos].start())
     assert sorted(expected) == members
@@ -281,7 +268,7 @@ def test_isolated_and_network_runs_agree(choice, k, size, data):
 
     queue = EventQueue()
     done = {}
-    live = NetworkPhase(members, _PairNetwork(queue, delays), queue, lambda pos: done.__setitem__(pos, queue.now))
+    live = NetworkPhase(members, PairDelayNetwork(queue, delays, 13), queue, lambda pos: done.__setitem__(pos, queue.now))
     live_machines = algorithm.members(PhaseContext(live, n, 7, reduce), comm_type, size, 0, 0)
     for pos in members:
         queue.schedule_at(starts[pos], lambda p: live_machines[p].start(), pos)

@@ -16,8 +16,8 @@ from chakra_core.system.executor import closed_form_finishes
 from chakra_core.system.machines import PhaseContext, StepMember
 from chakra_core.system.runner import IsolatedPhase, NetworkPhase
 from tests.helpers import make_node
-from tests.simhelpers import (DATA, MICRO, collective, comp, hop_ns, manifest, ring_network, simulate,
-                              write_ranks)
+from tests.simhelpers import (DATA, MICRO, PairDelayNetwork, collective, comp, hop_ns, manifest, ring_network,
+                              simulate, write_ranks)
 
 ASTRA_RING_4CHUNKS = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
                       "preferred-dataset-splits": 4, "local-mem-bw": 1600}
@@ -78,21 +78,6 @@ def test_ring_closed_forms(tmp_path_factory, n, size, bandwidth, latency, endpoi
         assert got == value, pb.CollectiveCommType.Name(comm_type)
 
 
-class _FakeNetwork:
-    """Contention-free network with per-pair delays, usable by every executor."""
-
-    contention_free = True
-
-    def __init__(self, scheduler, delays):
-        self.scheduler, self.delays = scheduler, delays
-
-    def message_delay(self, src, dst, size):
-        return self.delays[(src, dst)] + size // 7
-
-    def send(self, src, dst, size, on_arrival, arg=None):
-        self.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
-
-
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(2, 9), size=st.integers(0, 100_000), data=st.data(),
        comm_type=st.sampled_from([pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL]),
@@ -108,7 +93,7 @@ def test_closed_form_equals_the_state_machines_for_any_start_times(n, size, data
         return b // 1000
 
     queue = EventQueue()
-    network = _FakeNetwork(queue, delays)
+    network = PairDelayNetwork(queue, delays)
     expected = closed_form_finishes(schedule, members, starts, network.message_delay, endpoint, reduce)
     # Causality, which lets the closed form resolve when the last member starts:
     assert min(expected) >= max(starts)

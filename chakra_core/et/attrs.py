@@ -139,37 +139,26 @@ class NodeView:
         attr = self._index().get(name)
         return default if attr is None else attr_value(attr)
 
-    def int(self, name: str, default: Any = _MISSING) -> int:
+    def _typed(self, name: str, default: Any, convert) -> Any:
         attr = self._index().get(name)
         if attr is None:
             if default is _MISSING:
                 raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
             return default
-        return _as_int(attr, self.pb.id, name)
+        return convert(attr, self.pb.id, name)
+
+    def int(self, name: str, default: Any = _MISSING) -> int:
+        """Integer attribute, from any integer variant (or an integral float / decimal string)."""
+        return self._typed(name, default, _as_int)
 
     def float(self, name: str, default: Any = _MISSING) -> float:
-        attr = self._index().get(name)
-        if attr is None:
-            if default is _MISSING:
-                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
-            return default
-        return _as_float(attr, self.pb.id, name)
+        return self._typed(name, default, _as_float)
 
     def bool(self, name: str, default: Any = _MISSING) -> bool:
-        attr = self._index().get(name)
-        if attr is None:
-            if default is _MISSING:
-                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
-            return default
-        return _as_bool(attr, self.pb.id, name)
+        return self._typed(name, default, _as_bool)
 
     def str(self, name: str, default: Any = _MISSING) -> str:
-        attr = self._index().get(name)
-        if attr is None:
-            if default is _MISSING:
-                raise AttributeTypeError(f"node {self.pb.id} ({self.pb.name!r}): missing attribute '{name}'")
-            return default
-        return _as_str(attr, self.pb.id, name)
+        return self._typed(name, default, _as_str)
 
     def bool_list(self, name: str) -> list[bool] | None:
         value = self.raw(name)

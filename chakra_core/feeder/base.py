@@ -148,17 +148,20 @@ class GraphFeeder(ABC):
     def remove_node(self, node_id: int) -> None:
         """Forget a finished node's body (its id stays known for dependency checks)."""
 
-    @abstractmethod
+    # Implementations keep their issuable nodes in `self._issuable` (an IssuableHeap).
+    _issuable: "IssuableHeap"
+
     def has_nodes_to_issue(self) -> bool:
         """True while some node has all its parents finished and has not been handed out."""
+        return bool(self._issuable)
 
-    @abstractmethod
     def next_issuable_node(self) -> int | None:
         """Pop the smallest issuable node id (None if there is none)."""
+        return self._issuable.pop()
 
-    @abstractmethod
     def push_back_issuable_node(self, node_id: int) -> None:
         """Return a node handed out by next_issuable_node that could not be issued yet."""
+        self._issuable.push(node_id)
 
     @abstractmethod
     def lookup_node(self, node_id: int) -> NodeView:

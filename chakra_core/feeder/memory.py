@@ -121,15 +121,6 @@ class InMemoryFeeder(GraphFeeder):
     def remove_node(self, node_id: int) -> None:
         self._nodes.pop(node_id, None)
 
-    def has_nodes_to_issue(self) -> bool:
-        return bool(self._issuable)
-
-    def next_issuable_node(self) -> int | None:
-        return self._issuable.pop()
-
-    def push_back_issuable_node(self, node_id: int) -> None:
-        self._issuable.push(node_id)
-
     def lookup_node(self, node_id: int) -> NodeView:
         return self._nodes[node_id]
 

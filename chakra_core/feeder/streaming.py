@@ -275,15 +275,6 @@ class StreamingFeeder(GraphFeeder):
         else:
             self._added.pop(node_id, None)
 
-    def has_nodes_to_issue(self) -> bool:
-        return bool(self._issuable)
-
-    def next_issuable_node(self) -> int | None:
-        return self._issuable.pop()
-
-    def push_back_issuable_node(self, node_id: int) -> None:
-        self._issuable.push(node_id)
-
     def lookup_node(self, node_id: int) -> NodeView:
         position = self._position(node_id)
         if position < 0:

@@ -25,15 +25,17 @@ from typing import Any, Callable, Sequence
 
 
 class PhaseIO:
-    """What a member state machine may do. `pos` is a member's position in the phase."""
+    """What a member state machine may do. `pos` is a member's position in the phase.
+
+    Subclasses provide time (`now`, `after`), message injection (`send`, which
+    must call `_arrive((src, dst))` on delivery) and `finish`; matching of
+    messages to receives is shared.
+    """
 
     now: int
+    _mail: "_Mailboxes"
 
     def send(self, src: int, dst: int, size: int) -> None:
-        raise NotImplementedError
-
-    def recv(self, dst: int, src: int, callback: Callable[[Any], None], arg: Any) -> None:
-        """Post a receive at `dst` for the next message from `src`; call callback(arg) when it completes."""
         raise NotImplementedError
 
     def after(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
@@ -41,6 +43,17 @@ class PhaseIO:
 
     def finish(self, pos: int) -> None:
         raise NotImplementedError
+
+    def recv(self, dst: int, src: int, callback: Callable[[Any], None], arg: Any) -> None:
+        """Post a receive at `dst` for the next message from `src`; call callback(arg) when it completes."""
+        if self._mail.on_post((src, dst), callback, arg):
+            self.after(0, callback, arg)   # already arrived: complete in a fresh event, now
+
+    def _arrive(self, key: tuple[int, int]) -> None:
+        matched = self._mail.on_arrival(key)
+        if matched is not None:
+            callback, arg = matched
+            callback(arg)
 
 
 class _Mailboxes:
@@ -103,16 +116,6 @@ class IsolatedPhase(PhaseIO):
         self.bytes_sent[src] += size
         self.after(self.delay(self.ranks[src], self.ranks[dst], size), self._arrive, (src, dst))
 
-    def _arrive(self, key: tuple[int, int]) -> None:
-        matched = self._mail.on_arrival(key)
-        if matched is not None:
-            callback, arg = matched
-            callback(arg)
-
-    def recv(self, dst: int, src: int, callback, arg) -> None:
-        if self._mail.on_post((src, dst), callback, arg):
-            self.after(0, callback, arg)
-
     def finish(self, pos: int) -> None:
         self.finishes[pos] = self.now
 
@@ -152,16 +155,6 @@ class NetworkPhase(PhaseIO):
     def send(self, src: int, dst: int, size: int) -> None:
         self.bytes_sent[src] += size
         self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive, (src, dst))
-
-    def _arrive(self, key: tuple[int, int]) -> None:
-        matched = self._mail.on_arrival(key)
-        if matched is not None:
-            callback, arg = matched
-            callback(arg)
-
-    def recv(self, dst: int, src: int, callback, arg) -> None:
-        if self._mail.on_post((src, dst), callback, arg):
-            self.scheduler.schedule(0, callback, arg)
 
     def finish(self, pos: int) -> None:
         self._on_finish(pos)
