@@ -133,3 +133,21 @@ def test_reference_microbenchmarks_agree_with_astra_sim(case, tmp_path):
 def test_reference_cases_are_present_when_shared_is():
     if REF_RESULTS.exists():
         assert len(_astra_runs()) == 16
+
+
+def test_run_writes_a_timeline_when_the_manifest_asks(tmp_path):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(EXAMPLE.read_text().replace("traces/", f"{EXAMPLE.parent}/traces/")
+                        .replace("dir: results/allreduce_8npu", f"dir: {tmp_path / 'out'}\n  timeline: true"))
+    result = invoke("run", manifest, "--quiet")
+    assert result.exit_code == 0, result.output
+    timeline = json.loads((tmp_path / "out" / "timeline.json").read_text())
+    slices = [e for e in timeline["traceEvents"] if e.get("ph") == "X"]
+    assert len(slices) == 8 and {e["dur"] for e in slices} == {64.44}   # µs
+
+
+def test_toolchain_commands_are_wired():
+    for command in (["convert", "pytorch", "--help"], ["convert", "text", "--help"],
+                    ["generate", "transformer", "--help"], ["visualize", "--help"], ["timeline", "--help"]):
+        result = invoke(*command)
+        assert result.exit_code == 0 and "Usage:" in result.output, command
