@@ -427,6 +427,21 @@ def test_collective_attributes_and_process_groups(tmp_path):
     assert [n.name for n in result.nodes].count("nccl:all_reduce") == 0
 
 
+def test_a_backend_scope_recorded_elsewhere_shadows_its_collective(tmp_path):
+    """gloo records `gloo:all_reduce` from its worker thread under whatever scope was open,
+    here an autograd scope, with an unrelated child: it is the all-reduce's, not a second one."""
+    buffer = T(30, 31, [1024], device="cpu")
+    tensors = ([buffer[0]], [buffer[1]], "GenericList[Tensor(float)]")
+    nodes = [node(3, "c10d::allreduce_", 2, [tensors], [tensors]),
+             node(4, "autograd::engine::evaluate_function: ReluBackward0", 2),
+             node(5, "gloo:all_reduce", 4, [buffer]),
+             node(6, "aten::threshold_backward", 5, [T(40, 41, [8], device="cpu")], [T(42, 43, [8], device="cpu")])]
+    result = convert(write_json(tmp_path / "et.json", host_doc(nodes)))
+    assert [n.name for n in result.nodes] == ["c10d::allreduce_", "aten::threshold_backward"]
+    assert result.summary.collectives == {"ALL_REDUCE": 1}
+    assert NodeView(result.nodes[0]).int("comm_size") == 4096
+
+
 def test_groups_spanning_an_8_rank_job_run_among_the_ranks_present(tmp_path):
     """Both ranks of an 8-rank job with a world group listing 0..7, a subgroup {0,1} and one
     {0,2,4,6}: world groups are written as 'every rank' and unused groups are left out, so 2
@@ -538,6 +553,13 @@ def test_kineto_rank_and_process_groups_are_used(tmp_path):
     assert (neg.duration_micros, neg.start_time_micros) == (10, 10)
     assert (result.summary.linked, result.summary.units) == (1, 3)
     assert result.write(tmp_path / "out").name == "out.3.et"
+
+
+def test_a_kineto_trace_of_another_run_is_flagged(tmp_path):
+    kineto = write_json(tmp_path / "k.json", kineto_doc([cpu_event("aten::conv2d", 10, 10, 1)]))
+    summary = convert(HTA_HOST, kineto).summary
+    assert summary.linked == 0
+    assert any("only 0 of 16 host operators found in the Kineto trace" in w for w in summary.warnings)
 
 
 # Malformed inputs -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ outermost recognised scope is the communication operator; the others only contri
 
 Facts, first source that has them wins:
 
-- type: the operator's name, else `record_param_comms`' collective name, else the backend's;
+- type: the operator's name (for `record_param_comms`, the collective name it records);
 - send / receive buffers: `in_msg_nelems` / `out_msg_nelems` x `dtype` attributes (schema
   1.1), else `record_param_comms`' input / output tensors, else the API call's operands
   (output first for gather-like calls), else the backend scope's tensors;
@@ -25,7 +25,7 @@ Facts, first source that has them wins:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from chakra_core.schema import pb
@@ -49,7 +49,7 @@ def kind_of(name: str) -> int | str | None:
     """CollectiveCommType value, SEND, RECV, or None for a name (any spelling: all_reduce,
     allreduce_, _allgather_base_, all_to_allv, nccl:all_to_all, ncclKernel_AllReduce...)."""
     base = name.rsplit(":", 1)[-1].replace("_", "").replace("-", "").lower()
-    if not base or "wait" in base or "coalesced" == base:
+    if not base or "wait" in base:
         return None
     for keyword, kind in _KEYWORDS:
         if keyword in base:
@@ -108,7 +108,6 @@ class CommInfo:
     tag: int | None = None
     rank: int | None = None     # this rank, when the trace records it
     group_ranks: list[int] | None = None   # from record_param_comms' rank start / stride / size
-    sources: list[int] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -117,15 +116,13 @@ class CommInfo:
 
 def describe(op: HostOp, parts: Iterable[HostOp], backend_ids: dict[int, str]) -> CommInfo:
     """Facts about communication operator `op` from itself and its absorbed scopes `parts`."""
-    parts = list(parts)
-    rpcs = [p for p in [op, *parts] if p.name == RPC and comm_kind(p) is not None]
-    backends = [p for p in [op, *parts] if p.name.startswith(BACKEND_PREFIXES)]
+    scopes = [op, *parts]
+    rpcs = [p for p in scopes if p.name == RPC and comm_kind(p) is not None]
+    backends = [p for p in scopes if p.name.startswith(BACKEND_PREFIXES)]
     kind = comm_kind(op)
-    for source in rpcs + backends:
-        if kind is None:
-            kind = comm_kind(source)
-    info = CommInfo(kind if kind is not None else pb.ALL_REDUCE,
-                    sources=[p.id for p in rpcs + backends if p is not op])
+    if kind is None:
+        raise ValueError(f"{op.label()} is not a communication operator")
+    info = CommInfo(kind)
     rpc = rpcs[0] if rpcs else None
     _sizes(info, op, rpc, backends)
     if rpc is not None:

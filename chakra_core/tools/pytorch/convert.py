@@ -145,6 +145,10 @@ class _Converter:
         if self.kineto is not None:
             self.cpu = link_cpu(self.host, self.kineto)
             self.gpu = link_gpu(self.kineto, self.cpu)
+            linked = sum(1 for u in units if u.op.id in self.cpu.event_of)
+            if linked < len(units) / 2:
+                self.warnings.append(f"{self.kineto.path}: only {linked} of {len(units)} host operators "
+                                     "found in the Kineto trace; is it from the same run?")
         self.metadata_node = self._metadata_node(groups)
         launches = self._launches_by_unit()
         cursor: dict[int, int | None] = {}
@@ -333,8 +337,8 @@ class _Converter:
     def _gpu_node(self, op: HostOp, kernel: Event) -> int:
         attrs = [bool_attr("is_cpu_op", False), str_attr("op_type", _gpu_family(kernel)),
                  int_attr("stream", kernel.stream if kernel.stream is not None else 0),
-                 uint_attr("host_op_id", op.id)]
-        if isinstance(kernel.args.get("bytes"), int):
+                 int_attr("host_op_id", op.id)]
+        if isinstance(kernel.args.get("bytes"), int) and kernel.args["bytes"] >= 0:
             attrs.append(uint_attr("tensor_size", kernel.args["bytes"]))
         return self._new_node(kernel.name, pb.COMP_NODE, attrs, kernel.dur, kernel.ts)
 
@@ -373,7 +377,7 @@ class _Converter:
         attrs = [bool_attr("is_cpu_op", False), str_attr("op_type", "communication")]
         if node_type == pb.COMM_COLL_NODE:
             attrs.append(int_attr("comm_type", info.kind))
-        attrs.append(uint_attr("comm_size", info.size))
+        attrs.append(uint_attr("comm_size", max(0, info.size)))
         if info.pg_name is not None:
             attrs.append(str_attr("pg_name", info.pg_name))
         if info.kind in comms.ROOTED and info.root is not None:
@@ -392,7 +396,7 @@ class _Converter:
             attrs.append(int_attr("comm_tag", info.tag or 0))
         if kernel is not None:
             attrs.append(int_attr("stream", kernel.stream if kernel.stream is not None else 0))
-        attrs.append(uint_attr("host_op_id", op.id))
+        attrs.append(int_attr("host_op_id", op.id))
         timed = kernel or event
         name = kernel.name if kernel is not None else op.name
         return self._new_node(name, node_type, attrs, timed.dur if timed else 0, timed.ts if timed else 0)
@@ -407,8 +411,8 @@ class _Converter:
         if target.type != pb.COMP_NODE:
             return
         if work["num_ops"] is not None:
-            target.attr.append(uint_attr("num_ops", work["num_ops"]))
-        if work["tensor_size"] and _attr(target, "tensor_size") is None:
+            target.attr.append(uint_attr("num_ops", max(0, work["num_ops"])))
+        if work["tensor_size"] > 0 and _attr(target, "tensor_size") is None:
             target.attr.append(uint_attr("tensor_size", work["tensor_size"]))
 
     # Data and synchronisation dependencies ------------------------------------------------------
@@ -545,7 +549,7 @@ def _host_attrs(op: HostOp) -> list[pb.AttributeProto]:
         attrs.append(uint_attr("rf_id", op.rf_id))
     if op.tid is not None and op.tid >= 0:
         attrs.append(uint_attr("tid", op.tid))
-    attrs.append(uint_attr("host_op_id", op.id))
+    attrs.append(int_attr("host_op_id", op.id))
     return attrs
 
 

@@ -78,6 +78,18 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _number(value: Any) -> float | None:
+    """A time in µs: a JSON number, or a decimal string (some exporters write those)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def load_kineto_trace(path: str | os.PathLike) -> KinetoTrace:
     doc = load_json(path, "Kineto trace")
     spath = str(path)
@@ -99,14 +111,14 @@ def load_kineto_trace(path: str | os.PathLike) -> KinetoTrace:
             bucket = gpu
         else:
             continue
-        ts, dur = raw.get("ts"), raw.get("dur")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur < 0:
+        ts, dur = _number(raw.get("ts")), _number(raw.get("dur"))
+        if ts is None or dur is None or dur < 0:
             malformed += 1
             continue
         args = raw.get("args") if isinstance(raw.get("args"), dict) else {}
         stream = _int(args.get("stream"))
         tid = raw.get("tid")
-        bucket.append(Event(index, str(raw.get("name", "")), category, str(tid), float(ts), float(dur),
+        bucket.append(Event(index, str(raw.get("name", "")), category, str(tid), ts, dur,
                             _int(args.get("External id")), _int(args.get("Record function id")),
                             _int(args.get("correlation")), stream if stream is not None else _int(tid),
                             args if bucket is gpu else {}))

@@ -53,7 +53,6 @@ class Selection:
     unit_of: dict[int, Unit]
     """Host id -> the unit that represents it (units, absorbed scopes and shadows)."""
     children: dict[int, list[int]]
-    parent: dict[int, int | None]
     pg_inits: list[HostOp]
     process_ops: list[HostOp]
     warnings: list[str]
@@ -84,7 +83,7 @@ def select_units(trace: HostTrace) -> Selection:
             parent[op.id] = op.parent
             children.setdefault(op.parent, []).append(op.id)
     warnings: list[str] = []
-    shadows = _pair_shadows(ops, children, parent, roots)
+    shadows = _pair_shadows(ops, children)
     for backend_id in shadows:
         _splice_out(backend_id, children, parent, roots)
     flops_below, trivial_below = _subtree_facts(ops, children, roots)
@@ -139,10 +138,10 @@ def select_units(trace: HostTrace) -> Selection:
         if owner is not None:
             owner.shadow = backend_id
             unit_of[backend_id] = owner
-    return Selection(units, unit_of, children, parent, pg_inits, process_ops, warnings)
+    return Selection(units, unit_of, children, pg_inits, process_ops, warnings)
 
 
-def _pair_shadows(ops: dict[int, HostOp], children, parent, roots) -> dict[int, int]:
+def _pair_shadows(ops: dict[int, HostOp], children: dict[int, list[int]]) -> dict[int, int]:
     """Backend scopes outside communication operators -> the operator each one shadows."""
     inside: set[int] = set()        # scopes a communication operator absorbs
     has_backend: set[int] = set()   # communication operators with a backend scope below them
