@@ -20,8 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import networkx as nx
-
 from chakra_core.errors import ManifestError
 
 GIB = 1 << 30
@@ -77,7 +75,10 @@ class Topology:
     def link_name(self, link: int) -> str:
         return f"{self.names[self.link_src[link]]}->{self.names[self.link_dst[link]]}"
 
-    def graph(self) -> nx.DiGraph:
+    def graph(self):
+        """The topology as a networkx DiGraph (links as edges with their index)."""
+        import networkx as nx   # imported on use: it takes 0.1 s, and plain runs never need it
+
         graph = nx.DiGraph()
         graph.add_nodes_from(range(self.devices))
         for link, (src, dst) in enumerate(zip(self.link_src, self.link_dst)):
@@ -293,6 +294,8 @@ def _declared_graphml_nodes(path: Path) -> set[str]:
 
 
 def _from_graphml(path: Path) -> Topology:
+    import networkx as nx
+
     try:
         graph = nx.read_graphml(path)
         declared = _declared_graphml_nodes(path)
