@@ -16,21 +16,15 @@ import argparse
 import time
 from pathlib import Path
 
-from chakra_core.tools.pytorch import convert
-from chakra_core.tools.pytorch.jsonfile import load_json
+import sys
 
 ROOT = Path(__file__).resolve().parents[1]
-REFS = ROOT.parent / "shared" / "ref-traces" / "pytorch"
+sys.path.insert(0, str(ROOT))
 
-PAIRS = [
-    ("hta/benchmark_simple_add_et.json.gz", "hta/benchmark_simple_add_trace.json.gz"),
-    ("param/linear_et.json.gz", "param/linear_kineto.json.gz"),
-    ("param/dlrm/dlrm_eg_0.json", "param/dlrm/worker0_step_12.1694128201545.pt.trace.json"),
-    ("param/dlrm/dlrm_eg_1.json", "param/dlrm/worker1_step_12.1694128201556.pt.trace.json"),
-    ("selfgen-cpu/host.0.json.gz", "selfgen-cpu/device.0.json.gz"),
-    ("selfgen-cpu/host.1.json.gz", "selfgen-cpu/device.1.json.gz"),
-]
-"""Host trace -> the Kineto trace of the same run (paths relative to the reference folder)."""
+from chakra_core.tools.pytorch import convert  # noqa: E402
+from chakra_core.tools.pytorch.jsonfile import load_json  # noqa: E402
+from tests.helpers import REF_PYTORCH as REFS  # noqa: E402
+from tests.helpers import REF_PYTORCH_PAIRS as PAIRS  # noqa: E402
 
 _SHORT = {"METADATA_NODE": "meta", "COMP_NODE (cpu)": "cpu", "COMP_NODE (gpu)": "gpu",
           "COMM_COLL_NODE": "coll", "COMM_SEND_NODE": "send", "COMM_RECV_NODE": "recv"}

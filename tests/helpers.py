@@ -17,6 +17,16 @@ from chakra_core.schema import pb
 SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
 """`../shared` next to the repository root (CI checks it out there); may be absent."""
 REF_TRACES = SHARED_DIR / "ref-traces"
+REF_PYTORCH = REF_TRACES / "pytorch"
+REF_PYTORCH_PAIRS = [
+    ("hta/benchmark_simple_add_et.json.gz", "hta/benchmark_simple_add_trace.json.gz"),
+    ("param/linear_et.json.gz", "param/linear_kineto.json.gz"),
+    ("param/dlrm/dlrm_eg_0.json", "param/dlrm/worker0_step_12.1694128201545.pt.trace.json"),
+    ("param/dlrm/dlrm_eg_1.json", "param/dlrm/worker1_step_12.1694128201556.pt.trace.json"),
+    ("selfgen-cpu/host.0.json.gz", "selfgen-cpu/device.0.json.gz"),
+    ("selfgen-cpu/host.1.json.gz", "selfgen-cpu/device.1.json.gz"),
+]
+"""PyTorch host trace -> the Kineto trace of the same run (paths relative to REF_PYTORCH)."""
 CYCLIC_REF_TRACE = "chakra-et/chakra-tests/chakra.0.et"
 """The reference trace whose control dependencies form cycles (run it with dependencies="data")."""
 

@@ -28,20 +28,13 @@ from chakra_core.tools.pytorch.kineto import load_kineto_trace
 from chakra_core.tools.pytorch.link import link_cpu
 from chakra_core.tools.pytorch.host import load_host_trace
 from chakra_core.tools.pytorch.ops import estimate
-from tests.helpers import REF_TRACES
+from tests.helpers import REF_PYTORCH_PAIRS, REF_TRACES
 from tests.simhelpers import manifest, ring_network, simulate
 
 DATA = Path(__file__).resolve().parent / "data" / "pytorch"
 HTA_HOST, HTA_KINETO = DATA / "benchmark_simple_add_et.json.gz", DATA / "benchmark_simple_add_trace.json.gz"
 PYTORCH_REFS = REF_TRACES / "pytorch"
-PAIRS = [
-    ("hta/benchmark_simple_add_et.json.gz", "hta/benchmark_simple_add_trace.json.gz"),
-    ("param/linear_et.json.gz", "param/linear_kineto.json.gz"),
-    ("param/dlrm/dlrm_eg_0.json", "param/dlrm/worker0_step_12.1694128201545.pt.trace.json"),
-    ("param/dlrm/dlrm_eg_1.json", "param/dlrm/worker1_step_12.1694128201556.pt.trace.json"),
-    ("selfgen-cpu/host.0.json.gz", "selfgen-cpu/device.0.json.gz"),
-    ("selfgen-cpu/host.1.json.gz", "selfgen-cpu/device.1.json.gz"),
-]
+PAIRS = REF_PYTORCH_PAIRS
 DLRM = PAIRS[2:4]
 SELFGEN = PAIRS[4:6]
 

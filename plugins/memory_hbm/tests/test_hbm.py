@@ -239,21 +239,15 @@ def test_hook_registers_in_process():
 
 
 # Through the engine -------------------------------------------------------------------------------
-def test_end_to_end_with_an_astra_remote_memory_file(tmp_path):
+def test_end_to_end_with_an_astra_remote_memory_file(tmp_path, installed_plugins):
     """A manifest loads ASTRA-sim's remote-memory JSON as is; both ranks' loads queue in the pool."""
     import json
 
     from chakra_core.engine.simulation import Simulation
     from chakra_core.et.io import write_trace
     from chakra_core.manifest import build_manifest
-    from chakra_core.plugins import make_plugin_host
 
-    try:
-        host = make_plugin_host()
-        host.get("memory", "hbm")
-        host.get("network", "analytical")
-    except Exception as exc:  # a plugin not installed
-        pytest.skip(str(exc))
+    host = installed_plugins
     for rank in range(2):
         load = pb.Node(id=1, name="load", type=pb.MEM_LOAD_NODE,
                        attr=[pb.AttributeProto(name="tensor_size", uint64_val=SIZE)])

@@ -78,15 +78,8 @@ def run_trace(tmp_path: Path, ranks: int = 1, nodes=model_trace, **memory) -> di
 
 
 @pytest.fixture(autouse=True)
-def _needs_installed_plugins():
-    from chakra_core.plugins import make_plugin_host
-
-    try:
-        host = make_plugin_host()
-        host.get("memory", "hbm")
-        host.get("network", "analytical")
-    except Exception as exc:  # a plugin not installed
-        pytest.skip(str(exc))
+def _needs_installed_plugins(installed_plugins):
+    """Every test here runs whole simulations with the bundled plugins."""
 
 
 # Parsing IOInfo ------------------------------------------------------------------------------------
