@@ -31,6 +31,7 @@ from rich.table import Table
 
 from chakra_core import __version__
 from chakra_core.errors import ChakraSimError
+from chakra_core.tools import ToolError
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -43,11 +44,8 @@ def out_console() -> Console:
     return console
 
 
-class CliError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file=None) -> None:
-        err_console.print(f"[red]error:[/red] {escape(self.message)}", soft_wrap=True)
+# One error type for every command: "error: <message>" on stderr, exit status 2, no traceback.
+CliError = ToolError
 
 
 def _fail(exc: ChakraSimError, debug: bool) -> None:
