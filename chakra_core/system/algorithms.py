@@ -198,20 +198,17 @@ class Chain(CollectiveAlgorithm):
     name = "chain"
     supports = ROOTED
     causal = False
+    star: ClassVar[bool] = False
 
     def members(self, ctx, comm_type, size, variant=0, root=0):
-        return [RootedMember(ctx, pos, comm_type, size, root, star=False) for pos in range(ctx.n)]
+        return [RootedMember(ctx, pos, comm_type, size, root, star=self.star) for pos in range(ctx.n)]
 
 
-class Star(CollectiveAlgorithm):
+class Star(Chain):
     """Rooted collectives with direct messages between the root and every member."""
 
     name = "star"
-    supports = ROOTED
-    causal = False
-
-    def members(self, ctx, comm_type, size, variant=0, root=0):
-        return [RootedMember(ctx, pos, comm_type, size, root, star=True) for pos in range(ctx.n)]
+    star = True
 
 
 BUILTIN_ALGORITHMS: tuple[type[CollectiveAlgorithm], ...] = (

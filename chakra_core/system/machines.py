@@ -55,10 +55,9 @@ class StepMember:
     def __init__(self, ctx: PhaseContext, pos: int, schedule):
         self.ctx, self.io, self.pos, self.schedule = ctx, ctx.io, pos, schedule
         n, steps = schedule.n, schedule.steps
-        self.expected = [0] * steps
-        for k in range(steps):
-            for i in range(n):
-                self.expected[k] += schedule.send_to(i, k).count(pos)
+        # incoming[k]: the member sending each message this member receives in step k
+        self.incoming = [[i for i in range(n) for _ in range(schedule.send_to(i, k).count(pos))]
+                         for k in range(steps)]
         self.arrived = [0] * steps
         self.step = -1
 
@@ -73,10 +72,8 @@ class StepMember:
         size = self.schedule.step_bytes[k]
         for peer in self.schedule.send_to(self.pos, k):
             self.io.send(self.pos, peer, size)
-        senders = [i for i in range(self.schedule.n) if self.pos in self.schedule.send_to(i, k)]
-        for sender in senders:
-            for _ in range(self.schedule.send_to(sender, k).count(self.pos)):
-                self.io.recv(self.pos, sender, self._arrive, k)
+        for sender in self.incoming[k]:
+            self.io.recv(self.pos, sender, self._arrive, k)
         self._check(k)
 
     def _arrive(self, k: int) -> None:
@@ -84,7 +81,7 @@ class StepMember:
         self._check(k)
 
     def _check(self, k: int) -> None:
-        if self.step != k or self.arrived[k] < self.expected[k]:
+        if self.step != k or self.arrived[k] < len(self.incoming[k]):
             return
         self.step = -2 - k  # step k complete; ignore further checks
         wait = self.ctx.endpoint_delay
@@ -509,11 +506,7 @@ class RootedMember:
         self.io.finish(self.pos)
 
     def _send_and_finish(self, dst: int) -> None:
-        if self.star:
-            size = self.piece
-        else:
-            size = self._size(self.rel if self.outward else self.rel)
-        self.io.send(self.pos, dst, size)
+        self.io.send(self.pos, dst, self.piece if self.star else self._size(self.rel))
         self.io.finish(self.pos)
 
     def _processed(self, _arg=None) -> None:

@@ -417,10 +417,10 @@ class NativeSystem(SystemLayer):
         key = (spec.chunk, spec.index, members[0])
         run = coll.runs.get(key)
         if run is None:
+            if spec.algorithm.powers_of_two and len(members) & (len(members) - 1):
+                raise SimulationError(f"{coll.describe()}: algorithm '{spec.algorithm.name}' needs a "
+                                      f"power-of-two number of members, not {len(members)}")
             run = coll.runs[key] = PhaseRun(coll, spec, members)
-        if run.spec.algorithm.powers_of_two and len(members) & (len(members) - 1):
-            raise SimulationError(f"{coll.describe()}: algorithm '{spec.algorithm.name}' needs a "
-                                  f"power-of-two number of members, not {len(members)}")
         waiting = self.queues[rank].waiting[spec.queue]
         priority = coll.priority[rank]
         index = 0
@@ -460,9 +460,8 @@ class NativeSystem(SystemLayer):
         starts = [run.starts[r] for r in run.members]
         schedule = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
         if schedule is not None:
-            endpoint = FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay
             finishes = closed_form_finishes(schedule, run.members, starts, self.network.message_delay,
-                                            endpoint, self._reduce_delay)
+                                            self._endpoint_delay(spec), self._reduce_delay)
             for member in run.members:
                 self.bytes_sent[member] += schedule.bytes_sent_per_member
         else:
@@ -486,11 +485,13 @@ class NativeSystem(SystemLayer):
 
     def _machines(self, run: PhaseRun, io) -> list:
         spec = run.spec
-        ctx = PhaseContext(io, len(run.members),
-                           FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay,
-                           self._reduce_delay, local=spec.local)
+        ctx = PhaseContext(io, len(run.members), self._endpoint_delay(spec), self._reduce_delay,
+                           local=spec.local)
         root = run.position.get(run.collective.root, 0)
         return spec.algorithm.members(ctx, spec.comm_type, spec.size, spec.variant, root)
+
+    def _endpoint_delay(self, spec: PhaseSpec) -> int:
+        return FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay
 
     def _reduce_delay(self, size: int) -> int:
         value = self._reduce_cache.get(size)
