@@ -220,23 +220,22 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, base_di
                                               consumed)
         warnings.extend(file_warnings)
     settings.update(inline)
+
+    def origin(loc: tuple) -> str:
+        """Where the setting at `loc` was written: the ASTRA-sim file, or the manifest."""
+        if file_name is not None and (loc[0] not in inline if loc else not inline):
+            return f"{file_name}: {format_loc(loc) if loc else f'(whole file, loaded by {layer}.astra_file)'}"
+        return f"{source}: {format_loc((layer,) + tuple(loc))}"
+
     try:
         config = config_cls.model_validate(settings)
     except ValidationError as exc:
-        for error in exc.errors():
-            loc = error["loc"]
-            message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            if file_name is not None and (loc[0] not in inline if loc else not inline):
-                where = format_loc(loc) if loc else f"(whole file, loaded by {layer}.astra_file)"
-                problems.append((f"{file_name}: {where}", message))
-            else:
-                problems.append((f"{source}: {format_loc((layer,) + tuple(loc))}", message))
+        problems.extend((origin(error["loc"]),
+                         "unknown key" if error["type"] == "extra_forbidden" else error["msg"])
+                        for error in exc.errors())
         return None
     extra_problems = impl.cls.config_problems(config, {"algorithms": host.algorithms()})
-    for loc, message in extra_problems:
-        origin = file_name if (loc and loc[0] not in inline and file_name) else None
-        where = f"{origin}: {format_loc(loc)}" if origin else f"{source}: {format_loc((layer,) + tuple(loc))}"
-        problems.append((where, message))
+    problems.extend((origin(loc), message) for loc, message in extra_problems)
     if extra_problems:
         return None
     return LayerChoice(impl, config)
