@@ -11,7 +11,6 @@ from chakra_core.errors import TraceFormatError
 from chakra_core.et.io import (FrameReader, encode_message, encode_varint, iter_frames, iter_trace,
                                read_trace, write_trace)
 from chakra_core.feeder import StreamingFeeder
-from chakra_core.schema import pb
 from tests.helpers import frame_offsets, make_metadata, make_node, ref_et_params, write_et
 
 META = make_metadata(attrs={"schema": "test"})

@@ -253,7 +253,7 @@ class RankTensors:
     """Live storages of one rank and what they add up to."""
 
     __slots__ = ("rank", "live", "pending", "plan", "planned", "in_use", "peak", "peak_ns", "series",
-                 "oom_reported", "allocations")
+                 "allocations")
 
     def __init__(self, rank: int, series_points: int):
         self.rank = rank
@@ -265,7 +265,6 @@ class RankTensors:
         self.peak = 0
         self.peak_ns = 0
         self.series = MemorySeries(series_points)
-        self.oom_reported = False
         self.allocations = 0
 
 

@@ -104,7 +104,6 @@ class CongestionNetwork(NetworkModel):
         self.links = engine(topo.link_bw, topo.link_latency, context.scheduler)
         self.flows = 0
         self.flow_bytes = 0
-        self.flow_hops = 0
         self.traced: list[dict] = []
 
     @staticmethod
@@ -138,7 +137,6 @@ class CongestionNetwork(NetworkModel):
         route = self.router.route(src, dst, self.flows)
         self.flows += 1
         self.flow_bytes += size
-        self.flow_hops += size * len(route)
         if len(self.traced) < self.config.trace_messages:
             record = {"src": src, "dst": dst, "bytes": size, "sent_ns": self.context.scheduler.now,
                       "arrived_ns": None, "route": [self.topo.link_name(link) for link in route]}

@@ -75,16 +75,6 @@ class Topology:
     def link_name(self, link: int) -> str:
         return f"{self.names[self.link_src[link]]}->{self.names[self.link_dst[link]]}"
 
-    def graph(self):
-        """The topology as a networkx DiGraph (links as edges with their index)."""
-        import networkx as nx   # imported on use: it takes 0.1 s, and plain runs never need it
-
-        graph = nx.DiGraph()
-        graph.add_nodes_from(range(self.devices))
-        for link, (src, dst) in enumerate(zip(self.link_src, self.link_dst)):
-            graph.add_edge(src, dst, link=link)
-        return graph
-
 
 def from_dims(topologies: list[str], npus_count: list[int], bandwidth: list[float],
               latency: list[float]) -> Topology:
