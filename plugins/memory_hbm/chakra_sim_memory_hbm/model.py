@@ -164,7 +164,6 @@ class HBMMemory(MemoryModel):
         self.local_sharing_delay_ns = self.remote_sharing_delay_ns = 0
         self.capacity_bytes = (None if config.capacity_gib is None
                                else int(exact(config.capacity_gib, "capacity_gib") * GIB))
-        self._trace_files: list[Path] | None = None
         self.oom_ranks: list[int] = []
         self.tensors: TensorTracker | None = None
         # The engine reads `tracks_tensors` once per run and then calls node_issued /
@@ -291,12 +290,8 @@ class HBMMemory(MemoryModel):
         return True
 
     # Tensor tracking ------------------------------------------------------------------------------
-    def set_trace_files(self, paths: list[Path] | None) -> None:
-        """The per-rank trace files, for `lifetime: trace` (set by the plugin's simulation_start hook)."""
-        self._trace_files = None if paths is None else [Path(p) for p in paths]
-
     def _trace_file(self, rank: int) -> Path | None:
-        files = self.context.extras.get("trace_files") or self._trace_files
+        files = self.context.extras.get("trace_files")
         if files is not None and rank < len(files):
             return Path(files[rank])
         self.context.warn("memory plugin 'hbm': the trace files are unknown (model built outside a "

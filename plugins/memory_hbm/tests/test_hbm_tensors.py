@@ -373,17 +373,6 @@ def test_trace_files_from_context_extras(tmp_path):
     assert context.warnings == []
 
 
-def test_simulation_start_hook_gives_the_model_its_trace_files(tmp_path):
-    import chakra_sim_memory_hbm
-
-    prefix = write_ranks(tmp_path, [model_trace(), model_trace()])
-    model = HBMMemory(HBMConfig(), LayerContext(num_ranks=2, scheduler=EventQueue()))
-    chakra_sim_memory_hbm.chakra_sim_simulation_start(
-        run={"layers": {"memory": model}, "manifest": {"workload": {"trace": prefix, "ranks": 2}}})
-    assert model._trace_file(1) == Path(prefix + ".1.et")
-    chakra_sim_memory_hbm.chakra_sim_simulation_start(run={"layers": {}, "manifest": {}})   # not hbm: no-op
-
-
 # The real converted trace --------------------------------------------------------------------------
 REF = REF_TRACES / "chakra-et" / "chakra-tests" / "chakra.0.et"
 
