@@ -15,16 +15,16 @@ are counted; for the CPU-only runs (selfgen, gloo) host tensors are, with
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-from chakra_core.tools.pytorch import convert
-
 ROOT = Path(__file__).resolve().parents[1]
-REFS = ROOT.parent / "shared" / "ref-traces" / "pytorch"
+sys.path.insert(0, str(ROOT))
+
+from chakra_core.tools.pytorch import convert  # noqa: E402
+from tests.helpers import REF_PYTORCH as REFS  # noqa: E402
+from tests.simhelpers import manifest, ring_network, simulate  # noqa: E402
 
 # (label, [(host, kineto or None) per rank])
 CASES = [
@@ -53,15 +53,10 @@ def human(size: int) -> str:
     return str(size)
 
 
-def simulate(prefix: str, ranks: int, tensor_nodes: str, count_host: bool) -> dict:
-    host = make_plugin_host()
-    data = {"workload": {"trace": prefix},
-            "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [ranks],
-                        "bandwidth": [50], "latency": [500]},
-            "memory": {"plugin": "hbm", "bandwidth_gbps": 2000, "tensor_nodes": tensor_nodes,
-                       "count_host_tensors": count_host}}
-    loaded = build_manifest(data, host, Path.cwd(), "memory_peaks")
-    return Simulation(loaded.spec, host).run()
+def simulate_peaks(prefix: str, ranks: int, tensor_nodes: str, count_host: bool) -> dict:
+    return simulate(manifest(prefix, ring_network(ranks),
+                             memory={"plugin": "hbm", "bandwidth_gbps": 2000, "tensor_nodes": tensor_nodes,
+                                     "count_host_tensors": count_host}))
 
 
 def main() -> None:
@@ -76,7 +71,7 @@ def main() -> None:
                 conversion.write(prefix)
             cells = []
             for mode in ("all", "cpu"):
-                results = simulate(str(prefix), len(ranks), mode, label in HOST_MEMORY)
+                results = simulate_peaks(str(prefix), len(ranks), mode, label in HOST_MEMORY)
                 peaks = [r["peak_memory_bytes"] for r in results["ranks"]]
                 times = [r.get("peak_memory_ns", 0) for r in results["ranks"]]
                 cells.append(" / ".join(human(p) for p in peaks))

@@ -16,45 +16,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _measure import ROOT, measure
 
-CHILD = r"""
-import json, resource, sys, time
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-from tests.simhelpers import collective, manifest, write_ranks
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-from chakra_core.schema import pb
-case, npus, size, mode, folder = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], Path(sys.argv[6])
-if case == "fat-tree all-to-all":
-    k = round((4 * npus) ** (1 / 3))
-    assert k ** 3 // 4 == npus, f"{npus} NPUs is not k^3/4 for an even k"
-    network = {"plugin": "congestion", "mode": mode,
-               "generator": {"kind": "fat_tree", "k": k, "bandwidth_gbps": 50, "latency_ns": 500}}
-    comm, system = pb.ALL_TO_ALL, {"all-to-all-implementation": ["direct"]}
-else:
-    network = {"plugin": "congestion", "mode": mode, "topology": ["Ring"], "npus_count": [npus],
-               "bandwidth": [50], "latency": [500]}
-    comm, system = pb.ALL_REDUCE, {"all-reduce-implementation": ["ring"]}
-prefix = write_ranks(folder, [[collective(1, comm, size)]] * npus)
-started = time.perf_counter()
-host = make_plugin_host()
-loaded = build_manifest(manifest(prefix, network, system=system), host, Path.cwd(), "benchmark")
-sim = Simulation(loaded.spec, host)
-results = sim.run()
-wall = time.perf_counter() - started
-messages = results["layers"]["network"]["summary"]["messages"]
-print(json.dumps({"case": case, "wall_s": wall, "finish_ns": results["finish_ns"], "messages": messages,
-                  "events": results["events"],
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
+sys.path.insert(0, str(ROOT))
+
+from chakra_core.schema import pb  # noqa: E402
+from tests.simhelpers import collective, manifest, write_ranks  # noqa: E402
+
+def case_manifest(case: str, npus: int, size: int, mode: str, folder: Path) -> dict:
+    """Write the case's trace (one collective per NPU) into `folder`; return its manifest."""
+    if case == "fat-tree all-to-all":
+        k = round((4 * npus) ** (1 / 3))
+        if k ** 3 // 4 != npus:
+            sys.exit(f"{npus} NPUs is not k^3/4 for an even k")
+        network = {"plugin": "congestion", "mode": mode,
+                   "generator": {"kind": "fat_tree", "k": k, "bandwidth_gbps": 50, "latency_ns": 500}}
+        comm, system = pb.ALL_TO_ALL, {"all-to-all-implementation": ["direct"]}
+    else:
+        network = {"plugin": "congestion", "mode": mode, "topology": ["Ring"], "npus_count": [npus],
+                   "bandwidth": [50], "latency": [500]}
+        comm, system = pb.ALL_REDUCE, {"all-reduce-implementation": ["ring"]}
+    prefix = write_ranks(folder, [[collective(1, comm, size)]] * npus)
+    return manifest(prefix, network, system=system)
 
 
 def main() -> int:
@@ -69,9 +56,7 @@ def main() -> int:
     rows = []
     for case in args.cases:
         with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
-            out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), case, str(args.npus), str(size),
-                                  args.mode, tmp], capture_output=True, text=True, check=True, cwd=ROOT)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows.append({"case": case, **measure(case_manifest(case, args.npus, size, args.mode, Path(tmp)))})
     print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU")
     header = f"{'case':<22} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>9} {'events':>11}"
     print(header)

@@ -11,7 +11,7 @@ nodes simulated per second, beside ASTRA-sim's figures.
 
     python benchmarks/scale.py [--repeat 3] [--feeder streaming|memory] [--json out.json]
 
-Each run is a fresh `python -m chakra_core.cli run` subprocess, so its RSS is
+Each run is a fresh Python process (benchmarks/_measure.py), so its RSS is
 that of a user's run (interpreter included).
 """
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _measure import ROOT, measure
+from chakra_core.cli import astra_manifest
+
 SHARED = ROOT.parent / "shared"
 CONFIGS = SHARED / "ref-results" / "configs"
 
@@ -36,28 +36,6 @@ ASTRA = {
     "Ring_64npus": {"wall_s": 45.1, "rss_mb": 173, "finish_ns": 913_537_872},
     "Switch_64npus": {"wall_s": 51.3, "rss_mb": 173, "finish_ns": 1_076_833_872},
 }
-
-CHILD = r"""
-import json, resource, sys, time
-from pathlib import Path
-from chakra_core.cli import astra_manifest
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-prefix, system, network, feeder = sys.argv[1:5]
-t0 = time.perf_counter()
-host = make_plugin_host()
-data = astra_manifest(prefix, system, network, None, None, "analytical")
-data["workload"]["feeder"] = feeder
-loaded = build_manifest(data, host, Path.cwd(), "benchmark")
-sim = Simulation(loaded.spec, host)
-results = sim.run()
-wall = time.perf_counter() - t0
-rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-nodes = sum(sum(r["node_counts"].values()) for r in results["ranks"])
-print(json.dumps({"wall_s": wall, "rss_mb": rss_kb / 1024, "finish_ns": results["finish_ns"],
-                  "nodes": nodes, "events": results["events"]}))
-"""
 
 
 def generate(out_dir: Path) -> str:
@@ -70,11 +48,10 @@ def generate(out_dir: Path) -> str:
 
 
 def run_once(prefix: str, network: str, feeder: str) -> dict:
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    out = subprocess.run([sys.executable, "-c", CHILD, prefix, str(CONFIGS / "sys_ring_roofline.json"),
-                          str(CONFIGS / f"{network}.yml"), feeder],
-                         check=True, capture_output=True, text=True, env=env, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    data = astra_manifest(prefix, str(CONFIGS / "sys_ring_roofline.json"), str(CONFIGS / f"{network}.yml"),
+                          None, None, "analytical")
+    data["workload"]["feeder"] = feeder
+    return measure(data)
 
 
 def main() -> int:

@@ -12,36 +12,12 @@ fresh process and prints wall time, peak RSS and the trace size.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from chakra_core.et.io import write_trace  # noqa: E402
-from chakra_core.schema import pb  # noqa: E402
-
-CHILD = r"""
-import json, resource, sys, time
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-from pathlib import Path
-prefix, feeder, cache = sys.argv[1], sys.argv[2], int(sys.argv[3])
-t0 = time.perf_counter()
-host = make_plugin_host()
-data = {"workload": {"trace": prefix, "feeder": feeder, "cache_nodes": cache},
-        "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [2],
-                    "bandwidth": [50], "latency": [500]}}
-sim = Simulation(build_manifest(data, host, Path.cwd(), "bench").spec, host)
-results = sim.run()
-print(json.dumps({"wall_s": time.perf_counter() - t0, "finish_ns": results["finish_ns"],
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
-
+from _measure import measure
+from chakra_core.et.io import write_trace
+from chakra_core.schema import pb
 
 def nodes(count: int):
     for i in range(count):
@@ -66,9 +42,9 @@ def main() -> int:
         print(f"trace: 2 ranks x {args.nodes:,} nodes, {size_mb:,.0f} MB on disk")
         print(f"{'feeder':<10} {'wall s':>8} {'peak RSS MB':>12} {'finish ns':>16}")
         for feeder in ("streaming", "memory"):
-            out = subprocess.run([sys.executable, "-c", CHILD, str(prefix), feeder, str(args.cache)],
-                                 capture_output=True, text=True, check=True, cwd=ROOT)
-            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row = measure({"workload": {"trace": str(prefix), "feeder": feeder, "cache_nodes": args.cache},
+                           "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [2],
+                                       "bandwidth": [50], "latency": [500]}})
             print(f"{feeder:<10} {row['wall_s']:>8.1f} {row['rss_mb']:>12.0f} {row['finish_ns']:>16,}")
     return 0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from math import log2
 
 import pytest
 from hypothesis import given, settings
@@ -345,6 +344,3 @@ def test_concurrent_collectives_that_would_deadlock_complete_with_a_warning(tmp_
     assert results["layers"]["system"]["summary"]["oversubscribed_chunk_starts"] > 0
     assert any("astra-sim issue 370" in w for w in results["warnings"])
 
-
-def test_log2_helper_sanity():
-    assert int(log2(16)) == 4

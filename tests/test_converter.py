@@ -28,12 +28,11 @@ from chakra_core.tools.pytorch.kineto import load_kineto_trace
 from chakra_core.tools.pytorch.link import link_cpu
 from chakra_core.tools.pytorch.host import load_host_trace
 from chakra_core.tools.pytorch.ops import estimate
-from tests.helpers import REF_PYTORCH_PAIRS, REF_TRACES
+from tests.helpers import REF_PYTORCH, REF_PYTORCH_PAIRS, drain
 from tests.simhelpers import manifest, ring_network, simulate
 
 DATA = Path(__file__).resolve().parent / "data" / "pytorch"
 HTA_HOST, HTA_KINETO = DATA / "benchmark_simple_add_et.json.gz", DATA / "benchmark_simple_add_trace.json.gz"
-PYTORCH_REFS = REF_TRACES / "pytorch"
 PAIRS = REF_PYTORCH_PAIRS
 DLRM = PAIRS[2:4]
 SELFGEN = PAIRS[4:6]
@@ -51,15 +50,15 @@ def _top_level_key(path: Path) -> str | None:
 
 
 def _ref_files(key: str) -> list[Path]:
-    if not PYTORCH_REFS.is_dir():
+    if not REF_PYTORCH.is_dir():
         return []
-    return sorted(p for p in PYTORCH_REFS.rglob("*") if p.name.endswith((".json", ".json.gz"))
+    return sorted(p for p in REF_PYTORCH.rglob("*") if p.name.endswith((".json", ".json.gz"))
                   and _top_level_key(p) == key)
 
 
 def _params(paths: list, ids) -> list:
     if not paths:
-        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{PYTORCH_REFS} not found"))]
+        return [pytest.param(None, marks=pytest.mark.skip(reason=f"{REF_PYTORCH} not found"))]
     return [pytest.param(p, id=i) for p, i in zip(paths, ids)]
 
 
@@ -87,15 +86,10 @@ def _comm_nodes(nodes):
 def _check_graph(path: Path) -> None:
     """The feeder accepts the file (ids unique, every parent exists, no cycle) and drains it."""
     feeder = open_feeder(path, missing_parents="error")
-    issued = 0
-    while feeder.has_nodes_to_issue():
-        node_id = feeder.next_issuable_node()
-        while node_id is not None:
-            feeder.free_children(node_id)
-            feeder.remove_node(node_id)
-            issued += 1
-            node_id = feeder.next_issuable_node()
-    assert issued == feeder.num_nodes
+    try:
+        assert len(drain(feeder)) == feeder.num_nodes
+    finally:
+        feeder.close()
 
 
 # Synthetic host traces ------------------------------------------------------------------------
@@ -151,7 +145,7 @@ def allreduce(node_id: int, tensor_id: int, storage: int, numel: int, pg: str = 
 
 
 # Reference traces -----------------------------------------------------------------------------
-@pytest.mark.parametrize("host", _params(HOST_TRACES, [p.relative_to(PYTORCH_REFS).as_posix() for p in HOST_TRACES]))
+@pytest.mark.parametrize("host", _params(HOST_TRACES, [p.relative_to(REF_PYTORCH).as_posix() for p in HOST_TRACES]))
 def test_every_reference_host_trace_converts_host_only(host, tmp_path):
     result = converted(host)
     summary = result.summary
@@ -166,12 +160,12 @@ def test_every_reference_host_trace_converts_host_only(host, tmp_path):
 
 
 def test_every_kineto_reference_trace_is_in_a_pair(ref_traces):
-    assert {p.relative_to(PYTORCH_REFS).as_posix() for p in KINETO_TRACES} == {k for _, k in PAIRS}
+    assert {p.relative_to(REF_PYTORCH).as_posix() for p in KINETO_TRACES} == {k for _, k in PAIRS}
 
 
-@pytest.mark.parametrize("pair", _params(PAIRS if PYTORCH_REFS.is_dir() else [], [h for h, _ in PAIRS]))
+@pytest.mark.parametrize("pair", _params(PAIRS if REF_PYTORCH.is_dir() else [], [h for h, _ in PAIRS]))
 def test_every_reference_pair_converts_linked(pair, tmp_path):
-    host, kineto = (PYTORCH_REFS / p for p in pair)
+    host, kineto = (REF_PYTORCH / p for p in pair)
     result = converted(host, kineto)
     summary = result.summary
     assert summary.warnings == []
@@ -187,7 +181,7 @@ def test_every_reference_pair_converts_linked(pair, tmp_path):
 def test_dlrm_has_5_all_to_all_and_3_all_reduce_per_rank_and_simulates_on_2_npus(ref_traces, tmp_path, linked):
     sizes = []
     for rank, (host, kineto) in enumerate(DLRM):
-        result = convert(ref_traces / "pytorch" / host, ref_traces / "pytorch" / kineto if linked else None)
+        result = converted(ref_traces / "pytorch" / host, ref_traces / "pytorch" / kineto if linked else None)
         assert result.rank == rank
         assert result.summary.collectives == {"ALL_REDUCE": 3, "ALL_TO_ALL": 5}
         comm = _comm_nodes(result.nodes)
@@ -246,12 +240,9 @@ def test_single_rank_conversions_simulate_on_one_npu(ref_traces, tmp_path, host)
         assert rank["compute_ns"] >= result.summary.num_ops / 100e12 * 1e9 * 0.99
 
 
-def test_gpt2_converts_fast(ref_traces):
-    import time
-    start = time.perf_counter()
-    result = convert(ref_traces / "pytorch" / "param/hf_GPT2_et.json.gz")
-    assert time.perf_counter() - start < 30
-    assert len(result.nodes) > 10_000
+def test_gpt2_converts(ref_traces):
+    # Its conversion time is a benchmark figure: benchmarks/converter_table.py --timing.
+    assert len(converted(ref_traces / "pytorch" / "param/hf_GPT2_et.json.gz").nodes) > 10_000
 
 
 def test_resnet_flops_match_the_model(ref_traces):

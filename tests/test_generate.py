@@ -84,9 +84,6 @@ def test_every_collective_generates_and_simulates(tmp_path, collective, comm_typ
             assert view.int("root_rank", None) == (2 if collective in ("broadcast", "reduce", "gather",
                                                                         "scatter") else None)
     iterations = 3
-    if collective in ROOTED_COLLECTIVES:   # see test_repeated_rooted_collectives_simulate
-        iterations = 1
-        write_microbenchmark(tmp_path / "c", collective, 65536, 4, iterations=1, root=2)
     results = simulate(manifest(str(tmp_path / "c"), ring_network(4), system={}))
     assert results["finish_ns"] > 0
     assert [row["node_counts"] for row in results["ranks"]] == [{"COMM_COLL_NODE": iterations}] * 4

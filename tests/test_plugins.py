@@ -81,6 +81,7 @@ def test_registry_rejects_bad_classes_and_duplicates():
         name = "x"
         fidelity = "x"
 
+    _module("good_plugin_mod", chakra_sim_register_compute=_register_fast)
     plugins = {
         "dup": _module("dup_mod", chakra_sim_register_compute=hookimpl(lambda registry: registry.add(_Fast))),
         "nofid": _module("nofid_mod", chakra_sim_register_compute=hookimpl(lambda registry: registry.add(NoFidelity))),

@@ -135,11 +135,6 @@ def test_unknown_collective_type_is_a_clear_error(tmp_path):
 
 
 # Communicator groups ----------------------------------------------------------------------------
-def _time_alone(tmp_path, comm_type, n, size):
-    prefix = write_ranks(tmp_path, [[collective(1, comm_type, size)]] * n)
-    return simulate(manifest(prefix, ring_network(n)))["finish_ns"]
-
-
 def test_subgroups_run_different_collectives_at_the_same_time(tmp_path):
     # Ranks {0,2} all-reduce while {1,3} all-gather; on a 4-ring both pairs are two hops apart.
     ranks = [[collective(1, pb.ALL_REDUCE, 1 << 16, pg_name="a")],

@@ -174,9 +174,7 @@ def test_hbm_memory_series_end_to_end(tmp_path):
     nodes[1].outputs.values = f"[[2, 2, 0, {mib}, 4, 'cuda:0']]"
     nodes[2].inputs.values = f"[[2, 2, 0, {mib}, 4, 'cuda:0']]"
     intervals, results = run(tmp_path, ranks=[nodes, [comp(1, 1)]], memory={"plugin": "hbm"})
-    series = results["layers"]["memory"]["summary"].get("memory_series")
-    if series is None:
-        pytest.skip("this memory_hbm version reports no memory_series")
+    series = results["layers"]["memory"]["summary"]["memory_series"]
     doc = build_timeline(intervals, results)
     counters = [e for e in by_phase(doc)["C"] if e["pid"] == 0]
     assert counters, "the memory series of rank 0 produced no counter events"

@@ -195,18 +195,14 @@ def test_mem_location_local_shares_hbm_not_the_pool():
     (None, 3000, 0),                 # default: memory ops share the comm slot, one at a time
     ({"memory": 4}, 4000, 2 * 1000),  # a memory slot of 4: both loads in flight, sharing the HBM
 ])
-def test_engine_resources_decide_whether_loads_overlap(tmp_path, resources, finish, sharing_delay):
+def test_engine_resources_decide_whether_loads_overlap(tmp_path, installed_plugins, resources, finish,
+                                                       sharing_delay):
     """Two independent 1 MB loads at 1000 GB/s and a 2 us kernel after the first load.
     One at a time: load 1 ends at 1000, the kernel runs 1000-3000 (load 2 ends at 2000).
     Overlapping: both loads end at 2000, the kernel runs 2000-4000."""
-    from chakra_core.plugins import make_plugin_host
     from tests.helpers import make_node
     from tests.simhelpers import manifest, ring_network, simulate, write_ranks
 
-    try:
-        make_plugin_host().get("memory", "hbm")
-    except Exception as exc:  # plugin not installed
-        pytest.skip(str(exc))
     nodes = [make_node(1, pb.MEM_LOAD_NODE, attrs={"tensor_size": MB}),
              make_node(2, pb.MEM_LOAD_NODE, attrs={"tensor_size": MB}),
              make_node(3, pb.COMP_NODE, data_deps=[1], duration_micros=2)]
@@ -214,6 +210,6 @@ def test_engine_resources_decide_whether_loads_overlap(tmp_path, resources, fini
     workload = {} if resources is None else {"resources": resources}
     results = simulate(manifest(prefix, ring_network(1), compute={"plugin": "replay"},
                                 memory={"plugin": "hbm", "bandwidth_gbps": 1000.0}, **workload),
-                       base_dir=tmp_path)
+                       base_dir=tmp_path, host=installed_plugins)
     assert results["ranks"][0]["finish_ns"] == finish
     assert results["layers"]["memory"]["summary"]["local_sharing_delay_ns"] == sharing_delay

@@ -38,9 +38,8 @@ def deliver(network, queue, messages):
     """Send (src, dst, size, start) messages; return arrival times in message order."""
     arrivals = {}
     for index, (src, dst, size, start) in enumerate(messages):
-        queue.schedule_at(start, lambda i, s=src, d=dst, b=size: network.send(s, d, b, arrivals.__setitem__, i)
-                          if False else network.send(s, d, b, lambda j: arrivals.__setitem__(j, queue.now), i),
-                          index)
+        queue.schedule_at(start, lambda i, s=src, d=dst, b=size:
+                          network.send(s, d, b, lambda j: arrivals.__setitem__(j, queue.now), i), index)
     queue.run()
     return [arrivals[i] for i in range(len(messages))]
 

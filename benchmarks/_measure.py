@@ -1,0 +1,47 @@
+"""Run one simulation in a fresh Python process and measure it.
+
+A fresh process per run makes the peak RSS that of a user's run (interpreter
+included) and keeps runs from warming each other's caches. The clock starts
+before the plugins are loaded, as a user's `chakra-sim run` would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_CHILD = r"""
+import json, resource, sys, time
+from pathlib import Path
+from chakra_core.engine.simulation import Simulation
+from chakra_core.manifest import build_manifest
+from chakra_core.plugins import make_plugin_host
+data = json.loads(sys.argv[1])
+started = time.perf_counter()
+host = make_plugin_host()
+sim = Simulation(build_manifest(data, host, Path.cwd(), "benchmark").spec, host)
+results = sim.run()
+wall = time.perf_counter() - started
+network = results["layers"]["network"]["summary"]
+print(json.dumps({"wall_s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "finish_ns": results["finish_ns"], "events": results["events"],
+                  "nodes": sum(sum(r["node_counts"].values()) for r in results["ranks"]),
+                  "messages": network.get("messages")}))
+"""
+
+
+def measure(manifest: dict) -> dict:
+    """Simulate a manifest mapping (absolute paths) in a child process.
+
+    Returns wall_s, rss_mb (peak), finish_ns, events, nodes, and messages (the network
+    layer's count, when it reports one).
+    """
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(manifest)],
+                         capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
