@@ -206,21 +206,15 @@ def timeline(manifest, out_file, max_flows, debug) -> None:
     from chakra_core.engine.simulation import Simulation
     from chakra_core.manifest import load_manifest
     from chakra_core.plugins import make_plugin_host
-    from chakra_core.tools import ToolError
+    from chakra_core.tools import tool_errors
 
-    try:
+    with tool_errors("the timeline", debug):
         host = make_plugin_host()
         loaded = load_manifest(manifest, host)
         sim = Simulation(loaded.spec, host, record_intervals=True)
         results = sim.run()
         path = Path(out_file) if out_file else loaded.output_dir / "timeline.json"
         meta = write_timeline(sim.intervals or [], results, path, max_flows)
-    except ChakraSimError as exc:
-        if debug:
-            raise
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write the timeline: {exc.strerror or exc}") from exc
     flows = meta["flows"]
     dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
     click.echo(f"finish: {results['finish_ns']} ns")

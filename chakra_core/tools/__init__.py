@@ -15,9 +15,14 @@ line and exit with status 2, like the rest of the command line.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import click
 from rich.console import Console
 from rich.markup import escape
+
+from chakra_core.errors import ChakraSimError
 
 
 class ToolError(click.ClickException):
@@ -28,3 +33,17 @@ class ToolError(click.ClickException):
     def show(self, file=None) -> None:
         Console(stderr=True, highlight=False).print(f"[red]error:[/red] {escape(self.message)}",
                                                     soft_wrap=True)
+
+
+@contextmanager
+def tool_errors(writing: str, debug: bool = False) -> Iterator[None]:
+    """Report a command's failures as one-line ToolErrors: an input error as its message, an
+    OSError as "cannot write <writing>: <reason>". With `debug`, input errors keep their traceback."""
+    try:
+        yield
+    except ChakraSimError as exc:
+        if debug:
+            raise
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:
+        raise ToolError(f"cannot write {writing}: {exc.strerror or exc}") from exc

@@ -44,6 +44,20 @@ def bool_attr(name: str, value: bool) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, bool_val=value)
 
 
+def collective_attrs(comm_type: int, size: int, pg_name: str | None = None) -> list[pb.AttributeProto]:
+    """The attributes of a COMM_COLL node (in the order ASTRA-sim's example traces use)."""
+    attrs = [bool_attr("is_cpu_op", False), int_attr("comm_type", comm_type), int_attr("comm_size", size)]
+    if pg_name is not None:
+        attrs.append(str_attr("pg_name", pg_name))
+    return attrs
+
+
+def p2p_attrs(src: int, dst: int, tag: int, size: int) -> list[pb.AttributeProto]:
+    """The attributes of a COMM_SEND / COMM_RECV node."""
+    return [bool_attr("is_cpu_op", False), int_attr("comm_src", src), int_attr("comm_dst", dst),
+            int_attr("comm_tag", tag), int_attr("comm_size", size)]
+
+
 def metadata(attrs: dict[str, object]) -> pb.GlobalMetadata:
     """A GlobalMetadata with string / int attributes, in the order given."""
     meta = pb.GlobalMetadata(version=TRACE_VERSION)

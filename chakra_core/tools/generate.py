@@ -29,9 +29,9 @@ import click
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.schema import pb
-from chakra_core.tools import ToolError
-from chakra_core.tools._build import (Stream, bool_attr, int_attr, metadata, str_attr, uint_attr,
-                                      write_rank_files)
+from chakra_core.tools import tool_errors
+from chakra_core.tools._build import (Stream, bool_attr, collective_attrs, int_attr, metadata, p2p_attrs,
+                                      str_attr, uint_attr, write_rank_files)
 
 
 class GeneratorError(ChakraSimError):
@@ -109,9 +109,7 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
                            type=pb.COMM_COLL_NODE)
             if i:
                 node.data_deps.append((i - 1) * npus + rank)
-            node.attr.extend([bool_attr("is_cpu_op", False),
-                              int_attr("comm_type", COLLECTIVES[collective]),
-                              int_attr("comm_size", size)])
+            node.attr.extend(collective_attrs(COLLECTIVES[collective], size))
             if collective in ROOTED:
                 node.attr.append(int_attr("root_rank", root))
             nodes.append(node)
@@ -142,20 +140,15 @@ def _send_recv_traces(size: int | None, npus: int, iterations: int, pattern: str
                     if src == rank:
                         posted.append(stream.launch(
                             pb.COMM_SEND_NODE, f"send.{i}.{k}.to{dst}",
-                            attrs=_p2p_attrs(src, dst, tag, size)))
+                            attrs=p2p_attrs(src, dst, tag, size)))
                 for src, dst in messages:
                     if dst == rank:
                         posted.append(stream.launch(
                             pb.COMM_RECV_NODE, f"recv.{i}.{k}.from{src}",
-                            attrs=_p2p_attrs(src, dst, tag, size)))
+                            attrs=p2p_attrs(src, dst, tag, size)))
                 stream.frontier = posted
         ranks.append(stream.nodes)
     return ranks
-
-
-def _p2p_attrs(src: int, dst: int, tag: int, size: int) -> list[pb.AttributeProto]:
-    return [bool_attr("is_cpu_op", False), int_attr("comm_src", src), int_attr("comm_dst", dst),
-            int_attr("comm_tag", tag), int_attr("comm_size", size)]
 
 
 def write_microbenchmark(prefix: str | os.PathLike, collective: str, size: int | None, npus: int,
@@ -163,7 +156,7 @@ def write_microbenchmark(prefix: str | os.PathLike, collective: str, size: int |
                          compress: bool = False) -> list[Path]:
     ranks = microbenchmark_traces(collective, size, npus, iterations, root, pattern, shift)
     # version only, like ASTRA-sim's microbenchmark files (so one iteration is byte-identical)
-    return write_rank_files(prefix, ranks, pb.GlobalMetadata(version="0.0.4"), compress=compress)
+    return write_rank_files(prefix, ranks, metadata({}), compress=compress)
 
 
 # Transformer ---------------------------------------------------------------------------------------------
@@ -366,9 +359,8 @@ class _TransformerRank:
         """Launch a collective after the frontier (or `after`); None when the group is one rank."""
         if group is None:
             return None
-        return self.s.launch(pb.COMM_COLL_NODE, name, after=after, attrs=[
-            bool_attr("is_cpu_op", False), int_attr("comm_type", comm_type), int_attr("comm_size", size),
-            str_attr("pg_name", group[0])])
+        return self.s.launch(pb.COMM_COLL_NODE, name, after=after,
+                             attrs=collective_attrs(comm_type, size, group[0]))
 
     def blocking(self, name: str, comm_type: int, size: int, group) -> None:
         self.s.wait(self.collective(name, comm_type, size, group))
@@ -381,9 +373,7 @@ class _TransformerRank:
                 src, dst, node_type, name = self.rank, peer, pb.COMM_SEND_NODE, f"send.{tag}.to{peer}"
             else:
                 src, dst, node_type, name = peer, self.rank, pb.COMM_RECV_NODE, f"recv.{tag}.from{peer}"
-            posted.append(self.s.launch(node_type, name, attrs=[
-                bool_attr("is_cpu_op", False), int_attr("comm_src", src), int_attr("comm_dst", dst),
-                int_attr("comm_tag", tag), int_attr("comm_size", size)]))
+            posted.append(self.s.launch(node_type, name, attrs=p2p_attrs(src, dst, tag, size)))
         self.s.wait(*posted)
 
     # Sizes ----------------------------------------------------------------------------------------------
@@ -647,13 +637,9 @@ def microbenchmark(collective, size, npus, iterations, root, pattern, shift, out
       chakra-sim generate microbenchmark --collective send_recv --pattern pairwise \\
                  --size 65536 --npus 8 --iterations 4 --output traces/p2p
     """
-    try:
+    with tool_errors(f"{output}.<rank>.et"):
         files = write_microbenchmark(output, collective, size, npus, iterations, root, pattern, shift,
                                      compress)
-    except ChakraSimError as exc:
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write {output}.<rank>.et: {exc.strerror or exc}") from exc
     click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
 
 
@@ -704,12 +690,8 @@ def transformer(layers, hidden, heads, seq, batch, vocab, dtype, dp, tp, pp, sp,
                             dtype=dtype, dp=dp, tp=tp, pp=pp, sp=sp, microbatches=microbatches,
                             ffn=ffn_hidden, schedule=schedule, dp_reduce=dp_reduce, grad_dtype=grad_dtype,
                             peak_tflops=peak_tflops, mem_bw_gbps=mem_bw_gbps)
-    try:
+    with tool_errors(f"{output}.<rank>.et"):
         files = write_transformer(output, cfg, compress)
-    except ChakraSimError as exc:
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write {output}.<rank>.et: {exc.strerror or exc}") from exc
     params = cfg.model_params()
     tokens = cfg.batch * cfg.seq
     click.echo(f"{cfg.world} ranks (dp {dp} x tp {tp} x pp {pp}{', sp' if sp else ''}), {cfg.m} "

@@ -57,8 +57,8 @@ import click
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.schema import pb
-from chakra_core.tools import ToolError
-from chakra_core.tools._build import (Stream, bool_attr, int_attr, metadata, micros_from_ns, str_attr,
+from chakra_core.tools import tool_errors
+from chakra_core.tools._build import (Stream, bool_attr, collective_attrs, metadata, micros_from_ns,
                                       uint_attr, write_rank_files)
 
 
@@ -331,7 +331,6 @@ class _RankProgram:
         self.s = Stream()
         self.pass_index = 0
         self.compute_ns = self.compute_replay_ns = self.compute_nodes = self.sub_500 = 0
-        self.used_groups: dict[str, list[int]] = {}
         self.reached: set[tuple[int, str]] = set()
         self.phase_groups = [self._phase_groups(i, layer) for i, layer in enumerate(workload.layers)]
         self._group_names = self._resolve_groups()
@@ -404,11 +403,8 @@ class _RankProgram:
                 return None
             group_name = group[0]
         size = int(layer.comm_size[phase] * self.comm_scale)
-        attrs = [bool_attr("is_cpu_op", False), int_attr("comm_type", COMM_TYPES[ctype]),
-                 int_attr("comm_size", size)]
-        if group_name is not None:
-            attrs.append(str_attr("pg_name", group_name))
-        node = self.s.launch(pb.COMM_COLL_NODE, self._label(layer, f"{phase}.{ctype}"), attrs=attrs)
+        node = self.s.launch(pb.COMM_COLL_NODE, self._label(layer, f"{phase}.{ctype}"),
+                             attrs=collective_attrs(COMM_TYPES[ctype], size, group_name))
         done = node
         if self.update_time and layer.update > 0:
             ns = layer.update
@@ -570,9 +566,7 @@ def convert_text_workload(workload: TextWorkload, num_npus: int, prefix: str | o
     for index, layer in enumerate(workload.layers):
         for phase in PHASES:
             if layer.comm_type[phase] != "NONE" and (index, phase) not in first.reached:
-                per_layer_notes.setdefault((index, phase), (
-                    f"line {layer.line}: layer {layer.name!r} {PHASE_NAMES[phase]} "
-                    f"{layer.comm_type[phase]} not run: ASTRA-sim 1.0's {kind} loop never issues it"))
+                first._note(index, phase, f"not run: ASTRA-sim 1.0's {kind} loop never issues it")
     notes.extend(per_layer_notes[key] for key in sorted(per_layer_notes))
     if workload.ignored_lines:
         notes.append(f"lines after the {len(workload.layers)} announced layers were ignored "
@@ -629,17 +623,13 @@ def convert_text(input_file, num_npus, num_passes, output, model_parallel_group,
       chakra-sim run --workload traces/resnet50 --astra-system sys.json \\
                  --astra-network net.yml
     """
-    try:
+    with tool_errors(f"{output}.<rank>.et"):
         workload = parse_text_workload(input_file)
         report = convert_text_workload(workload, num_npus, output, num_passes=num_passes,
                                        model_parallel_group=model_parallel_group,
                                        first_dim_npus=first_dim_npus, compute_scale=compute_scale,
                                        comm_scale=comm_scale, update_time=not ignore_update_time,
                                        compress=compress)
-    except ChakraSimError as exc:
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write {output}.<rank>.et: {exc.strerror or exc}") from exc
     echo = click.echo
     echo(f"{input_file}: {report.parallelism}, {len(workload.layers)} layer(s), {num_passes} pass(es), "
          f"{num_npus} NPU(s)")

@@ -33,7 +33,7 @@ from chakra_core.errors import ChakraSimError
 from chakra_core.et.attrs import attr_value
 from chakra_core.et.io import iter_trace
 from chakra_core.schema import pb
-from chakra_core.tools import ToolError
+from chakra_core.tools import ToolError, tool_errors
 
 DEFAULT_MAX_NODES = 2000
 
@@ -302,12 +302,8 @@ def visualize(trace, fmt, output, id_range, around, depth, max_nodes) -> None:
         raise ToolError(f"{trace}: no such file")
     if fmt is None:
         fmt = "graphml" if str(output).lower().endswith(".graphml") else "dot"
-    try:
+    with tool_errors(str(output)):
         selection = select(trace, parse_range(id_range) if id_range else None, around, depth, max_nodes)
         write_graph(selection, fmt, output, Path(trace).name)
-    except ChakraSimError as exc:
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write {output}: {exc.strerror or exc}") from exc
     click.echo(f"wrote {output} ({fmt}: {len(selection.nodes)} of {selection.total_nodes} nodes, "
                f"{len(selection.edges)} edges)")

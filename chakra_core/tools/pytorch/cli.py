@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import click
 
-from chakra_core.errors import ChakraSimError
-from chakra_core.tools import ToolError
+from chakra_core.tools import tool_errors
 from chakra_core.tools.pytorch.convert import Summary, convert
 
 MAX_WARNINGS_SHOWN = 20
@@ -34,15 +33,9 @@ def convert_pytorch(host, kineto, prefix, rank, debug) -> None:
       chakra-sim convert pytorch rank0_et.json.gz --output traces/model
       chakra-sim convert pytorch host.1.json --kineto kineto.1.json --output traces/model
     """
-    try:
+    with tool_errors(f"{prefix}.<rank>.et", debug):
         result = convert(host, kineto, rank)
         path = result.write(prefix)
-    except ChakraSimError as exc:
-        if debug:
-            raise
-        raise ToolError(str(exc)) from exc
-    except OSError as exc:
-        raise ToolError(f"cannot write {prefix}.<rank>.et: {exc.strerror or exc}") from exc
     for line in summary_lines(result.summary):
         click.echo(line)
     click.echo(f"wrote {path}")

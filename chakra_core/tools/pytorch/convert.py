@@ -36,17 +36,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from chakra_core.et.attrs import attr_value
 from chakra_core.et.io import write_trace
 from chakra_core.schema import pb
-from chakra_core.tools._build import TRACE_VERSION, bool_attr, int_attr, process_group_json, str_attr, uint_attr
+from chakra_core.tools._build import (bool_attr, int_attr, metadata, process_group_json, rank_path, str_attr,
+                                      uint_attr)
 from chakra_core.tools.pytorch import comms
 from chakra_core.tools.pytorch.comms import CommInfo, Group, ProcessGroups
 from chakra_core.tools.pytorch.deps import Dependencies
 from chakra_core.tools.pytorch.host import HostOp, HostTrace, load_host_trace
 from chakra_core.tools.pytorch.kineto import Event, KinetoTrace, load_kineto_trace
 from chakra_core.tools.pytorch.link import CpuLinks, GpuLinks, Launch, link_cpu, link_gpu
-from chakra_core.tools.pytorch.ops import (arg_tensors, estimate, is_operator, is_trivial, operand_bytes,
-                                           tensors, written_inputs)
+from chakra_core.tools.pytorch.ops import (Estimate, arg_tensors, estimate, is_operator, is_trivial,
+                                           operand_bytes, tensors, written_inputs)
 from chakra_core.tools.pytorch.units import Selection, Unit, select_units
 
 CONVERTER = "chakra-sim convert pytorch"
@@ -93,8 +95,7 @@ class Conversion:
 
     def write(self, prefix: str | os.PathLike) -> Path:
         """Write PREFIX.<rank>.et (atomically; identical input gives identical bytes)."""
-        path = Path(f"{os.fspath(prefix)}.{self.rank}.et")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = rank_path(prefix, self.rank)
         write_trace(path, self.metadata, self.nodes)
         return path
 
@@ -124,6 +125,7 @@ class _Converter:
         self.unit_of_node: dict[int, int] = {}      # node -> unit op id
         self.comm_node_of: dict[int, int] = {}      # unit op id -> its communication node
         self.gpu_linked = 0
+        self.linked_units = 0                       # units found in the Kineto trace
         self.infos: dict[int, CommInfo] = {}        # communication unit op id -> what it does
         self.cpu: CpuLinks | None = None
         self.gpu: GpuLinks | None = None
@@ -145,7 +147,7 @@ class _Converter:
         if self.kineto is not None:
             self.cpu = link_cpu(self.host, self.kineto)
             self.gpu = link_gpu(self.kineto, self.cpu)
-            linked = sum(1 for u in units if u.op.id in self.cpu.event_of)
+            self.linked_units = linked = sum(1 for u in units if u.op.id in self.cpu.event_of)
             if linked < len(units) / 2:
                 self.warnings.append(f"{self.kineto.path}: only {linked} of {len(units)} host operators "
                                      "found in the Kineto trace; is it from the same run?")
@@ -293,7 +295,7 @@ class _Converter:
             node = comm_node = self._comm_node(op, info, None, None)
             self._host_side(node, unit, cursor, advance=False)
         else:
-            node, comm_node = self._host_node(op, info, event), None
+            node, comm_node = self._host_node(op, info, event, flops), None
             self._host_side(node, unit, cursor, advance=True)
         gpu_nodes = self.gpu_nodes.setdefault(op.id, [])
         for launch in launches:
@@ -320,17 +322,18 @@ class _Converter:
         work = {"num_ops": flops.num_ops, "tensor_size": operand_bytes(op.inputs) + operand_bytes(op.outputs)}
         self._place_work(node, [] if info is not None else gpu_nodes, work)
 
-    def _host_node(self, op: HostOp, info: CommInfo | None, event: Event | None) -> int:
+    def _host_node(self, op: HostOp, info: CommInfo | None, event: Event | None, flops: Estimate) -> int:
         """A COMP node for a host operator. Host only, an operator on device tensors stands for
         its device work (`is_cpu_op` false) unless it only re-views or allocates."""
-        on_device = self.kineto is None and is_operator(op) and not is_trivial(op.name) and any(
+        operator, trivial = is_operator(op), is_trivial(op.name)
+        on_device = self.kineto is None and operator and not trivial and any(
             not t.on_host for t in tensors(op.inputs) + tensors(op.outputs))
         if info is not None:
             family = "communication"
-        elif is_trivial(op.name):
+        elif trivial:
             family = "view"
         else:
-            family = estimate(op).family if is_operator(op) else "label"
+            family = flops.family if operator else "label"
         attrs = [bool_attr("is_cpu_op", not on_device), str_attr("op_type", family), *_host_attrs(op)]
         return self._new_node(op.name, pb.COMP_NODE, attrs, event.dur if event else 0, event.ts if event else 0)
 
@@ -477,21 +480,22 @@ class _Converter:
 
     # Output --------------------------------------------------------------------------------------
     def _global_metadata(self) -> pb.GlobalMetadata:
-        meta = pb.GlobalMetadata(version=TRACE_VERSION)
-        meta.attr.append(str_attr("schema", self.host.schema))
+        host_meta = self.host.meta
+        attrs: dict[str, object] = {"schema": self.host.schema}
         for key in ("pid", "start_ts", "finish_ts"):
-            if isinstance(self.host.meta.get(key), int):
-                meta.attr.append(int_attr(key, self.host.meta[key]))
-        if isinstance(self.host.meta.get("time"), str):
-            meta.attr.append(str_attr("time", self.host.meta["time"]))
-        meta.attr.append(str_attr("converter", CONVERTER))
-        meta.attr.append(str_attr("host_trace", Path(self.host.path).name))
+            if isinstance(host_meta.get(key), int):
+                attrs[key] = int(host_meta[key])   # int(): a JSON boolean stays an integer attribute
+        if isinstance(host_meta.get("time"), str):
+            attrs["time"] = host_meta["time"]
+        attrs["converter"] = CONVERTER
+        attrs["host_trace"] = Path(self.host.path).name
         if self.kineto is not None:
-            meta.attr.append(str_attr("kineto_trace", Path(self.kineto.path).name))
-        meta.attr.append(int_attr("rank", self.rank))
-        if self.groups.job_size():
-            meta.attr.append(int_attr("world_size", self.groups.job_size()))
-        return meta
+            attrs["kineto_trace"] = Path(self.kineto.path).name
+        attrs["rank"] = self.rank
+        world_size = self.groups.job_size()
+        if world_size:
+            attrs["world_size"] = world_size
+        return metadata(attrs)
 
     def _summary(self, cycles: int) -> Summary:
         counts: Counter = Counter()
@@ -520,7 +524,7 @@ class _Converter:
                           cpu_micros=cpu, gpu_micros=gpu, comm_micros=comm, num_ops=num_ops,
                           cycles_broken=cycles, warnings=self.warnings, notes=self.notes)
         if self.cpu is not None:
-            summary.linked = sum(1 for u in self.selection.units if u.op.id in self.cpu.event_of)
+            summary.linked = self.linked_units
             summary.linked_by_rf_id = sum(1 for u in self.selection.units
                                           if u.op.id in self.cpu.event_of and self.cpu.event_of[u.op.id].rf_id == u.op.rf_id
                                           and u.op.rf_id is not None)
@@ -534,10 +538,10 @@ def _micros(value: float) -> int:
 
 
 def _attr(node: pb.Node, name: str):
+    """The value of the node's first attribute called `name` (None if absent)."""
     for attr in node.attr:
         if attr.name == name:
-            which = attr.WhichOneof("value")
-            return getattr(attr, which) if which else None
+            return attr_value(attr)
     return None
 
 

@@ -9,9 +9,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from chakra_core.et.io import GZIP_MAGIC
 from chakra_core.tools.pytorch.errors import ConversionError
-
-GZIP_MAGIC = b"\x1f\x8b"
 
 
 def load_json(path: str | os.PathLike, what: str) -> Any:

@@ -87,7 +87,8 @@ def link_cpu(host: HostTrace, kineto: KinetoTrace) -> CpuLinks:
     # threads): align what is left, in id order, with the unpaired Kineto threads' events merged
     # in start order.
     leftover = [op for ops in host_threads.values() for op in ops if op.id not in links.event_of]
-    spare = [e for tid, events in kineto_threads.items() if tid not in links.threads.values() for e in events]
+    paired = set(links.threads.values())
+    spare = [e for tid, events in kineto_threads.items() if tid not in paired for e in events]
     if leftover and spare:
         spare.sort(key=_start_order)
         _pair_and_align({-1: sorted(leftover, key=lambda op: op.id)}, {"*": spare}, links)
@@ -103,10 +104,12 @@ def _start_order(event: Event) -> tuple:
 def _pair_and_align(host_threads: dict[int, list[HostOp]], kineto_threads: dict[str, list[Event]],
                     links: CpuLinks) -> None:
     scores = []
+    kineto_names = {k_tid: [e.name for e in events] for k_tid, events in kineto_threads.items()}
+    kineto_positions = {k_tid: _positions(names) for k_tid, names in kineto_names.items()}
     for h_tid, ops in host_threads.items():
         names = [op.name for op in ops]
-        for k_tid, events in kineto_threads.items():
-            score, start = _best_start(names, [e.name for e in events])
+        for k_tid in kineto_threads:
+            score, start = _best_start(names, kineto_names[k_tid], kineto_positions[k_tid])
             if score:
                 scores.append((-score, h_tid, k_tid, start))
     taken_h, taken_k = set(), set()
@@ -118,25 +121,31 @@ def _pair_and_align(host_threads: dict[int, list[HostOp]], kineto_threads: dict[
         links.threads[h_tid] = k_tid
         ops, events = host_threads[h_tid], kineto_threads[k_tid]
         window = events[start:start + 2 * len(ops) + 64]
-        matcher = difflib.SequenceMatcher(None, [op.name for op in ops], [e.name for e in window],
-                                          autojunk=False)
+        matcher = difflib.SequenceMatcher(None, [op.name for op in ops],
+                                          kineto_names[k_tid][start:start + len(window)], autojunk=False)
         for block in matcher.get_matching_blocks():
             for offset in range(block.size):
                 links.event_of[ops[block.a + offset].id] = window[block.b + offset]
                 links.by_order += 1
 
 
-def _best_start(host: list[str], kineto: list[str]) -> tuple[int, int]:
-    """(matches, start) of the best greedy in-order match of `host` in `kineto` (first best).
+def _positions(names: list[str]) -> dict[str, list[int]]:
+    """name -> its positions in `names`, ascending."""
+    positions: dict[str, list[int]] = {}
+    for pos, name in enumerate(names):
+        positions.setdefault(name, []).append(pos)
+    return positions
+
+
+def _best_start(host: list[str], kineto: list[str], positions: dict[str, list[int]]) -> tuple[int, int]:
+    """(matches, start) of the best greedy in-order match of `host` in `kineto` (first best);
+    `positions` is `_positions(kineto)`.
 
     Candidate starts are the occurrences of the rarest of the host's first names; each is scored
     on a prefix of the host sequence and the best few on all of it.
     """
     if not host or not kineto:
         return 0, 0
-    positions: dict[str, list[int]] = {}
-    for pos, name in enumerate(kineto):
-        positions.setdefault(name, []).append(pos)
     heads = [(len(positions[name]), offset, name) for offset, name in enumerate(host[:_HEADS])
              if name in positions]
     if not heads:
