@@ -63,10 +63,25 @@ class LayerContext:
     """Run-wide inputs a layer may use: `comm_groups` ({name: [ranks]}), `algorithms` (registered
     collective algorithms), `trace_files` (one path per rank), `dependencies` ("all" or "data")."""
 
+    comm_state: Callable[[int, int, bool], None] | None = None
+    """Set by the engine; system layers call `comm_waiting` rather than this."""
+
     def warn(self, message: str) -> None:
         """Record a warning: shown after the run and written to results.json."""
         if message not in self.warnings:
             self.warnings.append(message)
+
+    def comm_waiting(self, rank: int, node_id: int, waiting: bool) -> None:
+        """For system layers: communication node `node_id` on `rank` waits for peers (True) that
+        have not issued their side yet, or no longer does (False).
+
+        Only the per-rank time breakdown uses it: waiting time is skew and pipeline bubbles,
+        the rest of a node's time in flight is network time. A system layer that never calls
+        it has all its communication counted as network time. Unknown or finished nodes are
+        ignored.
+        """
+        if self.comm_state is not None:
+            self.comm_state(rank, node_id, waiting)
 
 
 class PluginConfig(BaseModel):
@@ -96,12 +111,16 @@ class LayerModel(ABC):
         """
         return []
 
+    def finish(self) -> None:
+        """Called once when the run is over, before any statistics are read (in the order the
+        layers were built: memory, compute, network, system); report leftovers with context.warn."""
+
     def summary(self) -> dict[str, Any]:
         """Run-level statistics for results.json (JSON-serialisable)."""
         return {}
 
     def rank_summary(self, rank: int) -> dict[str, Any]:
-        """Per-rank statistics merged into that rank's entry of results.json."""
+        """Per-rank statistics, stored in that rank's entry of results.json under the plugin's `name`."""
         return {}
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -223,8 +242,12 @@ class SystemLayer(LayerModel):
         """
         return False
 
-    def finish(self) -> None:
-        """Called once after the event queue drains; report leftovers with context.warn."""
+    def traffic(self, rank: int) -> tuple[int, int] | None:
+        """(bytes `rank` injected into the network, bytes it received), or None if not counted.
+
+        Reported as each rank's `bytes_sent` / `bytes_received` in results.json.
+        """
+        return None
 
 
 class Registry:
@@ -256,6 +279,9 @@ class Registry:
         config = getattr(cls, "Config", None)
         if not (isinstance(config, type) and issubclass(config, BaseModel)):
             raise PluginError(f"plugin '{owner}': {cls.__qualname__}.Config must be a pydantic model")
+        if cls.name in RESERVED_NAMES:
+            raise PluginError(f"plugin '{owner}': {cls.__qualname__}.name '{cls.name}' is a key of "
+                              "chakra-sim's own results; choose another name")
         if cls.name in self.classes:
             raise PluginError(f"{self.layer} model name '{cls.name}' is registered twice: "
                               f"by '{self.owners[cls.name]}' and by '{owner}'")
@@ -279,6 +305,13 @@ class Registry:
         self.owners["algorithm:" + name] = self.current_owner
         return cls
 
+
+RESERVED_NAMES = frozenset({
+    "rank", "finish_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "gpu_compute_ns", "cpu_compute_ns",
+    "memory_ns", "exposed_network_ns", "waiting_ns", "idle_ns", "bytes_sent", "bytes_received",
+    "comm_bytes_by_type", "node_counts", "plugins", "layers", "ranks", "manifest", "warnings",
+})
+"""Keys of results.json a layer's name may not take: a layer's per-rank output goes under its name."""
 
 LAYER_BASES: dict[str, type[LayerModel]] = {
     "compute": ComputeModel, "memory": MemoryModel, "network": NetworkModel, "system": SystemLayer,

@@ -327,7 +327,7 @@ def test_chunk_scheduling_never_deadlocks(tmp_path_factory, seed, dims, algorith
               "collective-optimization": "localBWAware"}
     results = simulate(manifest(prefix, {"plugin": "jitter", "seed": seed, "dims": dims}, system=system),
                        extra_plugins=[("jitter", _JitterPlugin())])
-    assert {r["collectives"] for r in results["ranks"]} == {3}
+    assert {r["native"]["collectives"] for r in results["ranks"]} == {3}
     # One collective at a time per rank: the fixed per-dimension order alone prevents cycles.
     assert results["layers"]["system"]["summary"]["oversubscribed_chunk_starts"] == 0
 
@@ -340,7 +340,7 @@ def test_concurrent_collectives_that_would_deadlock_complete_with_a_warning(tmp_
               "active-chunks-per-dimension": 1, "collective-optimization": "localBWAware"}
     results = simulate(manifest(prefix, {"plugin": "jitter", "seed": 3, "dims": [4, 4]}, system=system,
                                 resources={"comm": 3}), extra_plugins=[("jitter", _JitterPlugin())])
-    assert {r["collectives"] for r in results["ranks"]} == {3}
+    assert {r["native"]["collectives"] for r in results["ranks"]} == {3}
     assert results["layers"]["system"]["summary"]["oversubscribed_chunk_starts"] > 0
     assert any("astra-sim issue 370" in w for w in results["warnings"])
 

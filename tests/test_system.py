@@ -16,8 +16,8 @@ from chakra_core.system.executor import closed_form_finishes
 from chakra_core.system.machines import PhaseContext, StepMember
 from chakra_core.system.runner import IsolatedPhase, NetworkPhase
 from tests.helpers import make_node
-from tests.simhelpers import (DATA, MICRO, PairDelayNetwork, collective, comp, hop_ns, manifest, ring_network,
-                              simulate, write_ranks)
+from tests.simhelpers import (DATA, MICRO, PairDelayNetwork, collective, comp, hop_ns, manifest, recv,
+                              ring_network, send, simulate, write_ranks)
 
 ASTRA_RING_4CHUNKS = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "active-chunks-per-dimension": 1,
                       "preferred-dataset-splits": 4, "local-mem-bw": 1600}
@@ -155,7 +155,7 @@ def test_groups_from_a_comm_group_file_and_from_metadata(tmp_path):
     ranks = [[collective(1, pb.ALL_REDUCE, 4096, pg_name="7")]] * 2 + [[comp(1, 1)]] * 2
     prefix = write_ranks(tmp_path / "file", ranks)
     from_file = simulate(manifest(prefix, ring_network(4), comm_groups=str(groups)))
-    assert from_file["ranks"][0]["collectives"] == 1 and from_file["ranks"][2]["collectives"] == 0
+    assert from_file["ranks"][0]["native"]["collectives"] == 1 and from_file["ranks"][2]["native"]["collectives"] == 0
 
     pg = '[{"pg_name": "7", "ranks": [0, 1], "group_desc": "dp"}]'
     meta = make_node(0, pb.METADATA_NODE, name="[pytorch|profiler|execution_trace|process]")
@@ -186,20 +186,10 @@ def test_custom_ring_allreduce_of_sends_and_receives_runs_to_completion():
     assert {r["bytes_sent"] for r in results["ranks"]} == {14 * 131072}
 
 
-def _send(node_id, dst, size, tag=0, deps=()):
-    return make_node(node_id, pb.COMM_SEND_NODE, data_deps=deps,
-                     attrs={"comm_dst": dst, "comm_size": size, "comm_tag": tag})
-
-
-def _recv(node_id, src, size, tag=0, deps=()):
-    return make_node(node_id, pb.COMM_RECV_NODE, data_deps=deps,
-                     attrs={"comm_src": src, "comm_size": size, "comm_tag": tag})
-
-
 def test_send_and_receive_match_by_tag_and_time_like_astra_sim(tmp_path):
     # Rank 1 posts the tag-2 receive first, but the tag-1 message arrives first.
-    ranks = [[_send(1, 1, 1000, tag=1), _send(2, 1, 1000, tag=2, deps=[1])],
-             [_recv(1, 0, 1000, tag=2), _recv(2, 0, 1000, tag=1)]]
+    ranks = [[send(1, 1, 1000, tag=1), send(2, 1, 1000, tag=2, deps=[1])],
+             [recv(1, 0, 1000, tag=2), recv(2, 0, 1000, tag=1)]]
     prefix = write_ranks(tmp_path, ranks)
     results = simulate(manifest(prefix, ring_network(2)))
     d = hop_ns(1000)
@@ -207,7 +197,7 @@ def test_send_and_receive_match_by_tag_and_time_like_astra_sim(tmp_path):
 
 
 def test_unmatched_send_and_size_mismatch_are_reported(tmp_path):
-    ranks = [[_send(1, 1, 100, tag=1), _send(2, 1, 100, tag=9)], [_recv(1, 0, 50, tag=1)]]
+    ranks = [[send(1, 1, 100, tag=1), send(2, 1, 100, tag=9)], [recv(1, 0, 50, tag=1)]]
     prefix = write_ranks(tmp_path, ranks)
     results = simulate(manifest(prefix, ring_network(2)))
     text = "\n".join(results["warnings"])
@@ -226,7 +216,7 @@ def test_send_must_come_from_its_source(tmp_path):
 
 def test_rendezvous_sends_wait_for_the_receiver(tmp_path):
     # Rank 1 computes for 5 us before posting its receive.
-    ranks = [[_send(1, 1, 100_000)], [comp(1, 5), _recv(2, 0, 100_000, deps=[1])]]
+    ranks = [[send(1, 1, 100_000)], [comp(1, 5), recv(2, 0, 100_000, deps=[1])]]
     prefix = write_ranks(tmp_path, ranks)
     eager = simulate(manifest(prefix, ring_network(2)))
     assert [r["finish_ns"] for r in eager["ranks"]] == [hop_ns(100_000), 5000]
@@ -237,6 +227,6 @@ def test_rendezvous_sends_wait_for_the_receiver(tmp_path):
 
 
 def test_rendezvous_send_without_receiver_is_reported_as_waiting(tmp_path):
-    prefix = write_ranks(tmp_path, [[_send(1, 1, 64, tag=3)], [comp(1, 1)]])
+    prefix = write_ranks(tmp_path, [[send(1, 1, 64, tag=3)], [comp(1, 1)]])
     with pytest.raises(DeadlockError, match="rendezvous send of 64 B to rank 1 with tag 3 waits"):
         simulate(manifest(prefix, ring_network(2), system={"rendezvous-protocol": True}))

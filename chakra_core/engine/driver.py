@@ -8,13 +8,23 @@ operation, one GPU kernel and one communication operation in flight; memory
 loads/stores share the communication slot; receives, metadata and skipped
 nodes take no slot.
 
-Per-rank time accounting (all integer ns):
-- compute_ns: summed durations of GPU compute nodes (ASTRA-sim's "GPU ops");
-- cpu_ns: summed durations of CPU compute nodes;
-- comm_ns: time with at least one communication operation in flight;
-- exposed_comm_ns: time with communication in flight and no compute running;
-- memory_ns: time with at least one memory operation in flight;
-- idle_ns: time with nothing in flight.
+Per-rank time (all integer ns). Every instant from 0 to the rank's finish
+goes to exactly one category, the first that applies, so the six sum to
+`finish_ns` exactly:
+- gpu_compute_ns: a GPU compute node runs;
+- cpu_compute_ns: a CPU node (is_cpu_op) runs, and no GPU node;
+- memory_ns: a memory load/store is in flight, and no compute;
+- exposed_network_ns: a collective, send or receive has its data in the
+  network (all its peers have joined), and nothing above runs;
+- waiting_ns: communication is in flight but waits for peers that have not
+  issued their side yet (skew, pipeline bubbles), and nothing above runs;
+- idle_ns: nothing in flight.
+The system layer says when a communication node waits for peers
+(`LayerContext.comm_waiting`); without word from it, communication counts
+as network time. Overlapping totals are kept too: compute_ns (summed GPU
+node durations, ASTRA-sim's "GPU ops"), comm_ns (time with any
+communication in flight) and exposed_comm_ns (exposed network + waiting:
+comparable to ASTRA-sim's "exposed communication").
 """
 
 from __future__ import annotations
@@ -33,8 +43,12 @@ if TYPE_CHECKING:
 SLOT_CPU, SLOT_GPU, SLOT_COMM, SLOT_MEM, SLOT_FREE = range(5)
 SLOT_NAMES = ("cpu", "gpu", "comm", "memory", "unlimited")
 
-# Accounting categories of in-flight operations.
-CAT_NONE, CAT_COMP, CAT_COMM, CAT_MEM = range(4)
+# Accounting categories of in-flight operations; the breakdown takes the first active one of
+# BREAKDOWN (CAT_NONE nodes finish at once and count nowhere).
+CAT_NONE, CAT_GPU, CAT_CPU, CAT_MEM, CAT_NET, CAT_WAIT = range(6)
+BREAKDOWN = ("gpu_compute_ns", "cpu_compute_ns", "memory_ns", "exposed_network_ns", "waiting_ns",
+             "idle_ns")
+"""Per-rank time categories, in priority order; they sum to the rank's finish time."""
 
 _SKIPPED_TYPES = {pb.INVALID_NODE, pb.STORAGE_NODE, pb.BATCH_NODE, pb.CHECKPOINT_NODE}
 
@@ -84,9 +98,9 @@ class RankDriver:
         memory = sim.memory
         self._tensor_tracker = memory if memory is not None and memory.tracks_tensors else None
         # accounting
-        self.compute_ns = self.cpu_ns = 0
-        self.comm_ns = self.exposed_comm_ns = self.memory_ns = self.idle_ns = 0
-        self._active = [0, 0, 0, 0]     # in flight per category
+        self.compute_ns = self.comm_ns = 0
+        self.time = [0] * len(BREAKDOWN)    # ns per BREAKDOWN category
+        self._active = [0] * 6              # in flight per category
         self._last = 0
         self.node_counts: dict[str, int] = {}
         self.comm_bytes: dict[str, int] = {}
@@ -127,15 +141,32 @@ class RankDriver:
         elapsed = now - self._last
         if elapsed:
             active = self._active
-            if active[CAT_COMM]:
+            if active[CAT_NET] or active[CAT_WAIT]:
                 self.comm_ns += elapsed
-                if not active[CAT_COMP]:
-                    self.exposed_comm_ns += elapsed
-            if active[CAT_MEM]:
-                self.memory_ns += elapsed
-            if not (active[CAT_COMP] or active[CAT_COMM] or active[CAT_MEM]):
-                self.idle_ns += elapsed
+            # categories CAT_GPU.. are BREAKDOWN indexes 0..4; idle is 5
+            for category in (CAT_GPU, CAT_CPU, CAT_MEM, CAT_NET, CAT_WAIT):
+                if active[category]:
+                    self.time[category - 1] += elapsed
+                    break
+            else:
+                self.time[5] += elapsed
             self._last = now
+
+    def comm_waiting(self, node_id: int, waiting: bool) -> None:
+        """The system layer says whether communication node `node_id` waits for peers."""
+        entry = self.inflight.get(node_id)
+        if entry is None or entry[1] not in (CAT_NET, CAT_WAIT):
+            return   # finished already, or not communication (nothing to reclassify)
+        category = CAT_WAIT if waiting else CAT_NET
+        if entry[1] != category:
+            self._account()
+            self._active[entry[1]] -= 1
+            self._active[category] += 1
+            self.inflight[node_id] = (entry[0], category, entry[2])
+
+    def breakdown(self) -> dict[str, int]:
+        """The six exclusive time categories (they sum to finish_ns)."""
+        return dict(zip(BREAKDOWN, self.time))
 
     def _issue(self, node_id: int, slot: int) -> None:
         node = self.feeder.lookup_node(node_id)
@@ -160,23 +191,24 @@ class RankDriver:
                     f"compute plugin '{self.compute.name}' returned {duration!r} for rank {rank} "
                     f"node {node_id}; durations must be non-negative ints (ns)")
             if slot == SLOT_CPU:
-                self.cpu_ns += duration
+                category = CAT_CPU
             else:
+                category = CAT_GPU
                 self.compute_ns += duration
-            self._begin(node_id, slot, CAT_COMP, now)
+            self._begin(node_id, slot, category, now)
             self.queue.schedule(duration, self.complete, node_id)
         elif node_type == pb.COMM_COLL_NODE:
-            self._begin(node_id, slot, CAT_COMM, now)
+            self._begin(node_id, slot, CAT_NET, now)
             size = node.int("comm_size", 0)
             coll_name = _COLL_NAMES.get(node.int("comm_type", -1), "UNKNOWN")
             self.comm_bytes[coll_name] = self.comm_bytes.get(coll_name, 0) + size
             self.system.issue_collective(rank, node, self.complete)
         elif node_type == pb.COMM_SEND_NODE:
-            self._begin(node_id, slot, CAT_COMM, now)
+            self._begin(node_id, slot, CAT_NET, now)
             self.comm_bytes["SEND"] = self.comm_bytes.get("SEND", 0) + node.int("comm_size", 0)
             self.system.issue_send(rank, node, self.complete)
         elif node_type == pb.COMM_RECV_NODE:
-            self._begin(node_id, slot, CAT_COMM, now)
+            self._begin(node_id, slot, CAT_NET, now)
             self.comm_bytes["RECV"] = self.comm_bytes.get("RECV", 0) + node.int("comm_size", 0)
             self.system.issue_recv(rank, node, self.complete)
         elif node_type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
@@ -245,7 +277,7 @@ class RankDriver:
         out = []
         for node_id, (slot, category, start) in sorted(self.inflight.items()):
             node = self.feeder.lookup_node(node_id)
-            if category != CAT_COMM:
+            if category not in (CAT_NET, CAT_WAIT):
                 out.append(f"node {node_id} ({node.name!r}, {node.type_name}) in flight since {start} ns")
         out.extend(self.system.waits(self.rank))
         blocked = sum(len(h) for h in self.ready)

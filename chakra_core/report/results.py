@@ -1,10 +1,14 @@
 """The results document (what results.json holds).
 
 Stable keys scripts rely on: top-level "finish_ns" (maximum over ranks),
-"ranks" (a list of objects with at least "rank", "finish_ns", "compute_ns",
-"exposed_comm_ns"), and "manifest" (the resolved configuration). Everything
-else may grow. Times are integer ns; sizes bytes. The document holds no wall
-clock figures, so identical inputs give byte-identical files.
+"ranks" (a list of objects with at least "rank", "finish_ns", the six time
+categories of `BREAKDOWN`, which sum to "finish_ns", "compute_ns",
+"exposed_comm_ns", "bytes_sent" and "bytes_received"), and "manifest" (the
+resolved configuration). A layer's own per-rank statistics sit in the rank's
+entry under the layer's plugin name ("hbm": {...}), its run statistics under
+"layers"; no plugin can overwrite a core key. Everything else may grow.
+Times are integer ns; sizes bytes. The document holds no wall clock figures,
+so identical inputs give byte-identical files.
 """
 
 from __future__ import annotations
@@ -12,33 +16,43 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from chakra_core import __version__
+from chakra_core.errors import SimulationError
 
 if TYPE_CHECKING:
     from chakra_core.engine.simulation import Simulation
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: the exclusive time breakdown; layer statistics under the plugin's name."""
 
 
 def build_results(sim: "Simulation") -> dict[str, Any]:
     ranks = []
+    system = sim.layers.get("system")
     for driver in sim.drivers:
+        breakdown = driver.breakdown()
+        if sum(breakdown.values()) != driver.finish_ns:
+            raise SimulationError(f"internal error: rank {driver.rank}'s time categories {breakdown} do "
+                                  f"not sum to its finish time {driver.finish_ns} ns (please report this)")
+        traffic = system.traffic(driver.rank) if system is not None else None
+        sent, received = traffic if traffic is not None else (0, 0)
         row: dict[str, Any] = {
             "rank": driver.rank,
             "finish_ns": driver.finish_ns,
+            **breakdown,
             "compute_ns": driver.compute_ns,
-            "cpu_ns": driver.cpu_ns,
-            "exposed_comm_ns": driver.exposed_comm_ns,
+            "exposed_comm_ns": breakdown["exposed_network_ns"] + breakdown["waiting_ns"],
             "comm_ns": driver.comm_ns,
-            "memory_ns": driver.memory_ns,
-            "idle_ns": driver.idle_ns,
+            "bytes_sent": sent,
+            "bytes_received": received,
             "comm_bytes_by_type": dict(sorted(driver.comm_bytes.items())),
             "node_counts": dict(sorted(driver.node_counts.items())),
         }
         for layer in ("system", "network", "compute", "memory"):
             instance = sim.layers.get(layer)
             if instance is not None:
-                row.update(instance.rank_summary(driver.rank))
-        row.setdefault("bytes_sent", 0)
+                stats = instance.rank_summary(driver.rank)
+                if stats and instance.name not in row:
+                    row[instance.name] = stats
         ranks.append(row)
     layers = {}
     for layer, instance in sim.layers.items():

@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+from statistics import median_low
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-MAX_ROWS = 32
+from chakra_core.engine.driver import BREAKDOWN
+
+MAX_ROWS = 64
+"""Up to this many ranks, one row each; above, min / median / max and the slowest rank."""
+
+_LABELS = {"gpu_compute_ns": "GPU compute", "cpu_compute_ns": "CPU compute", "memory_ns": "memory",
+           "exposed_network_ns": "exposed network", "waiting_ns": "waiting for peers", "idle_ns": "idle"}
+TIME_COLUMNS = tuple((key, _LABELS[key]) for key in BREAKDOWN)
+"""The exclusive per-rank time categories: on each rank they sum to its finish time."""
+
+_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("µs", 1_000), ("ns", 1))
 
 
-def _us(ns: int) -> str:
-    return f"{ns / 1000:,.3f}"
+def time_unit(ns: int) -> tuple[str, int]:
+    """The unit to show a time of this magnitude in: (name, ns per unit)."""
+    for name, scale in _UNITS:
+        if ns >= 10 * scale:
+            return name, scale
+    return "ns", 1
+
+
+def format_time(ns: int, unit: tuple[str, int] | None = None) -> str:
+    name, scale = unit or time_unit(ns)
+    if scale == 1:
+        return f"{ns:,} ns" if unit is None else f"{ns:,}"
+    text = f"{ns / scale:,.3f}"
+    return f"{text} {name}" if unit is None else text
 
 
 def _bytes(value: int) -> str:
@@ -24,17 +47,33 @@ def _bytes(value: int) -> str:
 
 
 def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Table:
-    table = Table(title=title, title_justify="left")
-    for header in ("rank", "finish (ns)", "finish (µs)", "compute (µs)", "exposed comm (µs)",
-                   "bytes sent"):
-        table.add_column(header, justify="right")
+    """Per rank: finish time and where it went (columns that are zero on every rank are left out)."""
     ranks = results["ranks"]
-    shown = ranks if len(ranks) <= MAX_ROWS else ranks[: MAX_ROWS // 2] + ranks[-MAX_ROWS // 2:]
-    for index, row in enumerate(shown):
-        if len(ranks) > MAX_ROWS and index == MAX_ROWS // 2:
-            table.add_row("…", f"({len(ranks) - MAX_ROWS} more)", "", "", "", "")
-        table.add_row(str(row["rank"]), f"{row['finish_ns']:,}", _us(row["finish_ns"]),
-                      _us(row["compute_ns"]), _us(row["exposed_comm_ns"]), _bytes(row.get("bytes_sent", 0)))
+    unit = time_unit(max((r["finish_ns"] for r in ranks), default=0))
+    columns = [(key, label) for key, label in TIME_COLUMNS if any(r.get(key, 0) for r in ranks)]
+    table = Table(title=title, title_justify="left", caption="time columns sum to finish",
+                  caption_justify="left")
+    table.add_column("rank", justify="right")
+    for header in [f"finish ({unit[0]})"] + [label for _, label in columns]:
+        table.add_column(header, justify="right")
+    table.add_column("sent", justify="right")
+    table.add_column("received", justify="right")
+    keys = ["finish_ns"] + [key for key, _ in columns]
+
+    def cells(row: dict[str, Any]) -> list[str]:
+        return ([format_time(row.get(key, 0), unit) for key in keys]
+                + [_bytes(row.get("bytes_sent", 0)), _bytes(row.get("bytes_received", 0))])
+
+    if len(ranks) <= MAX_ROWS:
+        for row in ranks:
+            table.add_row(str(row["rank"]), *cells(row))
+        return table
+    for label, pick in (("min", min), ("median", median_low), ("max", max)):
+        stats = {key: pick(r.get(key, 0) for r in ranks) for key in keys + ["bytes_sent", "bytes_received"]}
+        table.add_row(label, *cells(stats))
+    slowest = max(ranks, key=lambda r: (r["finish_ns"], -r["rank"]))
+    table.add_section()
+    table.add_row(f"slowest: {slowest['rank']}", *cells(slowest))
     return table
 
 
@@ -52,7 +91,8 @@ def print_summary(results: dict[str, Any], console: Console, wall_s: float | Non
             console.print(table)
     finish = results["finish_ns"]
     layers = ", ".join(f"{layer}={info['plugin']}" for layer, info in results["layers"].items())
-    line = f"finish: {finish:,} ns ({finish / 1000:,.3f} µs) on {results['num_ranks']} rank(s); {layers}"
+    shown = f"{finish:,} ns" if finish < 10_000 else f"{format_time(finish)} ({finish:,} ns)"
+    line = f"finish: {shown} on {results['num_ranks']} rank(s); {layers}"
     if wall_s is not None:
         line += f"; simulated in {wall_s:.2f} s"
     console.print(line, soft_wrap=True, highlight=False)

@@ -68,6 +68,18 @@ class StepSchedule:
             return sum(self.step_bytes)
         return sum(b * len(self.send_to(0, k)) for k, b in enumerate(self.step_bytes))
 
+    @cached_property
+    def bytes_received_per_position(self) -> tuple[int, ...]:
+        """Bytes each member receives over the whole run, by position."""
+        if self.uniform:
+            return (sum(self.step_bytes),) * self.n
+        received = [0] * self.n
+        for k, b in enumerate(self.step_bytes):
+            for i in range(self.n):
+                for j in self.send_to(i, k):
+                    received[j] += b
+        return tuple(received)
+
 
 class CollectiveAlgorithm:
     """Base class of collective algorithms (see module docstring)."""
@@ -97,6 +109,12 @@ class CollectiveAlgorithm:
 
     def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
         return None
+
+    def only_sends(self, comm_type: int, pos: int, root: int, n: int) -> bool:
+        """True if the member at `pos` only sends (it never waits for a peer's data), e.g. the
+        root of a broadcast. Such a member does not count as waiting for peers that have not
+        joined yet; every member of a symmetric collective does."""
+        return False
 
     def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0, root: int = 0) -> list:
         """Member state machines (see machines.py); by default, generic ones for `step_schedule`."""
@@ -202,6 +220,13 @@ class Chain(CollectiveAlgorithm):
 
     def members(self, ctx, comm_type, size, variant=0, root=0):
         return [RootedMember(ctx, pos, comm_type, size, root, star=self.star) for pos in range(ctx.n)]
+
+    def only_sends(self, comm_type: int, pos: int, root: int, n: int) -> bool:
+        if comm_type in (pb.BROADCAST, pb.SCATTER):
+            return pos == root
+        if self.star:
+            return pos != root
+        return (pos - root) % n == n - 1     # the far end of the chain towards the root
 
 
 class Star(Chain):

@@ -448,6 +448,11 @@ class RootedMember:
     the endpoint delay at each end, and a reduced one the reduction delay.
     Sizes: broadcast and reduce move the whole buffer; gather and scatter move
     `piece` bytes per member (accumulated or split along a chain).
+
+    A member's part ends when its last message has been delivered, not when
+    it was posted: otherwise the next chunk (or the next collective) would put
+    its bytes on the same link at once, and on a contention-free network N
+    back-to-back broadcasts would cost hardly more than one.
     """
 
     def __init__(self, ctx: PhaseContext, pos: int, comm_type: int, piece: int, root: int, star: bool):
@@ -501,13 +506,18 @@ class RootedMember:
                 io.recv(self.pos, self._member(self.rel + 1), self._processed, None)
 
     def _star_send(self, _arg=None) -> None:
+        self.pending = self.ctx.n - 1
         for rel in range(1, self.ctx.n):
-            self.io.send(self.pos, self._member(rel), self.piece)
-        self.io.finish(self.pos)
+            self.io.send(self.pos, self._member(rel), self.piece, self._delivered)
 
     def _send_and_finish(self, dst: int) -> None:
-        self.io.send(self.pos, dst, self.piece if self.star else self._size(self.rel))
-        self.io.finish(self.pos)
+        self.pending = 1
+        self.io.send(self.pos, dst, self.piece if self.star else self._size(self.rel), self._delivered)
+
+    def _delivered(self, _arg=None) -> None:
+        self.pending -= 1
+        if not self.pending:
+            self.io.finish(self.pos)
 
     def _processed(self, _arg=None) -> None:
         delay = self.ctx.endpoint_delay

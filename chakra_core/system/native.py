@@ -219,6 +219,15 @@ class NativeSystem(SystemLayer):
         self.scheduler = context.scheduler
         self.num_ranks = context.num_ranks
         self.dim_sizes = [d.npus for d in network.dims]
+        product = 1
+        for size in self.dim_sizes:
+            product *= size
+        if not self.dim_sizes or product != network.npus_count:
+            raise SimulationError(
+                f"network plugin '{network.name}' declares dims {self.dim_sizes} for "
+                f"{network.npus_count} NPUs: the native system layer needs at least one dimension, "
+                "and the NPUs per dimension must multiply to the NPU count (a flat network is one "
+                "dimension of all NPUs)")
         self.strides = []
         stride = 1
         for size in self.dim_sizes:
@@ -239,16 +248,18 @@ class NativeSystem(SystemLayer):
         self.local_bw_aware = config.collective_optimization == "localBWAware"
         self.active_limit = config.active_chunks_per_dimension
         self.splits = config.preferred_dataset_splits
-        self.queues = [RankQueues(max(1, len(self.dim_sizes))) for _ in range(context.num_ranks)]
+        self.queues = [RankQueues(len(self.dim_sizes)) for _ in range(context.num_ranks)]
         self.collectives: dict[tuple[str, int], Collective] = {}
         self.issued: list[dict[str, int]] = [dict() for _ in range(context.num_ranks)]
         self.open: list[dict[int, Collective]] = [dict() for _ in range(context.num_ranks)]
         self.bytes_sent = [0] * context.num_ranks
+        self.bytes_received = [0] * context.num_ranks
         self.collectives_done = [0] * context.num_ranks
         self.tree_counters: dict[tuple[int, int], int] = {}
         self.oversubscribed = 0
         self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent,
-                                rendezvous=config.rendezvous_protocol)
+                                self.bytes_received, rendezvous=config.rendezvous_protocol,
+                                waiting=context.comm_waiting)
         self._reduce_cache: dict[int, int] = {}
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
 
@@ -292,6 +303,11 @@ class NativeSystem(SystemLayer):
                                   f"type {comm_type}")
         if size < 0:
             raise SimulationError(f"rank {rank}, node {node.id}: negative comm_size {size}")
+        if comm_type == pb.BARRIER and size:
+            # A barrier synchronises and moves no data: it runs as a 0-byte all-reduce.
+            self.context.warn(f"BARRIER nodes carry comm_size (e.g. rank {rank}, node {node.id}: {size} B); "
+                              "a barrier moves no data, so the size is ignored")
+            size = 0
         group = node.str("pg_name", "")
         if group == "0":
             group = ""
@@ -320,11 +336,27 @@ class NativeSystem(SystemLayer):
         coll.done[rank] = done
         coll.remaining[rank] = len(coll.plans)
         self.open[rank][node.id] = coll
+        self._note_waiting(rank, node.id, coll)
         if not coll.plans:  # nothing to move: zero bytes, or a group of one
             self._collective_done(rank, coll)
             return
         for chunk in coll.plans:
             self._enqueue(rank, coll, chunk[0])
+
+    def _note_waiting(self, rank: int, node_id: int, coll: Collective) -> None:
+        """Time breakdown: a member waits for peers until every member has issued the collective."""
+        members = coll.members
+        if len(coll.nodes) < len(members):
+            if coll.comm_type in ROOTED:
+                algorithm = self._algorithm(coll.comm_type, 0)
+                if algorithm.only_sends(coll.comm_type, members.index(rank), members.index(coll.root),
+                                        len(members)):
+                    return
+            self.context.comm_waiting(rank, node_id, True)
+        else:
+            for member, member_node in coll.nodes.items():
+                if member != rank:
+                    self.context.comm_waiting(member, member_node, False)
 
     def _root(self, node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
         if comm_type not in ROOTED:
@@ -347,7 +379,7 @@ class NativeSystem(SystemLayer):
         splits = min(self.splits, max(coll.size, 1))
         base, extra = divmod(coll.size, splits)
         chunk_sizes = [base + (1 if i < extra else 0) for i in range(splits)]
-        world = coll.members == self.groups.world and len(self.dim_sizes) > 0
+        world = coll.members == self.groups.world
         plans = []
         for chunk, chunk_bytes in enumerate(chunk_sizes):
             if comm_type in ROOTED or not world:
@@ -462,8 +494,9 @@ class NativeSystem(SystemLayer):
         if schedule is not None:
             finishes = closed_form_finishes(schedule, run.members, starts, self.network.message_delay,
                                             self._endpoint_delay(spec), self._reduce_delay)
-            for member in run.members:
+            for member, received in zip(run.members, schedule.bytes_received_per_position):
                 self.bytes_sent[member] += schedule.bytes_sent_per_member
+                self.bytes_received[member] += received
         else:
             io = IsolatedPhase(run.members, self.network.message_delay)
             machines = self._machines(run, io)
@@ -476,6 +509,7 @@ class NativeSystem(SystemLayer):
             finishes = [by_pos[p] for p in range(n)]
             for pos, member in enumerate(run.members):
                 self.bytes_sent[member] += io.bytes_sent[pos]
+                self.bytes_received[member] += io.bytes_received[pos]
         for member, finish in zip(run.members, finishes):
             if finish < now:
                 raise SimulationError(
@@ -503,7 +537,9 @@ class NativeSystem(SystemLayer):
         run, rank = arg
         spec, coll = run.spec, run.collective
         if isinstance(run.io, NetworkPhase):
-            self.bytes_sent[rank] += run.io.bytes_sent[run.position[rank]]
+            pos = run.position[rank]
+            self.bytes_sent[rank] += run.io.bytes_sent[pos]
+            self.bytes_received[rank] += run.io.bytes_received[pos]
         run.done += 1
         if run.done == len(run.members):
             del coll.runs[(spec.chunk, spec.index, run.members[0])]
@@ -583,4 +619,7 @@ class NativeSystem(SystemLayer):
                 "oversubscribed_chunk_starts": self.oversubscribed}
 
     def rank_summary(self, rank: int) -> dict:
-        return {"bytes_sent": self.bytes_sent[rank], "collectives": self.collectives_done[rank]}
+        return {"collectives": self.collectives_done[rank]}
+
+    def traffic(self, rank: int) -> tuple[int, int]:
+        return self.bytes_sent[rank], self.bytes_received[rank]

@@ -11,6 +11,10 @@ With the rendezvous protocol (ASTRA-sim's --rendezvous-protocol), a receive
 first sends an 8 KiB control message to the sender; the data leaves only once
 both the send is issued and that control message has arrived, so a send never
 completes before its receiver is ready.
+
+For the time breakdown, a receive waits for its peer until the matching send
+is issued, and a rendezvous send until the matching receive is posted; after
+that their time is network time.
 """
 
 from __future__ import annotations
@@ -27,9 +31,15 @@ RENDEZVOUS_BYTES = 8192
 
 class PointToPoint:
     def __init__(self, network, scheduler, warn: Callable[[str], None], bytes_sent: list[int],
-                 rendezvous: bool = False):
+                 bytes_received: list[int], rendezvous: bool = False,
+                 waiting: Callable[[int, int, bool], None] | None = None):
         self.network, self.scheduler, self.warn = network, scheduler, warn
-        self.bytes_sent = bytes_sent
+        self.bytes_sent, self.bytes_received = bytes_sent, bytes_received
+        self.waiting = waiting or (lambda rank, node_id, flag: None)
+        # (src, dst, tag) -> sends issued that no receive has claimed yet (negative: receives
+        # posted that no send has claimed), and the nodes waiting for their peer, in order.
+        self._balance: dict[tuple[int, int, int], int] = {}
+        self._blocked: dict[tuple[int, int, int], deque] = {}
         self.rendezvous = rendezvous
         # rendezvous: (src, dst, tag) -> deque of control messages arrived at the sender / sends waiting
         self._clear_to_send: dict[tuple[int, int, int], int] = {}
@@ -60,6 +70,7 @@ class PointToPoint:
         if not 0 <= dst < self.network.npus_count or dst == src:
             raise SimulationError(f"rank {rank}, COMM_SEND node {node.id}: invalid destination {dst}")
         key = (src, dst, tag)
+        self._pair_up(key, +1, src, node.id)
         if self.rendezvous:
             cleared = self._clear_to_send.get(key, 0)
             if not cleared:
@@ -73,6 +84,7 @@ class PointToPoint:
         self.network.send(key[0], key[1], size, self._arrive, (key, size, send_id, done))
 
     def _control_arrived(self, key) -> None:
+        self.bytes_received[key[0]] += RENDEZVOUS_BYTES
         held = self._held.get(key)
         if held:
             size, send_id, done = held.popleft()
@@ -82,6 +94,7 @@ class PointToPoint:
 
     def _arrive(self, arg) -> None:
         key, size, send_id, done = arg
+        self.bytes_received[key[1]] += size
         done(send_id)
         posted = self._posted.get(key)
         if posted:
@@ -94,6 +107,7 @@ class PointToPoint:
     def recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         src, dst, tag, size = self._endpoints(rank, node, sending=False)
         key = (src, dst, tag)
+        self._pair_up(key, -1, dst, node.id)
         if self.rendezvous:
             self.bytes_sent[dst] += RENDEZVOUS_BYTES
             self.network.send(dst, src, RENDEZVOUS_BYTES, self._control_arrived, key)
@@ -105,6 +119,21 @@ class PointToPoint:
             self.scheduler.schedule(0, done, node.id)
         else:
             self._posted.setdefault(key, deque()).append((node.id, size, done))
+
+    def _pair_up(self, key, side: int, rank: int, node_id: int) -> None:
+        """Time breakdown: release the oldest peer waiting on the other side, or wait (a receive,
+        or a rendezvous send) until the other side is issued. `side` is +1 for a send, -1 for a
+        receive."""
+        balance = self._balance.get(key, 0)
+        if balance * side < 0:     # the other side is ahead: pair with its oldest node
+            blocked = self._blocked.get(key)
+            if blocked:
+                peer_rank, peer_node = blocked.popleft()
+                self.waiting(peer_rank, peer_node, False)
+        elif side < 0 or self.rendezvous:
+            self._blocked.setdefault(key, deque()).append((rank, node_id))
+            self.waiting(rank, node_id, True)
+        self._balance[key] = balance + side
 
     def _check_size(self, key, sent: int, expected: int, recv_id: int) -> None:
         if sent != expected:

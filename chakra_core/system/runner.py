@@ -14,7 +14,9 @@ implementations:
 
 Both follow ASTRA-sim's frontend semantics: a send completes when its message
 arrives; a receive completes at the later of the arrival and the post;
-messages between the same two members match in order.
+messages between the same two members match in order. A member that must not
+move on before its own message is delivered (a rooted collective's sender)
+passes `delivered` to `send`.
 """
 
 from __future__ import annotations
@@ -28,14 +30,19 @@ class PhaseIO:
     """What a member state machine may do. `pos` is a member's position in the phase.
 
     Subclasses provide time (`now`, `after`), message injection (`send`, which
-    must call `_arrive((src, dst))` on delivery) and `finish`; matching of
-    messages to receives is shared.
+    must call `_arrive((src, dst, size))` on delivery, or `_arrive_then` when
+    the sender asked to hear of it) and `finish`; matching of messages to
+    receives, and counting bytes sent and received per member, are shared.
     """
 
     now: int
     _mail: "_Mailboxes"
+    bytes_sent: list[int]
+    bytes_received: list[int]
 
-    def send(self, src: int, dst: int, size: int) -> None:
+    def send(self, src: int, dst: int, size: int,
+             delivered: Callable[[Any], None] | None = None) -> None:
+        """Send `size` bytes; call `delivered(None)` (if given) once they have arrived at `dst`."""
         raise NotImplementedError
 
     def after(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
@@ -49,11 +56,18 @@ class PhaseIO:
         if self._mail.on_post((src, dst), callback, arg):
             self.after(0, callback, arg)   # already arrived: complete in a fresh event, now
 
-    def _arrive(self, key: tuple[int, int]) -> None:
-        matched = self._mail.on_arrival(key)
+    def _arrive(self, message: tuple[int, int, int]) -> None:
+        src, dst, size = message
+        self.bytes_received[dst] += size
+        matched = self._mail.on_arrival((src, dst))
         if matched is not None:
             callback, arg = matched
             callback(arg)
+
+    def _arrive_then(self, arg: tuple[tuple[int, int, int], Callable[[Any], None]]) -> None:
+        message, delivered = arg
+        self._arrive(message)
+        delivered(None)
 
 
 class _Mailboxes:
@@ -108,13 +122,18 @@ class IsolatedPhase(PhaseIO):
         self._mail = _Mailboxes()
         self.finishes: dict[int, int] = {}
         self.bytes_sent = [0] * len(ranks)
+        self.bytes_received = [0] * len(ranks)
 
     def after(self, delay: int, callback, arg=None) -> None:
         heappush(self._heap, (self.now + delay, next(self._seq), callback, arg))
 
-    def send(self, src: int, dst: int, size: int) -> None:
+    def send(self, src: int, dst: int, size: int, delivered=None) -> None:
         self.bytes_sent[src] += size
-        self.after(self.delay(self.ranks[src], self.ranks[dst], size), self._arrive, (src, dst))
+        delay = self.delay(self.ranks[src], self.ranks[dst], size)
+        if delivered is None:
+            self.after(delay, self._arrive, (src, dst, size))
+        else:
+            self.after(delay, self._arrive_then, ((src, dst, size), delivered))
 
     def finish(self, pos: int) -> None:
         self.finishes[pos] = self.now
@@ -144,6 +163,7 @@ class NetworkPhase(PhaseIO):
         self._on_finish = on_finish
         self._mail = _Mailboxes()
         self.bytes_sent = [0] * len(ranks)
+        self.bytes_received = [0] * len(ranks)
 
     @property
     def now(self) -> int:  # type: ignore[override]
@@ -152,9 +172,13 @@ class NetworkPhase(PhaseIO):
     def after(self, delay: int, callback, arg=None) -> None:
         self.scheduler.schedule(delay, callback, arg)
 
-    def send(self, src: int, dst: int, size: int) -> None:
+    def send(self, src: int, dst: int, size: int, delivered=None) -> None:
         self.bytes_sent[src] += size
-        self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive, (src, dst))
+        if delivered is None:
+            self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive, (src, dst, size))
+        else:
+            self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive_then,
+                              ((src, dst, size), delivered))
 
     def finish(self, pos: int) -> None:
         self._on_finish(pos)
