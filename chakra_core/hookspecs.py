@@ -22,14 +22,20 @@ Two kinds of hooks:
 - **Observer hooks** (``chakra_sim_simulation_start``/``_end``,
   ``chakra_sim_node_finished``) let statistics and tracing plugins watch a run.
   The per-node hook is dispatched only if at least one plugin implements it,
-  checked once per run, so it costs nothing otherwise.
+  checked once per run, so it costs nothing otherwise. The engine calls each
+  implementation itself (latest registered first, as pluggy would), so an
+  exception it raises stops the run with a one-line ``PluginError`` naming the
+  plugin and the hook (the CLI exits with status 2). Observers see read-only
+  copies of the run and the results; ``chakra_sim_simulation_end`` *returns*
+  what it wants stored. Hook wrappers (``hookwrapper=True``/``wrapper=True``)
+  are refused for observer hooks: the plugin is reported as failed.
 
 See docs/writing-a-plugin.md for a complete third-party example.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pluggy
 
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
 
 PROJECT = "chakra_sim"
 ENTRY_POINT_GROUP = "chakra_sim"
+OBSERVER_HOOKS = ("chakra_sim_simulation_start", "chakra_sim_simulation_end", "chakra_sim_node_finished")
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -95,21 +102,40 @@ def chakra_sim_register_system(registry: "Registry") -> None:
 
 
 @hookspec
-def chakra_sim_simulation_start(run: dict[str, Any]) -> None:
-    """Called once, after the layers are built and before the first event.
+def chakra_sim_simulation_start(run: Mapping[str, Any]) -> None:
+    """Called once, after the layers are built and the traces opened, before the first event.
 
-    :param run: ``{"manifest": <resolved manifest dict>, "num_ranks": int,
-        "layers": {layer: instance}}``. Treat it as read-only.
+    :param run: ``{"manifest": <resolved manifest>, "num_ranks": int,
+        "layers": {layer: instance}, "version": <chakra-sim version>}``, read-only:
+        a ``chakra_core.engine.simulation.ReadOnlyDict`` (a dict subclass whose
+        changes raise ``TypeError``; nested dicts and lists are read-only too).
+        The layer instances are the live ones: read their attributes, do not
+        drive them.
     """
 
 
 @hookspec
-def chakra_sim_simulation_end(run: dict[str, Any], results: dict[str, Any]) -> None:
+def chakra_sim_simulation_end(run: Mapping[str, Any], results: Mapping[str, Any]) -> dict[str, Any] | None:
     """Called once when the run ends successfully, before results are written.
 
+    Not called when the run fails (an error, a deadlock). Observers are called
+    latest registered first; each sees the same document, without the others'
+    returns.
+
     :param run: the same mapping as for ``chakra_sim_simulation_start``.
-    :param results: the results document (what ``results.json`` will hold).
-        An observer may add its own top-level key (use your plugin's name).
+    :param results: a read-only copy of the results document (what
+        ``results.json`` will hold): ``results["finish_ns"] = 0`` or
+        ``results["ranks"][0].update(...)`` raise ``TypeError``, and since it is a
+        copy nothing you do to it reaches the engine's document.
+        ``json.dumps(results)`` works; ``copy.deepcopy(results)`` gives plain,
+        mutable dicts and lists.
+    :return: a JSON-serialisable dict, stored (after a JSON round trip, so
+        tuples become lists and keys strings) as
+        ``results["plugins"][<plugin name>]``, the plugin name being the entry
+        point's name; or ``None`` to add nothing. ``results["plugins"]`` holds
+        one key per observer that returned a dict, in name order, and is absent
+        when none did. Any other return value stops the run with a
+        ``PluginError`` naming the plugin.
     """
 
 
@@ -117,8 +143,8 @@ def chakra_sim_simulation_end(run: dict[str, Any], results: dict[str, Any]) -> N
 def chakra_sim_node_finished(rank: int, node: "NodeView", start_ns: int, end_ns: int) -> None:
     """Called when any node finishes on any rank (only if some plugin implements it).
 
-    Implementing this hook slows a run down (one hook call per node); use it
-    for tracing and statistics plugins, not in models.
+    Implementing this hook slows a run down (one call per node); use it for
+    tracing and statistics plugins, not in models. The return value is ignored.
 
     :param rank: the rank the node belongs to.
     :param node: the finished node (read-only view).

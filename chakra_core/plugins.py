@@ -136,12 +136,23 @@ def _module_names(obj: Any) -> tuple[str, ...]:
     return (name.split(".")[0],)
 
 
+def _check_observers(pm: pluggy.PluginManager, obj: Any) -> None:
+    """The engine calls observer implementations one by one (to name a plugin that raises), so it
+    cannot run pluggy's hook wrappers; refuse them at load time rather than skip them silently."""
+    for hook_name in hookspecs.OBSERVER_HOOKS:
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            if impl.plugin is obj and (impl.hookwrapper or impl.wrapper):
+                raise PluginError(f"{hook_name} is implemented as a hook wrapper; observer hooks "
+                                  "take plain implementations")
+
+
 def _register_plugin(host: PluginHost, obj: Any, info: PluginInfo) -> None:
     """Register one plugin object with pluggy and collect the classes it registers."""
     pm = host.pm
     try:
         pm.register(obj, name=info.name)
         pm.check_pending()
+        _check_observers(pm, obj)
     except Exception as exc:  # pluggy.PluginValidationError and friends
         if pm.is_registered(obj):
             pm.unregister(obj)
@@ -181,7 +192,8 @@ def make_plugin_host(entry_points: Iterable[metadata.EntryPoint] | None = None,
     """A fresh plugin host: built-ins, then installed entry points, then `extra_plugins`.
 
     `entry_points` replaces discovery (tests pass fakes); `extra_plugins` are
-    (name, object) pairs registered in-process.
+    (name, object) pairs registered in-process. An extra plugin already loaded from its entry
+    point (a test registering its own installed module) is not registered twice.
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
@@ -209,5 +221,7 @@ def make_plugin_host(entry_points: Iterable[metadata.EntryPoint] | None = None,
         info.modules = _module_names(obj) or (ep.value.split(":")[0].split(".")[0],)
         _register_plugin(host, obj, info)
     for name, obj in extra_plugins:
+        if pm.is_registered(obj):
+            continue
         _register_plugin(host, obj, PluginInfo(name, name, "0", modules=_module_names(obj)))
     return host

@@ -1,18 +1,22 @@
 """Builders shared by the test suite: nodes with typed attributes, small .et files, feeder drains.
 
-Import them as `from tests.helpers import make_node, write_et, ...`.
+Import them as `from tests.helpers import make_node, write_et, ...`. The node and trace builders
+live in `chakra_core.testing` (public, for plugin authors) and are re-exported here.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 import pytest
 
-from chakra_core.et.io import encode_message, write_trace
+from chakra_core.et.io import encode_message
 from chakra_core.schema import pb
+from chakra_core.testing import make_attr, make_metadata, make_node, write_et
+
+__all__ = ["SHARED_DIR", "REF_TRACES", "REF_PYTORCH", "REF_PYTORCH_PAIRS", "CYCLIC_REF_TRACE", "make_attr",
+           "make_node", "make_metadata", "write_et", "frame_offsets", "ref_et_files", "ref_et_params", "drain"]
 
 SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
 """`../shared` next to the repository root (CI checks it out there); may be absent."""
@@ -29,65 +33,6 @@ REF_PYTORCH_PAIRS = [
 """PyTorch host trace -> the Kineto trace of the same run (paths relative to REF_PYTORCH)."""
 CYCLIC_REF_TRACE = "chakra-et/chakra-tests/chakra.0.et"
 """The reference trace whose control dependencies form cycles (run it with dependencies="data")."""
-
-_LIST_FIELDS = {bool: "bool_list", int: "int64_list", float: "double_list", str: "string_list",
-                bytes: "bytes_list"}
-
-
-def make_attr(name: str, value: Any) -> pb.AttributeProto:
-    """An AttributeProto. `value` is an AttributeProto field given as `("uint64_val", 5)`, or a
-    Python value whose type picks the field: bool, int (int64), float (double), str, bytes, or a
-    non-empty list of one of those (`*_list`)."""
-    attr = pb.AttributeProto(name=name)
-    if isinstance(value, tuple):
-        field, val = value
-        if field.endswith("_list"):
-            getattr(attr, field).values.extend(val)
-        else:
-            setattr(attr, field, val)
-    elif isinstance(value, bool):
-        attr.bool_val = value
-    elif isinstance(value, int):
-        attr.int64_val = value
-    elif isinstance(value, float):
-        attr.double_val = value
-    elif isinstance(value, str):
-        attr.string_val = value
-    elif isinstance(value, bytes):
-        attr.bytes_val = value
-    elif isinstance(value, list) and value:
-        getattr(attr, _LIST_FIELDS[type(value[0])]).values.extend(value)
-    else:
-        raise TypeError(f"cannot infer the attribute field of {name}={value!r}; pass (field, value)")
-    return attr
-
-
-def make_node(id: int, type: int | str = pb.COMP_NODE, data_deps: Iterable[int] = (),
-              ctrl_deps: Iterable[int] = (), attrs: Mapping[str, Any] | None = None,
-              duration_micros: int = 0, name: str | None = None) -> pb.Node:
-    """A Node; `type` is a NodeType value or name, `attrs` maps names to `make_attr` values."""
-    node = pb.Node(id=id, name=f"node{id}" if name is None else name,
-                   type=pb.NodeType.Value(type) if isinstance(type, str) else type,
-                   duration_micros=duration_micros)
-    node.data_deps.extend(data_deps)
-    node.ctrl_deps.extend(ctrl_deps)
-    for attr_name, value in (attrs or {}).items():
-        node.attr.append(make_attr(attr_name, value))
-    return node
-
-
-def make_metadata(version: str = "0.0.4", attrs: Mapping[str, Any] | None = None) -> pb.GlobalMetadata:
-    meta = pb.GlobalMetadata(version=version)
-    for attr_name, value in (attrs or {}).items():
-        meta.attr.append(make_attr(attr_name, value))
-    return meta
-
-
-def write_et(path: str | os.PathLike, nodes: Iterable[pb.Node],
-             metadata: pb.GlobalMetadata | None = None, compress: bool = False) -> Path:
-    """Write nodes (after a default GlobalMetadata) to a .et file with `write_trace`; return the path."""
-    write_trace(path, make_metadata() if metadata is None else metadata, nodes, compress=compress)
-    return Path(path)
 
 
 def frame_offsets(metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node]) -> list[int]:

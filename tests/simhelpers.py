@@ -1,61 +1,53 @@
-"""Running small simulations from node lists, for engine and system-layer tests."""
+"""Running small simulations from node lists, for engine and system-layer tests.
+
+The builders and `simulate` are `chakra_core.testing`'s (public, for plugin authors), re-exported
+here; what stays is specific to this repository's tests (its data folder, ASTRA-sim formulas).
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
 
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-from chakra_core.schema import pb
-from tests.helpers import make_node, write_et
+from chakra_core.testing import (collective, comp, manifest, recv, ring_network, send, simulate,
+                                 uniform_network, write_ranks)
+
+__all__ = ["DATA", "MICRO", "GIB", "collective", "comp", "manifest", "recv", "ring_network", "send",
+           "simulate", "uniform_network", "write_ranks", "hop_ns", "PairDelayNetwork",
+           "REF_RESULTS", "astra_cases", "run_astra_case"]
 
 DATA = Path(__file__).resolve().parent / "data"
 MICRO = DATA / "astra-microbenchmarks"
 
 GIB = 1 << 30
 
-
-def ring_network(n: int, bandwidth: float = 50.0, latency: float = 500.0, topology: str = "Ring") -> dict:
-    return {"plugin": "analytical", "topology": [topology], "npus_count": [n],
-            "bandwidth": [bandwidth], "latency": [latency]}
-
-
-def write_ranks(folder: Path, ranks: Sequence[Iterable[pb.Node]], name: str = "trace") -> str:
-    """Write one .et per rank; return the prefix."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for rank, nodes in enumerate(ranks):
-        write_et(folder / f"{name}.{rank}.et", list(nodes))
-    return str(folder / name)
+REF_RESULTS = Path(__file__).resolve().parents[1].parent / "shared" / "ref-results"
+"""ASTRA-sim's own numbers on the reference traces (`../shared`, beside the checkout; may be absent)."""
+ASTRA_BACKENDS = {"congestion_unaware": "analytical", "congestion_aware": "congestion"}
 
 
-def manifest(prefix: str, network: dict, system: dict | None = None, compute: dict | None = None,
-             memory: dict | None = None, **workload: Any) -> dict:
-    data: dict[str, Any] = {"workload": {"trace": prefix, **workload}, "network": network}
-    if system is not None:
-        data["system"] = {"plugin": "native", **system}
-    if compute is not None:
-        data["compute"] = compute
-    if memory is not None:
-        data["memory"] = memory
-    return data
+def astra_cases(backend: str | None = None) -> list[dict]:
+    """The runs of ../shared/ref-results/astra-sim.json that ASTRA-sim completed (none without ../shared)."""
+    path = REF_RESULTS / "astra-sim.json"
+    if not path.exists():
+        return []
+    return [case for case in json.loads(path.read_text())["runs"]
+            if case["ok"] and (backend is None or case["backend"] == backend)]
 
 
-def simulate(data: dict, base_dir: Path | None = None, extra_plugins=(), host=None) -> dict:
-    """Validate a manifest mapping and run it; return the results document."""
-    host = host or make_plugin_host(extra_plugins=extra_plugins)
-    loaded = build_manifest(data, host, base_dir=base_dir or Path.cwd(), source="test")
+def run_astra_case(case: dict, host=None) -> dict:
+    """Run one ASTRA-sim reference case as `chakra-sim run --workload ... --astra-*` would."""
+    from chakra_core.cli import astra_manifest
+    from chakra_core.engine.simulation import Simulation
+    from chakra_core.manifest import build_manifest
+    from chakra_core.plugins import make_plugin_host
+
+    host = host or make_plugin_host()
+    traces = REF_RESULTS.parent / "ref-traces"
+    data = astra_manifest(str(traces / case["workload"]), str(REF_RESULTS / case["system"]),
+                          str(REF_RESULTS / case["network"]), None, None, ASTRA_BACKENDS[case["backend"]])
+    loaded = build_manifest(data, host, base_dir=Path.cwd(), source="reference")
     return Simulation(loaded.spec, host).run()
-
-
-def collective(node_id: int, comm_type: int, size: int, deps: Iterable[int] = (), **attrs: Any) -> pb.Node:
-    return make_node(node_id, pb.COMM_COLL_NODE, data_deps=deps,
-                     attrs={"comm_type": comm_type, "comm_size": size, **attrs})
-
-
-def comp(node_id: int, micros: int, deps: Iterable[int] = (), **attrs: Any) -> pb.Node:
-    return make_node(node_id, pb.COMP_NODE, data_deps=deps, duration_micros=micros, attrs=attrs)
 
 
 def hop_ns(size: int, bandwidth: float = 50.0, latency: float = 500.0, hops: int = 1) -> int:

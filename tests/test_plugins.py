@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as metadata
-import json
-import subprocess
 import sys
-import textwrap
 import types
 
 import pytest
@@ -15,7 +12,6 @@ from chakra_core.errors import PluginError
 from chakra_core.hookspecs import hookimpl
 from chakra_core.layers import ComputeModel, NetworkModel, PluginConfig
 from chakra_core.plugins import BUILTIN_NAME, make_plugin_host
-from tests.simhelpers import MICRO
 
 
 class _Fast(ComputeModel):
@@ -105,83 +101,16 @@ def test_installed_bundled_plugins_are_listed():
     assert rows[("system", "native")]["config_schema"]["properties"]["endpoint-delay"]["default"] == 10
 
 
-THIRD_PARTY = {
-    "pyproject.toml": """
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "acme-fixed-network"
-        version = "2.1.0"
-
-        [project.entry-points.chakra_sim]
-        acme_fixed = "acme_fixed"
-        """,
-    "acme_fixed/__init__.py": """
-        from pydantic import Field, PositiveInt
-
-        from chakra_core.hookspecs import hookimpl
-        from chakra_core.layers import Dimension, NetworkModel, PluginConfig
+def test_an_extra_plugin_already_loaded_from_its_entry_point_is_not_registered_twice():
+    module = _module("installed_plugin_mod", chakra_sim_register_compute=_register_fast)
+    host = make_plugin_host(entry_points=[_entry_point("installed", "installed_plugin_mod")],
+                            extra_plugins=[("installed", module)])
+    assert host.failed() == []
+    assert host.get("compute", "fast").plugin.name == "installed"
 
 
-        class FixedConfig(PluginConfig):
-            npus: PositiveInt
-            delay_ns: PositiveInt = Field(..., description="every message takes this long")
-
-
-        class FixedNetwork(NetworkModel):
-            name = "fixed"
-            fidelity = "every message takes delay_ns, whatever its size"
-            Config = FixedConfig
-            contention_free = True
-
-            def __init__(self, config, context):
-                super().__init__(config, context)
-                self.npus_count = config.npus
-                self.dims = (Dimension("Switch", config.npus, 1.0, 0.0),)
-
-            def message_delay(self, src, dst, size):
-                return self.config.delay_ns
-
-            def send(self, src, dst, size, on_arrival, arg=None):
-                self.context.scheduler.schedule(self.config.delay_ns, on_arrival, arg)
-
-
-        @hookimpl
-        def chakra_sim_register_network(registry):
-            registry.add(FixedNetwork)
-        """,
-}
-
-
-def test_a_third_party_package_installs_and_runs(tmp_path):
-    """Build and install a throwaway plugin from its own pyproject, then select it in a manifest."""
-    source, target = tmp_path / "src", tmp_path / "site"
-    for name, text in THIRD_PARTY.items():
-        path = source / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(source)], check=True)
-    manifest = tmp_path / "m.yaml"
-    manifest.write_text(textwrap.dedent(f"""
-        workload: {{trace: {MICRO / 'all_reduce' / '4npus_1MB' / 'all_reduce'}}}
-        system: {{plugin: native, endpoint-delay: 0, local-mem-bw: 1.0e9}}
-        network: {{plugin: fixed, npus: 4, delay_ns: 1000}}
-        output: {{dir: {tmp_path / 'out'}}}
-        """))
-    env = {"PYTHONPATH": str(target), "PATH": "", "HOME": str(tmp_path)}
-    listing = subprocess.run([sys.executable, "-m", "chakra_core.cli", "plugins", "--json"],
-                             capture_output=True, text=True, env=env, check=True)
-    rows = {r["name"]: r for r in json.loads(listing.stdout)}
-    assert rows["fixed"]["distribution"] == "acme-fixed-network" and rows["fixed"]["version"] == "2.1.0"
-    subprocess.run([sys.executable, "-m", "chakra_core.cli", "run", str(manifest), "--quiet"],
-                   capture_output=True, text=True, env=env, check=True)
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
-    # ring all-reduce on 4 NPUs: 2(n-1) = 6 steps of 1000 ns, no endpoint or reduction cost
-    assert results["finish_ns"] == 6000
-    assert results["layers"]["network"]["plugin"] == "fixed"
+# The third-party package of docs/writing-a-plugin.md is built, installed and run by
+# tests/test_plugin_guide.py, from the guide's own code blocks.
 
 
 def test_network_interface_dimension_helper():

@@ -6,13 +6,22 @@ scheduler and the layers built before it. Every exception a layer raises is
 re-raised as a `PluginError` that names the plugin. When the event queue
 drains while a rank still holds unfinished nodes, the run stops with a
 `DeadlockError` listing, per rank, what it waits for.
+
+Observer hooks are called here, one implementation at a time (not through
+pluggy's dispatch) so that an exception names the plugin that raised it.
+They receive read-only copies (`ReadOnlyDict`); what a
+`chakra_sim_simulation_end` returns is stored under `results["plugins"]`.
+Feeders are closed however the run ends.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
+import json
+import re
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -89,14 +98,18 @@ class Simulation:
         self.context.compute = self.compute
         self.network = self._build("network")
         self.context.network = self.network
-        self.system = self._build("system")
         if self.network is not None and self.network.npus_count != self.num_ranks:
+            first = spec.trace_files[0] if spec.trace_files else "?"
             raise SimulationError(
-                f"the trace has {self.num_ranks} rank(s) but the network has "
-                f"{self.network.npus_count} NPUs; they must match")
-        self.node_observer: Callable | None = None
-        if host.has_observer("chakra_sim_node_finished"):
-            self.node_observer = host.pm.hook.chakra_sim_node_finished
+                f"the trace has {self.num_ranks} rank(s) ({first} ...) but the network "
+                f"(plugin '{self.network.name}') has {self.network.npus_count} NPUs; they must match: "
+                "change the network's size or give as many trace files as NPUs")
+        self.system = self._build("system")
+        self.node_observer: Callable[..., Any] | None = None
+        node_calls = self._observer_calls("chakra_sim_node_finished")
+        if node_calls:
+            self.node_observer = lambda **kwargs: self._call_observers(
+                "chakra_sim_node_finished", node_calls, kwargs)
         self.drivers: list[RankDriver] = []
         self.finished = 0
         self.wall_s = 0.0
@@ -126,6 +139,8 @@ class Simulation:
             for warning in getattr(feeder, "warnings", []):
                 self.context.warn(warning)
             self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
+        drivers = self.drivers
+        self.context.comm_state = lambda rank, node_id, waiting: drivers[rank].comm_waiting(node_id, waiting)
 
     def rank_finished(self, rank: int) -> None:
         self.finished += 1
@@ -136,46 +151,130 @@ class Simulation:
         return total - sum(d.remaining for d in self.drivers), total
 
     def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Simulate to the end and return the results document."""
+        """Simulate to the end and return the results document.
+
+        Feeders are closed on every way out: success, an error, KeyboardInterrupt.
+        """
         started = time.perf_counter()
-        self._open_feeders()
-        run_info = self.run_info()
-        self.host.pm.hook.chakra_sim_simulation_start(run=run_info)
         try:
-            with _lenient_gc() as collect_now:
-                for driver in self.drivers:
-                    driver.start()
-                ticks = 0
+            self._open_feeders()
+            run_info = ReadOnlyDict.of(self.run_info())
+            self._call_observers("chakra_sim_simulation_start",
+                                 self._observer_calls("chakra_sim_simulation_start"), {"run": run_info})
+            try:
+                with _lenient_gc() as collect_now:
+                    for driver in self.drivers:
+                        driver.start()
+                    ticks = 0
 
-                def tick(now: int) -> None:
-                    nonlocal ticks
-                    ticks += 1
-                    if ticks % 64 == 0:   # every ~4M events
-                        collect_now()
-                    if progress is not None:
-                        progress(now)
+                    def tick(now: int) -> None:
+                        nonlocal ticks
+                        ticks += 1
+                        if ticks % 64 == 0:   # every ~4M events
+                            collect_now()
+                        if progress is not None:
+                            progress(now)
 
-                while True:
-                    self.queue.run(tick)
-                    if self.finished == len(self.drivers) or not self.system.on_idle():
-                        break
-        except ChakraSimError:
-            raise
-        except Exception as exc:
-            raise self._blame(exc) from exc
+                    while True:
+                        self.queue.run(tick)
+                        if self.finished == len(self.drivers) or not self.system.on_idle():
+                            break
+                        if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
+                            break
+                for layer in self.layers.values():
+                    layer.finish()
+            except ChakraSimError:
+                raise
+            except Exception as exc:
+                raise self._blame(exc) from exc
+            finally:
+                self.wall_s = time.perf_counter() - started
+            unfinished = {d.rank: d.remaining for d in self.drivers if d.remaining}
+            if unfinished:
+                waits = {rank: self.drivers[rank].waits() for rank in unfinished}
+                raise DeadlockError(self.queue.now, waits, unfinished)
+            from chakra_core.report.results import build_results
+            try:   # layers' summary(), rank_summary() and terminal_tables() run here
+                results = build_results(self)
+            except ChakraSimError:
+                raise
+            except Exception as exc:
+                raise self._blame(exc) from exc
+            self._observe_end(run_info, results)
+            return results
         finally:
-            self.wall_s = time.perf_counter() - started
-        self.system.finish()
-        unfinished = {d.rank: d.remaining for d in self.drivers if d.remaining}
-        if unfinished:
-            waits = {rank: self.drivers[rank].waits() for rank in unfinished}
-            raise DeadlockError(self.queue.now, waits, unfinished)
-        from chakra_core.report.results import build_results
-        results = build_results(self)
-        self.host.pm.hook.chakra_sim_simulation_end(run=run_info, results=results)
-        for driver in self.drivers:
-            driver.feeder.close()
-        return results
+            self._close_feeders()
+
+    def _close_feeders(self) -> None:
+        """Close every opened feeder; one that fails to close does not keep the others open."""
+        with ExitStack() as stack:
+            for driver in self.drivers:
+                stack.callback(driver.feeder.close)
+
+    # Observer hooks ----------------------------------------------------------------------------
+    def _observer_calls(self, hook_name: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...]]]:
+        """(plugin name, function, argument names) per implementation, in pluggy's order
+        (last registered first). An implementation may take a subset of the hook's arguments."""
+        hook = getattr(self.host.pm.hook, hook_name)
+        return [(impl.plugin_name, impl.function, tuple(impl.argnames))
+                for impl in reversed(hook.get_hookimpls())]
+
+    def _call_observers(self, hook_name: str, calls: list[tuple[str, Callable[..., Any], tuple[str, ...]]],
+                        kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+        """Call each implementation; return (plugin name, returned value) pairs."""
+        out = []
+        for plugin, function, argnames in calls:
+            try:
+                value = function(*[kwargs[name] for name in argnames])
+            except ChakraSimError:
+                raise
+            except Exception as exc:
+                raise self._observer_error(plugin, hook_name, exc) from exc
+            out.append((plugin, value))
+        return out
+
+    def _observe_end(self, run_info: ReadOnlyDict, results: dict[str, Any]) -> None:
+        """Call chakra_sim_simulation_end with a read-only copy of `results`; store what each
+        plugin returns under results["plugins"][<plugin name>] (absent when none returns a dict)."""
+        hook_name = "chakra_sim_simulation_end"
+        calls = self._observer_calls(hook_name)
+        if not calls:
+            return
+        view = ReadOnlyDict.of(results)
+        returned: dict[str, Any] = {}
+        for plugin, value in self._call_observers(hook_name, calls, {"run": run_info, "results": view}):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise PluginError(f"{self._plugin_label(plugin)} returned {type(value).__name__} from "
+                                  f"{hook_name}; return a JSON-serialisable dict or None")
+            try:   # a JSON round trip: the stored value is exactly what results.json will hold
+                returned[plugin] = json.loads(json.dumps(value))
+            except (TypeError, ValueError) as exc:
+                raise PluginError(f"{self._plugin_label(plugin)} returned a result from {hook_name} "
+                                  f"that is not JSON-serialisable: {exc}") from exc
+        if returned:
+            results["plugins"] = dict(sorted(returned.items()))
+
+    def _plugin_label(self, plugin: str) -> str:
+        info = self.host.plugins.get(plugin)
+        return f"plugin '{plugin}'" + (f" ({info.distribution} {info.version})" if info is not None else "")
+
+    def _observer_error(self, plugin: str, hook_name: str, exc: Exception) -> PluginError:
+        """One line naming the plugin, the hook and the innermost line of the plugin's code."""
+        info = self.host.plugins.get(plugin)
+        prefixes = info.modules if info is not None else ()
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None:
+            module = tb.tb_frame.f_globals.get("__name__", "")
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                where = f" ({module}:{tb.tb_lineno})"
+            tb = tb.tb_next
+        when = f" at t={self.queue.now} ns" if hook_name == "chakra_sim_node_finished" else ""
+        detail = re.sub(r"\s*\n\s*", " ", str(exc)).strip()
+        return PluginError(f"{self._plugin_label(plugin)} raised {type(exc).__name__}: {detail} "
+                           f"in {hook_name}{when}{where}")
 
     def run_info(self) -> dict[str, Any]:
         return {"manifest": self.spec.manifest, "num_ranks": self.num_ranks,
@@ -215,3 +314,56 @@ def _lenient_gc():
     finally:
         if enabled:
             gc.enable()
+
+
+class ReadOnlyDict(dict):
+    """A dict whose changes raise TypeError; observer hooks receive the run and the results so.
+
+    `ReadOnlyDict.of(value)` copies dicts and lists recursively (lists become `ReadOnlyList`),
+    so even a write that bypasses the checks leaves the engine's own document untouched. Other
+    objects (the layer instances in `run["layers"]`) are shared, not copied. json.dumps works on
+    it; copy.deepcopy returns plain, mutable dicts and lists.
+    """
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return cls((key, cls.of(item)) for key, item in value.items())
+        if isinstance(value, list):
+            return ReadOnlyList(cls.of(item) for item in value)
+        if isinstance(value, tuple):
+            return tuple(cls.of(item) for item in value)
+        return value
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("read-only: observer hooks get copies they cannot change; "
+                        "chakra_sim_simulation_end returns what it wants stored in the results "
+                        "(copy.deepcopy() gives a mutable copy)")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> dict[Any, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
+        return {key: copy.deepcopy(item, memo) for key, item in self.items()}
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return dict, (dict(self),)
+
+
+class ReadOnlyList(list):
+    """The list counterpart of `ReadOnlyDict`."""
+
+    _refuse = ReadOnlyDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = \
+        clear = sort = reverse = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
+        return [copy.deepcopy(item, memo) for item in self]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return list, (list(self),)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chakra_core.schema import pb
-from tests.helpers import make_node
-from tests.simhelpers import manifest, ring_network, simulate, write_ranks
+from chakra_core.testing import make_node, manifest, ring_network, simulate, write_ranks
 
 PEAK_TFLOPS = 100.0
 MEMORY_BOUND = {"num_ops": 10**9, "tensor_size": 10**9}      # 1 FLOP/B: X GB/s x 1 << 100 TFLOP/s
