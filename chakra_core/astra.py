@@ -2,7 +2,8 @@
 
 - network YAML: `topology`, `npus_count`, `bandwidth` (GB/s, GB = 2^30), `latency` (ns) lists;
 - system JSON: `scheduling-policy`, `endpoint-delay`, `preferred-dataset-splits`, ...,
-  plus `roofline-enabled`, `peak-perf` (TFLOP/s = 10^12) and `local-mem-bw` (GB/s = 10^9);
+  plus `roofline-enabled`, `peak-perf` (TFLOP/s = 10^12) and `local-mem-bw` (GB/s = 10^9),
+  which the manifest loader also hands to the compute and memory layers;
 - remote-memory JSON: `memory-type`, `remote-mem-latency`, `remote-mem-bw`, ...;
 - communicator-group JSON: `{"<group id>": [ranks...]}`.
 
@@ -21,8 +22,10 @@ import yaml
 
 from chakra_core.errors import ManifestError
 
-# System JSON keys that configure another layer (compute), not the system layer.
-COMPUTE_KEYS = frozenset({"roofline-enabled", "peak-perf"})
+ROOFLINE_KEYS = ("roofline-enabled", "peak-perf")
+"""System JSON keys that select and configure ASTRA-sim's roofline compute model."""
+SYSTEM_FILE_LINKED_KEYS = frozenset(ROOFLINE_KEYS + ("local-mem-bw",))
+"""System JSON keys other layers may read (see manifest._SystemFileLinks)."""
 
 
 def _line_of(exc: Exception) -> str:

@@ -3,8 +3,8 @@
     chakra-sim run MANIFEST.yaml [--out DIR] [--quiet]
     chakra-sim run --workload PREFIX --astra-system sys.json --astra-network net.yml
                    [--astra-memory mem.json] [--comm-group groups.json]
-                   [--network analytical|congestion] [--out DIR] [--quiet]
-    chakra-sim validate MANIFEST.yaml
+                   [--network NETWORK-PLUGIN] [--out DIR] [--quiet]
+    chakra-sim validate MANIFEST.yaml | --workload PREFIX --astra-system ... (as run)
     chakra-sim plugins [--json] [--layer LAYER] [--all]
     chakra-sim jsonize PREFIX|FILE.et [--out DIR]
     chakra-sim convert pytorch HOST.json[.gz] [--kineto KINETO.json[.gz]] --output PREFIX
@@ -14,7 +14,8 @@
     chakra-sim timeline MANIFEST.yaml [--out FILE]
 
 Errors caused by inputs print one clear message and exit with status 2 (no
-traceback); `--debug` shows the traceback too.
+traceback); `--debug` shows the traceback too. Ctrl-C during `run` exits with
+status 130.
 """
 
 from __future__ import annotations
@@ -94,10 +95,65 @@ def main() -> None:
     """chakra-sim: simulate distributed AI training from Chakra execution traces."""
 
 
-# run ----------------------------------------------------------------------------------------
+# run and validate: the inputs of a run ---------------------------------------------------------
+DEFAULT_NETWORK = "analytical"
+
+
+class PluginChoice(click.Choice):
+    """The installed implementations of a layer, looked up only when needed (help, a given value),
+    so that commands not using it do not load the plugins."""
+
+    def __init__(self, layer: str):
+        self.layer = layer
+        self._names: tuple[str, ...] | None = None
+        super().__init__((), case_sensitive=True)
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        if self._names is None:
+            from chakra_core.plugins import make_plugin_host
+
+            self._names = tuple(impl.name for impl in make_plugin_host().implementations(self.layer))
+        return self._names
+
+    @choices.setter
+    def choices(self, _value) -> None:
+        pass   # click.Choice.__init__ assigns the (empty) list it was given
+
+
+def run_inputs(command):
+    """The options naming a run's inputs, shared by `run` and `validate`: a manifest, or
+    ASTRA-sim files given directly, and the output folder."""
+    options = [
+        click.argument("manifest", required=False, type=click.Path(dir_okay=False)),
+        click.option("--workload", "workload", metavar="PREFIX",
+                     help="trace prefix (files PREFIX.<rank>.et or PREFIX.<rank>.et.gz)"),
+        click.option("--astra-system", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim system JSON"),
+        click.option("--astra-network", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim network YAML"),
+        click.option("--astra-memory", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim remote-memory JSON"),
+        click.option("--comm-group", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim communicator-group JSON"),
+        # No click default: it would be checked against the installed plugins on every run.
+        click.option("--network", "backend", type=PluginChoice("network"),
+                     help=f"network plugin with --astra-network  [default: {DEFAULT_NETWORK}]"),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                     help="output folder (overrides the manifest's output.dir)"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 def astra_manifest(workload: str, system: str, network: str, memory: str | None,
-                   comm_group: str | None, backend: str) -> dict[str, Any]:
-    """A manifest equivalent to an ASTRA-sim command line (paths relative to the cwd)."""
+                   comm_group: str | None, backend: str = DEFAULT_NETWORK) -> dict[str, Any]:
+    """A manifest equivalent to an ASTRA-sim command line (paths relative to the cwd).
+
+    What the system file says about compute (roofline) and memory bandwidth is
+    read by the manifest loader, as for a manifest that loads the file itself.
+    """
     from chakra_core.astra import read_config_file
 
     manifest: dict[str, Any] = {
@@ -107,47 +163,52 @@ def astra_manifest(workload: str, system: str, network: str, memory: str | None,
     }
     if comm_group:
         manifest["workload"]["comm_groups"] = comm_group
-    sys_data = read_config_file(Path(system))
-    if sys_data.get("roofline-enabled"):
-        compute: dict[str, Any] = {"plugin": "roofline"}
-        if "peak-perf" in sys_data:
-            compute["peak_tflops"] = sys_data["peak-perf"]
-        if "local-mem-bw" in sys_data:
-            compute["memory_bandwidth_gbps"] = sys_data["local-mem-bw"]
-        manifest["compute"] = compute
-    else:
-        manifest["compute"] = {"plugin": "replay"}
     if memory:
         mem_data = read_config_file(Path(memory))
         # NO_MEMORY_EXPANSION gives ASTRA-sim no model for memory nodes; so here too
         # (a trace with MEM_LOAD/MEM_STORE nodes then stops with a clear error).
         if mem_data.get("memory-type", "NO_MEMORY_EXPANSION") != "NO_MEMORY_EXPANSION":
             manifest["memory"] = {"plugin": "hbm", "astra_file": memory}
-            if "local-mem-bw" in sys_data:
-                manifest["memory"]["bandwidth_gbps"] = sys_data["local-mem-bw"]
     return manifest
 
 
+def load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory, comm_group,
+                backend, out_dir):
+    """The LoadedManifest of `run`'s / `validate`'s inputs (see run_inputs)."""
+    from chakra_core.manifest import build_manifest, load_manifest
+
+    astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
+    if manifest:
+        if workload or any(astra_flags):
+            raise CliError("give either a manifest or --workload/--astra-*/--network flags, not both")
+        return load_manifest(manifest, host, out_dir)
+    if not (workload and astra_system and astra_network):
+        raise CliError("give a manifest, or --workload, --astra-system and --astra-network")
+    data = astra_manifest(workload, astra_system, astra_network, astra_memory, comm_group,
+                          backend or DEFAULT_NETWORK)
+    if out_dir:
+        data["output"] = {"dir": out_dir}
+    return build_manifest(data, host, base_dir=Path.cwd(), source="command line")
+
+
+def _warn(messages) -> None:
+    for message in messages:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(message)}", soft_wrap=True)
+
+
 @main.command()
-@click.argument("manifest", required=False, type=click.Path(dir_okay=False))
-@click.option("--workload", "workload", metavar="PREFIX", help="trace prefix (files PREFIX.<rank>.et)")
-@click.option("--astra-system", type=click.Path(exists=True, dir_okay=False),
-              help="ASTRA-sim system JSON")
-@click.option("--astra-network", type=click.Path(exists=True, dir_okay=False),
-              help="ASTRA-sim network YAML")
-@click.option("--astra-memory", type=click.Path(exists=True, dir_okay=False),
-              help="ASTRA-sim remote-memory JSON")
-@click.option("--comm-group", type=click.Path(exists=True, dir_okay=False),
-              help="ASTRA-sim communicator-group JSON")
-@click.option("--network", "backend", type=click.Choice(["analytical", "congestion"]),
-              default="analytical", show_default=True, help="network backend with --astra-network")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False),
-              help="output folder (overrides the manifest's output.dir)")
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
+@run_inputs
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table (warnings still go to stderr)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def run(manifest, workload, astra_system, astra_network, astra_memory, comm_group, backend, out_dir,
         quiet, debug) -> None:
     """Simulate a manifest, or ASTRA-sim inputs given directly.
+
+    The output folder is created and checked before simulating. A rerun
+    replaces the files the previous run wrote there (and removes those it
+    does not write again, e.g. an old timeline.json); other files are left
+    alone. Ctrl-C stops the run (exit status 130) and leaves earlier results
+    as they were.
 
     \b
     Examples:
@@ -155,53 +216,56 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
       chakra-sim run --workload traces/all_reduce --astra-system sys.json \\
                      --astra-network net.yml --out results/
     """
-    from chakra_core.manifest import build_manifest, load_manifest
+    from chakra_core.engine.simulation import Simulation
     from chakra_core.plugins import make_plugin_host
+    from chakra_core.report.writers import (InterruptedAfterWriting, prepare_output_dir, result_files,
+                                            write_run_files)
 
-    astra_flags = [astra_system, astra_network, astra_memory, comm_group]
+    loaded = None
     try:
-        host = make_plugin_host()
-        if manifest:
-            if workload or any(astra_flags):
-                raise CliError("give either a manifest or --workload/--astra-* flags, not both")
-            loaded = load_manifest(manifest, host, out_dir)
-        else:
-            if not (workload and astra_system and astra_network):
-                raise CliError("give a manifest, or --workload, --astra-system and --astra-network")
-            data = astra_manifest(workload, astra_system, astra_network, astra_memory, comm_group, backend)
-            if out_dir:
-                data["output"] = {"dir": out_dir}
-            loaded = build_manifest(data, host, base_dir=Path.cwd(), source="command line")
-        results, wall_s, intervals = _simulate(loaded, host, quiet)
-    except ChakraSimError as exc:
-        _fail(exc, debug)
-        return
-    from chakra_core.report.summary import print_summary
-    from chakra_core.report.writers import write_results
-
-    try:
-        written = write_results(results, loaded.output_dir, loaded.formats)
+        try:
+            host = make_plugin_host()
+            loaded = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
+                                 comm_group, backend, out_dir)
+            sim = Simulation(loaded.spec, host, record_intervals=loaded.timeline)
+            # After the layers accepted the inputs (no folder for a rejected run), before the run.
+            prepare_output_dir(loaded.output_dir)
+            results, wall_s, intervals = _simulate(sim, quiet)
+        except ChakraSimError as exc:
+            _fail(exc, debug)
+            return
+        files = result_files(results, loaded.formats)
         if loaded.timeline:
-            from chakra_core.report.timeline import write_timeline
+            from chakra_core.report.timeline import build_timeline, timeline_json
 
-            path = loaded.output_dir / "timeline.json"
-            write_timeline(intervals, results, path)
-            written.append(path)
-    except OSError as exc:
-        raise CliError(f"cannot write results to {loaded.output_dir}: {exc.strerror or exc}") from exc
+            files["timeline.json"] = timeline_json(build_timeline(intervals or [], results))
+        try:
+            written, output_warnings = write_run_files(loaded.output_dir, files)
+        except OSError as exc:
+            raise CliError(f"cannot write results to {loaded.output_dir}: {exc.strerror or exc}") from exc
+    except InterruptedAfterWriting:
+        err_console.print(f"interrupted: the results were already written to {loaded.output_dir}",
+                          soft_wrap=True, highlight=False)
+        raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        where = f" in {loaded.output_dir}" if loaded is not None else ""
+        err_console.print(f"interrupted: nothing written; earlier results{where} are unchanged",
+                          soft_wrap=True, highlight=False)
+        raise SystemExit(130) from None
     console = out_console()
     if not quiet:
+        from chakra_core.report.summary import print_summary
+
         print_summary(results, console, wall_s)
     else:
         console.print(f"finish: {results['finish_ns']} ns", highlight=False)
+        _warn(results.get("warnings", []))
+    _warn(output_warnings)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
 
 
-def _simulate(loaded, host, quiet: bool):
-    from chakra_core.engine.simulation import Simulation
-
-    sim = Simulation(loaded.spec, host, record_intervals=loaded.timeline)
+def _simulate(sim, quiet: bool):
     show_progress = not quiet and sys.stderr.isatty()
     if not show_progress:
         results = sim.run()
@@ -221,26 +285,46 @@ def _simulate(loaded, host, quiet: bool):
     return results, sim.wall_s, sim.intervals
 
 
-# validate -----------------------------------------------------------------------------------
 @main.command()
-@click.argument("manifest", type=click.Path(dir_okay=False))
+@run_inputs
 @click.option("--debug", is_flag=True, help="show tracebacks")
-def validate(manifest, debug) -> None:
-    """Check a manifest without running it; list every problem with its key path."""
-    from chakra_core.manifest import load_manifest
+def validate(manifest, workload, astra_system, astra_network, astra_memory, comm_group, backend,
+             out_dir, debug) -> None:
+    """Check a run's inputs without simulating; list every problem.
+
+    Takes the same inputs as `run`. Besides the manifest (every problem with its
+    key path) it checks that the network has one NPU per trace file, that every
+    trace file reads to the end with a usable dependency graph, that each
+    communicator group's k-th collectives agree in type and size across ranks
+    (in node-id order), and that the output folder can be written. Exit status 2
+    when anything is wrong.
+
+    \b
+    Examples:
+      chakra-sim validate examples/allreduce_8npu.yaml
+      chakra-sim validate --workload traces/all_reduce --astra-system sys.json \\
+                          --astra-network net.yml
+    """
+    from chakra_core.checks import check_run
     from chakra_core.plugins import make_plugin_host
 
     try:
-        loaded = load_manifest(manifest, make_plugin_host())
+        host = make_plugin_host()
+        loaded = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
+                             comm_group, backend, out_dir)
+        problems, warnings = check_run(loaded, host)
     except ChakraSimError as exc:
         _fail(exc, debug)
         return
-    console = out_console()
+    _warn(warnings)
+    if problems:
+        noun = "problem" if len(problems) == 1 else "problems"
+        raise CliError(f"{loaded.source}: not valid ({len(problems)} {noun}):\n"
+                       + "\n".join(f"  {problem}" for problem in problems))
     spec = loaded.spec
     layers = ", ".join(f"{layer}={choice.impl.name}" for layer, choice in spec.layers.items())
-    console.print(f"{manifest}: valid ({len(spec.trace_files)} rank(s); {layers})", soft_wrap=True)
-    for warning in spec.warnings:
-        console.print(f"  warning: {escape(warning)}", soft_wrap=True)
+    out_console().print(f"{loaded.source}: valid ({len(spec.trace_files)} rank(s); {layers})",
+                        soft_wrap=True, highlight=False)
 
 
 # plugins ------------------------------------------------------------------------------------
@@ -283,17 +367,21 @@ def jsonize(trace, out_dir, compact) -> None:
     Example:
       chakra-sim jsonize traces/all_reduce --out json/
     """
-    from chakra_core.et.jsonize import jsonize_file, trace_files
+    from chakra_core.et.jsonize import duplicate_ranks, json_name, jsonize_file, trace_files
 
     path = Path(trace)
     files = [(None, path)] if path.is_file() else trace_files(path)
     if not files:
-        raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et")
+        raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et or .et.gz")
+    duplicates = duplicate_ranks(files)
+    if duplicates:
+        rank = min(duplicates)
+        raise CliError(f"rank {rank} has two trace files "
+                       f"({', '.join(map(str, duplicates[rank]))}); keep one")
     try:
         for _, et_path in files:
             target_dir = Path(out_dir) if out_dir else et_path.parent
-            target = target_dir / (et_path.name[:-3] + ".json" if et_path.name.endswith(".et")
-                                   else et_path.name + ".json")
+            target = target_dir / json_name(et_path)
             count = jsonize_file(et_path, target, indent=None if compact else 1)
             click.echo(f"{et_path} -> {target} ({count} nodes)")
     except ChakraSimError as exc:

@@ -9,7 +9,10 @@
 
 Each layer section holds `plugin: <name>` and that plugin's own settings,
 validated by the plugin's pydantic `Config`. `astra_file` loads an ASTRA-sim
-file into the section (inline keys override it). Relative paths resolve
+file into the section (inline keys override it); a system file also speaks
+for compute and memory, as in ASTRA-sim (see `_SystemFileLinks`), so the
+CLI's ASTRA-sim flags and a manifest loading the same files build the same
+run. Relative paths resolve
 against the manifest's folder. Every problem is reported at once, with the
 file, the key path (`network.bandwidth[1]`) and the reason.
 
@@ -18,15 +21,17 @@ docs/manifest.md is the reference; tests/test_docs.py checks it against these mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from chakra_core.astra import COMPUTE_KEYS, read_comm_groups, read_config_file, split_known
+from chakra_core.astra import (ROOFLINE_KEYS, SYSTEM_FILE_LINKED_KEYS, field_keys, read_comm_groups,
+                               read_config_file, split_known)
 from chakra_core.engine.simulation import LayerChoice, Resources, RunSpec
 from chakra_core.errors import ManifestError, PluginError
-from chakra_core.et.jsonize import trace_files
+from chakra_core.et.jsonize import duplicate_ranks, trace_files
 from chakra_core.feeder import DEFAULT_CACHE_NODES
 from chakra_core.plugins import PluginHost
 
@@ -48,7 +53,8 @@ class ResourcesSection(_Strict):
 
 
 class WorkloadSection(_Strict):
-    trace: str = Field(..., description="trace prefix: files <trace>.<rank>.et (plain or gzip)")
+    trace: str = Field(..., description="trace prefix: files <trace>.<rank>.et, or <trace>.<rank>.et.gz "
+                                        "(gzip; any file may be gzip-compressed whatever its name)")
     ranks: PositiveInt | None = Field(None, description="number of ranks; default: count the files")
     feeder: Literal["streaming", "memory"] = Field(
         "streaming", description="'streaming' keeps only a compact index and a node cache in memory "
@@ -73,7 +79,9 @@ class LayerSection(BaseModel):
 
 
 class OutputSection(_Strict):
-    dir: str = Field("results", description="folder for results.json / results.csv")
+    dir: str = Field("results", description="folder for results.json / results.csv, created if missing; "
+                                            "a rerun replaces the files the previous run wrote there "
+                                            "and removes those it does not write again")
     formats: list[Literal["json", "csv"]] = Field(["json", "csv"], description="files to write")
     timeline: bool = Field(False, description="also write timeline.json (Perfetto / Chrome trace; "
                                               "open in ui.perfetto.dev)")
@@ -141,18 +149,32 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
         # Report layer problems too, where the sections themselves are well formed.
         layers = {name: data.get(name) for name in LAYER_DEFAULTS if isinstance(data.get(name), dict)}
         for name, section in layers.items():
-            if "plugin" in section:
-                _validate_layer(name, LayerSection.model_validate(section), host, base_dir, source,
-                                problems, warnings)
-        raise ManifestError(problems)
+            try:
+                layer_section = LayerSection.model_validate(section)
+            except ValidationError:
+                continue   # already reported by the Manifest model
+            file = _read_astra_file(name, layer_section, base_dir, source, problems)
+            if file is not None or not layer_section.astra_file:
+                _validate_layer(name, layer_section, host, source, problems, warnings, file,
+                                consumed=SYSTEM_FILE_LINKED_KEYS)
+        raise ManifestError(_distinct(problems))
+
+    sections: dict[str, LayerSection | None] = {layer: getattr(manifest, layer) for layer in LAYER_DEFAULTS}
+    files = {layer: _read_astra_file(layer, section, base_dir, source, problems)
+             for layer, section in sections.items() if section is not None and section.astra_file}
+    links = _SystemFileLinks(files.get("system"), "compute" in manifest.model_fields_set,
+                             sections, host, problems, warnings)
+    if links.compute_section is not None:
+        sections["compute"] = links.compute_section
 
     choices: dict[str, LayerChoice] = {}
     echo: dict[str, Any] = {}
-    for layer in ("system", "compute", "memory", "network"):
-        section = getattr(manifest, layer)
-        if section is None:
-            continue
-        result = _validate_layer(layer, section, host, base_dir, source, problems, warnings)
+    for layer, section in sections.items():
+        if section is None or (section.astra_file and files[layer] is None):
+            continue   # absent, or its ASTRA-sim file is unreadable (already reported)
+        result = _validate_layer(layer, section, host, source, problems, warnings, files.get(layer),
+                                 derived=links.derived.get(layer),
+                                 consumed=links.consumed if layer == "system" else frozenset())
         if result is not None:
             choices[layer] = result
             echo[layer] = {"plugin": result.impl.name, **result.config.model_dump(mode="json")}
@@ -169,7 +191,7 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
         comm_groups = {str(k): v for k, v in workload.comm_groups.items()}
 
     if problems:
-        raise ManifestError(problems)
+        raise ManifestError(_distinct(problems))
 
     output_dir = Path(out_dir) if out_dir else _resolve(base_dir, manifest.output.dir)
     echo = {
@@ -190,41 +212,159 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
     return LoadedManifest(spec, output_dir, list(manifest.output.formats), source, manifest.output.timeline)
 
 
+def _distinct(problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    # A bad local-mem-bw is reported once, not once per layer that reads it.
+    return list(dict.fromkeys(problems))
+
+
 def _resolve(base_dir: Path, value: str) -> Path:
     path = Path(value).expanduser()
     return path if path.is_absolute() else (base_dir / path)
 
 
-def _validate_layer(layer: str, section: LayerSection, host: PluginHost, base_dir: Path, source: str,
-                    problems: list, warnings: list) -> LayerChoice | None:
-    """Validate one layer section with its plugin's Config; errors point at the key's origin."""
+def _read_astra_file(layer: str, section: LayerSection, base_dir: Path, source: str,
+                     problems: list) -> tuple[str, dict[str, Any]] | None:
+    """(file name, contents) of a section's `astra_file`; None when there is none or it is unreadable
+    (a problem is recorded)."""
+    if not section.astra_file:
+        return None
+    file_path = _resolve(base_dir, section.astra_file)
+    try:
+        return str(file_path), read_config_file(file_path)
+    except ManifestError as exc:
+        problems.extend((f"{source}: {layer}.astra_file: {loc}", why) for loc, why in exc.problems)
+        return None
+
+
+@dataclass
+class _Derived:
+    """Settings a layer takes from the system layer's ASTRA-sim file."""
+
+    settings: dict[str, Any]
+    where: dict[str, str]
+    """setting -> "file: key" it was read from."""
+    section_at: str | None = None
+    """Where the section itself comes from, when the manifest has none (the compute section
+    that `roofline-enabled` selects)."""
+
+
+class _SystemFileLinks:
+    """What an ASTRA-sim system file says about the other layers, as ASTRA-sim reads it.
+
+    Besides the system layer's own settings, the file selects the compute model
+    (`roofline-enabled`, `peak-perf`) and gives the local memory bandwidth
+    (`local-mem-bw`, also read by the native system layer). Without a `compute:`
+    section, `roofline-enabled: 1` selects `compute: {plugin: roofline}` with
+    `peak_tflops` = `peak-perf` and `memory_bandwidth_gbps` = `local-mem-bw`;
+    a memory plugin with a `bandwidth_gbps` setting (hbm) gets `local-mem-bw`
+    unless its section sets it. Keys no layer uses are warnings.
+    """
+
+    def __init__(self, file: tuple[str, dict[str, Any]] | None, compute_given: bool,
+                 sections: dict[str, LayerSection | None], host: PluginHost, problems: list,
+                 warnings: list):
+        self.compute_section: LayerSection | None = None
+        self.derived: dict[str, _Derived] = {}
+        self.consumed: frozenset[str] = frozenset()
+        if file is None:
+            return
+        name, data = file
+        consumed = set()
+        roofline = [key for key in ROOFLINE_KEYS if key in data]
+        enabled = data.get("roofline-enabled", 0)
+        if compute_given:
+            if roofline:
+                warnings.append(f"{name}: {_keys(roofline)} not used: the manifest's compute section "
+                                f"selects plugin '{sections['compute'].plugin}'")
+        elif enabled not in (0, 1):   # bool is an int: true/false pass too
+            problems.append((f"{name}: roofline-enabled", "must be 0 or 1"))
+        elif enabled:
+            self._roofline(name, data, problems)
+        elif "peak-perf" in data:
+            off = f"is {enabled}" if "roofline-enabled" in data else "is not set"
+            warnings.append(f"{name}: key 'peak-perf' not used: roofline-enabled {off}, so compute "
+                            "nodes replay their traced durations")
+        consumed.update(roofline)
+        if "local-mem-bw" in data:
+            if "compute" in self.derived:
+                consumed.add("local-mem-bw")
+            memory = sections.get("memory")
+            if memory is not None and self._memory_takes_bandwidth(memory, host):
+                self.derived["memory"] = _Derived({"bandwidth_gbps": data["local-mem-bw"]},
+                                                  {"bandwidth_gbps": f"{name}: local-mem-bw"})
+                consumed.add("local-mem-bw")
+        self.consumed = frozenset(consumed)
+
+    def _roofline(self, name: str, data: dict[str, Any], problems: list) -> None:
+        if "peak-perf" not in data:
+            problems.append((f"{name}: peak-perf", "required with roofline-enabled: 1 "
+                                                   "(TFLOP/s of the roofline compute model)"))
+            return
+        settings = {"peak_tflops": data["peak-perf"]}
+        where = {"peak_tflops": f"{name}: peak-perf"}
+        if "local-mem-bw" in data:
+            settings["memory_bandwidth_gbps"] = data["local-mem-bw"]
+            where["memory_bandwidth_gbps"] = f"{name}: local-mem-bw"
+        self.compute_section = LayerSection(plugin="roofline")
+        self.derived["compute"] = _Derived(settings, where, f"{name}: roofline-enabled")
+
+    @staticmethod
+    def _memory_takes_bandwidth(section: LayerSection, host: PluginHost) -> bool:
+        try:
+            impl = host.get("memory", section.plugin)
+        except PluginError:
+            return False   # reported when the memory section is validated
+        return "bandwidth_gbps" in field_keys(impl.cls.Config)
+
+
+def _keys(keys: list[str]) -> str:
+    return ("key " if len(keys) == 1 else "keys ") + ", ".join(f"'{k}'" for k in keys)
+
+
+def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source: str,
+                    problems: list, warnings: list, file: tuple[str, dict[str, Any]] | None,
+                    derived: _Derived | None = None,
+                    consumed: frozenset[str] = frozenset()) -> LayerChoice | None:
+    """Validate one layer section with its plugin's Config; errors point at the key's origin.
+
+    Settings come from, lowest precedence first: `derived` (the system file's keys for other
+    layers), the section's `astra_file`, the keys written in the section.
+    """
+    section_at = derived.section_at if derived is not None else None
     try:
         impl = host.get(layer, section.plugin)
     except PluginError as exc:
-        problems.append((f"{source}: {layer}.plugin", str(exc)))
+        problems.append((section_at or f"{source}: {layer}.plugin", str(exc)))
         return None
     config_cls = impl.cls.Config
     inline = dict(section.model_extra or {})
-    settings: dict[str, Any] = {}
-    file_name = None
-    if section.astra_file:
-        file_path = _resolve(base_dir, section.astra_file)
-        file_name = str(file_path)
-        try:
-            file_data = read_config_file(file_path)
-        except ManifestError as exc:
-            problems.extend((f"{source}: {layer}.astra_file: {loc}", why) for loc, why in exc.problems)
-            return None
-        consumed = COMPUTE_KEYS if layer == "system" else frozenset()
-        settings, file_warnings = split_known(file_data, config_cls, file_name, layer, impl.name,
-                                              consumed)
+    file_name, file_settings = None, {}
+    if file is not None:
+        file_name = file[0]
+        file_settings, file_warnings = split_known(file[1], config_cls, file_name, layer, impl.name,
+                                                   consumed)
         warnings.extend(file_warnings)
+    settings = dict(derived.settings) if derived is not None else {}
+    for key, value in settings.items():
+        chosen = inline.get(key, file_settings.get(key, value))
+        if chosen != value:
+            set_in = f"{source}: {layer}.{key}" if key in inline else f"{file_name}: {key}"
+            warnings.append(f"{derived.where[key]} ({value}) not used for {layer}.{key}: "
+                            f"{set_in} sets it to {chosen}")
+    settings.update(file_settings)
     settings.update(inline)
 
     def origin(loc: tuple) -> str:
-        """Where the setting at `loc` was written: the ASTRA-sim file, or the manifest."""
-        if file_name is not None and (loc[0] not in inline if loc else not inline):
+        """Where the setting at `loc` was written: the manifest, or an ASTRA-sim file."""
+        key = loc[0] if loc else None
+        if key in inline:
+            return f"{source}: {format_loc((layer,) + tuple(loc))}"
+        if derived is not None and key in derived.where and key not in file_settings:
+            return derived.where[key] + (f": {format_loc(loc[1:])}" if loc[1:] else "")
+        if file_name is not None:
             return f"{file_name}: {format_loc(loc) if loc else f'(whole file, loaded by {layer}.astra_file)'}"
+        if section_at is not None:
+            return f"{section_at} (selects {layer} plugin '{impl.name}'): {format_loc(loc)}"
         return f"{source}: {format_loc((layer,) + tuple(loc))}"
 
     try:
@@ -247,8 +387,11 @@ def _resolve_traces(workload: WorkloadSection, base_dir: Path, source: str,
     found = trace_files(prefix)
     if not found:
         problems.append((f"{source}: workload.trace",
-                         f"no trace files {prefix}.<rank>.et found"))
+                         f"no trace files {prefix}.<rank>.et (or .et.gz) found"))
         return []
+    for rank, paths in duplicate_ranks(found).items():
+        problems.append((f"{source}: workload.trace", f"rank {rank} has two trace files "
+                         f"({', '.join(map(str, paths))}); keep one"))
     ranks = [rank for rank, _ in found]
     expected = workload.ranks or (ranks[-1] + 1)
     missing = sorted(set(range(expected)) - set(ranks))

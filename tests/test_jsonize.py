@@ -46,10 +46,11 @@ def test_jsonize_compact_and_empty(tmp_path):
 
 
 def test_trace_files_sorts_by_rank_and_ignores_other_names(tmp_path):
-    for name in ["w.10.et", "w.2.et", "w.0.et", "w.x.et", "w.1.et.gz", "wx.3.et", "w.json"]:
+    for name in ["w.10.et", "w.2.et", "w.0.et", "w.x.et", "w.1.et.gz", "wx.3.et", "w.json",
+                 "w.4.gz", "w.5.et.gz.bak"]:
         (tmp_path / name).write_bytes(b"")
     assert [(rank, p.name) for rank, p in trace_files(tmp_path / "w")] == \
-        [(0, "w.0.et"), (2, "w.2.et"), (10, "w.10.et")]
+        [(0, "w.0.et"), (1, "w.1.et.gz"), (2, "w.2.et"), (10, "w.10.et")]
     assert trace_files(tmp_path / "missing" / "w") == []
 
 

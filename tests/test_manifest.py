@@ -113,8 +113,11 @@ network: {{plugin: analytical, astra_file: {net.name}}}
     assert config.scheduling_policy == "FIFO" and config.endpoint_delay == 20
     assert config.preferred_dataset_splits == 4
     assert loaded.spec.layers["network"].config.npus_count == [4]
-    assert loaded.spec.warnings == [f"{sys_json}: key 'boost-mode' is not implemented by system "
-                                    "plugin 'native'; ignored"]
+    assert loaded.spec.warnings == [
+        f"{sys_json}: key 'peak-perf' not used: roofline-enabled is 0, so compute nodes replay "
+        "their traced durations",
+        f"{sys_json}: key 'boost-mode' is not implemented by system plugin 'native'; ignored"]
+    assert loaded.spec.layers["compute"].impl.name == "replay"
 
 
 def test_errors_inside_an_astra_file_point_at_the_file(tmp_path, host):
@@ -175,3 +178,87 @@ network: {{plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50
     assert problems(info) == [f"{path}: system.all-reduce-implementation[1]: unknown collective "
                               "algorithm 'magic'; available for ALL_REDUCE: direct, doubleBinaryTree, "
                               "halvingDoubling, oneDirect, oneHalvingDoubling, oneRing, ring"]
+
+
+# What the system layer's ASTRA-sim file says about compute and memory ----------------------------
+ROOFLINE_SYS = {"scheduling-policy": "LIFO", "endpoint-delay": 10, "preferred-dataset-splits": 4,
+                "local-mem-bw": 1600, "roofline-enabled": 1, "peak-perf": 100}
+RING4 = "network: {plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], latency: [1]}"
+
+
+def system_file_manifest(tmp_path: Path, sys_data: dict, extra: str = "") -> Path:
+    write(tmp_path / "sys.json", json.dumps(sys_data))
+    return write(tmp_path / "m.yaml", f"workload: {{trace: {MICRO4}}}\n"
+                                      f"system: {{plugin: native, astra_file: sys.json}}\n{RING4}\n{extra}")
+
+
+def test_roofline_enabled_in_the_system_file_selects_the_roofline_compute_model(tmp_path, host):
+    loaded = load_manifest(system_file_manifest(tmp_path, ROOFLINE_SYS), host)
+    compute = loaded.spec.layers["compute"]
+    assert compute.impl.name == "roofline"
+    assert (compute.config.peak_tflops, compute.config.memory_bandwidth_gbps) == (100, 1600)
+    assert loaded.spec.layers["system"].config.local_mem_bw == 1600   # the system layer reads it too
+    assert loaded.spec.manifest["compute"] == {"plugin": "roofline", "peak_tflops": 100.0,
+                                               "memory_bandwidth_gbps": 1600.0}
+    assert loaded.spec.warnings == []
+
+
+def test_an_explicit_compute_section_wins_and_the_unused_roofline_keys_warn(tmp_path, host):
+    sys_json = tmp_path / "sys.json"
+    loaded = load_manifest(system_file_manifest(tmp_path, ROOFLINE_SYS, "compute: {plugin: replay}\n"), host)
+    assert loaded.spec.layers["compute"].impl.name == "replay"
+    assert loaded.spec.warnings == [f"{sys_json}: keys 'roofline-enabled', 'peak-perf' not used: the "
+                                    "manifest's compute section selects plugin 'replay'"]
+
+
+def test_peak_perf_without_roofline_enabled_warns(tmp_path, host):
+    sys_data = {k: v for k, v in ROOFLINE_SYS.items() if k != "roofline-enabled"}
+    loaded = load_manifest(system_file_manifest(tmp_path, sys_data), host)
+    assert loaded.spec.layers["compute"].impl.name == "replay"
+    assert loaded.spec.warnings == [f"{tmp_path / 'sys.json'}: key 'peak-perf' not used: "
+                                    "roofline-enabled is not set, so compute nodes replay their "
+                                    "traced durations"]
+
+
+def test_roofline_problems_in_the_system_file_point_at_the_file(tmp_path, host):
+    sys_json = tmp_path / "sys.json"
+    cases = [({"roofline-enabled": 1}, f"{sys_json}: peak-perf: required with roofline-enabled: 1"),
+             ({"roofline-enabled": 1, "peak-perf": -5},
+              f"{sys_json}: peak-perf: Input should be greater than 0"),
+             ({"roofline-enabled": "yes"}, f"{sys_json}: roofline-enabled: must be 0 or 1")]
+    for sys_data, expected in cases:
+        with pytest.raises(ManifestError) as info:
+            load_manifest(system_file_manifest(tmp_path, sys_data), host)
+        assert any(line.startswith(expected) for line in problems(info)), (expected, problems(info))
+
+
+def test_a_bad_local_mem_bw_is_reported_once(tmp_path, host):
+    with pytest.raises(ManifestError) as info:
+        load_manifest(system_file_manifest(tmp_path, {**ROOFLINE_SYS, "local-mem-bw": 0}), host)
+    assert problems(info) == [f"{tmp_path / 'sys.json'}: local-mem-bw: Input should be greater than 0"]
+
+
+def test_local_mem_bw_gives_the_hbm_bandwidth_unless_the_memory_section_sets_it(tmp_path, host):
+    sys_data = {**ROOFLINE_SYS, "roofline-enabled": 0}
+    sys_data.pop("peak-perf")
+    loaded = load_manifest(system_file_manifest(tmp_path, sys_data, "memory: {plugin: hbm}\n"), host)
+    assert loaded.spec.layers["memory"].config.bandwidth_gbps == 1600
+    assert loaded.spec.warnings == []
+    loaded = load_manifest(system_file_manifest(tmp_path, sys_data,
+                                                "memory: {plugin: hbm, bandwidth_gbps: 3000}\n"), host)
+    assert loaded.spec.layers["memory"].config.bandwidth_gbps == 3000
+    assert loaded.spec.warnings == [f"{tmp_path / 'sys.json'}: local-mem-bw (1600) not used for "
+                                    f"memory.bandwidth_gbps: {tmp_path / 'm.yaml'}: "
+                                    "memory.bandwidth_gbps sets it to 3000"]
+
+
+def test_gzip_rank_files_are_found(tmp_path, host):
+    from tests.helpers import make_node, write_et
+
+    for rank in range(4):
+        write_et(tmp_path / f"g.{rank}.et.gz", [make_node(1, duration_micros=rank)], compress=True)
+    path = write(tmp_path / "m.yaml", f"workload: {{trace: g}}\n{RING4}\n")
+    assert [p.name for p in load_manifest(path, host).spec.trace_files] == [f"g.{r}.et.gz" for r in range(4)]
+    write_et(tmp_path / "g.2.et", [make_node(1)])
+    with pytest.raises(ManifestError, match=r"rank 2 has two trace files .*g\.2\.et.*g\.2\.et\.gz"):
+        load_manifest(path, host)

@@ -213,3 +213,18 @@ def test_timeline_command(tmp_path):
     path.write_text(yaml.safe_dump({"workload": {"trace": prefix}}))
     result = CliRunner().invoke(timeline, [str(path)])
     assert result.exit_code == 2 and "network" in result.output and "Traceback" not in result.output
+
+
+def test_the_timeline_command_writes_into_the_folders_record_so_a_later_run_clears_it(tmp_path):
+    from chakra_core.cli import main
+
+    prefix = write_ranks(tmp_path / "traces", two_rank_program())
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"workload": {"trace": prefix}, "network": ring_network(2),
+                                    "output": {"dir": "out"}}))
+    assert CliRunner().invoke(timeline, [str(path)]).exit_code == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [".chakra-sim-outputs.json", "results.csv",
+                                                     "results.json", "timeline.json"]
+    assert CliRunner().invoke(main, ["run", str(path), "--quiet"]).exit_code == 0
+    assert not (out / "timeline.json").exists()     # the run wrote no timeline: the old one is gone

@@ -40,8 +40,14 @@ def jsonize_file(et_path: str | os.PathLike, json_path: str | os.PathLike, inden
     return count
 
 
+TRACE_SUFFIXES = (".et", ".et.gz")
+"""Rank files are `<prefix>.<rank>.et`, or `.et.gz` when gzip-compressed (readers detect gzip by its
+magic bytes, whatever the name)."""
+
+
 def trace_files(prefix: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(rank, path) of every `<prefix>.<rank>.et` file, sorted by rank."""
+    """(rank, path) of every `<prefix>.<rank>.et` or `<prefix>.<rank>.et.gz` file, sorted by rank
+    (a rank with both files appears twice: see `duplicate_ranks`)."""
     prefix = Path(prefix)
     folder = prefix.parent if str(prefix.parent) else Path(".")
     stem = prefix.name + "."
@@ -49,8 +55,28 @@ def trace_files(prefix: str | os.PathLike) -> list[tuple[int, Path]]:
     if folder.is_dir():
         for entry in folder.iterdir():
             name = entry.name
-            if name.startswith(stem) and name.endswith(".et"):
-                middle = name[len(stem):-3]
-                if middle.isdigit():
-                    found.append((int(middle), entry))
+            if not name.startswith(stem):
+                continue
+            for suffix in TRACE_SUFFIXES:
+                if name.endswith(suffix):
+                    middle = name[len(stem):-len(suffix)]
+                    if middle.isdigit():
+                        found.append((int(middle), entry))
     return sorted(found)
+
+
+def duplicate_ranks(found: list[tuple[int, Path]]) -> dict[int, list[Path]]:
+    """Ranks with more than one trace file (`x.0.et` and `x.0.et.gz`) in a `trace_files` result."""
+    paths: dict[int, list[Path]] = {}
+    for rank, path in found:
+        paths.setdefault(rank, []).append(path)
+    return {rank: files for rank, files in paths.items() if len(files) > 1}
+
+
+def json_name(et_path: Path) -> str:
+    """`x.0.et` / `x.0.et.gz` -> `x.0.json`."""
+    name = et_path.name
+    for suffix in (".et.gz", ".et"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)] + ".json"
+    return name + ".json"

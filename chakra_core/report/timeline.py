@@ -186,7 +186,7 @@ def write_timeline(intervals: Iterable[Sequence], results: dict[str, Any], path:
 @click.command("timeline")
 @click.argument("manifest", metavar="MANIFEST.yaml", type=click.Path(dir_okay=False))
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),
-              help="timeline file [default: <output dir>/timeline.json]")
+              help="timeline file [default: <output dir>/timeline.json, with the results files]")
 @click.option("--max-flows", default=DEFAULT_MAX_FLOWS, show_default=True, type=click.IntRange(min=0),
               help="dependency arrows to draw at most (earliest first)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
@@ -208,13 +208,25 @@ def timeline(manifest, out_file, max_flows, debug) -> None:
     from chakra_core.plugins import make_plugin_host
     from chakra_core.tools import tool_errors
 
+    from chakra_core.report.writers import prepare_output_dir, result_files, write_run_files
+
     with tool_errors("the timeline", debug):
         host = make_plugin_host()
         loaded = load_manifest(manifest, host)
         sim = Simulation(loaded.spec, host, record_intervals=True)
-        results = sim.run()
-        path = Path(out_file) if out_file else loaded.output_dir / "timeline.json"
-        meta = write_timeline(sim.intervals or [], results, path, max_flows)
+        if out_file:
+            results = sim.run()
+            path = Path(out_file)
+            meta = write_timeline(sim.intervals or [], results, path, max_flows)
+        else:
+            # Into the output folder, as `run` with `timeline: true` writes it: with the results,
+            # in the folder's record of what the last run wrote.
+            prepare_output_dir(loaded.output_dir)
+            results = sim.run()
+            doc = build_timeline(sim.intervals or [], results, max_flows)
+            files = {**result_files(results, loaded.formats), "timeline.json": timeline_json(doc)}
+            write_run_files(loaded.output_dir, files)
+            path, meta = loaded.output_dir / "timeline.json", doc["metadata"]
     flows = meta["flows"]
     dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
     click.echo(f"finish: {results['finish_ns']} ns")
