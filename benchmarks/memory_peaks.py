@@ -72,10 +72,12 @@ def main() -> None:
             cells = []
             for mode in ("all", "cpu"):
                 results = simulate_peaks(str(prefix), len(ranks), mode, label in HOST_MEMORY)
-                peaks = [r["peak_memory_bytes"] for r in results["ranks"]]
-                times = [r.get("peak_memory_ns", 0) for r in results["ranks"]]
-                cells.append(" / ".join(human(p) for p in peaks))
-                cells.append(" / ".join(f"{t / 1e6:,.3f} ms" for t in times))
+                stats = [r["hbm"] for r in results["ranks"]]
+                peaks = [r["peak_memory_bytes"] for r in stats]
+                times = [r.get("peak_memory_ns") for r in stats]
+                # null: no node the mode counts lists a tensor (the model cannot tell, so it does not say 0 B)
+                cells.append(" / ".join("no tensors" if p is None else human(p) for p in peaks))
+                cells.append(" / ".join("-" if t is None else f"{t / 1e6:,.3f} ms" for t in times))
             nodes = sum(sum(r["node_counts"].values()) for r in results["ranks"]) // len(ranks)
         label += " [host memory]" if label in HOST_MEMORY else ""
         rows.append(f"| {label} | {len(ranks)} | {nodes:,} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} |")

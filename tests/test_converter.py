@@ -66,10 +66,17 @@ HOST_TRACES = _ref_files("nodes")
 KINETO_TRACES = _ref_files("traceEvents")
 
 
+UNRECORDED_RANK = {"selfgen-cpu/host.0.json.gz": 0, "selfgen-cpu/host.1.json.gz": 1}
+"""Host traces of multi-rank jobs that do not record their rank (their Kineto traces do)."""
+
+
 @functools.lru_cache(maxsize=None)
 def converted(host: Path, kineto: Path | None = None) -> Conversion:
     """A reference conversion, shared by the tests that only read it (big traces convert once)."""
-    return convert(host, kineto)
+    rank = None
+    if kineto is None and host.is_relative_to(REF_PYTORCH):
+        rank = UNRECORDED_RANK.get(host.relative_to(REF_PYTORCH).as_posix())
+    return convert(host, kineto, rank)
 
 
 def write_as(result: Conversion, prefix: Path, rank: int) -> Path:
@@ -132,13 +139,13 @@ def pg_init(node_id: int, groups: list[dict]) -> dict:
     return node(node_id, "## process_group:init ##", 2, [V(json.dumps(groups), "String")], tid=1)
 
 
-def allreduce(node_id: int, tensor_id: int, storage: int, numel: int, pg: str = "0") -> list[dict]:
+def allreduce(node_id: int, tensor_id: int, storage: int, numel: int, pg: str = "0", rank: int = 0) -> list[dict]:
     """c10d::allreduce_ -> record_param_comms (schema 1.1 attrs) -> nccl:all_reduce."""
     t = T(tensor_id, storage, [numel])
     tensors = ([t[0]], [t[1]], "GenericList[Tensor(float)]")
     return [node(node_id, "c10d::allreduce_", 2, [tensors, V("<Object>", "Object")], [tensors]),
             node(node_id + 1, "record_param_comms", node_id, [tensors, V(1, "Int"), V([pg, ""], "Tuple[String,String]"),
-                                                               V(0, "Int"), V("allreduce", "String")],
+                                                               V(rank, "Int"), V("allreduce", "String")],
                  [tensors], collective_name="allreduce", dtype="Float", in_msg_nelems=numel,
                  out_msg_nelems=numel, pg_name=pg),
             node(node_id + 2, "nccl:all_reduce", node_id + 1, [t])]
@@ -197,7 +204,7 @@ def test_dlrm_has_5_all_to_all_and_3_all_reduce_per_rank_and_simulates_on_2_npus
     results = simulate(manifest(str(tmp_path / "dlrm"), ring_network(2)))
     assert results["finish_ns"] > 0 and results["warnings"] == []
     for rank in results["ranks"]:
-        assert rank["collectives"] == 8
+        assert rank["native"]["collectives"] == 8
         assert set(rank["comm_bytes_by_type"]) == {"ALL_REDUCE", "ALL_TO_ALL"}
     if linked:   # replayed compute: the GPU nodes take their measured time
         assert results["ranks"][0]["compute_ns"] == 1_000 * converted(
@@ -213,7 +220,7 @@ def test_selfgen_cpu_pair_simulates_on_2_npus(ref_traces, tmp_path, linked):
         assert result.summary.collectives == {"ALL_REDUCE": 10}
         result.write(tmp_path / "cpu")
     results = simulate(manifest(str(tmp_path / "cpu"), ring_network(2)))
-    assert [r["collectives"] for r in results["ranks"]] == [10, 10]
+    assert [r["native"]["collectives"] for r in results["ranks"]] == [10, 10]
     if linked:   # gloo runs its collectives on CPU threads: comm nodes carry those durations
         comm = _comm_nodes(read_trace(tmp_path / "cpu.0.et").nodes)
         assert all(n.name == "c10d::allreduce_" and n.duration_micros > 0 for n in comm)
@@ -234,7 +241,7 @@ def test_single_rank_conversions_simulate_on_one_npu(ref_traces, tmp_path, host)
                                 compute={"plugin": "roofline", "peak_tflops": 100,
                                          "memory_bandwidth_gbps": 1000}))
     rank = results["ranks"][0]
-    assert rank["collectives"] == len(_comm_nodes(result.nodes))
+    assert rank["native"]["collectives"] == len(_comm_nodes(result.nodes))
     assert sum(rank["node_counts"].values()) == len(result.nodes)
     if result.summary.num_ops > 1e9:   # the roofline times GPU nodes from their num_ops
         assert rank["compute_ns"] >= result.summary.num_ops / 100e12 * 1e9 * 0.99
@@ -411,6 +418,113 @@ def test_collective_attributes_and_process_groups(tmp_path):
     assert [n.name for n in result.nodes].count("nccl:all_reduce") == 0
 
 
+# comm_size: one meaning per collective type (docs/collectives.md) -----------------------------
+def test_all_gather_comm_size_is_each_ranks_input(ref_traces):
+    """chakra-tests 1.0.2: 10 all-gathers of one float on 2 ranks; the gathered output is 8 B,
+    each rank's input (what ASTRA-sim's and chakra-sim's all-gather size means) 4 B."""
+    result = converted(ref_traces / "pytorch" / "chakra-tests/1.0.2-chakra.0.0.4.json")
+    comm = _comm_nodes(result.nodes)
+    assert [(NodeView(n).int("comm_type"), NodeView(n).int("comm_size")) for n in comm] == [(pb.ALL_GATHER, 4)] * 10
+    assert result.summary.warnings == []
+
+
+def test_a_converted_all_gather_moves_n_minus_1_inputs_per_rank_on_a_ring(ref_traces, tmp_path):
+    """Both ranks of the 1.0.2 all-gathers (the trace is rank 0's; both record the same calls):
+    a ring all-gather sends (N-1) x input = 4 B per rank and collective, 40 B for the 10."""
+    result = converted(ref_traces / "pytorch" / "chakra-tests/1.0.2-chakra.0.0.4.json")
+    for rank in (0, 1):
+        write_as(result, tmp_path / "ag", rank)
+    results = simulate(manifest(str(tmp_path / "ag"), ring_network(2), system={}))
+    for row in results["ranks"]:
+        assert row["comm_bytes_by_type"] == {"ALL_GATHER": 40}
+        assert (row["bytes_sent"], row["bytes_received"]) == (40, 40)
+
+
+def F(numel: int, tensor_id: int):
+    """A float tensor operand of `numel` elements on its own storage."""
+    return T(tensor_id, tensor_id, [numel])
+
+
+def tensor_list(*operands):
+    return [o[0] for o in operands], [o[1] for o in operands], "GenericList[Tensor(float)]"
+
+
+def nested_list(*operands):
+    """One list of tensors inside a list (`Tensor[][]`, e.g. allgather_'s outputs)."""
+    return [[o[0] for o in operands]], [[o[1] for o in operands]], "GenericList[GenericList[Tensor(float)]]"
+
+
+def rpc(node_id: int, parent: int, name: str, inputs, outputs, **attrs) -> dict:
+    """record_param_comms of rank 0 in group "0" of 2 ranks (schema 1.1 operands)."""
+    return node(node_id, "record_param_comms", parent,
+                [inputs, V(1, "Int"), V(["0", ""], "Tuple[String,String]"), V(0, "Int"), V(name, "String"),
+                 V([], "GenericList[]"), V([], "GenericList[]"), V(0, "Int"), V(1, "Int"), V(2, "Int")],
+                [outputs], **attrs)
+
+
+SIZE_CASES = {
+    # record_param_comms attributes: in_msg_nelems is the input, whatever the type
+    "reduce_scatter, in/out_msg_nelems": (
+        [node(3, "c10d::reduce_scatter_", 2, [tensor_list(F(100, 1)), tensor_list(F(100, 2), F(100, 3))]),
+         rpc(4, 3, "reduce_scatter", tensor_list(F(100, 2), F(100, 3)), tensor_list(F(100, 1)),
+             collective_name="reduce_scatter", dtype="Float", in_msg_nelems=200, out_msg_nelems=100, pg_size=2)],
+        pb.REDUCE_SCATTER, 800),
+    "uneven all_to_allv: the send buffer": (
+        [node(3, "c10d::alltoall_base_", 2, [F(500, 1), F(300, 2)]),
+         rpc(4, 3, "all_to_allv", F(300, 2), F(500, 1), collective_name="all_to_allv", dtype="Float",
+             in_msg_nelems=300, out_msg_nelems=500, in_split_size="[100, 200]", out_split_size="[250, 250]",
+             pg_size=2)],
+        pb.ALL_TO_ALL, 1200),
+    "all_gather, record_param_comms tensors (schema 1.0.2)": (
+        [node(3, "c10d::allgather_", 2, [nested_list(F(16, 1), F(16, 2)), tensor_list(F(16, 3))]),
+         rpc(4, 3, "all_gather", tensor_list(F(16, 3)), nested_list(F(16, 1), F(16, 2)))],
+        pb.ALL_GATHER, 64),
+    "_allgather_base_ operands (output, input)": (
+        [node(3, "c10d::_allgather_base_", 2, [F(32, 1), F(16, 2)], [F(32, 1)])], pb.ALL_GATHER, 64),
+    "_reduce_scatter_base_ operands (output, input)": (
+        [node(3, "c10d::_reduce_scatter_base_", 2, [F(16, 1), F(32, 2)], [F(16, 1)])], pb.REDUCE_SCATTER, 128),
+    "allgather_into_tensor_coalesced_ operands": (
+        [node(3, "c10d::allgather_into_tensor_coalesced_", 2,
+              [tensor_list(F(32, 1), F(64, 2)), tensor_list(F(16, 3), F(32, 4))])], pb.ALL_GATHER, 192),
+    "functional all_gather_into_tensor (input first)": (
+        [node(3, "_c10d_functional::all_gather_into_tensor", 2, [F(16, 1), V(2, "Int"), V("0", "String")],
+              [F(32, 2)])], pb.ALL_GATHER, 64),
+    "functional reduce_scatter_tensor (input first)": (
+        [node(3, "_c10d_functional::reduce_scatter_tensor", 2,
+              [F(32, 1), V("sum", "String"), V(2, "Int"), V("0", "String")], [F(16, 2)])], pb.REDUCE_SCATTER, 128),
+    "all_gather with only the output: the group's size divides it": (
+        [pg_init(3, [{"pg_name": "0", "ranks": [], "group_size": 2}]),
+         node(4, "c10d::allgather_", 2, [nested_list(F(16, 1), F(16, 2)), V([], "GenericList[]")])],
+        pb.ALL_GATHER, 64),
+    "scatter: the piece each rank receives": (
+        [node(3, "c10d::scatter_", 2, [tensor_list(F(16, 1)), nested_list(F(16, 2), F(16, 3)),
+                                       V("<Object>", "Object"), V(0, "Int")])], pb.SCATTER, 64),
+    "gather: each rank's contribution": (
+        [node(3, "c10d::gather_", 2, [nested_list(F(16, 1), F(16, 2)), tensor_list(F(16, 3)),
+                                      V("<Object>", "Object"), V(0, "Int")])], pb.GATHER, 64),
+    "barrier: no data": (
+        [node(3, "c10d::barrier", 2, [F(1, 1)], [F(1, 1)])], pb.BARRIER, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(SIZE_CASES))
+def test_comm_size_follows_one_rule_per_collective_type(tmp_path, case):
+    nodes, comm_type, size = SIZE_CASES[case]
+    result = convert(write_json(tmp_path / "et.json", host_doc(nodes)), rank=0)
+    (comm,) = _comm_nodes(result.nodes)
+    assert (NodeView(comm).int("comm_type"), NodeView(comm).int("comm_size")) == (comm_type, size)
+    assert result.summary.warnings == []
+
+
+def test_an_underivable_comm_size_is_a_warning(tmp_path):
+    """Only an all-gather's output, no group size anywhere: comm_size is the output, flagged."""
+    nodes = [node(3, "c10d::allgather_", 2, [nested_list(F(16, 1), F(16, 2)), V([], "GenericList[]")])]
+    result = convert(write_json(tmp_path / "et.json", host_doc(nodes)), rank=0)
+    assert NodeView(_comm_nodes(result.nodes)[0]).int("comm_size") == 128
+    (warning,) = result.summary.warnings
+    assert "node 3 ('c10d::allgather_')" in warning and "only the output buffer (128 B)" in warning
+
+
 def test_a_backend_scope_recorded_elsewhere_shadows_its_collective(tmp_path):
     """gloo records `gloo:all_reduce` from its worker thread under whatever scope was open,
     here an autograd scope, with an unrelated child: it is the all-reduce's, not a second one."""
@@ -420,7 +534,7 @@ def test_a_backend_scope_recorded_elsewhere_shadows_its_collective(tmp_path):
              node(4, "autograd::engine::evaluate_function: ReluBackward0", 2),
              node(5, "gloo:all_reduce", 4, [buffer]),
              node(6, "aten::threshold_backward", 5, [T(40, 41, [8], device="cpu")], [T(42, 43, [8], device="cpu")])]
-    result = convert(write_json(tmp_path / "et.json", host_doc(nodes)))
+    result = convert(write_json(tmp_path / "et.json", host_doc(nodes)), rank=0)
     assert [n.name for n in result.nodes] == ["c10d::allreduce_", "aten::threshold_backward"]
     assert result.summary.collectives == {"ALL_REDUCE": 1}
     assert NodeView(result.nodes[0]).int("comm_size") == 4096
@@ -435,15 +549,17 @@ def test_groups_spanning_an_8_rank_job_run_among_the_ranks_present(tmp_path):
               {"pg_name": "1", "ranks": [0, 1], "group_size": 2},
               {"pg_name": "2", "ranks": [0, 2, 4, 6], "group_size": 4}]
     for rank in (0, 1):
-        nodes = [pg_init(3, groups), *allreduce(10, 30, 31, 256), *allreduce(20, 40, 41, 64, pg="1")]
-        result = convert(write_json(tmp_path / f"et{rank}.json", host_doc(nodes)), rank=rank)
+        nodes = [pg_init(3, groups), *allreduce(10, 30, 31, 256, rank=rank),
+                 *allreduce(20, 40, 41, 64, pg="1", rank=rank)]
+        result = convert(write_json(tmp_path / f"et{rank}.json", host_doc(nodes)))
+        assert result.rank == rank
         assert _parse_pg_list(result.nodes[0].inputs.values) == [
             {"pg_name": "0", "ranks": []}, {"pg_name": "1", "ranks": [0, 1]}]
         assert any("span the whole job (8 ranks)" in note for note in result.summary.notes)
         assert any("group(s) 2 defined but not used" in note for note in result.summary.notes)
-        write_as(result, tmp_path / "job", rank)   # the synthetic traces both record rank 0
+        result.write(tmp_path / "job")
     results = simulate(manifest(str(tmp_path / "job"), ring_network(2)))
-    assert [r["collectives"] for r in results["ranks"]] == [2, 2]
+    assert [r["native"]["collectives"] for r in results["ranks"]] == [2, 2]
     with pytest.raises(SimulationError, match=r"communicator group '2' .* names rank\(s\) \[2, 4, 6\]"):
         nodes = [pg_init(3, groups), *allreduce(10, 30, 31, 256, pg="2")]
         for rank in (0, 1):
@@ -527,16 +643,47 @@ def test_kineto_rank_and_process_groups_are_used(tmp_path):
         [cpu_event("aten::neg", 10, 10, 1)],
         distributedInfo={"rank": 3, "world_size": 4, "pg_config": [{"pg_name": "0", "ranks": [0, 1, 2, 3]},
                                                                    {"pg_name": "5", "ranks": [2, 3]}]}))
-    result = convert(host, kineto, rank=1)
+    result = convert(host, kineto, rank=3)
     assert result.rank == 3
     warnings = "\n".join(result.summary.warnings)
-    assert "--rank 1 ignored" in warnings and "(record_param_comms) says rank 0 but" in warnings
+    assert "(record_param_comms) says rank 0 but" in warnings
     assert _parse_pg_list(result.nodes[0].inputs.values) == [{"pg_name": "0", "ranks": []},
                                                              {"pg_name": "5", "ranks": [2, 3]}]
     (neg,) = [n for n in result.nodes if n.name == "aten::neg"]
     assert (neg.duration_micros, neg.start_time_micros) == (10, 10)
     assert (result.summary.linked, result.summary.units) == (1, 3)
     assert result.write(tmp_path / "out").name == "out.3.et"
+
+
+def test_a_trace_without_its_rank_needs_rank(ref_traces, tmp_path):
+    """selfgen-cpu's host traces record no rank (their Kineto traces do): no guessing rank 0."""
+    host = ref_traces / "pytorch" / "selfgen-cpu/host.1.json.gz"
+    with pytest.raises(ConversionError, match=r"host.1.json.gz: the trace is one rank of a 2-rank job but "
+                                              r"does not say which .*give it with --rank N"):
+        convert(host)
+    assert convert(host, rank=1).rank == 1
+    result = CliRunner().invoke(convert_pytorch, [str(host), "-o", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "--rank N" in result.output and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_rank_contradicting_the_trace_is_an_error(ref_traces, tmp_path):
+    host = ref_traces / "pytorch" / "param/dlrm/dlrm_eg_1.json"
+    with pytest.raises(ConversionError, match=r"--rank 0 contradicts .*dlrm_eg_1.json \(record_param_comms\), "
+                                              r"which says rank 1"):
+        convert(host, rank=0)
+    assert convert(host, rank=1).rank == 1
+    nodes = [*allreduce(10, 30, 31, 8)]
+    kineto = write_json(tmp_path / "k.json", kineto_doc([], distributedInfo={"rank": 3, "world_size": 4}))
+    with pytest.raises(ConversionError, match=r"--rank 1 contradicts .*k.json \(distributedInfo.rank\)"):
+        convert(write_json(tmp_path / "et.json", host_doc(nodes)), kineto, rank=1)
+
+
+def test_a_trace_without_communication_is_a_one_rank_job(tmp_path):
+    result = convert(write_json(tmp_path / "et.json", host_doc([node(3, "aten::neg", 2, [T(1, 1, [4])],
+                                                                     [T(2, 2, [4])])])))
+    assert result.rank == 0
+    assert any("records no rank and no communication" in note for note in result.summary.notes)
 
 
 def test_a_kineto_trace_of_another_run_is_flagged(tmp_path):

@@ -87,7 +87,7 @@ def test_every_collective_generates_and_simulates(tmp_path, collective, comm_typ
     results = simulate(manifest(str(tmp_path / "c"), ring_network(4), system={}))
     assert results["finish_ns"] > 0
     assert [row["node_counts"] for row in results["ranks"]] == [{"COMM_COLL_NODE": iterations}] * 4
-    assert [row["collectives"] for row in results["ranks"]] == [iterations] * 4
+    assert [row["native"]["collectives"] for row in results["ranks"]] == [iterations] * 4
 
 
 ROOTED_COLLECTIVES = ("broadcast", "reduce", "gather", "scatter")
@@ -97,7 +97,7 @@ ROOTED_COLLECTIVES = ("broadcast", "reduce", "gather", "scatter")
 def test_repeated_rooted_collectives_simulate(tmp_path, collective):
     write_microbenchmark(tmp_path / "c", collective, 65536, 4, iterations=2, root=0)
     results = simulate(manifest(str(tmp_path / "c"), ring_network(4), system={}))
-    assert [row["collectives"] for row in results["ranks"]] == [2] * 4
+    assert [row["native"]["collectives"] for row in results["ranks"]] == [2] * 4
 
 
 def test_send_recv_patterns(tmp_path):
@@ -137,6 +137,7 @@ def test_send_recv_simulates_to_one_message_time(tmp_path, pattern, hops):
 
 @pytest.mark.parametrize("args, message", [
     (["--collective", "all_reduce", "--npus", "4"], "all_reduce needs --size BYTES"),
+    (["--collective", "barrier", "--size", "8", "--npus", "4"], "a barrier moves no data: drop --size 8"),
     (["--collective", "broadcast", "--size", "8", "--npus", "4", "--root", "4"], "--root 4 is not a rank"),
     (["--collective", "send_recv", "--size", "8", "--npus", "5", "--pattern", "pairwise"],
      "needs an even number of NPUs"),
@@ -148,6 +149,17 @@ def test_microbenchmark_errors(tmp_path, args, message):
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("collective, sent", [
+    # ring, N = 4, --size 4096 (docs/collectives.md): all-gather N-1 steps of the whole input;
+    # reduce-scatter N-1 steps of input/N; all-reduce both; all-to-all N(N-1)/2 steps of input/N
+    ("all_gather", 3 * 4096), ("reduce_scatter", 3 * 1024), ("all_reduce", 6 * 1024), ("all_to_all", 6 * 1024)])
+def test_microbenchmark_size_is_each_ranks_input(tmp_path, collective, sent):
+    write_microbenchmark(tmp_path / "c", collective, 4096, 4)
+    assert {NodeView(n).int("comm_size") for nodes in load(tmp_path / "c", 4) for n in nodes} == {4096}
+    results = simulate(manifest(str(tmp_path / "c"), ring_network(4), system={}))
+    assert [(r["bytes_sent"], r["bytes_received"]) for r in results["ranks"]] == [(sent, sent)] * 4
+
+
 def test_microbenchmark_is_deterministic(tmp_path):
     for out in ("a", "b"):
         write_microbenchmark(tmp_path / out / "p", "send_recv", 512, 6, iterations=3, pattern="all-pairs")
@@ -157,9 +169,10 @@ def test_microbenchmark_is_deterministic(tmp_path):
 
 # Transformer: FLOPs -------------------------------------------------------------------------------------
 def comp_nodes(ranks):
+    """The kernels (COMP nodes with num_ops; not the 0 ns model_state node)."""
     for nodes in ranks:
         for node in nodes:
-            if node.type == pb.COMP_NODE:
+            if node.type == pb.COMP_NODE and NodeView(node).has("num_ops"):
                 yield NodeView(node)
 
 
@@ -373,7 +386,61 @@ def test_transformer_simulates_on_every_network_backend(tmp_path, network):
     assert results["layers"]["network"]["plugin"] == network
     assert results["warnings"] == [] and results["layers"]["system"]["summary"]["unmatched_sends"] == []
     colls = sum(n.type == pb.COMM_COLL_NODE for n in load(tmp_path / "gpt", 8)[0])
-    assert results["ranks"][0]["collectives"] == colls
+    assert results["ranks"][0]["native"]["collectives"] == colls
+
+
+# Transformer: tensors and peak memory -------------------------------------------------------------------------
+def peak_memory(tmp_path: Path, cfg: TransformerConfig) -> list[int]:
+    """Each rank's peak from the hbm memory model (storage lifetimes over the whole trace)."""
+    write_transformer(tmp_path / "gpt", cfg)
+    results = simulate(manifest(str(tmp_path / "gpt"), ring_network(cfg.world), memory={"plugin": "hbm"}))
+    assert results["warnings"] == []
+    assert results["layers"]["memory"]["summary"]["ranks_without_tensors"] == []
+    return [row["hbm"]["peak_memory_bytes"] for row in results["ranks"]]
+
+
+def test_generated_gpt_peak_memory_matches_a_hand_count(tmp_path):
+    """One GPU, 1 layer, h = 8, 2 heads, s = 4, one sequence (n = 4 tokens), V = 16, f = 32, bf16.
+
+    Model state, live all iteration: 1,016 parameters (layer: QKV 3*64+24, proj 64+8, fc1 256+32,
+    fc2 256+8, two layer norms 32 = 872; embedding 16*8 = 128; final layer norm 16) x (2 B weight
+    + 2 B gradient + 12 B of Adam's fp32 master weight and moments) = 16,256 B.
+    Activations the backward pass reads (2 B per element): layer input, ln1 output, context, x1,
+    ln2 output, layer output, final LN output (nh = 32 each), QKV (3nh = 96), attention
+    probabilities (b a s^2 = 32), fc1 and GELU outputs (nf = 128 each): 608 elements, 1,216 B.
+    The peak is at the cross entropy: it reads the logits (nV = 64 elements, 128 B) and writes
+    the fp32 softmax it keeps for its backward (256 B): 16,256 + 1,216 + 384 = 17,856 B."""
+    cfg = TransformerConfig(layers=1, hidden=8, heads=2, seq=4, batch=1, vocab=16, dtype="bf16")
+    h, n, f, V, b, a, s, e = 8, 4, 32, 16, 1, 2, 4, 2
+    params = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h + V * h + 2 * h
+    assert params == cfg.model_params() == 1016
+    state = params * (e + e + 12)
+    saved = e * (7 * n * h + 3 * n * h + b * a * s * s + 2 * n * f)
+    loss = e * n * V + 4 * n * V
+    assert (state, saved, loss) == (16_256, 1_216, 384)
+    assert peak_memory(tmp_path, cfg) == [state + saved + loss]
+    model_state = transformer_traces(cfg)[0][0]
+    assert model_state.name == "model_state" and model_state.duration_micros == 0
+    assert "[1, 1, 0, 1016, 2, 'cuda:0']" in model_state.outputs.values   # the weight buffer
+
+
+def test_pipeline_schedule_and_distributed_optimizer_move_the_peak_as_expected(tmp_path):
+    """Stage 0 of 2 (one layer), 4 micro-batches of one sequence: n = 32 tokens, h = 64, a = 4,
+    s = 32, f = 256, bf16. A micro-batch leaves 8nh + b a s^2 + 2nf = 36,864 elements (73,728 B)
+    for its backward pass; 1F1B keeps pp - stage = 2 micro-batches in flight, GPipe all 4."""
+    base = dict(layers=2, hidden=64, heads=4, seq=32, batch=4, vocab=256, dtype="bf16", pp=2, microbatches=4)
+    one_f_one_b = peak_memory(tmp_path / "1f1b", TransformerConfig(**base))
+    gpipe = peak_memory(tmp_path / "gpipe", TransformerConfig(**base, schedule="gpipe"))
+    per_micro_batch = 2 * (8 * 32 * 64 + 1 * 4 * 32 * 32 + 2 * 32 * 256)
+    assert per_micro_batch == 73_728
+    assert gpipe[0] - one_f_one_b[0] == (4 - 2) * per_micro_batch
+    # the distributed optimizer keeps Adam's 12 B per parameter for 1/dp of them
+    plain = TransformerConfig(**{**base, "pp": 1, "dp": 2, "batch": 2, "microbatches": 1})
+    sharded = TransformerConfig(**{**base, "pp": 1, "dp": 2, "batch": 2, "microbatches": 1, "dp_reduce": "rs-ag"})
+    params = plain.stage_params_per_rank(0)
+    assert params % 2 == 0
+    assert [p - q for p, q in zip(peak_memory(tmp_path / "plain", plain),
+                                  peak_memory(tmp_path / "sharded", sharded))] == [12 * params // 2] * 2
 
 
 def test_transformer_output_is_deterministic_and_cli_reports(tmp_path):

@@ -333,6 +333,23 @@ def test_micro_benchmark_and_customized(tmp_path):
     assert any("layer 'c' weight-gradient ALLREDUCE not run: the MODEL policy" in n for n in report.notes)
 
 
+def test_comm_sizes_are_each_ranks_input_as_astra_sim_reads_them(tmp_path):
+    """ASTRA-sim 1.0's Layer passes a column's size (x --comm-scale) straight to
+    generate_all_gather / generate_reduce_scatter, whose ring runs N-1 steps of the whole size
+    (all-gather) or of size/N (reduce-scatter): comm_size is each rank's input
+    (docs/collectives.md), so the column is copied unchanged."""
+    text = "MODEL\n2\n" + layer("l0", 1000, "ALLGATHER", 4096) + layer("l1", 1000, ig=1000, ig_comm="REDUCESCATTER",
+                                                                        ig_size=4096)
+    _, ranks = convert(tmp_path, text, npus=4, comm_scale=2.0)
+    sizes = {n.name: (NodeView(n).int("comm_type"), NodeView(n).int("comm_size"))
+             for n in ranks[0] if n.type == pb.COMM_COLL_NODE}
+    assert sizes == {"p0.l0.fwd.ALLGATHER": (pb.ALL_GATHER, 8192), "p0.l1.ig.REDUCESCATTER": (pb.REDUCE_SCATTER, 8192)}
+    results = simulate(manifest(str(tmp_path / "out" / "t"), ring_network(4), system={}))
+    sent = 3 * 8192 + 3 * 8192 // 4
+    for row in results["ranks"]:
+        assert (row["bytes_sent"] if "bytes_sent" in row else row["native"]["bytes_sent"]) == sent
+
+
 def test_durations_round_to_microseconds_and_keep_exact_ns(tmp_path):
     text = "DATA\n1\n" + layer("l0", 1499, ig=7, wg=2500, wg_comm="ALLREDUCE", wg_size=64)
     report, ranks = convert(tmp_path, text, npus=2, compute_scale=2.0)

@@ -11,14 +11,18 @@ with sequence parallelism, SP) and pipeline (PP) parallelism. Compute nodes
 carry `num_ops` (FLOPs) and `tensor_size` (bytes moved) for a roofline model;
 collectives carry `comm_type`, `comm_size` and the communicator group
 (`pg_name`, groups defined by a METADATA node per rank); pipeline stages
-exchange activations and gradients with COMM_SEND/COMM_RECV. docs/tools.md
-lists every kernel with its FLOP and byte formulas.
+exchange activations and gradients with COMM_SEND/COMM_RECV. Nodes list the
+tensors they read and write (weights, gradients, Adam state, activations) as
+the PyTorch converter does, so a memory model can follow their lifetimes.
+docs/tools.md lists every kernel with its FLOP and byte formulas and what the
+tensors model; `comm_size` follows docs/collectives.md.
 
 Both are deterministic: the same arguments give byte-identical files.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -92,10 +96,12 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
     if collective not in COLLECTIVES:
         raise GeneratorError(f"unknown collective {collective!r}; expected one of "
                              f"{', '.join([*COLLECTIVES, 'send_recv'])}")
-    if size is None:
-        if collective != "barrier":
-            raise GeneratorError(f"{collective} needs --size BYTES")
+    if collective == "barrier":
+        if size:
+            raise GeneratorError(f"a barrier moves no data: drop --size {size} (its comm_size is 0)")
         size = 0
+    elif size is None:
+        raise GeneratorError(f"{collective} needs --size BYTES")
     if size < 0:
         raise GeneratorError("--size must be >= 0")
     if collective in ROOTED and not 0 <= root < npus:
@@ -161,6 +167,11 @@ def write_microbenchmark(prefix: str | os.PathLike, collective: str, size: int |
 
 # Transformer ---------------------------------------------------------------------------------------------
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+TENSOR_TYPES = {"fp16": "Tensor(c10::Half)", "bf16": "Tensor(c10::BFloat16)", "fp32": "Tensor(float)"}
+"""Operand type strings as PyTorch execution traces write them."""
+DEVICE = "cuda:0"
+"""The device of generated tensors (each rank's own accelerator)."""
+ADAM_STATES = ("master_weights", "exp_avg", "exp_avg_sq")
 OPTIMIZER_OPS_PER_PARAM = 10
 """Adam with weight decay, per parameter: two moment updates, bias corrections, sqrt, divide, update."""
 OPTIMIZER_FP32_STATE_BYTES = 24
@@ -304,8 +315,30 @@ class _Groups:
         return [g for g in (self.tp, self.dp, self.emb) if g is not None]
 
 
+@dataclass(frozen=True)
+class _Tensor:
+    """A tensor as Chakra's PyTorch converter writes it: `prod(shape)` elements of `elem` bytes
+    from element `offset` of storage `storage`, on the rank's accelerator."""
+
+    tensor_id: int
+    storage: int
+    offset: int
+    shape: tuple[int, ...]
+    elem: int
+    type: str
+
+    def value(self) -> list:
+        return [self.tensor_id, self.storage, self.offset, math.prod(self.shape), self.elem, DEVICE]
+
+
 class _TransformerRank:
-    """The program of one rank: its stage's layers, for every micro-batch, in schedule order."""
+    """The program of one rank: its stage's layers, for every micro-batch, in schedule order.
+
+    Nodes list the tensors they read (inputs) and write (outputs) the way the PyTorch converter
+    does, so a memory model can follow storages: the model state (weights, gradient buffer, Adam
+    state) is output by a 0 ns `model_state` node first and read by the optimizer step last;
+    activations live from the kernel that writes them to the last backward kernel that reads them.
+    """
 
     def __init__(self, cfg: TransformerConfig, rank: int):
         self.cfg = cfg
@@ -316,10 +349,15 @@ class _TransformerRank:
         self.first = self.stage == 0
         self.last = self.stage == cfg.pp - 1
         self.groups = self._groups()
+        self.split = cfg.sp and self.groups.tp is not None   # SP collectives exist (tp > 1)
         self.s = Stream()
         self.s.define_groups(self.groups.defined())
         self.peak = cfg.peak_tflops * 1e12
         self.bw = cfg.mem_bw_gbps * 1e9
+        self._ids = 0
+        self.saved: dict[tuple[int, int | str], dict[str, _Tensor]] = {}   # (mb, layer) -> for backward
+        self.boundary: dict[tuple[str, int], _Tensor] = {}   # (act_in / act_out / grad_in / grad_out, mb)
+        self._model_state()
 
     def _groups(self) -> _Groups:
         cfg, groups = self.cfg, _Groups()
@@ -336,44 +374,141 @@ class _TransformerRank:
             groups.emb = (f"emb{offset}", [offset, (cfg.pp - 1) * dt + offset])
         return groups
 
+    # Tensors ------------------------------------------------------------------------------------
+    def tensor(self, shape: Sequence[int], dtype: str | None = None) -> _Tensor:
+        """A new storage holding one tensor (default type: the activations')."""
+        dtype = dtype or self.cfg.dtype
+        self._ids += 1
+        return _Tensor(self._ids, self._ids, 0, tuple(shape), DTYPE_BYTES[dtype], TENSOR_TYPES[dtype])
+
+    def view(self, base: _Tensor, offset: int, shape: Sequence[int]) -> _Tensor:
+        """A tensor over `base`'s storage from element `offset`."""
+        self._ids += 1
+        return _Tensor(self._ids, base.storage, base.offset + offset, tuple(shape), base.elem, base.type)
+
+    def act(self, *shape: int) -> _Tensor:
+        return self.tensor(shape)
+
+    def _io(self, node_id: int | None, inputs: Sequence[_Tensor], outputs: Sequence[_Tensor]) -> None:
+        """Write operands as the PyTorch converter does: Python-literal values, shapes and types."""
+        if node_id is None:
+            return
+        node = self.s.nodes[node_id]
+        for io, tensors in ((node.inputs, inputs), (node.outputs, outputs)):
+            if tensors:
+                io.values = repr([t.value() for t in tensors])
+                io.shapes = repr([list(t.shape) for t in tensors])
+                io.types = repr([t.type for t in tensors])
+
+    def _model_state(self) -> None:
+        """Weights and gradients (one contiguous buffer each, as Megatron's DDP keeps them; padded
+        to a multiple of dp with the distributed optimizer) and Adam's fp32 master weights and
+        moments (for this rank's shard with the distributed optimizer), output by a 0 ns node
+        before the first operation: they exist before the iteration starts."""
+        cfg = self.cfg
+        h, f, t, v = cfg.hidden, cfg.f, cfg.tp, cfg.vocab // cfg.tp
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        for layer in self._layers():
+            p = f"L{layer}."
+            shapes += [(p + "ln1.weight", (h,)), (p + "ln1.bias", (h,)),
+                       (p + "qkv.weight", (3 * h // t, h)), (p + "qkv.bias", (3 * h // t,)),
+                       (p + "proj.weight", (h, h // t)), (p + "proj.bias", (h,)),
+                       (p + "ln2.weight", (h,)), (p + "ln2.bias", (h,)),
+                       (p + "fc1.weight", (f // t, h)), (p + "fc1.bias", (f // t,)),
+                       (p + "fc2.weight", (h, f // t)), (p + "fc2.bias", (h,))]
+        if self.first:
+            shapes.append(("embedding.weight", (v, h)))
+        if self.last:
+            shapes += [("final_ln.weight", (h,)), ("final_ln.bias", (h,))]
+            if cfg.pp > 1:
+                shapes.append(("lm_head.weight", (v, h)))
+        params = cfg.stage_params_per_rank(self.stage)
+        assert sum(math.prod(shape) for _, shape in shapes) == params
+        self.distributed = cfg.dp > 1 and cfg.dp_reduce == "rs-ag"
+        self.shard = -(-params // cfg.dp) if self.distributed else params
+        padded = self.shard * cfg.dp if self.distributed else params
+        self.weight_buffer = self.tensor((padded,))
+        self.grad_buffer = self.tensor((padded,), dtype=cfg.grad_dtype or cfg.dtype)
+        self.weights: dict[str, _Tensor] = {}
+        self.grads: dict[str, _Tensor] = {}
+        offset = 0
+        for name, shape in shapes:
+            self.weights[name] = self.view(self.weight_buffer, offset, shape)
+            self.grads[name] = self.view(self.grad_buffer, offset, shape)
+            offset += math.prod(shape)
+        if "lm_head.weight" not in self.weights and self.last:   # one stage: tied to the embedding
+            self.weights["lm_head.weight"] = self.weights["embedding.weight"]
+            self.grads["lm_head.weight"] = self.grads["embedding.weight"]
+        self.adam = [self.tensor((self.shard,), dtype="fp32") for _ in ADAM_STATES]
+        node = self.s.step(pb.COMP_NODE, "model_state", attrs=[bool_attr("is_cpu_op", False),
+                                                               uint_attr("duration_ns", 0)])
+        self._io(node, (), [self.weight_buffer, self.grad_buffer, *self.adam])
+
+    def params(self, layer: int | None, *names: str) -> list[_Tensor]:
+        prefix = f"L{layer}." if layer is not None else ""
+        return [self.weights[prefix + name] for name in names]
+
+    def param_grads(self, layer: int | None, *names: str) -> list[_Tensor]:
+        prefix = f"L{layer}." if layer is not None else ""
+        return [self.grads[prefix + name] for name in names]
+
+    def _boundary(self, kind: str, mb: int) -> _Tensor:
+        """A stage's input or output activation (or its gradient) for micro-batch `mb`."""
+        key = (kind, mb)
+        if key not in self.boundary:
+            self.boundary[key] = self.act(self.local_seq, self.cfg.micro_batch, self.cfg.hidden)
+        return self.boundary[key]
+
     # Node helpers -------------------------------------------------------------------------------
-    def kernel(self, name: str, kind: str, ops: int, nbytes: int) -> int:
+    def kernel(self, name: str, kind: str, ops: int, nbytes: int, inputs: Sequence[_Tensor] = (),
+               outputs: Sequence[_Tensor] = ()) -> int:
         """A GPU compute node; duration_micros is its roofline time on the nominal device, rounded up."""
         perf = min(self.peak, self.bw * ops / nbytes) if nbytes else self.peak
         ns = ops / perf * 1e9 if perf > 0 else 0.0
         micros = max(1, math.ceil(ns / 1000 - 1e-9))
-        return self.s.step(pb.COMP_NODE, name, duration_micros=micros, attrs=[
+        node = self.s.step(pb.COMP_NODE, name, duration_micros=micros, attrs=[
             bool_attr("is_cpu_op", False), uint_attr("num_ops", ops), uint_attr("tensor_size", nbytes),
             str_attr("kernel", kind)])
+        self._io(node, inputs, outputs)
+        return node
 
-    def elementwise(self, name: str, elements: int, touches: int) -> int:
+    def elementwise(self, name: str, elements: int, touches: int, inputs: Sequence[_Tensor] = (),
+                    outputs: Sequence[_Tensor] = ()) -> int:
         """An elementwise kernel: one op per element, `touches` tensors of `elements` read or written."""
-        return self.kernel(name, "elementwise", elements, touches * elements * self.cfg.e)
+        return self.kernel(name, "elementwise", elements, touches * elements * self.cfg.e, inputs, outputs)
 
-    def gemm(self, name: str, m: int, k: int, n: int, batch: int = 1, kind: str = "gemm") -> int:
+    def gemm(self, name: str, m: int, k: int, n: int, batch: int = 1, kind: str = "gemm",
+             inputs: Sequence[_Tensor] = (), outputs: Sequence[_Tensor] = ()) -> int:
         """[m,k] x [k,n] (`batch` times): 2mkn FLOPs, reads both operands and writes the result."""
-        return self.kernel(name, kind, 2 * batch * m * k * n, batch * (m * k + k * n + m * n) * self.cfg.e)
+        return self.kernel(name, kind, 2 * batch * m * k * n, batch * (m * k + k * n + m * n) * self.cfg.e,
+                           inputs, outputs)
 
     def collective(self, name: str, comm_type: int, size: int, group: tuple[str, list[int]] | None,
-                   after: Sequence[int] | None = None) -> int | None:
+                   after: Sequence[int] | None = None, inputs: Sequence[_Tensor] = (),
+                   outputs: Sequence[_Tensor] = ()) -> int | None:
         """Launch a collective after the frontier (or `after`); None when the group is one rank."""
         if group is None:
             return None
-        return self.s.launch(pb.COMM_COLL_NODE, name, after=after,
+        node = self.s.launch(pb.COMM_COLL_NODE, name, after=after,
                              attrs=collective_attrs(comm_type, size, group[0]))
+        self._io(node, inputs, outputs)
+        return node
 
-    def blocking(self, name: str, comm_type: int, size: int, group) -> None:
-        self.s.wait(self.collective(name, comm_type, size, group))
+    def blocking(self, name: str, comm_type: int, size: int, group, inputs: Sequence[_Tensor] = (),
+                 outputs: Sequence[_Tensor] = ()) -> None:
+        self.s.wait(self.collective(name, comm_type, size, group, inputs=inputs, outputs=outputs))
 
-    def p2p(self, ops: list[tuple[str, int, int]], size: int) -> None:
+    def p2p(self, ops: list[tuple[str, int, int, _Tensor]], size: int) -> None:
         """Post sends/receives together (Megatron's batched isend/irecv) and wait for all of them."""
         posted = []
-        for kind, peer, tag in ops:
+        for kind, peer, tag, tensor in ops:
             if kind == "send":
                 src, dst, node_type, name = self.rank, peer, pb.COMM_SEND_NODE, f"send.{tag}.to{peer}"
             else:
                 src, dst, node_type, name = peer, self.rank, pb.COMM_RECV_NODE, f"recv.{tag}.from{peer}"
-            posted.append(self.s.launch(node_type, name, attrs=p2p_attrs(src, dst, tag, size)))
+            node = self.s.launch(node_type, name, attrs=p2p_attrs(src, dst, tag, size))
+            self._io(node, [tensor] if kind == "send" else [], [tensor] if kind == "recv" else [])
+            posted.append(node)
         self.s.wait(*posted)
 
     # Sizes ----------------------------------------------------------------------------------------------
@@ -383,119 +518,208 @@ class _TransformerRank:
         cfg = self.cfg
         return cfg.tokens // cfg.tp if cfg.sp else cfg.tokens
 
+    @property
+    def local_seq(self) -> int:
+        """Sequence positions of the residual stream held by this rank: s, or s / tp with SP."""
+        return self.cfg.seq // self.cfg.tp if self.cfg.sp else self.cfg.seq
+
     def act_bytes(self) -> int:
         return self.cfg.tokens * self.cfg.hidden * self.cfg.e
 
     def shard_bytes(self) -> int:
         return self.act_bytes() // self.cfg.tp
 
-    def tp_out(self, name: str) -> None:
-        """After a row-parallel layer: all-reduce (or reduce-scatter with SP) of the n x h output."""
-        kind = pb.REDUCE_SCATTER if self.cfg.sp else pb.ALL_REDUCE
-        self.blocking(name + (".tp_reduce_scatter" if self.cfg.sp else ".tp_all_reduce"), kind,
-                      self.act_bytes(), self.groups.tp)
-
-    def tp_in(self, name: str) -> None:
-        """Before a column-parallel layer with SP: all-gather of the sequence shards."""
+    def tp_out(self, name: str, x: _Tensor) -> _Tensor:
+        """After a row-parallel layer: all-reduce (or reduce-scatter with SP) of the n x h output;
+        returns the tensor that holds the result."""
+        if self.groups.tp is None:
+            return x
         if self.cfg.sp:
-            self.blocking(name + ".tp_all_gather", pb.ALL_GATHER, self.shard_bytes(), self.groups.tp)
+            out = self.act(x.shape[0] // self.cfg.tp, *x.shape[1:])
+            self.blocking(name + ".tp_reduce_scatter", pb.REDUCE_SCATTER, self.act_bytes(), self.groups.tp,
+                          [x], [out])
+            return out
+        self.blocking(name + ".tp_all_reduce", pb.ALL_REDUCE, self.act_bytes(), self.groups.tp, [x], [x])
+        return x
 
-    def column_bwd(self, name: str, m: int, k: int, n: int) -> None:
+    def tp_in(self, name: str, x: _Tensor) -> _Tensor:
+        """Before a column-parallel layer with SP: all-gather of the sequence shards; returns the
+        gathered tensor (`x` itself without SP)."""
+        if not self.split:
+            return x
+        out = self.act(x.shape[0] * self.cfg.tp, *x.shape[1:])
+        self.blocking(name + ".tp_all_gather", pb.ALL_GATHER, self.shard_bytes(), self.groups.tp, [x], [out])
+        return out
+
+    def column_bwd(self, name: str, m: int, k: int, n: int, grad: _Tensor, x_local: _Tensor,
+                   x_used: _Tensor, weights: list[_Tensor], grads: list[_Tensor]) -> _Tensor:
         """Backward of a column-parallel linear y = x W ([m,k] x [k,n]): dgrad, then the input-gradient
         all-reduce (reduce-scatter with SP) overlapping the wgrad; with SP the input is gathered again
-        for the wgrad, overlapping the dgrad."""
-        regather = None
-        if self.cfg.sp:
+        for the wgrad, overlapping the dgrad. `x_local` is the saved input (a sequence shard with SP),
+        `x_used` what the forward multiplied; returns the input gradient this rank keeps."""
+        regather, x_wgrad = None, x_used
+        if self.split:
+            x_wgrad = self.act(x_local.shape[0] * self.cfg.tp, *x_local.shape[1:])
             regather = self.collective(name + ".tp_all_gather_input", pb.ALL_GATHER, self.shard_bytes(),
-                                       self.groups.tp)
-        dgrad = self.gemm(name + ".dgrad", m, n, k)
+                                       self.groups.tp, inputs=[x_local], outputs=[x_wgrad])
+        dx = self.act(x_used.shape[0], x_used.shape[1], k)
+        dgrad = self.gemm(name + ".dgrad", m, n, k, inputs=[grad, *weights], outputs=[dx])
         kind = pb.REDUCE_SCATTER if self.cfg.sp else pb.ALL_REDUCE
         suffix = ".tp_reduce_scatter" if self.cfg.sp else ".tp_all_reduce"
         after = [dgrad] + ([regather] if regather is not None else [])
-        reduce = self.collective(name + suffix, kind, self.act_bytes(), self.groups.tp, after=after)
+        kept = self.act(x_local.shape[0], x_local.shape[1], k) if self.split else dx
+        reduce = self.collective(name + suffix, kind, self.act_bytes(), self.groups.tp, after=after,
+                                 inputs=[dx], outputs=[kept])
         self.s.wait(regather)
-        self.gemm(name + ".wgrad", k, m, n)
+        self.gemm(name + ".wgrad", k, m, n, inputs=[grad, x_wgrad], outputs=grads)
         self.s.wait(reduce)
+        return kept
 
-    def row_bwd(self, name: str, m: int, k: int, n: int) -> None:
-        """Backward of a row-parallel linear ([m,k] x [k,n]); with SP its output gradient is gathered."""
-        self.tp_in(name + ".grad_output")
-        self.gemm(name + ".dgrad", m, n, k)
-        self.gemm(name + ".wgrad", k, m, n)
+    def row_bwd(self, name: str, m: int, k: int, n: int, grad: _Tensor, x_saved: _Tensor,
+                weights: list[_Tensor], grads: list[_Tensor]) -> _Tensor:
+        """Backward of a row-parallel linear ([m,k] x [k,n]); with SP its output gradient is gathered.
+        Returns the input gradient."""
+        grad = self.tp_in(name + ".grad_output", grad)
+        dx = self.act(grad.shape[0], grad.shape[1], k)
+        self.gemm(name + ".dgrad", m, n, k, inputs=[grad, *weights], outputs=[dx])
+        self.gemm(name + ".wgrad", k, m, n, inputs=[grad, x_saved], outputs=grads)
+        return dx
 
     # One micro-batch ------------------------------------------------------------------------------------
     def forward(self, mb: int) -> None:
         cfg = self.cfg
         h, t, n, b, s = cfg.hidden, cfg.tp, cfg.tokens, cfg.micro_batch, cfg.seq
         a, dh, f = cfg.heads // cfg.tp, cfg.hidden // cfg.heads, cfg.f
-        local = self.local_tokens
+        local, sl = self.local_tokens, self.local_seq
         if self.first:
             name = f"mb{mb}.embedding"
-            self.kernel(name, "embedding", n * h, 2 * n * h * cfg.e)
-            if t > 1:
-                self.tp_out(name)
+            emb = self.act(s, b, h)
+            self.kernel(name, "embedding", n * h, 2 * n * h * cfg.e, self.params(None, "embedding.weight"), [emb])
+            x = self.tp_out(name, emb) if t > 1 else emb
+        else:
+            x = self._boundary("act_in", mb)
         for layer in self._layers():
             p = f"mb{mb}.L{layer}."
-            self.elementwise(p + "ln1", local * h, 2)
-            self.tp_in(p + "ln1")
-            self.gemm(p + "qkv", n, h, 3 * h // t)
-            self.gemm(p + "attn_scores", s, dh, s, batch=b * a, kind="bmm")
-            self.elementwise(p + "softmax", b * a * s * s, 2)
-            self.gemm(p + "attn_context", s, s, dh, batch=b * a, kind="bmm")
-            self.gemm(p + "attn_proj", n, h // t, h)
-            self.tp_out(p + "attn_proj")
-            self.elementwise(p + "residual1", local * h, 3)
-            self.elementwise(p + "ln2", local * h, 2)
-            self.tp_in(p + "ln2")
-            self.gemm(p + "fc1", n, h, f // t)
-            self.elementwise(p + "gelu", n * f // t, 2)
-            self.gemm(p + "fc2", n, f // t, h)
-            self.tp_out(p + "fc2")
-            self.elementwise(p + "residual2", local * h, 3)
+            W = functools.partial(self.params, layer)
+            ln1 = self.act(sl, b, h)
+            self.elementwise(p + "ln1", local * h, 2, [x, *W("ln1.weight", "ln1.bias")], [ln1])
+            ln1_full = self.tp_in(p + "ln1", ln1)
+            qkv = self.act(s, b, 3 * h // t)
+            self.gemm(p + "qkv", n, h, 3 * h // t, inputs=[ln1_full, *W("qkv.weight", "qkv.bias")], outputs=[qkv])
+            scores = self.act(b, a, s, s)
+            self.gemm(p + "attn_scores", s, dh, s, batch=b * a, kind="bmm", inputs=[qkv], outputs=[scores])
+            probs = self.act(b, a, s, s)
+            self.elementwise(p + "softmax", b * a * s * s, 2, [scores], [probs])
+            context = self.act(s, b, h // t)
+            self.gemm(p + "attn_context", s, s, dh, batch=b * a, kind="bmm", inputs=[probs, qkv],
+                      outputs=[context])
+            proj = self.act(s, b, h)
+            self.gemm(p + "attn_proj", n, h // t, h, inputs=[context, *W("proj.weight", "proj.bias")],
+                      outputs=[proj])
+            proj = self.tp_out(p + "attn_proj", proj)
+            x1 = self.act(sl, b, h)
+            self.elementwise(p + "residual1", local * h, 3, [x, proj], [x1])
+            ln2 = self.act(sl, b, h)
+            self.elementwise(p + "ln2", local * h, 2, [x1, *W("ln2.weight", "ln2.bias")], [ln2])
+            ln2_full = self.tp_in(p + "ln2", ln2)
+            fc1 = self.act(s, b, f // t)
+            self.gemm(p + "fc1", n, h, f // t, inputs=[ln2_full, *W("fc1.weight", "fc1.bias")], outputs=[fc1])
+            gelu = self.act(s, b, f // t)
+            self.elementwise(p + "gelu", n * f // t, 2, [fc1], [gelu])
+            fc2 = self.act(s, b, h)
+            self.gemm(p + "fc2", n, f // t, h, inputs=[gelu, *W("fc2.weight", "fc2.bias")], outputs=[fc2])
+            fc2 = self.tp_out(p + "fc2", fc2)
+            out = self.act(sl, b, h)
+            self.elementwise(p + "residual2", local * h, 3, [x1, fc2], [out])
+            # what the backward pass reads (no dropout, no recomputation)
+            self.saved[(mb, layer)] = dict(x=x, ln1=ln1, ln1_full=ln1_full, qkv=qkv, probs=probs,
+                                           context=context, x1=x1, ln2=ln2, ln2_full=ln2_full, fc1=fc1,
+                                           gelu=gelu)
+            x = out
         if self.last:
             p = f"mb{mb}."
             v = cfg.vocab // t
-            self.elementwise(p + "final_ln", local * h, 2)
-            self.tp_in(p + "final_ln")
-            self.gemm(p + "lm_head", n, h, v)
-            self.elementwise(p + "cross_entropy", n * v, 2)
+            y = self.act(sl, b, h)
+            self.elementwise(p + "final_ln", local * h, 2, [x, *self.params(None, "final_ln.weight",
+                                                                             "final_ln.bias")], [y])
+            y_full = self.tp_in(p + "final_ln", y)
+            logits = self.act(s, b, v)
+            self.gemm(p + "lm_head", n, h, v, inputs=[y_full, *self.params(None, "lm_head.weight")],
+                      outputs=[logits])
+            # vocab-parallel cross entropy keeps the fp32 softmax for the backward pass
+            softmax = self.tensor((s, b, v), dtype="fp32")
+            self.elementwise(p + "cross_entropy", n * v, 2, [logits], [softmax])
             if t > 1:   # vocab-parallel cross entropy: max, target logit, sum of exponentials (fp32)
                 for what in ("max", "target", "sum_exp"):
                     self.blocking(f"{p}cross_entropy.tp_all_reduce_{what}", pb.ALL_REDUCE, n * 4,
                                   self.groups.tp)
+            self.saved[(mb, "head")] = dict(x=x, y=y, y_full=y_full, softmax=softmax)
+        else:
+            self.boundary[("act_out", mb)] = x
 
     def backward(self, mb: int) -> None:
         cfg = self.cfg
         h, t, n, b, s = cfg.hidden, cfg.tp, cfg.tokens, cfg.micro_batch, cfg.seq
         a, dh, f = cfg.heads // cfg.tp, cfg.hidden // cfg.heads, cfg.f
-        local = self.local_tokens
+        local, sl = self.local_tokens, self.local_seq
         if self.last:
             p = f"mb{mb}."
             v = cfg.vocab // t
-            self.elementwise(p + "cross_entropy.bwd", n * v, 2)
-            self.column_bwd(p + "lm_head", n, h, v)
-            self.elementwise(p + "final_ln.bwd", local * h, 2)
+            head = self.saved.pop((mb, "head"))
+            dlogits = self.act(s, b, v)
+            self.elementwise(p + "cross_entropy.bwd", n * v, 2, [head["softmax"]], [dlogits])
+            dy = self.column_bwd(p + "lm_head", n, h, v, dlogits, head["y"], head["y_full"],
+                                 self.params(None, "lm_head.weight"), self.param_grads(None, "lm_head.weight"))
+            grad = self.act(sl, b, h)
+            self.elementwise(p + "final_ln.bwd", local * h, 2,
+                             [dy, head["x"], *self.params(None, "final_ln.weight", "final_ln.bias")],
+                             [grad, *self.param_grads(None, "final_ln.weight", "final_ln.bias")])
+        else:
+            grad = self._boundary("grad_in", mb)
         for layer in reversed(self._layers()):
             p = f"mb{mb}.L{layer}."
-            self.elementwise(p + "residual2.bwd", local * h, 3)
-            self.row_bwd(p + "fc2", n, f // t, h)
-            self.elementwise(p + "gelu.bwd", n * f // t, 2)
-            self.column_bwd(p + "fc1", n, h, f // t)
-            self.elementwise(p + "ln2.bwd", local * h, 2)
-            self.elementwise(p + "residual1.bwd", local * h, 3)
-            self.row_bwd(p + "attn_proj", n, h // t, h)
-            self.gemm(p + "attn_context.bwd_probs", s, dh, s, batch=b * a, kind="bmm")
-            self.gemm(p + "attn_context.bwd_values", s, s, dh, batch=b * a, kind="bmm")
-            self.elementwise(p + "softmax.bwd", b * a * s * s, 2)
-            self.gemm(p + "attn_scores.bwd_query", s, s, dh, batch=b * a, kind="bmm")
-            self.gemm(p + "attn_scores.bwd_key", s, s, dh, batch=b * a, kind="bmm")
-            self.column_bwd(p + "qkv", n, h, 3 * h // t)
-            self.elementwise(p + "ln1.bwd", local * h, 2)
+            W = functools.partial(self.params, layer)
+            G = functools.partial(self.param_grads, layer)
+            saved = self.saved.pop((mb, layer))
+            d_fc2 = self.act(sl, b, h)
+            self.elementwise(p + "residual2.bwd", local * h, 3, [grad], [d_fc2])
+            d_gelu = self.row_bwd(p + "fc2", n, f // t, h, d_fc2, saved["gelu"], W("fc2.weight"),
+                                  G("fc2.weight", "fc2.bias"))
+            d_fc1 = self.act(s, b, f // t)
+            self.elementwise(p + "gelu.bwd", n * f // t, 2, [d_gelu, saved["fc1"]], [d_fc1])
+            d_ln2 = self.column_bwd(p + "fc1", n, h, f // t, d_fc1, saved["ln2"], saved["ln2_full"],
+                                    W("fc1.weight"), G("fc1.weight", "fc1.bias"))
+            d_x1 = self.act(sl, b, h)   # the layer norm's gradient plus the residual's
+            self.elementwise(p + "ln2.bwd", local * h, 2, [d_ln2, saved["x1"], *W("ln2.weight", "ln2.bias"), grad],
+                             [d_x1, *G("ln2.weight", "ln2.bias")])
+            d_proj = self.act(sl, b, h)
+            self.elementwise(p + "residual1.bwd", local * h, 3, [d_x1], [d_proj])
+            d_context = self.row_bwd(p + "attn_proj", n, h // t, h, d_proj, saved["context"],
+                                     W("proj.weight"), G("proj.weight", "proj.bias"))
+            d_probs, d_qkv, d_scores = self.act(b, a, s, s), self.act(s, b, 3 * h // t), self.act(b, a, s, s)
+            self.gemm(p + "attn_context.bwd_probs", s, dh, s, batch=b * a, kind="bmm",
+                      inputs=[d_context, saved["qkv"]], outputs=[d_probs])
+            self.gemm(p + "attn_context.bwd_values", s, s, dh, batch=b * a, kind="bmm",
+                      inputs=[d_context, saved["probs"]], outputs=[d_qkv])
+            self.elementwise(p + "softmax.bwd", b * a * s * s, 2, [d_probs, saved["probs"]], [d_scores])
+            self.gemm(p + "attn_scores.bwd_query", s, s, dh, batch=b * a, kind="bmm",
+                      inputs=[d_scores, saved["qkv"]], outputs=[d_qkv])
+            self.gemm(p + "attn_scores.bwd_key", s, s, dh, batch=b * a, kind="bmm",
+                      inputs=[d_scores, saved["qkv"]], outputs=[d_qkv])
+            d_ln1 = self.column_bwd(p + "qkv", n, h, 3 * h // t, d_qkv, saved["ln1"], saved["ln1_full"],
+                                    W("qkv.weight"), G("qkv.weight", "qkv.bias"))
+            d_x = self.act(sl, b, h)
+            self.elementwise(p + "ln1.bwd", local * h, 2, [d_ln1, saved["x"], *W("ln1.weight", "ln1.bias"), d_x1],
+                             [d_x, *G("ln1.weight", "ln1.bias")])
+            grad = d_x
         if self.first:
             name = f"mb{mb}.embedding"
             if t > 1:
-                self.tp_in(name + ".bwd")
-            self.kernel(name + ".bwd", "embedding", n * h, 2 * n * h * cfg.e)
+                grad = self.tp_in(name + ".bwd", grad)
+            self.kernel(name + ".bwd", "embedding", n * h, 2 * n * h * cfg.e, [grad],
+                        self.param_grads(None, "embedding.weight"))
+        else:
+            self.boundary[("grad_out", mb)] = grad
 
     def _layers(self) -> list[int]:
         per = self.cfg.layers_per_stage
@@ -508,11 +732,12 @@ class _TransformerRank:
         prev = self.rank - dt if not self.first else None
         nxt = self.rank + dt if not self.last else None
         size = self.shard_bytes() if cfg.sp else self.act_bytes()
+        io = self._boundary
 
-        def recv_fwd(mb): return [("recv", prev, 2 * mb)] if prev is not None else []
-        def send_fwd(mb): return [("send", nxt, 2 * mb)] if nxt is not None else []
-        def recv_bwd(mb): return [("recv", nxt, 2 * mb + 1)] if nxt is not None else []
-        def send_bwd(mb): return [("send", prev, 2 * mb + 1)] if prev is not None else []
+        def recv_fwd(mb): return [("recv", prev, 2 * mb, io("act_in", mb))] if prev is not None else []
+        def send_fwd(mb): return [("send", nxt, 2 * mb, io("act_out", mb))] if nxt is not None else []
+        def recv_bwd(mb): return [("recv", nxt, 2 * mb + 1, io("grad_in", mb))] if nxt is not None else []
+        def send_bwd(mb): return [("send", prev, 2 * mb + 1, io("grad_out", mb))] if prev is not None else []
 
         def comm(ops):
             if ops:
@@ -563,23 +788,33 @@ class _TransformerRank:
         h, ge = cfg.hidden, cfg.ge
         if cfg.sp and cfg.tp > 1:   # layer norms and row-parallel biases see only a sequence shard
             replicated = 6 * h * cfg.layers_per_stage + (2 * h if self.last else 0)
+            grads = [g for layer in self._layers() for g in self.param_grads(
+                layer, "ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "proj.bias", "fc2.bias")]
+            if self.last:
+                grads += self.param_grads(None, "final_ln.weight", "final_ln.bias")
             self.blocking("grads.tp_all_reduce_sequence_parallel", pb.ALL_REDUCE, replicated * ge,
-                          self.groups.tp)
+                          self.groups.tp, grads, grads)
         if self.groups.emb is not None:
+            grads = self.param_grads(None, "embedding.weight" if self.first else "lm_head.weight")
             self.blocking("grads.embedding_all_reduce", pb.ALL_REDUCE, cfg.vocab // cfg.tp * h * ge,
-                          self.groups.emb)
+                          self.groups.emb, grads, grads)
         params = cfg.stage_params_per_rank(self.stage)
-        updated = params
-        if cfg.dp > 1 and cfg.dp_reduce == "rs-ag":
-            shard = -(-params // cfg.dp)         # the buffer is padded to a multiple of dp
-            self.blocking("grads.dp_reduce_scatter", pb.REDUCE_SCATTER, shard * cfg.dp * ge, self.groups.dp)
-            updated = shard
+        updated, grads, weights = params, self.grad_buffer, self.weight_buffer
+        if self.distributed:   # the buffer is padded to a multiple of dp; this rank updates its shard
+            updated = self.shard
+            grads = self.view(self.grad_buffer, self.dp_index * updated, (updated,))
+            weights = self.view(self.weight_buffer, self.dp_index * updated, (updated,))
+            self.blocking("grads.dp_reduce_scatter", pb.REDUCE_SCATTER, updated * cfg.dp * ge, self.groups.dp,
+                          [self.grad_buffer], [grads])
         elif cfg.dp > 1:
-            self.blocking("grads.dp_all_reduce", pb.ALL_REDUCE, params * ge, self.groups.dp)
+            self.blocking("grads.dp_all_reduce", pb.ALL_REDUCE, params * ge, self.groups.dp,
+                          [self.grad_buffer], [self.grad_buffer])
         self.kernel("optimizer", "optimizer", OPTIMIZER_OPS_PER_PARAM * updated,
-                    updated * (OPTIMIZER_FP32_STATE_BYTES + ge + cfg.e))
-        if cfg.dp > 1 and cfg.dp_reduce == "rs-ag":
-            self.blocking("params.dp_all_gather", pb.ALL_GATHER, updated * cfg.e, self.groups.dp)
+                    updated * (OPTIMIZER_FP32_STATE_BYTES + ge + cfg.e),
+                    [grads, *self.adam, weights], [*self.adam, weights])
+        if self.distributed:
+            self.blocking("params.dp_all_gather", pb.ALL_GATHER, updated * cfg.e, self.groups.dp,
+                          [weights], [self.weight_buffer])
 
 
 def transformer_traces(cfg: TransformerConfig) -> list[list[pb.Node]]:
@@ -613,7 +848,8 @@ def generate() -> None:
 @click.option("--collective", required=True, type=click.Choice([*COLLECTIVES, "send_recv"]),
               help="the operation every rank runs")
 @click.option("--size", type=click.IntRange(min=0), metavar="BYTES",
-              help="comm_size in bytes (ASTRA-sim's meaning: the all-gather size is each rank's input)")
+              help="comm_size in bytes, as docs/collectives.md defines it per type (each rank's input; "
+                   "scatter: the piece each rank receives); not for barrier")
 @click.option("--npus", required=True, type=click.IntRange(min=1), help="number of ranks")
 @click.option("--iterations", default=1, show_default=True, type=click.IntRange(min=1),
               help="back-to-back repetitions on every rank")

@@ -2,7 +2,8 @@
 
     chakra-sim convert pytorch HOST.json[.gz] [--kineto KINETO.json[.gz]] --output PREFIX [--rank R]
 
-Writes PREFIX.<rank>.et and prints what was converted. Input errors print one line and exit
+Writes PREFIX.<rank>.et and prints what was converted. The rank comes from the traces; a trace
+of a multi-rank job that does not record it needs --rank. Input errors print one line and exit
 with status 2.
 """
 
@@ -23,7 +24,8 @@ MAX_WARNINGS_SHOWN = 20
 @click.option("--output", "-o", "prefix", required=True, metavar="PREFIX",
               help="output prefix: writes PREFIX.<rank>.et")
 @click.option("--rank", type=click.IntRange(min=0),
-              help="rank to write when the traces do not record it (default 0)")
+              help="this trace's rank: required when the traces do not record it (unless it has no "
+                   "communication: rank 0); an error when it contradicts them")
 @click.option("--debug", is_flag=True, hidden=True, help="show tracebacks")
 def convert_pytorch(host, kineto, prefix, rank, debug) -> None:
     """Convert a PyTorch execution trace (and its Kineto trace) to a Chakra .et file.

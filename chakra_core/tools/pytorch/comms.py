@@ -18,8 +18,16 @@ Facts, first source that has them wins:
   rooted collectives and the peer for send / receive); roots, peers and tags of the API call's
   own operands take precedence.
 
-`comm_size` is the larger of the two buffers: the full buffer ASTRA-sim and chakra-sim time
-(the gathered output of an all-gather, the input of a reduce-scatter).
+- group size (to derive one buffer from the other when only one is known): the `pg_size`
+  attribute, else `record_param_comms`' rank list or split-size lists or trailing world size,
+  else the functional call's `group_size` operand, else the process-group definitions.
+
+`comm_size` follows the one rule of docs/collectives.md (ASTRA-sim's meaning, what the system
+layer times): each rank's input for every type (the whole buffer of an all-reduce, broadcast or
+reduce, each rank's input of an all-gather or gather, the full input of a reduce-scatter, the
+whole send buffer of an all-to-all), except scatter, where it is the piece each rank receives;
+0 for a barrier. PyTorch records what that needs: `in_msg_nelems` is the input of every type
+and `out_msg_nelems` the output (N x the input for all-gather, 1/N of it for reduce-scatter).
 """
 
 from __future__ import annotations
@@ -41,8 +49,10 @@ _API_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 BACKEND_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:", "hccl:", "rccl:")
 RPC = "record_param_comms"
 ROOTED = frozenset({pb.BROADCAST, pb.REDUCE, pb.GATHER, pb.SCATTER})
-# API calls whose first operand is the output (the receive buffer).
+# c10d API calls whose first operand is the output (the receive buffer); functional collectives
+# (`_c10d_functional::all_gather_into_tensor(input, group_size, group_name)`) take the input first.
 _OUTPUT_FIRST = ("allgather", "reducescatter", "alltoall", "gather", "scatter")
+_FUNCTIONAL_PREFIXES = ("_c10d_functional::", "c10d_functional::")
 
 
 def kind_of(name: str) -> int | str | None:
@@ -108,10 +118,29 @@ class CommInfo:
     tag: int | None = None
     rank: int | None = None     # this rank, when the trace records it
     group_ranks: list[int] | None = None   # from record_param_comms' rank start / stride / size
+    group_size: int | None = None          # members of the collective's group, when recorded
 
-    @property
-    def size(self) -> int:
-        return max(self.in_bytes, self.out_bytes)
+
+def comm_size(info: CommInfo, group_size: int | None) -> tuple[int, str | None]:
+    """(comm_size, problem): the size the rule of docs/collectives.md gives `info`, and why it is
+    approximate when the buffer the rule names is missing and the group size is unknown."""
+    kind, ins, outs = info.kind, info.in_bytes, info.out_bytes
+    if kind == pb.BARRIER:
+        return 0, None
+    if kind not in (pb.SCATTER, pb.REDUCE_SCATTER, pb.ALL_GATHER, pb.GATHER):
+        return ins or outs, None   # input and output are the same size (the backend's is the input)
+    if kind == pb.SCATTER:   # the piece each rank receives; the root's input is N pieces
+        wanted, other, known, derive = outs, ins, "input", lambda n: ins // n
+    elif kind == pb.REDUCE_SCATTER:   # the full input; each rank's output is 1/N of it
+        wanted, other, known, derive = ins, outs, "output", lambda n: outs * n
+    else:   # all-gather, gather: each rank's input; the output is N x it
+        wanted, other, known, derive = ins, outs, "output", lambda n: outs // n
+    if wanted or not other:
+        return wanted, None
+    if group_size:
+        return derive(group_size), None
+    return other, (f"the trace gives only the {known} buffer ({other} B), not the group size; "
+                   f"comm_size {other} B may be off by a factor of the group size")
 
 
 def describe(op: HostOp, parts: Iterable[HostOp], backend_ids: dict[int, str]) -> CommInfo:
@@ -134,6 +163,7 @@ def describe(op: HostOp, parts: Iterable[HostOp], backend_ids: dict[int, str]) -
 
 
 def _sizes(info: CommInfo, op: HostOp, rpc: HostOp | None, backends: list[HostOp]) -> None:
+    """The input and output buffers, each as recorded (comm_size() picks by type)."""
     if rpc is not None:
         elem = dtype_bytes(str(rpc.attrs.get("dtype", ""))) if rpc.attrs.get("dtype") else None
         if elem is None:
@@ -147,16 +177,21 @@ def _sizes(info: CommInfo, op: HostOp, rpc: HostOp | None, backends: list[HostOp
         if ins or outs:
             info.in_bytes, info.out_bytes = ins, outs
             return
-    if op.name.startswith(_API_PREFIXES):
+    if op.name.startswith(_FUNCTIONAL_PREFIXES):
+        info.in_bytes = sum_bytes(arg_tensors(op.inputs, 0))
+        info.out_bytes = sum_bytes(tensors(op.outputs))
+        if info.in_bytes or info.out_bytes:
+            return
+    elif op.name.startswith(_API_PREFIXES):
         base = op.name.rsplit(":", 1)[-1].replace("_", "").lower()
         first, second = sum_bytes(arg_tensors(op.inputs, 0)), sum_bytes(arg_tensors(op.inputs, 1))
-        if base.startswith(_OUTPUT_FIRST) and second:
+        if base.startswith(_OUTPUT_FIRST):
             info.in_bytes, info.out_bytes = second, first
-        else:
+        else:   # in place: all-reduce, broadcast, reduce, send, recv
             info.in_bytes = info.out_bytes = first
         if info.in_bytes or info.out_bytes:
             return
-    for backend in backends:
+    for backend in backends:   # backend scopes record their input only
         info.in_bytes = info.out_bytes = sum_bytes(tensors(backend.inputs))
         if info.in_bytes:
             return
@@ -183,10 +218,34 @@ def _rpc_facts(info: CommInfo, rpc: HostOp, backend_ids: dict[int, str]) -> None
     start, stride, size = attrs.get("global_rank_start"), attrs.get("global_rank_stride"), attrs.get("pg_size")
     if all(isinstance(v, int) for v in (start, stride, size)) and size > 0 and stride > 0:
         info.group_ranks = [start + i * stride for i in range(size)]
+    info.group_size = _rpc_group_size(attrs, values, types, name_at)
+
+
+def _rpc_group_size(attrs: dict, values: list, types: list, name_at: int | None) -> int | None:
+    """`pg_size`, else the trailing world-size operand (schemas 1.0.2+: name, in splits, out splits,
+    [rank start, stride,] world size), else the length of a non-empty split-size list (1.0.1)."""
+    size = attrs.get("pg_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    if name_at is None:
+        return None
+    after = list(zip(values[name_at + 1:], types[name_at + 1:]))
+    if len(after) >= 3 and after[-1][1] == "Int" and isinstance(after[-1][0], int) and after[-1][0] > 0:
+        return after[-1][0]
+    for value, _ in after[:2]:
+        if isinstance(value, list) and value:
+            return len(value)
+    return None
 
 
 def _api_facts(info: CommInfo, op: HostOp) -> None:
-    """Root, peer and tag from the API call's own integer operands (c10d signatures)."""
+    """Root, peer and tag from the API call's own integer operands (c10d signatures); the group
+    size of a functional all-gather / reduce-scatter (`(input, [reduce_op,] group_size, group_name)`)."""
+    if op.name.startswith(_FUNCTIONAL_PREFIXES) and info.group_size is None \
+            and info.kind in (pb.ALL_GATHER, pb.REDUCE_SCATTER):
+        ints = [v for v, t in zip(op.inputs.values, op.inputs.types) if t == "Int" and isinstance(v, int)]
+        if ints and ints[0] > 0:
+            info.group_size = ints[0]
     if not op.name.startswith("c10d::"):
         return
     ints = [v for v, t in zip(op.inputs.values, op.inputs.types)

@@ -44,6 +44,7 @@ from chakra_core.tools._build import (bool_attr, int_attr, metadata, process_gro
 from chakra_core.tools.pytorch import comms
 from chakra_core.tools.pytorch.comms import CommInfo, Group, ProcessGroups
 from chakra_core.tools.pytorch.deps import Dependencies
+from chakra_core.tools.pytorch.errors import ConversionError
 from chakra_core.tools.pytorch.host import HostOp, HostTrace, load_host_trace
 from chakra_core.tools.pytorch.kineto import Event, KinetoTrace, load_kineto_trace
 from chakra_core.tools.pytorch.link import CpuLinks, GpuLinks, Launch, link_cpu, link_gpu
@@ -102,7 +103,8 @@ class Conversion:
 
 def convert(host_path: str | os.PathLike, kineto_path: str | os.PathLike | None = None,
             rank: int | None = None) -> Conversion:
-    """Convert one rank's traces; `rank` is used when the traces do not say which rank they are."""
+    """Convert one rank's traces. `rank` is required when the traces do not say which rank they
+    are (unless they hold no communication) and must agree with them when they do."""
     host = load_host_trace(host_path)
     kineto = load_kineto_trace(kineto_path) if kineto_path is not None else None
     return _Converter(host, kineto, rank).run()
@@ -216,27 +218,50 @@ class _Converter:
                                   "among every rank of the simulated run")
 
     def _rank(self) -> int:
+        """The rank the traces record; --rank only fills in for traces that record none (and must
+        agree with them); a trace without any rank or communication is a one-rank job (rank 0)."""
         found: list[tuple[int, str]] = []
         if self.kineto is not None and self.kineto.rank is not None:
             found.append((self.kineto.rank, f"{self.kineto.path} (distributedInfo.rank)"))
-        host_rank = self.host.meta.get("rank")
+        host_rank, where = self.host.meta.get("rank"), "top-level 'rank'"
         for op in self.selection.process_ops:
-            host_rank = op.attrs.get("rank", host_rank)
-        if not isinstance(host_rank, int):
+            if "rank" in op.attrs:
+                host_rank, where = op.attrs["rank"], f"{op.label()} 'rank' attribute"
+        if not isinstance(host_rank, int) or isinstance(host_rank, bool):
             votes = Counter(i.rank for i in self.infos.values() if i.rank is not None)
-            host_rank = votes.most_common(1)[0][0] if votes else None
-        if isinstance(host_rank, int):
-            found.append((host_rank, f"{self.host.path} (record_param_comms)"))
+            host_rank, where = (votes.most_common(1)[0][0] if votes else None), "record_param_comms"
+        if isinstance(host_rank, int) and not isinstance(host_rank, bool):
+            found.append((host_rank, f"{self.host.path} ({where})"))
         if found:
             rank, source = found[0]
-            for other, where in found[1:]:
+            for other, place in found[1:]:
                 if other != rank:
-                    self.warnings.append(f"{where} says rank {other} but {source} says {rank}; "
+                    self.warnings.append(f"{place} says rank {other} but {source} says {rank}; "
                                          f"using {rank}")
             if self.requested_rank is not None and self.requested_rank != rank:
-                self.warnings.append(f"--rank {self.requested_rank} ignored: {source} says rank {rank}")
+                raise ConversionError(f"--rank {self.requested_rank} contradicts {source}, which says "
+                                      f"rank {rank}: drop --rank, or convert that rank's own trace")
             return rank
-        return self.requested_rank if self.requested_rank is not None else 0
+        if self.requested_rank is not None:
+            return self.requested_rank
+        size = self.groups.job_size()
+        if not self.infos and (size or 1) == 1:
+            self.notes.append("the trace records no rank and no communication: a one-rank job, "
+                              "written as rank 0")
+            return 0
+        job = f"a {size}-rank job" if size else "a job with communication"
+        kineto = "its Kineto trace has no distributedInfo.rank" if self.kineto is not None \
+            else "no Kineto trace was given"
+        raise ConversionError(f"{self.host.path}: the trace is one rank of {job} but does not say which "
+                              f"(no rank in record_param_comms or a 'rank' field; {kineto}): give it "
+                              "with --rank N")
+
+    def _group_size(self, pg_name: str | None) -> int | None:
+        """Members of a process group from its definition (unnamed: the job's default group)."""
+        group = self.groups.groups.get(pg_name if pg_name is not None else "0")
+        if group is not None and (group.size or group.ranks):
+            return group.size or len(group.ranks)
+        return self.groups.job_size()
 
     def _metadata_node(self, groups: ProcessGroups) -> int | None:
         used = {info.pg_name for info in self.infos.values() if info.pg_name is not None}
@@ -380,7 +405,10 @@ class _Converter:
         attrs = [bool_attr("is_cpu_op", False), str_attr("op_type", "communication")]
         if node_type == pb.COMM_COLL_NODE:
             attrs.append(int_attr("comm_type", info.kind))
-        attrs.append(uint_attr("comm_size", max(0, info.size)))
+        size, problem = comms.comm_size(info, info.group_size or self._group_size(info.pg_name))
+        if problem:
+            self.warnings.append(f"{self.host.path}: {op.label()}: {problem}")
+        attrs.append(uint_attr("comm_size", max(0, size)))
         if info.pg_name is not None:
             attrs.append(str_attr("pg_name", info.pg_name))
         if info.kind in comms.ROOTED and info.root is not None:

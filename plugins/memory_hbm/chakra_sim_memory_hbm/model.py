@@ -333,6 +333,8 @@ class HBMMemory(MemoryModel):
             out["memory_series"] = {}
             return out
         planned = [s.rank for s in tracker.ranks if s.plan is not None]
+        blind = [s.rank for s in tracker.ranks if not s.allocations]
+        known = [s.peak for s in tracker.ranks if s.allocations]
         out.update({
             "lifetime": self.config.lifetime,
             "tensor_nodes": self.config.tensor_nodes,
@@ -340,13 +342,40 @@ class HBMMemory(MemoryModel):
             "capacity_bytes": self.capacity_bytes,
             "oom": self.config.oom,
             "oom_ranks": sorted(self.oom_ranks),
-            "peak_memory_bytes": max((s.peak for s in tracker.ranks), default=0),
+            # null, not 0 B, when no rank's nodes listed a tensor: the trace cannot tell
+            "peak_memory_bytes": max(known) if known else None,
+            "ranks_without_tensors": blind,
             "storage_allocations": sum(s.allocations for s in tracker.ranks),
             "pre_pass_ranks": len(planned),
             "series_points": self.config.series_points,
             "memory_series": {str(s.rank): s.series.export() for s in tracker.ranks},
         })
+        if not known:
+            out["peak_memory_note"] = self._no_tensors_reason()
         return out
+
+    def _no_tensors_reason(self) -> str:
+        """Why a peak is unknown, with the settings that may have hidden tensors."""
+        hints = []
+        if not self.config.count_host_tensors:
+            hints.append("tensors on 'cpu' count only with count_host_tensors: true")
+        if self.config.tensor_nodes != "all":
+            hints.append(f"tensor_nodes: {self.config.tensor_nodes} ignores "
+                         + ("all but CPU operations" if self.config.tensor_nodes == "cpu" else "CPU operations"))
+        return ("no node listed a device tensor in its inputs/outputs, so peak memory is unknown"
+                + (f" ({'; '.join(hints)})" if hints else ""))
+
+    def finish(self) -> None:
+        """Warn about the ranks whose peak is unknown rather than 0 B (no node listed a tensor)."""
+        if self.tensors is None:
+            return
+        ranks = [s.rank for s in self.tensors.ranks if not s.allocations]
+        if not ranks:
+            return
+        where = "every rank" if len(ranks) == len(self.tensors.ranks) else f"rank(s) {', '.join(map(str, ranks))}"
+        self.context.warn(f"memory plugin 'hbm', {where}: {self._no_tensors_reason()}; peak_memory_bytes "
+                          "is null (converted PyTorch traces and `chakra-sim generate transformer` list "
+                          "tensors)")
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         """The ranks with the highest peak memory (at most 8), when tensors were tracked."""
@@ -372,6 +401,7 @@ class HBMMemory(MemoryModel):
             row["peak_memory_bytes"] = None
         else:
             state = self.tensors.ranks[rank]
-            row["peak_memory_bytes"] = state.peak
-            row["peak_memory_ns"] = state.peak_ns
+            known = bool(state.allocations)   # a rank whose nodes list no tensor: unknown, not 0 B
+            row["peak_memory_bytes"] = state.peak if known else None
+            row["peak_memory_ns"] = state.peak_ns if known else None
         return row

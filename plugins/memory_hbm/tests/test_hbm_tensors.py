@@ -14,11 +14,13 @@ from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.layers import LayerContext
 from chakra_core.schema import pb
+from chakra_core.testing import make_node, manifest, ring_network, simulate, write_ranks
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 from chakra_sim_memory_hbm.tensors import MemorySeries, parse_tensors, reference_counts, storages_of
 from hbm_helpers import MiB
-from tests.helpers import REF_TRACES, make_node
-from tests.simhelpers import manifest, ring_network, simulate, write_ranks
+
+REF_TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "ref-traces"
+"""`../shared/ref-traces` next to the chakra-sim checkout (optional: the test using it skips)."""
 
 ELEMS_PER_MIB = MiB // 4          # float32 elements in one MiB
 
@@ -195,7 +197,8 @@ def test_series_bound_preserves_the_peak_and_never_understates(max_points, seed)
 def test_trace_rule_known_answer(tmp_path):
     results = run_trace(tmp_path)
     row = results["ranks"][0]
-    assert (row["finish_ns"], row["peak_memory_bytes"], row["peak_memory_ns"]) == (40_000, 16 * MiB, 20_000)
+    assert (row["finish_ns"], row["hbm"]["peak_memory_bytes"], row["hbm"]["peak_memory_ns"]) == (
+        40_000, 16 * MiB, 20_000)
     summary = results["layers"]["memory"]["summary"]
     assert summary["memory_series"] == {"0": TRACE_SERIES}
     assert (summary["lifetime"], summary["pre_pass_ranks"], summary["lifetime_fallback_ranks"]) == ("trace", 1, [])
@@ -215,7 +218,7 @@ def test_terminal_table_lists_the_peaks(tmp_path):
 def test_issued_rule_known_answer_is_a_lower_bound(tmp_path):
     results = run_trace(tmp_path, lifetime="issued")
     row = results["ranks"][0]
-    assert (row["peak_memory_bytes"], row["peak_memory_ns"]) == (12 * MiB, 20_000)
+    assert (row["hbm"]["peak_memory_bytes"], row["hbm"]["peak_memory_ns"]) == (12 * MiB, 20_000)
     summary = results["layers"]["memory"]["summary"]
     assert summary["memory_series"] == {"0": ISSUED_SERIES}
     assert summary["pre_pass_ranks"] == 0
@@ -253,7 +256,8 @@ def cpu_ahead_trace() -> list[pb.Node]:
 def test_tensor_nodes_choose_whose_references_keep_storages(tmp_path, kind, lifetime, peak, at):
     results = run_trace(tmp_path, nodes=cpu_ahead_trace, tensor_nodes=kind, lifetime=lifetime)
     row = results["ranks"][0]
-    assert (row["finish_ns"], row["peak_memory_bytes"], row["peak_memory_ns"]) == (31_000, peak, at)
+    assert (row["finish_ns"], row["hbm"]["peak_memory_bytes"], row["hbm"]["peak_memory_ns"]) == (
+        31_000, peak, at)
     assert results["layers"]["memory"]["summary"]["memory_series"]["0"][-1] == [
         31_000 if kind != "cpu" else 3000, 0]
 
@@ -262,19 +266,37 @@ def test_tracking_does_not_change_timing(tmp_path):
     on = run_trace(tmp_path / "on")
     off = run_trace(tmp_path / "off", track_tensors=False)
     assert [r["finish_ns"] for r in on["ranks"]] == [r["finish_ns"] for r in off["ranks"]] == [40_000]
-    assert off["ranks"][0]["peak_memory_bytes"] is None
+    assert off["ranks"][0]["hbm"]["peak_memory_bytes"] is None
     assert off["layers"]["memory"]["summary"]["memory_series"] == {}
 
 
-def test_traces_without_tensors_skip_the_pre_pass(tmp_path):
+def test_traces_without_tensors_skip_the_pre_pass_and_report_no_peak(tmp_path):
+    """Nothing to track is not 0 B: the peak is null, the summary says why, and a warning too."""
     def plain():
         return [make_node(1, pb.COMP_NODE, duration_micros=5), make_node(2, pb.COMP_NODE, data_deps=[1],
                                                                          duration_micros=5)]
     results = run_trace(tmp_path, nodes=plain)
     summary = results["layers"]["memory"]["summary"]
-    assert (summary["pre_pass_ranks"], summary["peak_memory_bytes"]) == (0, 0)
+    assert (summary["pre_pass_ranks"], summary["peak_memory_bytes"]) == (0, None)
+    assert summary["ranks_without_tensors"] == [0]
+    assert summary["peak_memory_note"].startswith("no node listed a device tensor")
     assert summary["memory_series"] == {"0": []}
-    assert results["ranks"][0]["peak_memory_bytes"] == 0
+    assert (results["ranks"][0]["hbm"]["peak_memory_bytes"], results["ranks"][0]["hbm"]["peak_memory_ns"]) \
+        == (None, None)
+    (warning,) = results["warnings"]
+    assert warning.startswith("memory plugin 'hbm', every rank: no node listed a device tensor") \
+        and "peak_memory_bytes is null" in warning
+
+
+def test_only_the_ranks_without_tensors_have_no_peak(tmp_path):
+    nodes = [[op(1, "a", 1, outputs=[tensor(1, 4)])], [make_node(1, pb.COMP_NODE, duration_micros=1)]]
+    results = simulate(manifest(write_ranks(tmp_path, nodes), ring_network(2), memory={"plugin": "hbm"}))
+    assert [r["hbm"]["peak_memory_bytes"] for r in results["ranks"]] == [4 * MiB, None]
+    summary = results["layers"]["memory"]["summary"]
+    assert (summary["peak_memory_bytes"], summary["ranks_without_tensors"]) == (4 * MiB, [1])
+    assert "peak_memory_note" not in summary
+    (warning,) = results["warnings"]
+    assert warning.startswith("memory plugin 'hbm', rank(s) 1: no node listed a device tensor")
 
 
 def test_series_bound_through_the_engine(tmp_path):
@@ -287,10 +309,10 @@ def test_series_bound_through_the_engine(tmp_path):
     bounded = run_trace(tmp_path / "bounded", nodes=chain, series_points=8)
     exact_points = exact_run["layers"]["memory"]["summary"]["memory_series"]["0"]
     points = bounded["layers"]["memory"]["summary"]["memory_series"]["0"]
-    peak = bounded["ranks"][0]["peak_memory_bytes"]
+    peak = bounded["ranks"][0]["hbm"]["peak_memory_bytes"]
     assert len(exact_points) > 60 and len(points) <= 8
-    assert max(v for _, v in points) == max(v for _, v in exact_points) == peak == exact_run["ranks"][0][
-        "peak_memory_bytes"]
+    assert max(v for _, v in points) == max(v for _, v in exact_points) == peak == \
+        exact_run["ranks"][0]["hbm"]["peak_memory_bytes"]
     assert points[-1] == exact_points[-1] == [exact_run["ranks"][0]["finish_ns"], 0]
     assert never_understates(points, exact_points)
 
@@ -325,13 +347,13 @@ def test_oom_warn_once_per_rank_and_go_on(tmp_path):
         assert "1048576 bytes short" in warning
     summary = results["layers"]["memory"]["summary"]
     assert (summary["oom_ranks"], summary["capacity_bytes"]) == ([0, 1], 10 * MiB)
-    assert [r["peak_memory_bytes"] for r in results["ranks"]] == [16 * MiB, 16 * MiB]
+    assert [r["hbm"]["peak_memory_bytes"] for r in results["ranks"]] == [16 * MiB, 16 * MiB]
     assert [r["finish_ns"] for r in results["ranks"]] == [40_000, 40_000]
 
 
 def test_capacity_at_the_peak_is_not_out_of_memory(tmp_path):
     results = run_trace(tmp_path, capacity_gib=16 / 1024, oom="fail")
-    assert results["ranks"][0]["peak_memory_bytes"] == 16 * MiB
+    assert results["ranks"][0]["hbm"]["peak_memory_bytes"] == 16 * MiB
     assert results["layers"]["memory"]["summary"]["oom_ranks"] == []
 
 
@@ -381,7 +403,7 @@ def test_peak_memory_of_a_converted_pytorch_trace(tmp_path):
     row = results["ranks"][0]
     all_storages = sum(size for _, size in reference_counts(REF).values())
     assert all_storages == 3_499_664_344
-    assert 0 < row["peak_memory_bytes"] <= all_storages
+    assert 0 < row["hbm"]["peak_memory_bytes"] <= all_storages
     series = results["layers"]["memory"]["summary"]["memory_series"]["0"]
-    assert len(series) <= 1000 and max(v for _, v in series) == row["peak_memory_bytes"]
+    assert len(series) <= 1000 and max(v for _, v in series) == row["hbm"]["peak_memory_bytes"]
     assert series[-1] == [row["finish_ns"], 0]
