@@ -127,14 +127,14 @@ class CongestionNetwork(NetworkModel):
         except ValueError as exc:
             raise SimulationError(f"network.generator: {exc}") from None
 
-    def route(self, src: int, dst: int, flow: int = 0) -> list[str]:
-        """The links a message from src to dst takes (for debugging routes)."""
-        return [self.topo.link_name(link) for link in self.router.route(src, dst, flow)]
+    def route(self, src: int, dst: int, seq: int = 0) -> list[str]:
+        """The links the seq-th message (from 0) from src to dst takes (for debugging routes)."""
+        return [self.topo.link_name(link) for link in self.router.route(src, dst, seq)]
 
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
         if not (0 <= src < self.npus_count and 0 <= dst < self.npus_count):
             raise SimulationError(f"network: NPU {src} or {dst} is outside 0..{self.npus_count - 1}")
-        route = self.router.route(src, dst, self.flows)
+        route = self.router.route_next(src, dst)
         self.flows += 1
         self.flow_bytes += size
         if len(self.traced) < self.config.trace_messages:

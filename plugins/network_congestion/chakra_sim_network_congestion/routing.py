@@ -7,26 +7,41 @@ switch, a fully connected group goes direct. This is ASTRA-sim's route for
 one dimension, extended to several.
 
 On arbitrary graphs (files, fat-tree, dragonfly) messages take a shortest
-path in hops; where several next hops are equally short (ECMP) the choice is
-a deterministic hash of (source, destination, flow id, hop), so a run is
-reproducible while different flows spread over the parallel paths.
+path in hops, one of all the equal-cost shortest paths (ECMP): of the P
+shortest paths from src to dst, the seq-th message of that pair (0, 1, ...)
+takes path number (dst + seq) mod P. This is D-mod-k routing, what
+InfiniBand subnet managers install on fat-trees (Zahavi, Johnson, Kerbyson
+and Lang, "Optimized InfiniBand fat-tree routing for shift all-to-all
+communication patterns", Concurrency and Computation: Practice and
+Experience 22(2), 2010). On a full fat-tree it loads every link of a tier
+equally under a uniform all-to-all and leaves every shift permutation
+(dst = src + s) free of contention; successive messages of one pair, such as
+a collective's chunks, go round all P paths. Measured on a k=16 fat-tree
+(docs/networks.md): a hash of (src, dst, seq) balances neither exactly and
+(src + dst + seq) mod P puts two messages on a link under most shifts;
+S-mod-k, (src + seq) mod P, does as well as D-mod-k, which is kept as
+InfiniBand's choice.
+
+Path numbers map one to one onto paths. Paths are counted on the
+shortest-path DAG towards dst, and a number is decoded hop by hop: at a
+device whose next hops (in device order) start c_1, c_2, ... paths, numbers
+are dealt round-robin, one to each next hop that still has paths left, and
+the round number is the path number passed on. With equal counts this is
+next hop = number mod m, number // m passed on: the destination's lowest
+digits pick the uplink at the edge switch and the next digits the core, so
+each downlink of the destination's pod carries a single destination's
+traffic. Cut the other way (the first c_1 numbers to the first next hop,
+...), all traffic entering a pod for one edge switch would come down
+through the same aggregation switch.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 
 from chakra_core.errors import SimulationError
 from chakra_sim_network_congestion.topology import Topology
-
-
-def _mix(*values: int) -> int:
-    """A small deterministic integer hash (Python's hash() of ints would do, but say it explicitly)."""
-    h = 0x9E3779B1
-    for value in values:
-        h = ((h ^ (value & 0xFFFFFFFF)) * 0x01000193) & 0xFFFFFFFF
-        h ^= h >> 15
-    return h
 
 
 class DimensionOrderRouter:
@@ -73,15 +88,41 @@ class DimensionOrderRouter:
         self._cache[key] = route
         return route
 
+    def route_next(self, src: int, dst: int) -> tuple[int, ...]:
+        """The route of the next message from src to dst: there is one route per pair."""
+        return self.route(src, dst)
 
-ECMP_VARIANTS = 16
-"""Distinct ECMP choices per (source, destination): flows cycle through them."""
+
 ROUTE_CACHE_LIMIT = 1 << 16
 """Routes kept for reuse; beyond this (e.g. all-to-all on 1,000+ NPUs) they are recomputed."""
+_ARRIVED = (1, ())
+"""The destination's own entry: one (empty) path onwards."""
+
+
+def _deal(options: tuple[int, ...], counts: tuple[int, ...]) -> tuple[int, tuple]:
+    """A branching device's entry: (paths, blocks) for next hops `options` starting `counts` paths each.
+
+    Path numbers are dealt round-robin over the next hops with paths left. A
+    block covers the rounds in which the same next hops take part: (numbers
+    in the block, those next hops, the round it starts at).
+    """
+    blocks, rounds = [], 0
+    for level in sorted(set(counts)):
+        active = tuple(o for o, c in zip(options, counts) if c > rounds)
+        blocks.append(((level - rounds) * len(active), active, rounds))
+        rounds = level
+    return sum(counts), tuple(blocks)
 
 
 class ShortestPathRouter:
-    """Hop-count shortest paths with deterministic ECMP; distances computed per destination, lazily."""
+    """Hop-count shortest paths, D-mod-k over all equal-cost paths; built per destination, lazily.
+
+    Per destination it keeps one entry per device: the next hop (an int) where
+    there is one, a shared (paths, blocks) entry where paths branch, None
+    where dst cannot be reached. Entries with the same next hops and counts
+    are one object, so a destination costs about a pointer per device (11 kB
+    on a k=16 fat-tree's 1,344 devices).
+    """
 
     def __init__(self, topo: Topology):
         self.topo = topo
@@ -90,56 +131,101 @@ class ShortestPathRouter:
         self._in: list[list[int]] = [[] for _ in range(topo.devices)]
         for src, dst in zip(topo.link_src, topo.link_dst):
             self._in[dst].append(src)
-        self._dist: dict[int, list[int]] = {}
-        # per destination, per device: the next hop (an int) or the equal-cost next hops (a tuple)
-        self._next: dict[int, list] = {}
+        self._hops: dict[int, list] = {}
+        self._branches: dict[tuple, tuple] = {}
+        # messages sent so far per (src, dst): a dict per source while it has few peers, then an
+        # array over all NPUs (4 B each, wrapping after 2^32 messages) once a dict would be larger
+        self._sent: list[dict[int, int] | array | None] = [None] * topo.npus
+        self._dense_after = max(topo.npus // 16, 1)
 
-    def _distances(self, dst: int) -> list[int]:
-        dist = self._dist.get(dst)
-        if dist is None:
-            dist = [-1] * self.topo.devices
-            dist[dst] = 0
-            queue = deque([dst])
-            while queue:
-                node = queue.popleft()
-                for prev in self._in[node]:
-                    if dist[prev] < 0:
-                        dist[prev] = dist[node] + 1
-                        queue.append(prev)
-            self._dist[dst] = dist
-        return dist
+    def _build(self, dst: int) -> list:
+        """Distances (reverse BFS), then path counts and next hops in order of increasing distance."""
+        topo, out = self.topo, self.topo.out
+        dist = [-1] * topo.devices
+        dist[dst] = 0
+        order = [dst]
+        queue = deque(order)
+        while queue:
+            node = queue.popleft()
+            for prev in self._in[node]:
+                if dist[prev] < 0:
+                    dist[prev] = dist[node] + 1
+                    queue.append(prev)
+                    order.append(prev)
+        paths = [0] * topo.devices
+        paths[dst] = 1
+        hops: list = [None] * topo.devices
+        hops[dst] = _ARRIVED
+        branches = self._branches
+        for node in order[1:]:
+            want = dist[node] - 1
+            options = tuple(sorted(n for n in out[node] if dist[n] == want))
+            if len(options) == 1:
+                hops[node] = options[0]
+                paths[node] = paths[options[0]]
+                continue
+            key = (options, tuple(paths[n] for n in options))
+            entry = branches.get(key)
+            if entry is None:
+                entry = branches[key] = _deal(*key)
+            hops[node] = entry
+            paths[node] = entry[0]
+        self._hops[dst] = hops
+        return hops
 
-    def route(self, src: int, dst: int, flow: int = 0) -> tuple[int, ...]:
-        key = (src, dst, flow % ECMP_VARIANTS)
+    def route_next(self, src: int, dst: int) -> tuple[int, ...]:
+        """The route of the next message from src to dst (counts it)."""
+        sent = self._sent[src]
+        if sent is None:
+            sent = self._sent[src] = {}
+        if sent.__class__ is dict:
+            seq = sent.get(dst, 0)
+            sent[dst] = seq + 1
+            if len(sent) > self._dense_after:
+                dense = self._sent[src] = array("I", [0]) * self.topo.npus
+                for peer, count in sent.items():
+                    dense[peer] = count
+        else:
+            seq = sent[dst]
+            sent[dst] = (seq + 1) & 0xFFFFFFFF
+        return self.route(src, dst, seq)
+
+    def route(self, src: int, dst: int, seq: int = 0) -> tuple[int, ...]:
+        """The links of the seq-th message (from 0) from src to dst: path (dst + seq) mod P."""
+        if src == dst:
+            return ()
+        hops = self._hops.get(dst)
+        if hops is None:
+            hops = self._build(dst)
+        entry = hops[src]
+        if entry is None:
+            raise SimulationError(
+                f"network ({self.topo.source}): no path from NPU {src} to NPU {dst}; the topology "
+                "graph is disconnected between them")
+        while entry.__class__ is int:     # a single next hop leads to as many paths as the node has
+            entry = hops[entry]
+        key = (src, dst, (dst + seq) % entry[0])
         cached = self._routes.get(key)
         if cached is None:
-            cached = self._walk(src, dst, key[2])
+            cached = self._walk(hops, src, dst, key[2])
             if len(self._routes) < ROUTE_CACHE_LIMIT:
                 self._routes[key] = cached
         return cached
 
-    def _walk(self, src: int, dst: int, flow: int) -> tuple[int, ...]:
-        if src == dst:
-            return ()
-        dist = self._distances(dst)
-        if dist[src] < 0:
-            raise SimulationError(
-                f"network ({self.topo.source}): no path from NPU {src} to NPU {dst}; the topology "
-                "graph is disconnected between them")
-        out, links, node, hop = self.topo.out, [], src, 0
-        nexts = self._next.get(dst)
-        if nexts is None:
-            nexts = self._next[dst] = [None] * self.topo.devices
+    def _walk(self, hops: list, src: int, dst: int, number: int) -> tuple[int, ...]:
+        out, links, node = self.topo.out, [], src
         while node != dst:
-            choice = nexts[node]
-            if choice is None:
-                want = dist[node] - 1
-                options = sorted(n for n in out[node] if dist[n] == want)
-                choice = nexts[node] = options[0] if len(options) == 1 else tuple(options)
-            if choice.__class__ is int:
-                nxt = choice
+            entry = hops[node]
+            if entry.__class__ is int:
+                nxt = entry
             else:
-                nxt = choice[_mix(src, dst, flow, hop) % len(choice)]
+                for size, options, rounds in entry[1]:
+                    if number < size:
+                        break
+                    number -= size
+                width = len(options)
+                nxt = options[number % width]
+                number = rounds + number // width
             links.append(out[node][nxt])
-            node, hop = nxt, hop + 1
+            node = nxt
         return tuple(links)
