@@ -24,16 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 REF = SHARED / "ref-results"
-TRACES = SHARED / "ref-traces"
 sys.path.insert(0, str(ROOT))
 
-from chakra_core.cli import astra_manifest  # noqa: E402
-from chakra_core.engine.simulation import Simulation  # noqa: E402
 from chakra_core.errors import ChakraSimError  # noqa: E402
-from chakra_core.manifest import build_manifest  # noqa: E402
 from chakra_core.plugins import make_plugin_host  # noqa: E402
+from tests.simhelpers import run_astra_case  # noqa: E402
 
-BACKENDS = {"congestion_unaware": "analytical", "congestion_aware": "congestion"}
 TOLERANCE = 0.01
 
 # Rows where we knowingly differ from ASTRA-sim, keyed by (system JSON stem, collective), with
@@ -42,14 +38,8 @@ KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {}
 
 
 def run_case(host, case: dict) -> dict:
-    workload = str(TRACES / case["workload"])
-    system = str(REF / case["system"])
-    network = str(REF / case["network"])
-    backend = BACKENDS[case["backend"]]
-    data = astra_manifest(workload, system, network, None, None, backend)
     started = time.perf_counter()
-    loaded = build_manifest(data, host, base_dir=ROOT, source="validation")
-    results = Simulation(loaded.spec, host).run()
+    results = run_astra_case(case, host)
     return {"finish_ns": results["finish_ns"], "wall_s": time.perf_counter() - started,
             "exposed": [r["exposed_comm_ns"] for r in results["ranks"]]}
 
