@@ -215,6 +215,11 @@ class SystemLayer(LayerModel):
 
     layer = "system"
 
+    collectives_start_waiting: ClassVar[bool] = False
+    """True if the layer calls `context.comm_waiting(rank, node_id, False)` for every collective
+    once the peers it waits for have joined. The engine then counts each collective as waiting
+    for peers from the moment it is issued, and the layer need not say so for each one."""
+
     @abstractmethod
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         """Start a COMM_COLL_NODE on `rank`; call `done(node.id)` when it completes there."""

@@ -17,7 +17,7 @@ from chakra_core.system.algorithms import (Chain, Direct, DoubleBinaryTree, Halv
                                            resolve_algorithm)
 from chakra_core.system.machines import PhaseContext, binary_tree
 from chakra_core.system.runner import IsolatedPhase, NetworkPhase
-from tests.simhelpers import PairDelayNetwork, collective, hop_ns, manifest, simulate, write_ranks
+from tests.simhelpers import PairDelayNetwork, collective, comp, hop_ns, manifest, simulate, write_ranks
 
 AR, AG, RS, A2A = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL
 
@@ -344,3 +344,38 @@ def test_concurrent_collectives_that_would_deadlock_complete_with_a_warning(tmp_
     assert results["layers"]["system"]["summary"]["oversubscribed_chunk_starts"] > 0
     assert any("astra-sim issue 370" in w for w in results["warnings"])
 
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), dims=st.sampled_from([[4, 4], [2, 2, 4], [8], [2, 4]]),
+       algorithm=st.sampled_from(["ring", "direct", "direct2", "halvingDoubling", "doubleBinaryTree"]),
+       splits=st.integers(1, 6), active=st.integers(1, 3),
+       optimization=st.sampled_from(["localBWAware", "baseline"]),
+       skew=st.lists(st.integers(0, 30), min_size=16, max_size=16))
+def test_whole_collective_solve_equals_event_by_event(tmp_path_factory, seed, dims, algorithm, splits,
+                                                      active, optimization, skew):
+    """With one collective in flight per rank, a collective is solved in one step once all its
+    members issued it; with two allowed it runs phase by phase on the chunk queues. When the
+    trace never has two collectives in flight at once, both must give every rank the same times."""
+    n = 1
+    for d in dims:
+        n *= d
+    ranks = []
+    for rank in range(n):
+        nodes = [comp(1, skew[rank % 16]), collective(2, AR, 1 << 20, deps=[1]),
+                 comp(3, skew[(rank + 5) % 16], deps=[2]), collective(4, RS, 1 << 18, deps=[3]),
+                 collective(5, AG, 1 << 14, deps=[4]), collective(6, A2A, 1 << 16, deps=[5])]
+        ranks.append(nodes)
+    prefix = write_ranks(tmp_path_factory.mktemp("whole"), ranks)
+    impl = "ring" if algorithm in ("halvingDoubling", "doubleBinaryTree") else algorithm
+    system = {"all-reduce-implementation": [algorithm], "reduce-scatter-implementation": [algorithm],
+              "all-gather-implementation": [algorithm], "all-to-all-implementation": [impl],
+              "preferred-dataset-splits": splits, "active-chunks-per-dimension": active,
+              "collective-optimization": optimization}
+    network = {"plugin": "jitter", "seed": seed, "dims": dims}
+    plugins = [("jitter", _JitterPlugin())]
+    solved = simulate(manifest(prefix, network, system=system), extra_plugins=plugins)
+    stepped = simulate(manifest(prefix, network, system=system, resources={"comm": 2}), extra_plugins=plugins)
+    for key in ("finish_ns", "bytes_sent", "bytes_received", "exposed_network_ns", "waiting_ns"):
+        assert [r[key] for r in solved["ranks"]] == [r[key] for r in stepped["ranks"]], key
+    assert solved["events"] <= stepped["events"]

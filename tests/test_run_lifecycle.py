@@ -52,8 +52,8 @@ def _simulation(tmp_path: Path, ranks, compressed: bool = False, **sections) -> 
 def _assert_released(sim: Simulation, ranks: int) -> None:
     assert len(sim.drivers) == ranks
     for driver in sim.drivers:
-        assert driver.feeder._file is None
-        assert driver.feeder._tmp_dir is None
+        trace = driver.feeder._trace      # the index, shared by ranks with identical files
+        assert trace._file is None and trace._tmp_dir is None and trace.users == 0
 
 
 @pytest.mark.parametrize("compressed", [False, True])

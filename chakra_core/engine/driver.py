@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 SLOT_CPU, SLOT_GPU, SLOT_COMM, SLOT_MEM, SLOT_FREE = range(5)
 SLOT_NAMES = ("cpu", "gpu", "comm", "memory", "unlimited")
+_SLOTS = range(len(SLOT_NAMES))
+UNLIMITED = 1 << 62
 
 # Accounting categories of in-flight operations; the breakdown takes the first active one of
 # BREAKDOWN (CAT_NONE nodes finish at once and count nowhere).
@@ -86,6 +88,7 @@ class RankDriver:
         self.memory = sim.memory
         self.system = sim.system
         self.capacity = capacities          # per slot; None = unlimited
+        self._limit = [UNLIMITED if c is None else c for c in capacities]
         self.in_use = [0] * len(SLOT_NAMES)
         self.ready: list[list[int]] = [[] for _ in SLOT_NAMES]
         self.slots = slots
@@ -97,12 +100,16 @@ class RankDriver:
         self._intervals: list | None = sim.intervals
         memory = sim.memory
         self._tensor_tracker = memory if memory is not None and memory.tracks_tensors else None
+        self._reporting = (self._observer is not None or self._intervals is not None
+                           or self._tensor_tracker is not None)
+        self._collective_category = CAT_WAIT if getattr(self.system, "collectives_start_waiting",
+                                                        False) else CAT_NET
         # accounting
         self.compute_ns = self.comm_ns = 0
         self.time = [0] * len(BREAKDOWN)    # ns per BREAKDOWN category
         self._active = [0] * 6              # in flight per category
         self._last = 0
-        self.node_counts: dict[str, int] = {}
+        self._type_counts: dict[int, int] = {}
         self.comm_bytes: dict[str, int] = {}
         self.replayed_host_collectives = 0
 
@@ -116,19 +123,19 @@ class RankDriver:
             return
         self._pumping = True
         try:
-            feeder, ready, slots = self.feeder, self.ready, self.slots
-            capacity, in_use = self.capacity, self.in_use
-            while True:
-                while feeder.has_nodes_to_issue():
-                    node_id = feeder.next_issuable_node()
-                    heappush(ready[slots[feeder.node_kind(node_id)]], node_id)
+            ready, slots = self.ready, self.slots
+            feeder = self.feeder
+            if feeder.pending:
+                for kind, node_id in feeder.pop_ready():
+                    heappush(ready[slots[kind]], node_id)
+            limit, in_use = self._limit, self.in_use
+            while True:   # complete() pushes the children it frees straight into `ready`
                 best = -1
                 best_id = 0
-                for slot in range(5):
+                for slot in _SLOTS:
                     heap = ready[slot]
-                    if heap and (capacity[slot] is None or in_use[slot] < capacity[slot]):
-                        if best < 0 or heap[0] < best_id:
-                            best, best_id = slot, heap[0]
+                    if heap and in_use[slot] < limit[slot] and (best < 0 or heap[0] < best_id):
+                        best, best_id = slot, heap[0]
                 if best < 0:
                     return
                 heappop(ready[best])
@@ -173,13 +180,13 @@ class RankDriver:
         node_type = node.pb.type
         if self._tensor_tracker is not None:
             self._tensor_tracker.node_issued(self.rank, node, self.queue.now)
-        type_name = _TYPE_NAMES.get(node_type, str(node_type))
-        self.node_counts[type_name] = self.node_counts.get(type_name, 0) + 1
+        counts = self._type_counts
+        counts[node_type] = counts.get(node_type, 0) + 1
         self.in_use[slot] += 1
         now = self.queue.now
         rank = self.rank
-        if node_type == pb.COMP_NODE or (node_type == pb.COMM_COLL_NODE and slot == SLOT_CPU):
-            if node_type == pb.COMP_NODE:
+        if node_type == _COMP or (node_type == _COLL and slot == SLOT_CPU):
+            if node_type == _COMP:
                 duration = self.compute.compute_time_ns(rank, node)
             else:  # host-side launch of a collective (CPU op): its kernel is a separate node
                 duration = None
@@ -195,12 +202,20 @@ class RankDriver:
             else:
                 category = CAT_GPU
                 self.compute_ns += duration
-            self._begin(node_id, slot, category, now)
-            self.queue.schedule(duration, self.complete, node_id)
-        elif node_type == pb.COMM_COLL_NODE:
-            self._begin(node_id, slot, CAT_NET, now)
-            size = node.int("comm_size", 0)
-            coll_name = _COLL_NAMES.get(node.int("comm_type", -1), "UNKNOWN")
+            if now != self._last:
+                self._account()
+            self._active[category] += 1
+            # The engine itself completes compute nodes: their bookkeeping rides on the event
+            # instead of the in-flight table that layers' completions go through.
+            self.queue.schedule(duration, self._computed, (node_id, slot, category, now))
+        elif node_type == _COLL:
+            self._begin(node_id, slot, self._collective_category, now)
+            memo = node.memo
+            counted = memo.get(_COMM_BYTES)
+            if counted is None:
+                counted = memo[_COMM_BYTES] = (_COLL_NAMES.get(node.int("comm_type", -1), "UNKNOWN"),
+                                               node.int("comm_size", 0))
+            coll_name, size = counted
             self.comm_bytes[coll_name] = self.comm_bytes.get(coll_name, 0) + size
             self.system.issue_collective(rank, node, self.complete)
         elif node_type == pb.COMM_SEND_NODE:
@@ -214,7 +229,7 @@ class RankDriver:
         elif node_type in (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE):
             if self.memory is None:
                 raise SimulationError(
-                    f"rank {rank}, node {node_id} ({node.name!r}) is a {type_name} but no memory "
+                    f"rank {rank}, node {node_id} ({node.name!r}) is a {node.type_name} but no memory "
                     "model is selected: add a `memory:` section (e.g. `plugin: hbm`) to the manifest, "
                     "or give --astra-memory a remote-memory file other than NO_MEMORY_EXPANSION "
                     "(which, as in ASTRA-sim, has no model for memory nodes)")
@@ -226,9 +241,15 @@ class RankDriver:
             self._begin(node_id, slot, CAT_NONE, now)
             self.complete(node_id)
 
+    @property
+    def node_counts(self) -> dict[str, int]:
+        """Nodes issued, by type name."""
+        return {_TYPE_NAMES.get(t, str(t)): n for t, n in self._type_counts.items()}
+
     def _begin(self, node_id: int, slot: int, category: int, now: int) -> None:
         if category:
-            self._account()
+            if now != self._last:
+                self._account()
             self._active[category] += 1
         self.inflight[node_id] = (slot, category, now)
 
@@ -240,15 +261,24 @@ class RankDriver:
         except KeyError:
             raise SimulationError(f"rank {self.rank}: node {node_id} completed twice or was never "
                                   "issued (a layer called its completion callback wrongly)") from None
+        self._finished(node_id, slot, category, start)
+
+    def _computed(self, arg: tuple[int, int, int, int]) -> None:
+        self._finished(*arg)
+
+    def _finished(self, node_id: int, slot: int, category: int, start: int) -> None:
         if category:
-            self._account()
+            if self.queue.now != self._last:
+                self._account()
             self._active[category] -= 1
         self.in_use[slot] -= 1
-        feeder = self.feeder
-        if self._observer is not None or self._intervals is not None or self._tensor_tracker is not None:
+        if self._reporting:
             self._report(node_id, slot, start)
-        feeder.free_children(node_id)
-        feeder.remove_node(node_id)
+        freed = self.feeder.finish(node_id)
+        if freed:
+            ready, slots = self.ready, self.slots
+            for kind, child in freed:
+                heappush(ready[slots[kind]], child)
         self.remaining -= 1
         if self.remaining == 0:
             self.finish_ns = self.queue.now
@@ -289,3 +319,6 @@ class RankDriver:
 
 _TYPE_NAMES = {value: name for name, value in pb.NodeType.items()}
 _COLL_NAMES = {value: name for name, value in pb.CollectiveCommType.items()}
+_COMP, _COLL = pb.COMP_NODE, pb.COMM_COLL_NODE
+_COMM_BYTES = object()
+"""NodeView.memo key of a collective's (type name, comm_size) for the per-type byte counts."""

@@ -31,6 +31,7 @@ from chakra_core.engine.driver import RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
+from chakra_core.feeder.library import TraceLibrary
 from chakra_core.layers import LayerContext, LayerModel
 from chakra_core.plugins import Implementation, PluginHost
 
@@ -86,6 +87,7 @@ class Simulation:
         self.context = LayerContext(num_ranks=self.num_ranks, scheduler=self.queue,
                                     base_dir=spec.base_dir,
                                     extras={"comm_groups": spec.comm_groups,
+                                            "comm_capacity": spec.resources.comm,
                                             "algorithms": host.algorithms(),
                                             "trace_files": list(spec.trace_files),
                                             "dependencies": spec.dependencies})
@@ -133,9 +135,14 @@ class Simulation:
         spec = self.spec
         slots = slot_table(spec.resources.memory == "comm")
         capacities = spec.resources.capacities()
+        library = (TraceLibrary(spec.cache_nodes, spec.missing_parents, spec.dependencies)
+                   if spec.feeder == "streaming" else None)
         for rank, path in enumerate(spec.trace_files):
-            feeder = open_feeder(path, spec.feeder, spec.cache_nodes, spec.missing_parents,
-                                 spec.dependencies)
+            if library is not None:
+                feeder = library.open(path)
+            else:
+                feeder = open_feeder(path, spec.feeder, spec.cache_nodes, spec.missing_parents,
+                                     spec.dependencies)
             for warning in getattr(feeder, "warnings", []):
                 self.context.warn(warning)
             self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))

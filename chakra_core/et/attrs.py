@@ -99,11 +99,24 @@ class NodeView:
     on first use. Layers receive NodeViews, never raw protobuf messages.
     """
 
-    __slots__ = ("pb", "_attrs")
+    __slots__ = ("pb", "_attrs", "_memo")
 
     def __init__(self, node: pb.Node):
         self.pb = node
         self._attrs: dict[str, pb.AttributeProto] | None = None
+        self._memo: dict | None = None
+
+    @property
+    def memo(self) -> dict:
+        """A scratch dict for values derived from this node's own content, e.g. a compute
+        model's duration when it depends on nothing else. Ranks whose trace files are identical
+        share their NodeViews, so what one computes the others reuse; the view, and its memo,
+        is dropped when it leaves the feeder's cache. Key it by something of your own (your
+        model instance, a private object) and never store anything that depends on the rank."""
+        memo = self._memo
+        if memo is None:
+            memo = self._memo = {}
+        return memo
 
     # Plain fields -----------------------------------------------------------------
     @property

@@ -175,6 +175,29 @@ class GraphFeeder(ABC):
     def node_kind(self, node_id: int) -> int:
         """NodeType value of a node, | CPU_FLAG for CPU compute; no body load needed."""
 
+    # The engine's fast path: one call per batch instead of three per node. Implementations may
+    # override both; these defaults are built on the methods above.
+    pending = True
+    """False only when pop_ready() would return nothing (an implementation that tracks it sets it;
+    True makes the engine ask)."""
+
+    def pop_ready(self) -> list[tuple[int, int]]:
+        """(kind, id) of every issuable node not handed out yet, which are then handed out
+        (as repeated next_issuable_node() calls would, but in no particular order)."""
+        out = []
+        while self.has_nodes_to_issue():
+            node_id = self.next_issuable_node()
+            out.append((self.node_kind(node_id), node_id))
+        return out
+
+    def finish(self, node_id: int) -> list[tuple[int, int]]:
+        """A node finished: `free_children` and `remove_node` in one call. Returns the (kind, id)
+        of children it made issuable that it hands out at once (they are not handed out again);
+        the default hands out none, leaving them for `pop_ready`."""
+        self.free_children(node_id)
+        self.remove_node(node_id)
+        return []
+
     def pending_nodes(self) -> Iterable[int]:
         """Ids of nodes not yet finished (for deadlock reports); may be expensive."""
         return ()

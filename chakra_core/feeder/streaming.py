@@ -8,6 +8,13 @@ simulator looks them up and live in an LRU cache of `cache_nodes` entries, so a
 trace far larger than memory simulates in memory bounded by the index and the
 cache. Gzip-compressed traces are decompressed once to a temporary file during
 the indexing pass (random access into gzip is not possible).
+
+The index and the node cache (`TraceIndex`) hold nothing that changes during
+a run, so ranks whose trace files have the same bytes (data-parallel replicas
+of one SPMD program, ASTRA-sim's microbenchmarks) share one: the file is
+parsed once, and a node body parsed for one rank serves the others. Each
+rank's `StreamingFeeder` keeps only what does change: how many parents each
+node still waits for, which nodes finished, which are issuable.
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from chakra_core.schema import pb
 DEFAULT_CACHE_NODES = 4096
 
 
-class StreamingFeeder(GraphFeeder):
-    """GraphFeeder over an on-disk trace (see module docstring)."""
+class TraceIndex:
+    """What a trace file says, indexed once and shared by every rank that reads the same bytes."""
 
     def __init__(self, path: str | os.PathLike, cache_nodes: int = DEFAULT_CACHE_NODES,
                  missing_parents: str = "ignore-control", dependencies: str = "all"):
@@ -44,12 +51,7 @@ class StreamingFeeder(GraphFeeder):
         self._tmp_dir: str | None = None
         self._file = None
         self._cache: OrderedDict[int, NodeView] = OrderedDict()
-        self._issuable = IssuableHeap()
-        self._added: dict[int, NodeView] = {}      # add_node() overlay: id -> body
-        self._added_kind: dict[int, int] = {}
-        self._added_remaining: dict[int, int] = {}
-        self._added_children: dict[int, list[int]] = {}
-        self._finished_added: set[int] = set()
+        self.users = 0
         try:
             self._index()
         except BaseException:
@@ -122,12 +124,9 @@ class StreamingFeeder(GraphFeeder):
             fill[parent_pos] += 1
         del fill, edge_parent, edge_parent_pos
         self._remaining, self._child_start, self._children = remaining, child_start, children
-        self._finished = bytearray(count)
         self._check_acyclic()
-        for p in range(count):
-            if remaining[p] == 0:
-                self._issuable.push(ids[p])
-
+        self.roots = sorted(ids[p] for p in range(count) if remaining[p] == 0)
+        """Ids of the nodes with no parent, smallest first (a valid heap)."""
         self._file = open(source, "rb")
 
     def _build_id_map(self, ids: array) -> None:
@@ -235,10 +234,145 @@ class StreamingFeeder(GraphFeeder):
     def _source_path(self) -> str:
         return os.path.join(self._tmp_dir, "trace.et") if self._tmp_dir else self.path
 
-    # GraphFeeder ---------------------------------------------------------------------------
+    def view(self, position: int) -> NodeView:
+        """The parsed body of the node at `position`, through the shared cache.
+
+        The cache holds the `cache_nodes` bodies parsed most recently and forgets the oldest
+        first: nodes are used around the time they become issuable, so recency of parsing is
+        as good a guide as recency of use, and a hit costs one dict lookup."""
+        cache = self._cache
+        view = cache.get(position)
+        if view is not None:
+            return view
+        view = self._load(position)
+        cache[position] = view
+        if len(cache) > self.cache_nodes:
+            cache.popitem(last=False)
+        return view
+
+    def drop(self, position: int) -> None:
+        """Forget a cached body: every rank sharing the index has finished with it, or will
+        parse it again (a finished node's protobuf object is not kept)."""
+        self._cache.pop(position, None)
+
+    @property
+    def count(self) -> int:
+        return len(self._ids)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp_dir is not None:
+            shutil.rmtree(self._tmp_dir, ignore_errors=True)
+            self._tmp_dir = None
+        self._cache.clear()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net for temp files
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class StreamingFeeder(GraphFeeder):
+    """One rank's GraphFeeder over a `TraceIndex` (see module docstring).
+
+    `StreamingFeeder(path, ...)` indexes the file itself; `StreamingFeeder(index=shared)` reads
+    an index another rank opened (`TraceLibrary` does this for files with the same bytes).
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, cache_nodes: int = DEFAULT_CACHE_NODES,
+                 missing_parents: str = "ignore-control", dependencies: str = "all",
+                 index: TraceIndex | None = None):
+        if index is None:
+            if path is None:
+                raise ValueError("give a trace path or an index")
+            index = TraceIndex(path, cache_nodes, missing_parents, dependencies)
+        index.users += 1
+        self._trace = index
+        self.path = index.path if path is None else str(path)
+        self.metadata = index.metadata
+        self.warnings = list(index.warnings)
+        self._use_ctrl = index._use_ctrl
+        self._remaining = array("I", index._remaining)
+        self._finished = bytearray(index.count)
+        self._issuable = IssuableHeap()
+        # Positions that became issuable and were not handed out yet; moved into `_issuable`
+        # only when the GraphFeeder methods ask (the engine takes them with pop_ready()).
+        self._ready: list[int] = [index._position(node_id) for node_id in index.roots]
+        self._added: dict[int, NodeView] = {}      # add_node() overlay: id -> body
+        self._added_kind: dict[int, int] = {}
+        self._added_remaining: dict[int, int] = {}
+        self._added_children: dict[int, list[int]] = {}
+        self._finished_added: set[int] = set()
+        self._closed = False
+
+    def _position(self, node_id: int) -> int:
+        return self._trace._position(node_id)
+
+    @property
+    def pending(self) -> bool:     # type: ignore[override]
+        return bool(self._ready) or bool(self._issuable)
+
+    def _flush(self) -> None:
+        ids = self._trace._ids
+        for position in self._ready:
+            self._issuable.push(ids[position])
+        self._ready = []
+
+    def has_nodes_to_issue(self) -> bool:
+        if self._ready:
+            self._flush()
+        return bool(self._issuable)
+
+    def next_issuable_node(self) -> int | None:
+        if self._ready:
+            self._flush()
+        return self._issuable.pop()
+
+    def pop_ready(self) -> list[tuple[int, int]]:
+        issuable = self._issuable
+        if not self._ready and not issuable:
+            return _NONE
+        trace = self._trace
+        kinds, ids = trace._kinds, trace._ids
+        out = [(kinds[p], ids[p]) for p in self._ready]
+        self._ready = []
+        while issuable:      # pushed back, or added with add_node()
+            node_id = issuable.pop()
+            out.append((self.node_kind(node_id), node_id))
+        return out
+
+    def finish(self, node_id: int) -> list[tuple[int, int]]:
+        trace = self._trace
+        dense = trace._dense
+        if dense is not None:
+            index = node_id - trace._base
+            position = dense[index] if 0 <= index < len(dense) else -1
+        else:
+            position = trace._sparse.get(node_id, -1)
+        if position < 0 or self._added_children:
+            self.free_children(node_id)
+            self.remove_node(node_id)
+            return _NONE
+        self._finished[position] = 1
+        remaining, child_start = self._remaining, trace._child_start
+        freed = _NONE
+        for child in trace._children[child_start[position]:child_start[position + 1]]:
+            left = remaining[child] - 1
+            remaining[child] = left
+            if left == 0:
+                if freed is _NONE:
+                    freed = []
+                freed.append((trace._kinds[child], trace._ids[child]))
+        if trace.users == 1:
+            trace._cache.pop(position, None)
+        return freed
+
     @property
     def num_nodes(self) -> int:
-        return len(self._ids) + len(self._added_kind)
+        return self._trace.count + len(self._added_kind)
 
     def add_node(self, node: pb.Node) -> None:
         node_id = node.id
@@ -271,45 +405,44 @@ class StreamingFeeder(GraphFeeder):
     def remove_node(self, node_id: int) -> None:
         position = self._position(node_id)
         if position >= 0:
-            self._cache.pop(position, None)
+            if self._trace.users == 1:    # a shared body may still be wanted by another rank
+                self._trace.drop(position)
         else:
             self._added.pop(node_id, None)
 
     def lookup_node(self, node_id: int) -> NodeView:
-        position = self._position(node_id)
+        trace = self._trace
+        dense = trace._dense
+        if dense is not None:
+            index = node_id - trace._base
+            position = dense[index] if 0 <= index < len(dense) else -1
+        else:
+            position = trace._sparse.get(node_id, -1)
         if position < 0:
             return self._added[node_id]
-        cache = self._cache
-        view = cache.get(position)
-        if view is not None:
-            cache.move_to_end(position)
-            return view
-        view = self._load(position)
-        cache[position] = view
-        if len(cache) > self.cache_nodes:
-            cache.popitem(last=False)
-        return view
+        view = trace._cache.get(position)
+        return view if view is not None else trace.view(position)
 
     def node_kind(self, node_id: int) -> int:
         position = self._position(node_id)
         if position < 0:
             return self._added_kind[node_id]
-        return self._kinds[position]
+        return self._trace._kinds[position]
 
     def free_children(self, node_id: int) -> list[int]:
         ready = []
-        position = self._position(node_id)
+        trace = self._trace
+        position = trace._position(node_id)
         if position >= 0:
             self._finished[position] = 1
-            remaining, children, ids = self._remaining, self._children, self._ids
-            for i in range(self._child_start[position], self._child_start[position + 1]):
+            remaining, children, ids = self._remaining, trace._children, trace._ids
+            for i in range(trace._child_start[position], trace._child_start[position + 1]):
                 child = children[i]
                 left = remaining[child] - 1
                 remaining[child] = left
                 if left == 0:
-                    child_id = ids[child]
-                    self._issuable.push(child_id)
-                    ready.append(child_id)
+                    self._ready.append(child)
+                    ready.append(ids[child])
         else:
             self._finished_added.add(node_id)
         for child_id in self._added_children.pop(node_id, ()):
@@ -320,27 +453,26 @@ class StreamingFeeder(GraphFeeder):
         return ready
 
     def pending_nodes(self):
-        pending = [self._ids[p] for p in range(len(self._ids)) if not self._finished[p]]
+        ids = self._trace._ids
+        pending = [ids[p] for p in range(len(ids)) if not self._finished[p]]
         pending.extend(n for n in self._added_kind if n not in self._finished_added)
         return pending
 
     @property
     def cached_nodes(self) -> int:
-        return len(self._cache)
+        return len(self._trace._cache)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmp_dir is not None:
-            shutil.rmtree(self._tmp_dir, ignore_errors=True)
-            self._tmp_dir = None
+        if self._closed:
+            return
+        self._closed = True
+        self._trace.users -= 1
+        if self._trace.users <= 0:
+            self._trace.close()
 
-    def __del__(self) -> None:  # pragma: no cover - safety net for temp files
-        try:
-            self.close()
-        except Exception:
-            pass
+
+_NONE: list = []
+"""An empty result shared by every call that has nothing to return (never appended to)."""
 
 
 def _varint_size(value: int) -> int:

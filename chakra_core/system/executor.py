@@ -25,27 +25,37 @@ from chakra_core.system.algorithms import StepSchedule
 
 def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],
                          delay: Callable[[int, int, int], int], endpoint_delay: int,
-                         reduce_delay: Callable[[int], int]) -> list[int]:
-    """Finish time of each member (aligned with `members`) on a contention-free network."""
+                         reduce_delay: Callable[[int], int], cache: dict | None = None) -> list[int]:
+    """Finish time of each member (aligned with `members`) on a contention-free network.
+
+    `cache` (a dict the caller keeps for the whole run) remembers which rings have one delay
+    for all their hops; `members` and `schedule` must then be objects the caller keeps alive,
+    as their ids are the key.
+    """
     n = schedule.n
+    if schedule.uniform and min(starts) == max(starts):
+        if cache is None:
+            duration = _uniform_duration(schedule, members, delay, endpoint_delay, reduce_delay)
+        else:
+            key = (id(members), id(schedule), endpoint_delay)
+            hit = cache.get(key)
+            if hit is None or hit[0] is not members or hit[1] is not schedule:
+                hit = cache[key] = (members, schedule, _uniform_duration(schedule, members, delay,
+                                                                         endpoint_delay, reduce_delay))
+            duration = hit[2]
+        if duration is not None:
+            # Everyone starts together and every hop costs the same: all finish together.
+            return [starts[0] + duration] * n
+
     step_bytes, reduces, send_to = schedule.step_bytes, schedule.reduces, schedule.send_to
     extra = [endpoint_delay + (reduce_delay(b) if r else 0) for b, r in zip(step_bytes, reduces)]
-    if schedule.uniform:
-        uniform_delays = _uniform_ring_delays(schedule, members, delay)
-        if uniform_delays is not None and min(starts) == max(starts):
-            # Everyone starts together and every hop costs the same: all finish together.
-            total = starts[0] + endpoint_delay
-            for k, b in enumerate(step_bytes):
-                total += uniform_delays[b] + extra[k]
-            return [total] * n
-
-    cache: dict[tuple[int, int, int], int] = {}
+    hops: dict[tuple[int, int, int], int] = {}
 
     def hop(i: int, j: int, b: int) -> int:
         key = (i, j, b)
-        value = cache.get(key)
+        value = hops.get(key)
         if value is None:
-            value = cache[key] = delay(members[i], members[j], b)
+            value = hops[key] = delay(members[i], members[j], b)
         return value
 
     send_t = [s + endpoint_delay for s in starts]
@@ -60,6 +70,19 @@ def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts:
         e = extra[k]
         send_t = [t + e for t in recv_t]
     return send_t
+
+
+def _uniform_duration(schedule: StepSchedule, members: Sequence[int], delay: Callable[[int, int, int], int],
+                      endpoint_delay: int, reduce_delay: Callable[[int], int]) -> int | None:
+    """How long a uniform schedule takes when all members start together and every hop of a
+    message size costs the same; None when hops differ."""
+    delays = _uniform_ring_delays(schedule, members, delay)
+    if delays is None:
+        return None
+    total = endpoint_delay
+    for b, reduces in zip(schedule.step_bytes, schedule.reduces):
+        total += delays[b] + endpoint_delay + (reduce_delay(b) if reduces else 0)
+    return total
 
 
 def _uniform_ring_delays(schedule: StepSchedule, members: Sequence[int],

@@ -25,6 +25,18 @@ it is solved when its last member starts it, in closed form (ring) or by
 simulating it in isolation; otherwise it runs message by message through
 the network backend.
 
+Whole collectives in one step: when a rank can have only one collective in
+flight (`resources.comm: 1`, ASTRA-sim's default) on a contention-free
+network, nothing but the collective itself touches its ranks' chunk queues,
+so the queue schedule is a recurrence over its phases, solved once its last
+member has issued it (`_solve`): a phase starts on a rank when its previous
+phase there has finished, the phase before it in the queue's fixed order has
+started, and fewer than `active-chunks-per-dimension` of the earlier ones are
+still running; each run then finishes as its closed form says. This gives
+exactly the event-by-event schedule without its events (the two are checked
+against each other by property tests). Rooted collectives, whose root may
+finish before the others start, always run event by event.
+
 If ranks' queues ever wait on each other in a cycle (ASTRA-sim deadlocks
 there: astra-sim issue 370), the ranks holding back a run that others have
 started join it beyond their active-chunk limit, and a warning says so.
@@ -32,7 +44,8 @@ started join it beyond their active-chunk limit, and a warning says so.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from heapq import heappush, heapreplace
+from typing import Callable, Literal, Sequence
 
 from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
 
@@ -119,7 +132,8 @@ class Collective:
     """One collective operation, shared by the ranks of its group."""
 
     __slots__ = ("group", "seq", "comm_type", "size", "members", "nodes", "done", "remaining",
-                 "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun")
+                 "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun",
+                 "solve", "issued_at")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
                  first_rank: int, root: int):
@@ -135,6 +149,8 @@ class Collective:
         self.order: dict[int, list[tuple[int, int]]] = {}  # queue -> (phase index, chunk) start order
         self.cursor: dict[tuple[int, int], int] = {}       # (rank, queue) -> position in that order
         self.begun: dict[tuple[int, int], set] = {}        # (rank, queue) -> keys started out of order
+        self.solve = False                                 # solved whole once all have issued (_solve)
+        self.issued_at: dict[int, int] = {}                # rank -> issue time, when `solve`
 
     def set_plans(self, plans: list[list["PhaseSpec"]]) -> None:
         """Fix the phases, and the order every rank starts them in on each dimension."""
@@ -192,6 +208,17 @@ class PhaseRun:
         self.done = 0
 
 
+_UNSET = object()
+_COLLECTIVE = object()
+"""NodeView.memo key of a collective node's checked (comm_type, comm_size, group)."""
+
+
+def _check_size(coll: Collective, spec: PhaseSpec, members: tuple[int, ...]) -> None:
+    if spec.algorithm.powers_of_two and len(members) & (len(members) - 1):
+        raise SimulationError(f"{coll.describe()}: algorithm '{spec.algorithm.name}' needs a "
+                              f"power-of-two number of members, not {len(members)}")
+
+
 class RankQueues:
     """Per-rank, per-dimension queues of waiting runs and counts of running ones."""
 
@@ -204,6 +231,7 @@ class RankQueues:
 
 
 class NativeSystem(SystemLayer):
+    collectives_start_waiting = True
     name = "native"
     fidelity = ("ASTRA-sim's native collectives (ring, direct, halving-doubling, double binary tree, "
                 "one* variants) per network dimension, chunked and pipelined, endpoint and reduction "
@@ -242,6 +270,8 @@ class NativeSystem(SystemLayer):
         self.algorithms = {t: [resolve_algorithm(name, available) for name in getattr(config, f)]
                            for t, f in _IMPL_FIELD.items()}
         self.contention_free = bool(getattr(network, "contention_free", False))
+        # One collective in flight per rank: its queues hold nothing else (see module docstring).
+        self.solve_whole = self.contention_free and context.extras.get("comm_capacity") == 1
         self.endpoint_delay = config.endpoint_delay
         self.mem_bw = config.local_mem_bw  # GB/s == bytes/ns
         self.lifo = config.scheduling_policy == "LIFO"
@@ -262,6 +292,9 @@ class NativeSystem(SystemLayer):
                                 waiting=context.comm_waiting)
         self._reduce_cache: dict[int, int] = {}
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._runs_cache: dict[tuple[int, int | None], tuple[tuple[int, ...], list]] = {}
+        self._schedules: dict[tuple, object] = {}
+        self._uniform_delays: dict = {}
 
     # Configuration -------------------------------------------------------------------------------
     @classmethod
@@ -296,6 +329,54 @@ class NativeSystem(SystemLayer):
 
     # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        memo = node.memo
+        info = memo.get(_COLLECTIVE)
+        if info is None:
+            info = memo[_COLLECTIVE] = self._collective_attrs(rank, node)
+        comm_type, size, group = info
+        members = self.groups.members(group, node, rank)
+        seq = self.issued[rank].get(group, 0)
+        self.issued[rank][group] = seq + 1
+        key = (group, seq)
+        coll = self.collectives.get(key)
+        if coll is None:
+            root = self._root(node, members, rank, comm_type)
+            coll = Collective(group, seq, comm_type, size, members, rank, root)
+            coll.set_plans(self._plan(coll, node))
+            coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
+                                                  for spec in chunk)
+            self.collectives[key] = coll
+        elif coll.comm_type != comm_type or coll.size != size or (coll.members is not members
+                                                                     and coll.members != members):
+            first = coll.first_rank
+            where = f"group {group!r}" if group else "all ranks"
+            raise SimulationError(
+                f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
+                f"{collective_name(comm_type)} of {size} B, but rank {first}'s matching collective "
+                f"(node {coll.nodes[first]}, #{seq + 1} in {where}) is "
+                f"{collective_name(coll.comm_type)} of {coll.size} B")
+        queues = self.queues[rank]
+        queues.counter += 1
+        node_id = node.pb.id
+        coll.priority[rank] = queues.counter if self.lifo else -queues.counter
+        coll.nodes[rank] = node_id
+        coll.done[rank] = done
+        coll.remaining[rank] = len(coll.plans)
+        self.open[rank][node_id] = coll
+        self._note_waiting(rank, node_id, coll)
+        if not coll.plans:  # nothing to move: zero bytes, or a group of one
+            self._collective_done(rank, coll)
+            return
+        if coll.solve:
+            coll.issued_at[rank] = self.scheduler.now
+            if len(coll.issued_at) == len(coll.members):
+                self._solve(coll)
+            return
+        for chunk in coll.plans:
+            self._enqueue(rank, coll, chunk[0])
+
+    def _collective_attrs(self, rank: int, node: NodeView) -> tuple[int, int, str]:
+        """(comm_type, comm_size, group) of a collective node, checked."""
         comm_type = node.int("comm_type")
         size = node.int("comm_size", 0)
         if comm_type not in _IMPL_FIELD and comm_type not in _RUNS_AS:
@@ -309,54 +390,148 @@ class NativeSystem(SystemLayer):
                               "a barrier moves no data, so the size is ignored")
             size = 0
         group = node.str("pg_name", "")
-        if group == "0":
-            group = ""
-        members = self.groups.members(group, node, rank)
-        seq = self.issued[rank].get(group, 0)
-        self.issued[rank][group] = seq + 1
-        key = (group, seq)
-        coll = self.collectives.get(key)
-        if coll is None:
-            root = self._root(node, members, rank, comm_type)
-            coll = Collective(group, seq, comm_type, size, members, rank, root)
-            coll.set_plans(self._plan(coll, node))
-            self.collectives[key] = coll
-        elif coll.comm_type != comm_type or coll.size != size or coll.members != members:
-            first = coll.first_rank
-            where = f"group {group!r}" if group else "all ranks"
-            raise SimulationError(
-                f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
-                f"{collective_name(comm_type)} of {size} B, but rank {first}'s matching collective "
-                f"(node {coll.nodes[first]}, #{seq + 1} in {where}) is "
-                f"{collective_name(coll.comm_type)} of {coll.size} B")
-        queues = self.queues[rank]
-        queues.counter += 1
-        coll.priority[rank] = queues.counter if self.lifo else -queues.counter
-        coll.nodes[rank] = node.id
-        coll.done[rank] = done
-        coll.remaining[rank] = len(coll.plans)
-        self.open[rank][node.id] = coll
-        self._note_waiting(rank, node.id, coll)
-        if not coll.plans:  # nothing to move: zero bytes, or a group of one
+        return comm_type, size, "" if group == "0" else group
+
+    def _solve(self, coll: Collective) -> None:
+        """Time every phase of every chunk on every member at once (see module docstring)."""
+        entries = sorted((spec.index, spec.chunk, spec) for chunk in coll.plans for spec in chunk)
+        issued = coll.issued_at
+        first = issued[coll.members[0]]
+        done_at = None
+        if all(t == first for t in issued.values()):
+            done_at = self._solve_together(coll, entries, first)
+        if done_at is None:
+            done_at = self._solve_each(coll, entries)
+        by_time: dict[int, list[int]] = {}
+        for rank in coll.members:
+            by_time.setdefault(done_at[rank], []).append(rank)
+        for time, ranks in sorted(by_time.items()):
+            self.scheduler.schedule_at(time, self._solved_done, (coll, ranks))
+
+    def _solve_together(self, coll: Collective, entries: list, issued: int) -> dict[int, int] | None:
+        """`_solve` when every member issued at the same time: while every run finishes on all its
+        members at once, the members stay in step and one timeline serves them all. None when a
+        run does not (a rank then runs ahead); `_solve_each` takes over."""
+        limit = self.active_limit
+        last_start: dict[int, int] = {}            # per queue
+        latest: dict[int, list[int]] = {}          # per queue: the `limit` latest finishes
+        ready = [issued] * len(coll.plans)
+        sent: dict[int, int] = {}
+        received: dict[int, int] = {}
+        done = 0
+        for _, chunk, spec in entries:
+            queue = spec.queue
+            start = ready[chunk]
+            previous = last_start.get(queue)
+            if previous is not None and previous > start:
+                start = previous
+            running = latest.get(queue)
+            if running is not None and len(running) == limit and running[0] > start:
+                start = running[0]
+            last_start[queue] = start
+            finish = None
+            for run_members in self._runs(coll, spec):
+                finishes, out, into = self._time_phase(coll, spec, run_members, [start] * len(run_members))
+                if finish is None:
+                    finish = finishes[0]
+                if any(f != finish for f in finishes):
+                    return None
+                for rank, a, b in zip(run_members, out, into):
+                    sent[rank] = sent.get(rank, 0) + a
+                    received[rank] = received.get(rank, 0) + b
+            ready[chunk] = finish
+            if running is None:
+                latest[queue] = [finish]
+            elif len(running) < limit:
+                heappush(running, finish)
+            elif finish > running[0]:
+                heapreplace(running, finish)
+            if spec.index + 1 == len(coll.plans[chunk]) and finish > done:
+                done = finish
+        for rank, value in sent.items():
+            self.bytes_sent[rank] += value
+        for rank, value in received.items():
+            self.bytes_received[rank] += value
+        return dict.fromkeys(coll.members, done)
+
+    def _solve_each(self, coll: Collective, entries: list) -> dict[int, int]:
+        """`_solve`, member by member."""
+        members = coll.members
+        limit = self.active_limit
+        # per member and queue: start of the last phase started, and the `limit` latest finishes
+        last_start: dict[tuple[int, int], int] = {}
+        latest: dict[tuple[int, int], list[int]] = {}
+        ready = [dict(coll.issued_at) for _ in coll.plans]        # per chunk: rank -> ready time
+        done_at = dict.fromkeys(members, 0)
+        for _, chunk, spec in entries:
+            queue, chunk_ready = spec.queue, ready[chunk]
+            starts: dict[int, int] = {}
+            for rank in members:
+                key = (rank, queue)
+                start = chunk_ready[rank]
+                previous = last_start.get(key)
+                if previous is not None and previous > start:
+                    start = previous
+                running = latest.get(key)
+                if running is not None and len(running) == limit and running[0] > start:
+                    start = running[0]
+                starts[rank] = start
+                last_start[key] = start
+            final = spec.index + 1 == len(coll.plans[chunk])
+            for run_members in self._runs(coll, spec):
+                finishes, sent, received = self._time_phase(coll, spec, run_members,
+                                                            [starts[r] for r in run_members])
+                for rank, finish, out, into in zip(run_members, finishes, sent, received):
+                    chunk_ready[rank] = finish
+                    self.bytes_sent[rank] += out
+                    self.bytes_received[rank] += into
+                    key = (rank, queue)
+                    running = latest.get(key)
+                    if running is None:
+                        latest[key] = [finish]
+                    elif len(running) < limit:
+                        heappush(running, finish)
+                    elif finish > running[0]:
+                        heapreplace(running, finish)
+                    if final and finish > done_at[rank]:
+                        done_at[rank] = finish
+        return done_at
+
+    def _runs(self, coll: Collective, spec: PhaseSpec) -> list[tuple[int, ...]]:
+        """The runs (slices) a phase of `coll` splits into, each in ring order."""
+        key = (id(coll.members), spec.dim)
+        cached = self._runs_cache.get(key)
+        if cached is None or cached[0] is not coll.members:
+            runs: dict[tuple[int, ...], None] = {}
+            for rank in coll.members:
+                runs.setdefault(self._slice(coll, spec, rank))
+            for run_members in runs:
+                _check_size(coll, spec, run_members)
+            cached = self._runs_cache[key] = (coll.members, list(runs))
+        elif spec.algorithm.powers_of_two:
+            for run_members in cached[1]:
+                _check_size(coll, spec, run_members)
+        return cached[1]
+
+    def _solved_done(self, arg: tuple[Collective, list[int]]) -> None:
+        coll, ranks = arg
+        for rank in ranks:
             self._collective_done(rank, coll)
-            return
-        for chunk in coll.plans:
-            self._enqueue(rank, coll, chunk[0])
 
     def _note_waiting(self, rank: int, node_id: int, coll: Collective) -> None:
-        """Time breakdown: a member waits for peers until every member has issued the collective."""
+        """Time breakdown: a member waits for peers (from its issue on, see
+        `collectives_start_waiting`) until every member has issued the collective."""
         members = coll.members
+        release = self.context.comm_waiting
         if len(coll.nodes) < len(members):
             if coll.comm_type in ROOTED:
                 algorithm = self._algorithm(coll.comm_type, 0)
                 if algorithm.only_sends(coll.comm_type, members.index(rank), members.index(coll.root),
                                         len(members)):
-                    return
-            self.context.comm_waiting(rank, node_id, True)
+                    release(rank, node_id, False)
         else:
             for member, member_node in coll.nodes.items():
-                if member != rank:
-                    self.context.comm_waiting(member, member_node, False)
+                release(member, member_node, False)
 
     def _root(self, node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
         if comm_type not in ROOTED:
@@ -449,9 +624,7 @@ class NativeSystem(SystemLayer):
         key = (spec.chunk, spec.index, members[0])
         run = coll.runs.get(key)
         if run is None:
-            if spec.algorithm.powers_of_two and len(members) & (len(members) - 1):
-                raise SimulationError(f"{coll.describe()}: algorithm '{spec.algorithm.name}' needs a "
-                                      f"power-of-two number of members, not {len(members)}")
+            _check_size(coll, spec, members)
             run = coll.runs[key] = PhaseRun(coll, spec, members)
         waiting = self.queues[rank].waiting[spec.queue]
         priority = coll.priority[rank]
@@ -474,6 +647,7 @@ class NativeSystem(SystemLayer):
             queues.active[queue] += 1
             run.collective.started(rank, run.spec)
             self._start(rank, run)
+            index = 0   # the collective's next phase in order may be one skipped above
 
     def _start(self, rank: int, run: PhaseRun) -> None:
         now = self.scheduler.now
@@ -489,39 +663,54 @@ class NativeSystem(SystemLayer):
             return
         if len(run.starts) < n:
             return
-        starts = [run.starts[r] for r in run.members]
-        schedule = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
+        finishes, sent, received = self._time_phase(run.collective, spec, run.members,
+                                                    [run.starts[r] for r in run.members])
+        for member, finish, out, into in zip(run.members, finishes, sent, received):
+            self.bytes_sent[member] += out
+            self.bytes_received[member] += into
+            self.scheduler.schedule_at(finish, self._member_done, (run, member))
+
+    def _time_phase(self, coll: Collective, spec: PhaseSpec, members: tuple[int, ...],
+                    starts: list[int]) -> tuple[list[int], Sequence[int], Sequence[int]]:
+        """A causal phase run on a contention-free network: finish time, bytes sent and bytes
+        received of each member (aligned with `members`), given when each started it."""
+        n = len(members)
+        key = (spec.algorithm, spec.comm_type, spec.size, n)
+        schedule = self._schedules.get(key, _UNSET)
+        if schedule is _UNSET:
+            schedule = self._schedules[key] = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
         if schedule is not None:
-            finishes = closed_form_finishes(schedule, run.members, starts, self.network.message_delay,
-                                            self._endpoint_delay(spec), self._reduce_delay)
-            for member, received in zip(run.members, schedule.bytes_received_per_position):
-                self.bytes_sent[member] += schedule.bytes_sent_per_member
-                self.bytes_received[member] += received
+            finishes = closed_form_finishes(schedule, members, starts, self.network.message_delay,
+                                            self._endpoint_delay(spec), self._reduce_delay,
+                                            self._uniform_delays)
+            sent: Sequence[int] = (schedule.bytes_sent_per_member,) * n
+            received: Sequence[int] = schedule.bytes_received_per_position
         else:
-            io = IsolatedPhase(run.members, self.network.message_delay)
-            machines = self._machines(run, io)
+            io = IsolatedPhase(members, self.network.message_delay)
+            machines = self._phase_machines(coll, spec, members, io)
             by_pos = io.run(starts, lambda pos: machines[pos].start())
             io.release()
             if len(by_pos) != n:
-                stuck = [run.members[p] for p in range(n) if p not in by_pos]
-                raise SimulationError(f"internal error: {run.collective.describe()} chunk {spec.chunk}: "
+                stuck = [members[p] for p in range(n) if p not in by_pos]
+                raise SimulationError(f"internal error: {coll.describe()} chunk {spec.chunk}: "
                                       f"'{spec.algorithm.name}' left rank(s) {stuck} unfinished")
             finishes = [by_pos[p] for p in range(n)]
-            for pos, member in enumerate(run.members):
-                self.bytes_sent[member] += io.bytes_sent[pos]
-                self.bytes_received[member] += io.bytes_received[pos]
-        for member, finish in zip(run.members, finishes):
-            if finish < now:
+            sent, received = io.bytes_sent, io.bytes_received
+        last = max(starts)
+        for member, finish in zip(members, finishes):
+            if finish < last:
                 raise SimulationError(
-                    f"internal error: {run.collective.describe()} chunk {spec.chunk} would finish on "
-                    f"rank {member} at {finish} ns, before its last member started ({now} ns)")
-            self.scheduler.schedule_at(finish, self._member_done, (run, member))
+                    f"internal error: {coll.describe()} chunk {spec.chunk} would finish on "
+                    f"rank {member} at {finish} ns, before its last member started ({last} ns)")
+        return finishes, sent, received
 
     def _machines(self, run: PhaseRun, io) -> list:
-        spec = run.spec
-        ctx = PhaseContext(io, len(run.members), self._endpoint_delay(spec), self._reduce_delay,
+        return self._phase_machines(run.collective, run.spec, run.members, io)
+
+    def _phase_machines(self, coll: Collective, spec: PhaseSpec, members: tuple[int, ...], io) -> list:
+        ctx = PhaseContext(io, len(members), self._endpoint_delay(spec), self._reduce_delay,
                            local=spec.local)
-        root = run.position.get(run.collective.root, 0)
+        root = members.index(coll.root) if coll.root in members else 0
         return spec.algorithm.members(ctx, spec.comm_type, spec.size, spec.variant, root)
 
     def _endpoint_delay(self, spec: PhaseSpec) -> int:

@@ -9,6 +9,9 @@ from chakra_core.et.attrs import NodeView
 from chakra_core.layers import ComputeModel, LayerContext, PluginConfig
 
 
+_NONE, _MEMORY, _COMPUTE = range(3)
+
+
 class RooflineConfig(PluginConfig):
     peak_tflops: PositiveFloat = Field(..., description="peak compute in TFLOP/s (10^12 FLOP/s)")
     memory_bandwidth_gbps: PositiveFloat | None = Field(
@@ -40,23 +43,37 @@ class RooflineCompute(ComputeModel):
         return self.memory.bandwidth_gbps(rank) * 1e9
 
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
+        if self._fixed_bw is None:
+            duration, bound = self._time(node, self.bandwidth_bps(rank))
+        else:   # the answer depends on the node alone: compute it once per node body
+            memo = node.memo
+            cached = memo.get(self)
+            if cached is None:
+                cached = memo[self] = self._time(node, self._fixed_bw)
+            duration, bound = cached
+        if bound == _MEMORY:
+            self.memory_bound += 1
+        elif bound == _COMPUTE:
+            self.compute_bound += 1
+        return duration
+
+    def _time(self, node: NodeView, bandwidth: float) -> tuple[int | None, int]:
+        """(duration in ns or None to replay, which roof bounds it)."""
         if node.is_cpu_op or not node.has("num_ops"):
-            return None
+            return None, _NONE
         num_ops = float(node.int("num_ops"))
         tensor_size = float(node.int("tensor_size", 0))
         if tensor_size == 0:
-            return 0
+            return 0, _NONE
         intensity = num_ops / tensor_size
-        memory_perf = self.bandwidth_bps(rank) * intensity
+        memory_perf = bandwidth * intensity
         if memory_perf < self.peak:
-            self.memory_bound += 1
-            perf = memory_perf
+            bound, perf = _MEMORY, memory_perf
         else:
-            self.compute_bound += 1
-            perf = self.peak
+            bound, perf = _COMPUTE, self.peak
         if perf <= 0:
-            return 0
-        return int(num_ops / perf * 1e9)
+            return 0, bound
+        return int(num_ops / perf * 1e9), bound
 
     def summary(self) -> dict:
         return {"memory_bound_nodes": self.memory_bound, "compute_bound_nodes": self.compute_bound}
