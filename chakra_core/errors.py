@@ -49,6 +49,16 @@ class SimulationError(ChakraSimError):
     """The simulation cannot proceed (mismatched collectives, a model returned nonsense)."""
 
 
+class RestartRun(ChakraSimError):
+    """A layer learned something that invalidates what it already timed (e.g. links it timed in
+    closed form carry other traffic after all). The engine starts the run over, handing every
+    layer the `hint`s gathered so far in `LayerContext.extras["restart_hints"]`."""
+
+    def __init__(self, message: str, hint: object):
+        self.hint = hint
+        super().__init__(message)
+
+
 class DeadlockError(SimulationError):
     """The event queue drained while ranks still hold unfinished nodes.
 

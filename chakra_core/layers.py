@@ -24,7 +24,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Iterable, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -196,6 +196,42 @@ class NetworkModel(LayerModel):
     def message_delay(self, src: int, dst: int, size: int) -> int:
         """Delay of one message on an idle network (required when contention_free)."""
         raise NotImplementedError(f"network plugin '{self.name}' does not offer message_delay")
+
+    # Closed-form timing where traffic is shared only in places (optional) --------------------------
+    closed_form: bool = False
+    """True (per instance) when a network that is not contention-free can still time some
+    traffic without events: the system layer `claim`s the (src, dst) pairs of a collective; if
+    the network can promise that nothing else will share their links, it times the messages with
+    `transfer` / `transfer_uniform` when asked, in the order each sender sends them."""
+
+    def claim(self, pairs: Iterable[tuple[int, int]]) -> object | None:
+        """Reserve the links of these pairs for closed-form messages: a token for `release`, or
+        None (nothing reserved) when some of them may carry other traffic."""
+        return None
+
+    def release(self, token: object) -> None:
+        """Every message of a claim has been timed."""
+
+    def transfer(self, src: int, dst: int, size: int, send_time: int) -> int:
+        """Arrival time of a claimed message sent at `send_time` (>= now), as the network would
+        deliver it; the links' state and statistics change as its hops would change them."""
+        raise NotImplementedError(f"network plugin '{self.name}' has no closed form")
+
+    def transfer_uniform(self, pairs: Sequence[tuple[int, int]], step_bytes: Sequence[int],
+                         send_times: Sequence[int]) -> bool:
+        """Every pair sends step k's message of step_bytes[k] at send_times[k]. If none of them
+        can wait anywhere (each arrives in `message_delay`), record them all and return True;
+        else change nothing and return False."""
+        return False
+
+    def checkpoint(self) -> None:
+        """Start remembering what closed-form transfers change, for `rollback`."""
+
+    def rollback(self) -> None:
+        """Undo every closed-form transfer since `checkpoint`."""
+
+    def commit(self) -> None:
+        """Keep them (stop remembering)."""
 
     def dim_of(self, src: int, dst: int) -> int:
         """The dimension a src -> dst message travels in: the first where their coordinates differ.

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from chakra_core import __version__
 from chakra_core.engine.driver import RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
+from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, RestartRun, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
 from chakra_core.layers import LayerContext, LayerModel
@@ -73,6 +73,10 @@ class RunSpec:
     warnings: list[str] = field(default_factory=list)
 
 
+MAX_RESTARTS = 8
+"""RestartRun attempts before the last one, which runs with extras["closed_form"] False."""
+
+
 class Simulation:
     """Build with a RunSpec and a PluginHost, then call run()."""
 
@@ -83,14 +87,29 @@ class Simulation:
         per finished node, in completion order (for timelines)."""
         self.host = host
         self.num_ranks = len(spec.trace_files)
+        self.restarts: list[str] = []
+        """Why the run started over (RestartRun messages), oldest first."""
+        self._setup([])
+        self.node_observer: Callable[..., Any] | None = None
+        node_calls = self._observer_calls("chakra_sim_node_finished")
+        if node_calls:
+            self.node_observer = lambda **kwargs: self._call_observers(
+                "chakra_sim_node_finished", node_calls, kwargs)
+        self.drivers: list[RankDriver] = []
+        self.finished = 0
+        self.wall_s = 0.0
+
+    def _setup(self, hints: list) -> None:
+        """Build the clock, the context and the layers (again, on a restart, with its hints)."""
+        spec = self.spec
         self.queue = EventQueue()
+        extras = {"comm_groups": spec.comm_groups, "comm_capacity": spec.resources.comm,
+                  "algorithms": self.host.algorithms(), "trace_files": list(spec.trace_files),
+                  "dependencies": spec.dependencies, "restart_hints": list(hints)}
+        if len(hints) >= MAX_RESTARTS:
+            extras["closed_form"] = False    # last attempt: every layer times everything event by event
         self.context = LayerContext(num_ranks=self.num_ranks, scheduler=self.queue,
-                                    base_dir=spec.base_dir,
-                                    extras={"comm_groups": spec.comm_groups,
-                                            "comm_capacity": spec.resources.comm,
-                                            "algorithms": host.algorithms(),
-                                            "trace_files": list(spec.trace_files),
-                                            "dependencies": spec.dependencies})
+                                    base_dir=spec.base_dir, extras=extras)
         for warning in spec.warnings:
             self.context.warn(warning)
         self.layers: dict[str, LayerModel] = {}
@@ -107,14 +126,6 @@ class Simulation:
                 f"(plugin '{self.network.name}') has {self.network.npus_count} NPUs; they must match: "
                 "change the network's size or give as many trace files as NPUs")
         self.system = self._build("system")
-        self.node_observer: Callable[..., Any] | None = None
-        node_calls = self._observer_calls("chakra_sim_node_finished")
-        if node_calls:
-            self.node_observer = lambda **kwargs: self._call_observers(
-                "chakra_sim_node_finished", node_calls, kwargs)
-        self.drivers: list[RankDriver] = []
-        self.finished = 0
-        self.wall_s = 0.0
 
     def _build(self, layer: str) -> LayerModel | None:
         choice = self.spec.layers.get(layer)
@@ -168,34 +179,28 @@ class Simulation:
             run_info = ReadOnlyDict.of(self.run_info())
             self._call_observers("chakra_sim_simulation_start",
                                  self._observer_calls("chakra_sim_simulation_start"), {"run": run_info})
-            try:
-                with _lenient_gc() as collect_now:
-                    for driver in self.drivers:
-                        driver.start()
-                    ticks = 0
-
-                    def tick(now: int) -> None:
-                        nonlocal ticks
-                        ticks += 1
-                        if ticks % 64 == 0:   # every ~4M events
-                            collect_now()
-                        if progress is not None:
-                            progress(now)
-
-                    while True:
-                        self.queue.run(tick)
-                        if self.finished == len(self.drivers) or not self.system.on_idle():
-                            break
-                        if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
-                            break
-                for layer in self.layers.values():
-                    layer.finish()
-            except ChakraSimError:
-                raise
-            except Exception as exc:
-                raise self._blame(exc) from exc
-            finally:
-                self.wall_s = time.perf_counter() - started
+            hints: list = []
+            while True:
+                try:
+                    self._simulate(progress)
+                    break
+                except RestartRun as restart:
+                    hints.append(restart.hint)
+                    self.restarts.append(str(restart))
+                    self._close_feeders()
+                    self.drivers, self.finished = [], 0
+                    if self.intervals is not None:
+                        self.intervals.clear()
+                    self._setup(hints)
+                    self._open_feeders()
+                except ChakraSimError:
+                    raise
+                except Exception as exc:
+                    raise self._blame(exc) from exc
+                finally:
+                    self.wall_s = time.perf_counter() - started
+            for reason in dict.fromkeys(self.restarts):
+                self.context.warn(f"the run started over ({len(self.restarts)} time(s)): {reason}")
             unfinished = {d.rank: d.remaining for d in self.drivers if d.remaining}
             if unfinished:
                 waits = {rank: self.drivers[rank].waits() for rank in unfinished}
@@ -211,6 +216,30 @@ class Simulation:
             return results
         finally:
             self._close_feeders()
+
+    def _simulate(self, progress: Callable[[int], None] | None) -> None:
+        """The event loop, to the end of the run."""
+        with _lenient_gc() as collect_now:
+            for driver in self.drivers:
+                driver.start()
+            ticks = 0
+
+            def tick(now: int) -> None:
+                nonlocal ticks
+                ticks += 1
+                if ticks % 64 == 0:   # every ~4M events
+                    collect_now()
+                if progress is not None:
+                    progress(now)
+
+            while True:
+                self.queue.run(tick)
+                if self.finished == len(self.drivers) or not self.system.on_idle():
+                    break
+                if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
+                    break
+        for layer in self.layers.values():
+            layer.finish()
 
     def _close_feeders(self) -> None:
         """Close every opened feeder; one that fails to close does not keep the others open."""

@@ -72,11 +72,31 @@ def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts:
     return send_t
 
 
+def closed_form_transfers(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],
+                          transfer: Callable[[int, int, int, int], int], endpoint_delay: int,
+                          reduce_delay: Callable[[int], int]) -> list[int]:
+    """`closed_form_finishes` where a message's arrival depends on what went before it on its
+    links: `transfer(src, dst, bytes, send_time)` times each message, in each sender's order."""
+    n = schedule.n
+    send_t = [s + endpoint_delay for s in starts]
+    for k, (b, reduces) in enumerate(zip(schedule.step_bytes, schedule.reduces)):
+        recv_t = list(send_t)
+        for i in range(n):
+            t = send_t[i]
+            for j in schedule.send_to(i, k):
+                arrival = transfer(members[i], members[j], b, t)
+                if arrival > recv_t[j]:
+                    recv_t[j] = arrival
+        extra = endpoint_delay + (reduce_delay(b) if reduces else 0)
+        send_t = [t + extra for t in recv_t]
+    return send_t
+
+
 def _uniform_duration(schedule: StepSchedule, members: Sequence[int], delay: Callable[[int, int, int], int],
                       endpoint_delay: int, reduce_delay: Callable[[int], int]) -> int | None:
     """How long a uniform schedule takes when all members start together and every hop of a
     message size costs the same; None when hops differ."""
-    delays = _uniform_ring_delays(schedule, members, delay)
+    delays = uniform_delays(schedule, members, delay)
     if delays is None:
         return None
     total = endpoint_delay
@@ -85,7 +105,7 @@ def _uniform_duration(schedule: StepSchedule, members: Sequence[int], delay: Cal
     return total
 
 
-def _uniform_ring_delays(schedule: StepSchedule, members: Sequence[int],
+def uniform_delays(schedule: StepSchedule, members: Sequence[int],
                          delay: Callable[[int, int, int], int]) -> dict[int, int] | None:
     """{bytes: delay} if every member's hop costs the same for each message size, else None."""
     result: dict[int, int] = {}

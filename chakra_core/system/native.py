@@ -37,6 +37,13 @@ exactly the event-by-event schedule without its events (the two are checked
 against each other by property tests). Rooted collectives, whose root may
 finish before the others start, always run event by event.
 
+The same holds on a network with shared links (`closed_form` networks, such
+as the congestion backend in fifo mode) for a collective whose links carry
+nothing else: with one chunk in flight per dimension, each link then carries
+one sender's messages in the order it sends them. The collective claims its
+links when first issued (`NetworkModel.claim`); if the network cannot promise
+them, the collective runs message by message instead.
+
 If ranks' queues ever wait on each other in a cycle (ASTRA-sim deadlocks
 there: astra-sim issue 370), the ranks holding back a run that others have
 started join it beyond their active-chunk limit, and a warning says so.
@@ -55,7 +62,7 @@ from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
                                            CollectiveAlgorithm, collective_name, resolve_algorithm)
-from chakra_core.system.executor import closed_form_finishes
+from chakra_core.system.executor import closed_form_finishes, closed_form_transfers, uniform_delays
 from chakra_core.system.groups import GroupRegistry
 from chakra_core.system.machines import PhaseContext
 from chakra_core.system.p2p import PointToPoint
@@ -133,7 +140,7 @@ class Collective:
 
     __slots__ = ("group", "seq", "comm_type", "size", "members", "nodes", "done", "remaining",
                  "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun",
-                 "solve", "issued_at")
+                 "solve", "issued_at", "claim")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
                  first_rank: int, root: int):
@@ -151,6 +158,7 @@ class Collective:
         self.begun: dict[tuple[int, int], set] = {}        # (rank, queue) -> keys started out of order
         self.solve = False                                 # solved whole once all have issued (_solve)
         self.issued_at: dict[int, int] = {}                # rank -> issue time, when `solve`
+        self.claim: object | None = None                   # the network's token for its links
 
     def set_plans(self, plans: list[list["PhaseSpec"]]) -> None:
         """Fix the phases, and the order every rank starts them in on each dimension."""
@@ -270,8 +278,11 @@ class NativeSystem(SystemLayer):
         self.algorithms = {t: [resolve_algorithm(name, available) for name in getattr(config, f)]
                            for t, f in _IMPL_FIELD.items()}
         self.contention_free = bool(getattr(network, "contention_free", False))
+        self.reserving = not self.contention_free and bool(getattr(network, "closed_form", False))
         # One collective in flight per rank: its queues hold nothing else (see module docstring).
-        self.solve_whole = self.contention_free and context.extras.get("comm_capacity") == 1
+        self.solve_whole = ((self.contention_free or
+                             (self.reserving and config.active_chunks_per_dimension == 1))
+                            and context.extras.get("comm_capacity") == 1)
         self.endpoint_delay = config.endpoint_delay
         self.mem_bw = config.local_mem_bw  # GB/s == bytes/ns
         self.lifo = config.scheduling_policy == "LIFO"
@@ -294,6 +305,7 @@ class NativeSystem(SystemLayer):
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
         self._runs_cache: dict[tuple[int, int | None], tuple[tuple[int, ...], list]] = {}
         self._schedules: dict[tuple, object] = {}
+        self._pair_cache: dict[tuple, frozenset] = {}
         self._uniform_delays: dict = {}
 
     # Configuration -------------------------------------------------------------------------------
@@ -345,6 +357,9 @@ class NativeSystem(SystemLayer):
             coll.set_plans(self._plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
                                                   for spec in chunk)
+            if coll.solve and self.reserving:
+                coll.claim = self.network.claim(self._pairs(coll))
+                coll.solve = coll.claim is not None
             self.collectives[key] = coll
         elif coll.comm_type != comm_type or coll.size != size or (coll.members is not members
                                                                      and coll.members != members):
@@ -398,10 +413,21 @@ class NativeSystem(SystemLayer):
         issued = coll.issued_at
         first = issued[coll.members[0]]
         done_at = None
+        network = self.network
         if all(t == first for t in issued.values()):
+            if self.reserving:
+                network.checkpoint()
             done_at = self._solve_together(coll, entries, first)
+            if self.reserving:
+                if done_at is None:
+                    network.rollback()
+                else:
+                    network.commit()
         if done_at is None:
             done_at = self._solve_each(coll, entries)
+        if coll.claim is not None:
+            network.release(coll.claim)
+            coll.claim = None
         by_time: dict[int, list[int]] = {}
         for rank in coll.members:
             by_time.setdefault(done_at[rank], []).append(rank)
@@ -496,6 +522,47 @@ class NativeSystem(SystemLayer):
                     if final and finish > done_at[rank]:
                         done_at[rank] = finish
         return done_at
+
+    def _pairs(self, coll: Collective) -> set[tuple[int, int]]:
+        """Every (sender, receiver) pair the collective's phases will use."""
+        pairs: set[tuple[int, int]] = set()
+        seen = set()
+        for chunk in coll.plans:
+            for spec in chunk:
+                key = (spec.index, spec.variant)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for run_members in self._runs(coll, spec):
+                    for a, b in self._pair_positions(coll, spec, len(run_members)):
+                        pairs.add((run_members[a], run_members[b]))
+        return pairs
+
+    def _pair_positions(self, coll: Collective, spec: PhaseSpec, n: int) -> frozenset[tuple[int, int]]:
+        """(sender, receiver) positions of a phase's messages among its n members."""
+        key = (spec.algorithm, spec.comm_type, spec.size, n, spec.variant, spec.local)
+        pairs = self._pair_cache.get(key)
+        if pairs is None:
+            schedule = self._schedule(spec, n)
+            if schedule is not None:
+                steps = 1 if schedule.uniform else schedule.steps
+                pairs = frozenset((i, j) for k in range(steps) for i in range(n)
+                                  for j in schedule.send_to(i, k))
+            else:   # run the members alone once and note who sends to whom
+                io = IsolatedPhase(tuple(range(n)), lambda src, dst, size: 1, record_pairs=True)
+                machines = self._phase_machines(coll, spec, io.ranks, io)
+                io.run([0] * n, lambda pos: machines[pos].start())
+                io.release()
+                pairs = frozenset(io.pairs)
+            self._pair_cache[key] = pairs
+        return pairs
+
+    def _schedule(self, spec: PhaseSpec, n: int):
+        key = (spec.algorithm, spec.comm_type, spec.size, n)
+        schedule = self._schedules.get(key, _UNSET)
+        if schedule is _UNSET:
+            schedule = self._schedules[key] = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
+        return schedule
 
     def _runs(self, coll: Collective, spec: PhaseSpec) -> list[tuple[int, ...]]:
         """The runs (slices) a phase of `coll` splits into, each in ring order."""
@@ -675,18 +742,24 @@ class NativeSystem(SystemLayer):
         """A causal phase run on a contention-free network: finish time, bytes sent and bytes
         received of each member (aligned with `members`), given when each started it."""
         n = len(members)
-        key = (spec.algorithm, spec.comm_type, spec.size, n)
-        schedule = self._schedules.get(key, _UNSET)
-        if schedule is _UNSET:
-            schedule = self._schedules[key] = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
+        schedule = self._schedule(spec, n)
+        network = self.network
         if schedule is not None:
-            finishes = closed_form_finishes(schedule, members, starts, self.network.message_delay,
-                                            self._endpoint_delay(spec), self._reduce_delay,
-                                            self._uniform_delays)
+            if self.reserving:
+                finishes = self._reserve_steps(schedule, spec, members, starts)
+            else:
+                finishes = closed_form_finishes(schedule, members, starts, network.message_delay,
+                                                self._endpoint_delay(spec), self._reduce_delay,
+                                                self._uniform_delays)
             sent: Sequence[int] = (schedule.bytes_sent_per_member,) * n
             received: Sequence[int] = schedule.bytes_received_per_position
         else:
-            io = IsolatedPhase(members, self.network.message_delay)
+            if self.reserving:
+                def delay(src: int, dst: int, size: int) -> int:
+                    return network.transfer(src, dst, size, io.now) - io.now
+            else:
+                delay = network.message_delay
+            io = IsolatedPhase(members, delay)
             machines = self._phase_machines(coll, spec, members, io)
             by_pos = io.run(starts, lambda pos: machines[pos].start())
             io.release()
@@ -703,6 +776,24 @@ class NativeSystem(SystemLayer):
                     f"internal error: {coll.describe()} chunk {spec.chunk} would finish on "
                     f"rank {member} at {finish} ns, before its last member started ({last} ns)")
         return finishes, sent, received
+
+    def _reserve_steps(self, schedule, spec: PhaseSpec, members: tuple[int, ...],
+                       starts: list[int]) -> list[int]:
+        """`closed_form_finishes` on a closed-form network: each message is a `transfer`."""
+        network, endpoint = self.network, self._endpoint_delay(spec)
+        n = len(members)
+        if schedule.uniform and min(starts) == max(starts):
+            delays = uniform_delays(schedule, members, network.message_delay)
+            if delays is not None:
+                send_times, t = [], starts[0] + endpoint
+                for b, reduces in zip(schedule.step_bytes, schedule.reduces):
+                    send_times.append(t)
+                    t += delays[b] + endpoint + (self._reduce_delay(b) if reduces else 0)
+                pairs = [(members[i], members[schedule.send_to(i, 0)[0]]) for i in range(n)]
+                if network.transfer_uniform(pairs, schedule.step_bytes, send_times):
+                    return [t] * n
+        return closed_form_transfers(schedule, members, starts, network.transfer, endpoint,
+                                     self._reduce_delay)
 
     def _machines(self, run: PhaseRun, io) -> list:
         return self._phase_machines(run.collective, run.spec, run.members, io)

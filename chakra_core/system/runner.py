@@ -113,9 +113,12 @@ class _Mailboxes:
 class IsolatedPhase(PhaseIO):
     """Simulate a phase alone, on a private heap (contention-free networks)."""
 
-    def __init__(self, ranks: Sequence[int], delay: Callable[[int, int, int], int]):
+    def __init__(self, ranks: Sequence[int], delay: Callable[[int, int, int], int],
+                 record_pairs: bool = False):
         self.ranks = ranks
         self.delay = delay
+        self.pairs: set[tuple[int, int]] | None = set() if record_pairs else None
+        """(sender, receiver) positions of every message, with record_pairs."""
         self.now = 0
         self._heap: list = []
         self._seq = count()
@@ -129,6 +132,8 @@ class IsolatedPhase(PhaseIO):
 
     def send(self, src: int, dst: int, size: int, delivered=None) -> None:
         self.bytes_sent[src] += size
+        if self.pairs is not None:
+            self.pairs.add((src, dst))
         delay = self.delay(self.ranks[src], self.ranks[dst], size)
         if delivered is None:
             self.after(delay, self._arrive, (src, dst, size))

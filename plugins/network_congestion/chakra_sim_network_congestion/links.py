@@ -6,6 +6,17 @@ int(bytes / bandwidth) ns, and reaches the next device int(latency +
 bytes / bandwidth) ns after it started (store and forward). Links serve
 messages in arrival order.
 
+Closed form (`fifo` only): where a link carries the messages of one sender
+only, a FIFO queue serves them in the order that sender sent them, so their
+times need no events: `transfer` computes a message's hops at once, and
+`transfer_uniform` a whole ring-like run whose messages never find a link
+busy. The system layer uses this for collectives whose links it has claimed
+(`claim`); every link remembers the one sender that may use it this way.
+Message-by-message traffic on such a link while closed-form traffic is
+still pending on it would have to be served in between; that cannot happen
+after the fact, so it raises `SharedLinks` and the run restarts knowing the
+link is shared (see CongestionNetwork).
+
 `fair` (flow-level, as SimGrid-style models): a message is a flow over all
 links of its route at once; active flows share every link max-min fairly
 (progressive filling), recomputed whenever a flow starts or ends; a flow's
@@ -19,7 +30,10 @@ messages.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections import deque
+from typing import Any, Callable, Iterable, Sequence
+
+from chakra_core.errors import RestartRun
 
 
 class LinkStats:
@@ -47,11 +61,24 @@ class FifoLinks:
     served in arrival order, without link-free events.
     """
 
-    def __init__(self, bandwidth: list[float], latency: list[float], scheduler):
+    def __init__(self, bandwidth: list[float], latency: list[float], scheduler,
+                 shared: Iterable[int] = ()):
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
-        self.free_at = [0] * len(bandwidth)
-        self.queued = [0] * len(bandwidth)       # chunks waiting or in service (for the peak)
-        self.stats = LinkStats(len(bandwidth))
+        count = len(bandwidth)
+        self.free_at = [0] * count
+        self.queued = [0] * count       # chunks waiting or in service (for the peak)
+        self.stats = LinkStats(count)
+        # Closed form: the one sender whose closed-form messages a link carries (FREE, SHARED),
+        # claims not yet timed, when the last closed-form message leaves it, where that message
+        # arrived at it, and when the closed-form messages still on it leave.
+        self.owner = [FREE] * count
+        for link in shared:
+            self.owner[link] = SHARED
+        self.pending = [0] * count
+        self.cf_until = [0] * count
+        self.cf_last = [0] * count
+        self.cf_departs: dict[int, deque] = {}
+        self._journal: dict[int, tuple] | None = None
 
     def send(self, route: tuple[int, ...], size: int, on_arrival: Callable[[Any], None], arg: Any) -> None:
         if not route:
@@ -66,6 +93,8 @@ class FifoLinks:
         link = route[index]
         scheduler = self.scheduler
         now = scheduler.now
+        if self.owner[link] != SHARED:
+            self._share(link, now)
         start = self.free_at[link]
         if start < now:
             start = now
@@ -89,6 +118,163 @@ class FifoLinks:
     def _deliver(self, chunk: _Chunk) -> None:
         self.queued[chunk.route[-1]] -= 1
         chunk.on_arrival(chunk.arg)
+
+    # Closed form ----------------------------------------------------------------------------------
+    def _share(self, link: int, now: int) -> None:
+        """From now on `link` carries message-by-message traffic too. Closed-form traffic still
+        to come on it would have been served in between: that run must start over."""
+        if self.owner[link] >= 0 and (self.pending[link] or self.cf_until[link] > now):
+            raise SharedLinks({link})
+        self.owner[link] = SHARED
+
+    def claim(self, routes: Iterable[tuple[int, tuple[int, ...]]]) -> list[int] | None:
+        """Claim the links of (sender, route) pairs for closed-form messages; the claimed links,
+        or None (nothing claimed) when a link is shared or another sender's."""
+        owner = self.owner
+        wanted: dict[int, int] = {}
+        for sender, route in routes:
+            for link in route:
+                holder = wanted.setdefault(link, sender)
+                if holder != sender or owner[link] == SHARED or (owner[link] >= 0 and owner[link] != sender):
+                    return None
+        for link, sender in wanted.items():
+            owner[link] = sender
+            self.pending[link] += 1
+        return list(wanted)
+
+    def release(self, links: Iterable[int]) -> None:
+        """A claim's messages are all timed."""
+        for link in links:
+            self.pending[link] -= 1
+
+    def transfer(self, route: tuple[int, ...], size: int, send_time: int) -> int:
+        """A closed-form message along claimed links: their state as its hops would leave it;
+        returns its arrival time. Raises SharedLinks if a link would serve it out of order."""
+        t = send_time
+        stats, bw, lat, free_at = self.stats, self.bw, self.lat, self.free_at
+        for link in route:
+            if t < self.cf_last[link]:
+                raise SharedLinks({link})
+            self._note(link)
+            start = free_at[link]
+            if start < t:
+                start = t
+            transfer = size / bw[link]
+            end = start + int(transfer)
+            free_at[link] = end
+            stats.bytes[link] += size
+            stats.busy[link] += end - start
+            stats.messages[link] += 1
+            depart = start + int(lat[link] + transfer)
+            departs = self.cf_departs.get(link)
+            if departs is None:
+                departs = self.cf_departs[link] = deque()
+            while departs and departs[0] <= t:
+                departs.popleft()
+            departs.append(depart)
+            if len(departs) > stats.peak[link]:
+                stats.peak[link] = len(departs)
+            self.cf_last[link] = t
+            if depart > self.cf_until[link]:
+                self.cf_until[link] = depart
+            t = depart
+        return t
+
+    def transfer_uniform(self, routes: list[tuple[int, ...]], step_bytes: Sequence[int],
+                         send_times: Sequence[int]) -> bool:
+        """Every route carries step k's message, sent at send_times[k]. When every link of every
+        route is idle at the first send and each message has arrived before the next is sent,
+        no message waits anywhere: record them all and return True; else change nothing and
+        return False."""
+        free_at, bw, lat, cf_until = self.free_at, self.bw, self.lat, self.cf_until
+        first = send_times[0]
+        checked: set[tuple] = set()
+        for route in routes:
+            for link in route:
+                if free_at[link] > first or cf_until[link] > first:
+                    return False
+            shape = tuple((lat[link], bw[link]) for link in route)
+            if shape in checked:
+                continue
+            checked.add(shape)
+            for k in range(len(step_bytes) - 1):
+                b = step_bytes[k]
+                if send_times[k + 1] < send_times[k] + sum(int(la + b / w) for la, w in shape):
+                    return False
+        stats = self.stats
+        steps, total = len(step_bytes), sum(step_bytes)
+        busy_by_bw: dict[float, int] = {}
+        last_bytes, last_send = step_bytes[-1], send_times[-1]
+        for route in routes:
+            t = last_send          # the last message's hops set what the links remember
+            for link in route:
+                self._note(link)
+                link_bw = bw[link]
+                busy = busy_by_bw.get(link_bw)
+                if busy is None:
+                    busy = busy_by_bw[link_bw] = sum(int(b / link_bw) for b in step_bytes)
+                stats.bytes[link] += total
+                stats.busy[link] += busy
+                stats.messages[link] += steps
+                if stats.peak[link] < 1:
+                    stats.peak[link] = 1
+                free_at[link] = t + int(last_bytes / link_bw)
+                depart = t + int(lat[link] + last_bytes / link_bw)
+                self.cf_last[link] = t
+                cf_until[link] = depart
+                self.cf_departs[link] = deque((depart,))
+                t = depart
+        return True
+
+    def checkpoint(self) -> None:
+        """Remember every link's state as first changed from now on, until rollback/commit."""
+        self._journal = {}
+
+    def _note(self, link: int) -> None:
+        journal = self._journal
+        if journal is not None and link not in journal:
+            stats = self.stats
+            departs = self.cf_departs.get(link)
+            journal[link] = (self.free_at[link], stats.bytes[link], stats.busy[link], stats.messages[link],
+                             stats.peak[link], self.cf_last[link], self.cf_until[link],
+                             None if departs is None else deque(departs))
+
+    def rollback(self) -> None:
+        stats = self.stats
+        for link, saved in (self._journal or {}).items():
+            (self.free_at[link], stats.bytes[link], stats.busy[link], stats.messages[link],
+             stats.peak[link], self.cf_last[link], self.cf_until[link], departs) = saved
+            if departs is None:
+                self.cf_departs.pop(link, None)
+            else:
+                self.cf_departs[link] = departs
+        self._journal = None
+
+    def commit(self) -> None:
+        self._journal = None
+
+
+FREE, SHARED = -1, -2
+"""`FifoLinks.owner` values besides a sender's NPU number."""
+
+
+class SharedLinkHint:
+    """What a restarted run learned: these links carry more than one sender's traffic."""
+
+    def __init__(self, links: frozenset[int]):
+        self.links = links
+
+
+class SharedLinks(RestartRun):
+    """Closed-form traffic was timed on links that turn out to carry other traffic (or to serve
+    it out of order): the run starts over with `links` known to be shared."""
+
+    def __init__(self, links: set[int], names: str = ""):
+        self.links = frozenset(links)
+        shown = names or ", ".join(f"#{link}" for link in sorted(links)[:4])
+        super().__init__(f"network 'congestion': links {shown} carry closed-form collective traffic "
+                         "and other traffic; they are timed message by message",
+                         SharedLinkHint(self.links))
 
 
 class _Flow:
