@@ -19,6 +19,9 @@ class TraceFormatError(ChakraSimError):
         self.path, self.offset, self.reason = str(path), offset, reason
         super().__init__(f"{path}: at byte {offset}: {reason}")
 
+    def __reduce__(self):   # raised in worker processes too (chakra_core.fold)
+        return type(self), (self.path, self.offset, self.reason)
+
 
 class TraceGraphError(ChakraSimError):
     """The dependency graph of a trace is unusable (missing parent, cycle, duplicate id)."""
@@ -57,6 +60,16 @@ class RestartRun(ChakraSimError):
     def __init__(self, message: str, hint: object):
         self.hint = hint
         super().__init__(message)
+
+
+class Unfold:
+    """A RestartRun hint: simulate every rank (folding equivalent ranks proved wrong)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 class DeadlockError(SimulationError):

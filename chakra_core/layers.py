@@ -98,6 +98,14 @@ class LayerModel(ABC):
     fidelity: ClassVar[str]
     Config: ClassVar[type[BaseModel]] = PluginConfig
 
+    fold_safe: ClassVar[bool] = False
+    """True when the layer may be run for one representative of each class of equivalent ranks
+    (see chakra_core.fold): its answers for a rank depend only on the rank's own trace and on
+    what the other layers tell it, not on the rank's number, and its run statistics weigh each
+    simulated rank by `context.extras["rank_weights"][rank]` (ranks it stands for) when that is
+    given. A layer may set it per instance. Leave it False when unsure: the run then simulates
+    every rank."""
+
     def __init__(self, config: BaseModel, context: LayerContext):
         self.config = config
         self.context = context

@@ -68,6 +68,10 @@ class WorkloadSection(_Strict):
     comm_groups: Union[str, dict[str, list[int]], None] = Field(
         None, description="communicator groups: an ASTRA-sim comm-group JSON file, or {name: [ranks]}")
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    fold: Literal["auto", "off"] = Field(
+        "auto", description="'auto': when ranks are equivalent (the same trace up to rank ids, "
+                            "equivalent places in the network), simulate one per class and give the "
+                            "others its results (exact; see docs/performance.md); 'off': simulate every rank")
 
 
 class LayerSection(BaseModel):
@@ -206,7 +210,7 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
     spec = RunSpec(
         trace_files=trace_paths, layers=choices, feeder=workload.feeder,
         cache_nodes=workload.cache_nodes, missing_parents=workload.missing_parents,
-        dependencies=workload.dependencies,
+        dependencies=workload.dependencies, fold=workload.fold,
         resources=Resources(resources.cpu, resources.gpu, resources.comm, resources.memory),
         comm_groups=comm_groups, base_dir=base_dir, manifest=echo, warnings=warnings)
     return LoadedManifest(spec, output_dir, list(manifest.output.formats), source, manifest.output.timeline)

@@ -33,6 +33,7 @@ class ReplayCompute(ComputeModel):
     name = "replay"
     fidelity = "replays each compute node's traced duration_micros (no hardware model)"
     Config = ReplayConfig
+    fold_safe = True
 
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
         return None

@@ -156,6 +156,7 @@ class UniformNetwork(NetworkModel):
                 "(one switch, no contention)")
     Config = UniformConfig
     contention_free = True
+    fold_safe = True
 
     def __init__(self, config: UniformConfig, context: LayerContext):
         super().__init__(config, context)

@@ -44,7 +44,8 @@ def _simulation(tmp_path: Path, ranks, compressed: bool = False, **sections) -> 
             path = Path(f"{prefix}.{rank}.et")
             path.write_bytes(gzip.compress(path.read_bytes()))
     host = make_plugin_host(extra_plugins=[TESTING_PLUGIN, ("raising-plugin", _RaisingPlugin())])
-    loaded = build_manifest(manifest(prefix, uniform_network(len(ranks)), **sections), host,
+    # fold off: every rank gets its own feeder (folding opens one per class; tested below)
+    loaded = build_manifest(manifest(prefix, uniform_network(len(ranks)), fold="off", **sections), host,
                             base_dir=tmp_path, source="test")
     return Simulation(loaded.spec, host)
 
@@ -122,3 +123,12 @@ def test_on_idle_returning_true_without_events_ends_in_a_deadlock_report(tmp_pat
     with pytest.raises(DeadlockError, match="rank 0"):
         sim.run()
     assert _Hopeful.calls == 1
+
+
+def test_a_folded_run_closes_the_feeders_it_opened(tmp_path):
+    prefix = write_ranks(tmp_path / "t", [[collective(1, pb.ALL_REDUCE, 64)]] * 4)
+    host = make_plugin_host(extra_plugins=[TESTING_PLUGIN])
+    loaded = build_manifest(manifest(prefix, uniform_network(4)), host, base_dir=tmp_path, source="test")
+    sim = Simulation(loaded.spec, host)
+    assert sim.run()["folding"]["folded"]
+    _assert_released(sim, 1)

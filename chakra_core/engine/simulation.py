@@ -29,9 +29,10 @@ from typing import Any, Callable
 from chakra_core import __version__
 from chakra_core.engine.driver import RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, RestartRun, SimulationError
+from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, RestartRun, SimulationError, Unfold
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
+from chakra_core.fold import Folding
 from chakra_core.layers import LayerContext, LayerModel
 from chakra_core.plugins import Implementation, PluginHost
 
@@ -66,6 +67,8 @@ class RunSpec:
     cache_nodes: int = 4096
     missing_parents: str = "ignore-control"
     dependencies: str = "all"
+    fold: str = "auto"
+    """"auto": simulate one rank per class of equivalent ranks where that is exact; "off": all."""
     resources: Resources = field(default_factory=Resources)
     comm_groups: dict[str, list[int]] = field(default_factory=dict)
     base_dir: Path = Path(".")
@@ -89,6 +92,7 @@ class Simulation:
         self.num_ranks = len(spec.trace_files)
         self.restarts: list[str] = []
         """Why the run started over (RestartRun messages), oldest first."""
+        self.node_observer_wanted = bool(self._observer_calls("chakra_sim_node_finished"))
         self._setup([])
         self.node_observer: Callable[..., Any] | None = None
         node_calls = self._observer_calls("chakra_sim_node_finished")
@@ -99,8 +103,9 @@ class Simulation:
         self.finished = 0
         self.wall_s = 0.0
 
-    def _setup(self, hints: list) -> None:
-        """Build the clock, the context and the layers (again, on a restart, with its hints)."""
+    def _setup(self, hints: list, folding: Folding | None = None) -> None:
+        """Build the clock, the context and the layers (again, on a restart, with its hints; or
+        to simulate one rank per class of `folding`)."""
         spec = self.spec
         self.queue = EventQueue()
         extras = {"comm_groups": spec.comm_groups, "comm_capacity": spec.resources.comm,
@@ -108,6 +113,19 @@ class Simulation:
                   "dependencies": spec.dependencies, "restart_hints": list(hints)}
         if len(hints) >= MAX_RESTARTS:
             extras["closed_form"] = False    # last attempt: every layer times everything event by event
+        self.folding = folding
+        if folding is not None:
+            extras["folding"] = folding
+            extras["rank_weights"] = {rep: folding.weight(rep) for rep in folding.representatives}
+            self.fold_note = folding.describe()
+        elif spec.fold == "off":
+            self.fold_note = "workload.fold is off"
+        elif any(isinstance(hint, Unfold) for hint in hints):
+            self.fold_note = next(str(h) for h in hints if isinstance(h, Unfold))
+        elif self.num_ranks < 2:
+            self.fold_note = "one rank"
+        else:
+            self.fold_note = ""
         self.context = LayerContext(num_ranks=self.num_ranks, scheduler=self.queue,
                                     base_dir=spec.base_dir, extras=extras)
         for warning in spec.warnings:
@@ -126,6 +144,29 @@ class Simulation:
                 f"(plugin '{self.network.name}') has {self.network.npus_count} NPUs; they must match: "
                 "change the network's size or give as many trace files as NPUs")
         self.system = self._build("system")
+        if folding is None and not self.fold_note:
+            self._check_foldable()
+
+    def _check_foldable(self) -> None:
+        """Why equivalent ranks cannot be folded whatever the traces say ("" when they can)."""
+        unsafe = [f"{layer} plugin '{instance.name}'" for layer, instance in self.layers.items()
+                  if not instance.fold_safe]
+        if self.intervals is not None:
+            self.fold_note = "a timeline records every rank"
+        elif self.node_observer_wanted:
+            self.fold_note = "a plugin observes every node"
+        elif unsafe:
+            self.fold_note = f"{', '.join(unsafe)} cannot stand one rank for another (fold_safe is false)"
+
+    def _fold(self) -> None:
+        """Find classes of equivalent ranks; if there are some, rebuild the layers for them."""
+        from chakra_core.fold import find_folding
+
+        folding, note = find_folding(self.spec.trace_files, self.spec.comm_groups)
+        if folding is None:
+            self.fold_note = note
+        else:
+            self._setup([], folding)
 
     def _build(self, layer: str) -> LayerModel | None:
         choice = self.spec.layers.get(layer)
@@ -148,7 +189,9 @@ class Simulation:
         capacities = spec.resources.capacities()
         library = (TraceLibrary(spec.cache_nodes, spec.missing_parents, spec.dependencies)
                    if spec.feeder == "streaming" else None)
-        for rank, path in enumerate(spec.trace_files):
+        simulated = (range(self.num_ranks) if self.folding is None else self.folding.representatives)
+        for rank in simulated:
+            path = spec.trace_files[rank]
             if library is not None:
                 feeder = library.open(path)
             else:
@@ -157,7 +200,7 @@ class Simulation:
             for warning in getattr(feeder, "warnings", []):
                 self.context.warn(warning)
             self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
-        drivers = self.drivers
+        drivers = self.driver_of = {driver.rank: driver for driver in self.drivers}
         self.context.comm_state = lambda rank, node_id, waiting: drivers[rank].comm_waiting(node_id, waiting)
 
     def rank_finished(self, rank: int) -> None:
@@ -175,6 +218,8 @@ class Simulation:
         """
         started = time.perf_counter()
         try:
+            if self.folding is None and not self.fold_note:
+                self._fold()
             self._open_feeders()
             run_info = ReadOnlyDict.of(self.run_info())
             self._call_observers("chakra_sim_simulation_start",
@@ -203,7 +248,7 @@ class Simulation:
                 self.context.warn(f"the run started over ({len(self.restarts)} time(s)): {reason}")
             unfinished = {d.rank: d.remaining for d in self.drivers if d.remaining}
             if unfinished:
-                waits = {rank: self.drivers[rank].waits() for rank in unfinished}
+                waits = {rank: self.driver_of[rank].waits() for rank in unfinished}
                 raise DeadlockError(self.queue.now, waits, unfinished)
             from chakra_core.report.results import build_results
             try:   # layers' summary(), rank_summary() and terminal_tables() run here
@@ -238,6 +283,10 @@ class Simulation:
                     break
                 if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
                     break
+        if self.folding is not None and any(d.remaining for d in self.drivers):
+            # A deadlock is reported rank by rank: find it again with every rank simulated.
+            reason = "the folded run could not finish; simulating every rank to report why"
+            raise RestartRun(reason, Unfold(reason))
         for layer in self.layers.values():
             layer.finish()
 

@@ -4,7 +4,8 @@ Stable keys scripts rely on: top-level "finish_ns" (maximum over ranks),
 "ranks" (a list of objects with at least "rank", "finish_ns", the six time
 categories of `BREAKDOWN`, which sum to "finish_ns", "compute_ns",
 "exposed_comm_ns", "bytes_sent" and "bytes_received"), and "manifest" (the
-resolved configuration). A layer's own per-rank statistics sit in the rank's
+resolved configuration). "folding" says whether ranks were folded (one simulated per
+class of equivalent ranks, chakra_core.fold). A layer's own per-rank statistics sit in the rank's
 entry under the layer's plugin name ("hbm": {...}), its run statistics under
 "layers"; no plugin can overwrite a core key. Everything else may grow.
 Times are integer ns; sizes bytes. The document holds no wall clock figures,
@@ -54,6 +55,11 @@ def build_results(sim: "Simulation") -> dict[str, Any]:
                 if stats and instance.name not in row:
                     row[instance.name] = stats
         ranks.append(row)
+    folding = sim.folding
+    if folding is not None:     # every rank gets its representative's row
+        by_rep = {row["rank"]: row for row in ranks}
+        ranks = [dict(by_rep[folding.representative[rank]], rank=rank)
+                 for rank in range(len(folding.representative))]
     layers = {}
     for layer, instance in sim.layers.items():
         layers[layer] = {"plugin": instance.name, "fidelity": instance.fidelity,
@@ -68,8 +74,18 @@ def build_results(sim: "Simulation") -> dict[str, Any]:
         "finish_ns": max((r["finish_ns"] for r in ranks), default=0),
         "num_ranks": len(ranks),
         "events": sim.queue.executed,
+        "folding": _folding(sim),
         "ranks": ranks,
         "layers": layers,
         "warnings": list(sim.context.warnings),
         "manifest": sim.spec.manifest,
     }
+
+
+def _folding(sim: "Simulation") -> dict[str, Any]:
+    """Whether one rank stood for others (chakra_core.fold), and which."""
+    folding = sim.folding
+    if folding is None:
+        return {"folded": False, "simulated_ranks": sim.num_ranks, "reason": sim.fold_note}
+    return {"folded": True, "simulated_ranks": len(folding.members), "classes": len(folding.members),
+            "representatives": {str(rep): len(members) for rep, members in sorted(folding.members.items())}}

@@ -96,6 +96,13 @@ def print_summary(results: dict[str, Any], console: Console, wall_s: float | Non
     if wall_s is not None:
         line += f"; simulated in {wall_s:.2f} s"
     console.print(line, soft_wrap=True, highlight=False)
+    folding = results.get("folding")
+    if folding:
+        if folding["folded"]:
+            console.print(f"folded {results['num_ranks']:,} ranks into {folding['classes']:,} class(es) of "
+                          "equivalent ranks: simulated one per class", soft_wrap=True, highlight=False)
+        else:
+            console.print(f"simulated every rank ({folding['reason']})", soft_wrap=True, highlight=False)
     warnings = results.get("warnings", [])
     if warnings:
         console.print(f"[yellow]{len(warnings)} warning(s):[/yellow]")

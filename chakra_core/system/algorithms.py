@@ -91,6 +91,9 @@ class CollectiveAlgorithm:
     parameter: ClassVar[str | None] = None
     """Name of an optional integer parameter appended to the name (`direct8`: window 8)."""
     powers_of_two: ClassVar[bool] = False
+    rotation_symmetric: ClassVar[bool] = False
+    """Turning the ring of members turns the timing with it: a member's part does not depend on
+    its position (ring, direct). Needed to fold equivalent ranks (chakra_core.fold)."""
     causal: ClassVar[bool] = True
     """Every member's finish depends on every member's start (true of the symmetric collectives).
     Lets a contention-free run be solved when its last member starts; rooted collectives, where a
@@ -130,6 +133,7 @@ class Ring(CollectiveAlgorithm):
 
     name = "ring"
     supports = SYMMETRIC
+    rotation_symmetric = True
 
     def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule:
         if comm_type == ALL_REDUCE:
@@ -166,6 +170,7 @@ class Direct(CollectiveAlgorithm):
     name = "direct"
     supports = SYMMETRIC
     parameter = "window"
+    rotation_symmetric = True
 
     def members(self, ctx, comm_type, size, variant=0, root=0):
         window = -1 if self.value is None else self.value

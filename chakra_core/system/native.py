@@ -37,6 +37,15 @@ exactly the event-by-event schedule without its events (the two are checked
 against each other by property tests). Rooted collectives, whose root may
 finish before the others start, always run event by event.
 
+Folded runs (chakra_core.fold): only one rank per class of equivalent ranks
+issues its nodes. A collective then stands for one per equivalent group: it
+is ready once, for every class among its members, that class's
+representative has issued its k-th collective on its own group of the same
+shape; each member starts when its representative did. The layer checks
+what folding assumes: equivalent groups see the same delays, every member of
+a class finishes at the same time, and a point-to-point message takes as long
+for every pair it stands for; if not, the run starts over unfolded.
+
 The same holds on a network with shared links (`closed_form` networks, such
 as the congestion backend in fifo mode) for a collective whose links carry
 nothing else: with one chunk in flight per dimension, each link then carries
@@ -56,8 +65,9 @@ from typing import Callable, Literal, Sequence
 
 from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
 
-from chakra_core.errors import SimulationError
+from chakra_core.errors import RestartRun, SimulationError, Unfold
 from chakra_core.et.attrs import NodeView
+from chakra_core.fold import group_shape
 from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
@@ -140,7 +150,7 @@ class Collective:
 
     __slots__ = ("group", "seq", "comm_type", "size", "members", "nodes", "done", "remaining",
                  "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun",
-                 "solve", "issued_at", "claim")
+                 "solve", "issued_at", "claim", "needs")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
                  first_rank: int, root: int):
@@ -159,6 +169,7 @@ class Collective:
         self.solve = False                                 # solved whole once all have issued (_solve)
         self.issued_at: dict[int, int] = {}                # rank -> issue time, when `solve`
         self.claim: object | None = None                   # the network's token for its links
+        self.needs: dict[tuple, list[int]] = {}            # folded: fact -> members it starts
 
     def set_plans(self, plans: list[list["PhaseSpec"]]) -> None:
         """Fix the phases, and the order every rank starts them in on each dimension."""
@@ -217,6 +228,11 @@ class PhaseRun:
 
 
 _UNSET = object()
+_UNFOLD_DELAYS = ("equivalent ranks' groups see different network delays; simulating every rank")
+_UNFOLD_FINISH = ("members of one class of equivalent ranks finished a collective at different "
+                  "times; simulating every rank")
+_UNFOLD_P2P = ("point-to-point messages between equivalent ranks take different times; "
+               "simulating every rank")
 _COLLECTIVE = object()
 """NodeView.memo key of a collective node's checked (comm_type, comm_size, group)."""
 
@@ -298,15 +314,27 @@ class NativeSystem(SystemLayer):
         self.collectives_done = [0] * context.num_ranks
         self.tree_counters: dict[tuple[int, int], int] = {}
         self.oversubscribed = 0
+        self.folding = context.extras.get("folding")
+        self.facts: dict[tuple, int] = {}              # folded: (representative, shape, seq) -> issue time
+        self.awaiting: dict[tuple, list[Collective]] = {}
+        self._symmetric: dict[tuple, bool] = {}
+        self._shapes: dict[int, tuple] = {}
         self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent,
                                 self.bytes_received, rendezvous=config.rendezvous_protocol,
-                                waiting=context.comm_waiting)
+                                waiting=context.comm_waiting,
+                                fold=self._fold_p2p if self.folding is not None else None)
         self._reduce_cache: dict[int, int] = {}
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
         self._runs_cache: dict[tuple[int, int | None], tuple[tuple[int, ...], list]] = {}
         self._schedules: dict[tuple, object] = {}
         self._pair_cache: dict[tuple, frozenset] = {}
         self._uniform_delays: dict = {}
+
+    @property
+    def fold_safe(self) -> bool:   # type: ignore[override]
+        """Folding needs collectives solved whole and eager point-to-point messages (and, checked
+        per collective, algorithms whose timing turns with the ring of members)."""
+        return self.solve_whole and not self.config.rendezvous_protocol
 
     # Configuration -------------------------------------------------------------------------------
     @classmethod
@@ -382,6 +410,9 @@ class NativeSystem(SystemLayer):
         if not coll.plans:  # nothing to move: zero bytes, or a group of one
             self._collective_done(rank, coll)
             return
+        if self.folding is not None:
+            self._issue_folded(rank, coll, seq)
+            return
         if coll.solve:
             coll.issued_at[rank] = self.scheduler.now
             if len(coll.issued_at) == len(coll.members):
@@ -389,6 +420,115 @@ class NativeSystem(SystemLayer):
             return
         for chunk in coll.plans:
             self._enqueue(rank, coll, chunk[0])
+
+    # Folded runs (see module docstring) -------------------------------------------------------------
+    def _issue_folded(self, rank: int, coll: Collective, seq: int) -> None:
+        """`rank` (a representative) issued its seq-th collective on coll's group."""
+        folding = self.folding
+        members = coll.members
+        unsupported = [spec.algorithm.name for chunk in coll.plans for spec in chunk
+                       if not (coll.solve and spec.algorithm.rotation_symmetric)]
+        if unsupported:
+            reason = (f"{coll.describe()} runs with '{unsupported[0]}', whose timing depends on where "
+                      "each rank sits; simulating every rank")
+            raise RestartRun(reason, Unfold(reason))
+        if not coll.needs and not coll.issued_at:     # first issue on this group: what it waits for
+            shape = self._shape(members)
+            for member in members:
+                fact = (folding.representative[member], shape or group_shape(members, member), seq)
+                known = self.facts.get(fact)
+                if known is None:
+                    coll.needs.setdefault(fact, []).append(member)
+                else:
+                    coll.issued_at[member] = known
+            for fact in coll.needs:
+                self.awaiting.setdefault(fact, []).append(coll)
+        self._check_symmetric(rank, coll)
+        fact = (rank, self._shape(members) or group_shape(members, rank), seq)
+        now = self.facts[fact] = self.scheduler.now
+        for waiting in self.awaiting.pop(fact, ()):
+            for member in waiting.needs.pop(fact):
+                waiting.issued_at[member] = now
+            if not waiting.needs:
+                for member, node_id in waiting.nodes.items():
+                    self.context.comm_waiting(member, node_id, False)
+                self._solve(waiting)
+
+    def _shape(self, members: tuple[int, ...]) -> tuple | None:
+        """The group's shape when it is a ring (the same from every member), else None."""
+        hit = self._shapes.get(id(members))
+        if hit is None or hit[0] is not members:
+            shape = group_shape(members, members[0])
+            hit = self._shapes[id(members)] = (members, shape if shape[0] == "ring" else None)
+        return hit[1]
+
+    def _check_symmetric(self, rank: int, coll: Collective) -> None:
+        """Folding assumes every group equivalent to coll's has the same delays between the
+        members its algorithms pair, seen from the member that stands where `rank` stands."""
+        members = coll.members
+        for chunk in coll.plans:
+            for spec in chunk:
+                key = (id(members), rank, spec.algorithm, spec.comm_type, spec.size, spec.dim)
+                if key in self._symmetric:
+                    continue
+                self._symmetric[key] = True
+                for run_members in self._runs(coll, spec):
+                    offsets = {(b - a) % len(run_members)
+                               for a, b in self._pair_positions(coll, spec, len(run_members))}
+                    self._check_runs_alike(coll, rank, run_members, offsets, spec.size)
+
+    def _check_runs_alike(self, coll: Collective, rank: int, run_members: tuple[int, ...],
+                          offsets: set[int], size: int) -> None:
+        """The runs that `run_members` stands for (where rank's class mates sit in their own
+        groups) must each pair members at every offset with one and the same delay."""
+        folding, delay = self.folding, self.network.message_delay
+        mates = folding.members[rank]
+        if coll.members == self.groups.world:      # every mate's slice of the world
+            runs = {run for run in self._runs_of_members(coll, run_members) if any(m in run for m in mates)}
+        else:                                      # the same positions in each mate's group
+            positions = [coll.members.index(m) for m in run_members]
+            runs = {tuple(group[i] for i in positions)
+                    for group in {folding.corresponding(coll.members, rank, mate) for mate in mates}}
+        profile = None
+        for run in runs:
+            n = len(run)
+            here = {}
+            for d in offsets:
+                values = {delay(run[i], run[(i + d) % n], size) for i in range(n)}
+                if len(values) != 1:
+                    raise RestartRun(_UNFOLD_DELAYS, Unfold(_UNFOLD_DELAYS))
+                here[d] = values.pop()
+            if profile is None:
+                profile = here
+            elif here != profile:
+                raise RestartRun(_UNFOLD_DELAYS, Unfold(_UNFOLD_DELAYS))
+
+    def _runs_of_members(self, coll: Collective, run_members: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """All the runs of the phase `run_members` is one run of (the slices of its dimension)."""
+        for chunk in coll.plans:
+            for spec in chunk:
+                runs = self._runs(coll, spec)
+                if run_members in runs:
+                    return runs
+        return [run_members]
+
+    def _fold_p2p(self, src: int, dst: int, size: int) -> tuple[int, int]:
+        """A message `src` (a representative) sends to `dst` stands for one from every rank of
+        src's class to its peer at the same offset: it reaches dst's representative, from the
+        rank at that offset from it, after the delay every such pair must share."""
+        folding = self.folding
+        ranks = len(folding.representative)
+        offset = (dst - src) % ranks
+        key = ("p2p", src, offset, size)
+        if key not in self._symmetric:
+            self._symmetric[key] = True
+            delay = self.network.message_delay
+            expected = delay(src, dst, size)
+            for mate in folding.members[src]:
+                if delay(mate, (mate + offset) % ranks, size) != expected:
+                    raise RestartRun(_UNFOLD_P2P, Unfold(_UNFOLD_P2P))
+        target = folding.representative[dst]
+        return (target - offset) % ranks, target
 
     def _collective_attrs(self, rank: int, node: NodeView) -> tuple[int, int, str]:
         """(comm_type, comm_size, group) of a collective node, checked."""
@@ -428,8 +568,16 @@ class NativeSystem(SystemLayer):
         if coll.claim is not None:
             network.release(coll.claim)
             coll.claim = None
+        ranks = coll.members
+        if self.folding is not None:     # only the representatives among the members are simulated
+            representative = self.folding.representative
+            finish: dict[int, int] = {}
+            for rank in coll.members:
+                if finish.setdefault(representative[rank], done_at[rank]) != done_at[rank]:
+                    raise RestartRun(_UNFOLD_FINISH, Unfold(_UNFOLD_FINISH))
+            ranks = [rank for rank in coll.members if rank in coll.done]
         by_time: dict[int, list[int]] = {}
-        for rank in coll.members:
+        for rank in ranks:
             by_time.setdefault(done_at[rank], []).append(rank)
         for time, ranks in sorted(by_time.items()):
             self.scheduler.schedule_at(time, self._solved_done, (coll, ranks))
@@ -590,6 +738,8 @@ class NativeSystem(SystemLayer):
         `collectives_start_waiting`) until every member has issued the collective."""
         members = coll.members
         release = self.context.comm_waiting
+        if self.folding is not None:
+            return        # _issue_folded releases the representatives once the group is ready
         if len(coll.nodes) < len(members):
             if coll.comm_type in ROOTED:
                 algorithm = self._algorithm(coll.comm_type, 0)
@@ -840,7 +990,8 @@ class NativeSystem(SystemLayer):
         self.collectives_done[rank] += 1
         del coll.remaining[rank]
         done = coll.done.pop(rank)
-        if not coll.remaining and len(coll.nodes) == len(coll.members):
+        if not coll.remaining and (len(coll.nodes) == len(coll.members)
+                                   or (self.folding is not None and not coll.needs)):
             del self.collectives[(coll.group, coll.seq)]
         done(node_id)
 
@@ -879,7 +1030,10 @@ class NativeSystem(SystemLayer):
     def waits(self, rank: int) -> list[str]:
         out = []
         for node_id, coll in self.open[rank].items():
-            missing = [r for r in coll.members if r not in coll.nodes]
+            if self.folding is not None:   # the representatives whose side is missing
+                missing = sorted({fact[0] for fact in coll.needs})
+            else:
+                missing = [r for r in coll.members if r not in coll.nodes]
             if missing:
                 shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
                 out.append(f"collective node {node_id}: {coll.describe()} waits for rank(s) {shown}, "
@@ -895,8 +1049,14 @@ class NativeSystem(SystemLayer):
                               f"to rank {row['peer']} (tag {row['tag']}) was never received")
 
     def summary(self) -> dict:
-        return {"unmatched_sends": self.p2p.unmatched_sends(),
-                "oversubscribed_chunk_starts": self.oversubscribed}
+        unmatched = self.p2p.unmatched_sends()
+        if self.folding is not None:   # each representative's row stands for its class's
+            members, representative = self.folding.members, self.folding.representative
+            ranks = len(representative)
+            unmatched = sorted(({**row, "rank": mate, "peer": (row["peer"] + mate - row["rank"]) % ranks}
+                                for row in unmatched for mate in members[representative[row["rank"]]]),
+                               key=lambda row: (row["rank"], row["peer"], row["tag"], row["node"]))
+        return {"unmatched_sends": unmatched, "oversubscribed_chunk_starts": self.oversubscribed}
 
     def rank_summary(self, rank: int) -> dict:
         return {"collectives": self.collectives_done[rank]}

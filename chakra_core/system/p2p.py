@@ -32,8 +32,11 @@ RENDEZVOUS_BYTES = 8192
 class PointToPoint:
     def __init__(self, network, scheduler, warn: Callable[[str], None], bytes_sent: list[int],
                  bytes_received: list[int], rendezvous: bool = False,
-                 waiting: Callable[[int, int, bool], None] | None = None):
+                 waiting: Callable[[int, int, bool], None] | None = None,
+                 fold: Callable[[int, int, int], tuple[int, int]] | None = None):
         self.network, self.scheduler, self.warn = network, scheduler, warn
+        self.fold = fold
+        """Folded runs: (src, dst, size) -> the (src, dst) the message is matched as."""
         self.bytes_sent, self.bytes_received = bytes_sent, bytes_received
         self.waiting = waiting or (lambda rank, node_id, flag: None)
         # (src, dst, tag) -> sends issued that no receive has claimed yet (negative: receives
@@ -69,7 +72,10 @@ class PointToPoint:
         src, dst, tag, size = self._endpoints(rank, node, sending=True)
         if not 0 <= dst < self.network.npus_count or dst == src:
             raise SimulationError(f"rank {rank}, COMM_SEND node {node.id}: invalid destination {dst}")
-        key = (src, dst, tag)
+        if self.fold is None:
+            key = (src, dst, tag)
+        else:   # the receive this send is matched with is its destination's representative's
+            key = self.fold(src, dst, size) + (tag,)
         self._pair_up(key, +1, src, node.id)
         if self.rendezvous:
             cleared = self._clear_to_send.get(key, 0)
@@ -77,11 +83,13 @@ class PointToPoint:
                 self._held.setdefault(key, deque()).append((size, node.id, done))
                 return
             self._clear_to_send[key] = cleared - 1
-        self._inject(key, size, node.id, done)
+        self._inject(key, size, node.id, done, src, dst)
 
-    def _inject(self, key, size: int, send_id: int, done) -> None:
-        self.bytes_sent[key[0]] += size
-        self.network.send(key[0], key[1], size, self._arrive, (key, size, send_id, done))
+    def _inject(self, key, size: int, send_id: int, done, src: int | None = None,
+                dst: int | None = None) -> None:
+        src = key[0] if src is None else src
+        self.bytes_sent[src] += size
+        self.network.send(src, key[1] if dst is None else dst, size, self._arrive, (key, size, send_id, done))
 
     def _control_arrived(self, key) -> None:
         self.bytes_received[key[0]] += RENDEZVOUS_BYTES

@@ -23,6 +23,7 @@ class RooflineCompute(ComputeModel):
     fidelity = ("roofline: num_ops / min(peak, bandwidth x num_ops/tensor_size); CPU ops and "
                 "nodes without num_ops replay their traced duration")
     Config = RooflineConfig
+    fold_safe = True
 
     def __init__(self, config: RooflineConfig, context: LayerContext):
         super().__init__(config, context)
@@ -35,6 +36,8 @@ class RooflineCompute(ComputeModel):
         self._fixed_bw = None if config.memory_bandwidth_gbps is None else config.memory_bandwidth_gbps * 1e9
         self.memory_bound = 0
         self.compute_bound = 0
+        # folded runs: how many ranks each simulated rank stands for (counts are per rank)
+        self._weights = context.extras.get("rank_weights") or {}
 
     def bandwidth_bps(self, rank: int) -> float:
         """Bytes per second for `rank`: the configured value, else the memory layer's."""
@@ -52,9 +55,9 @@ class RooflineCompute(ComputeModel):
                 cached = memo[self] = self._time(node, self._fixed_bw)
             duration, bound = cached
         if bound == _MEMORY:
-            self.memory_bound += 1
+            self.memory_bound += self._weights.get(rank, 1)
         elif bound == _COMPUTE:
-            self.compute_bound += 1
+            self.compute_bound += self._weights.get(rank, 1)
         return duration
 
     def _time(self, node: NodeView, bandwidth: float) -> tuple[int | None, int]:

@@ -48,6 +48,7 @@ class AnalyticalNetwork(NetworkModel):
                 "multi-dimensional Ring/FullyConnected/Switch (ASTRA-sim analytical)")
     Config = AnalyticalNetworkConfig
     contention_free = True
+    fold_safe = True    # a message's delay depends on its endpoints and size only
 
     def __init__(self, config: AnalyticalNetworkConfig, context: LayerContext):
         super().__init__(config, context)
