@@ -12,6 +12,7 @@
     chakra-sim generate microbenchmark|transformer ...
     chakra-sim visualize TRACE.et --format dot|graphml --output FILE
     chakra-sim timeline MANIFEST.yaml [--out FILE]
+    chakra-sim sweep SWEEP.yaml [--executor local|ray] [--address HOST:PORT] [--workers N]
 
 Errors caused by inputs print one clear message and exit with status 2 (no
 traceback); `--debug` shows the traceback too. Ctrl-C during `run` exits with
@@ -82,6 +83,7 @@ TOOLS = {
     "generate": "chakra_core.tools.generate:generate",
     "visualize": "chakra_core.tools.visualize:visualize",
     "timeline": "chakra_core.report.timeline:timeline",
+    "sweep": "chakra_core.sweep:sweep",
 }
 CONVERTERS = {
     "pytorch": "chakra_core.tools.pytorch.cli:convert_pytorch",

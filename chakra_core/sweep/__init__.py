@@ -1,0 +1,23 @@
+"""Sweeps: one base manifest run over a grid or a list of overrides, in parallel.
+
+    chakra-sim sweep SWEEP.yaml [--executor local|ray] [--workers N] [--address HOST:PORT]
+
+- `spec`: the sweep file, key paths (`network.bandwidth[0]`), expansion into points;
+- `run`: the worker that runs one point, the local process pool and Ray executors,
+  resuming finished points;
+- `table`: sweep.csv, sweep.parquet and sweep.png;
+- `cli`: the `chakra-sim sweep` command.
+
+docs/sweeps.md is the user's guide. The same thing from Python::
+
+    from chakra_core.sweep import load_sweep, run_sweep
+    result = run_sweep(load_sweep("examples/sweep_bandwidth.yaml"), executor="local", workers=2)
+    result.rows   # one dict per point, in point order
+"""
+
+from chakra_core.sweep.cli import sweep
+from chakra_core.sweep.run import SweepError, SweepResult, run_point, run_sweep
+from chakra_core.sweep.spec import Sweep, load_sweep, parse_key_path, set_key_path
+
+__all__ = ["sweep", "load_sweep", "run_sweep", "run_point", "parse_key_path", "set_key_path", "Sweep",
+           "SweepResult", "SweepError"]

@@ -1,0 +1,360 @@
+"""`chakra-sim sweep`: the sweep file, key paths, resuming, the table and plot, both executors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from chakra_core.cli import main
+from chakra_core.errors import ManifestError
+from chakra_core.manifest import format_loc
+from chakra_core.sweep import load_sweep, parse_key_path, run_sweep, set_key_path
+from chakra_core.sweep.run import WALL_COLUMN, SweepError, run_local
+from chakra_core.sweep.spec import KeyPathError, Metric, build_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "examples" / "allreduce_8npu.yaml"
+TRACES = ROOT / "examples" / "traces" / "all_reduce_8npus_1MB"
+
+
+def write_sweep(folder: Path, body: dict, name: str = "sweep.yaml") -> Path:
+    body = {"base": str(BASE), "output": {"dir": "out"}, **body}
+    path = folder / name
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def sweep_cli(*args: str):
+    return CliRunner().invoke(main, ["sweep", *map(str, args)])
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+# Key paths ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text", ["network.bandwidth[0]", "system.preferred-dataset-splits",
+                                  "network.generator.k", "workload.comm_groups.tp[2][1]"])
+def test_key_paths_are_the_manifest_errors_own(text):
+    assert format_loc(parse_key_path(text)) == text
+
+
+@pytest.mark.parametrize("text", ["", "network..bandwidth", "network.bandwidth[-1]", "network.bandwidth[x]",
+                                  ".network", "network.", "network bandwidth", "[0]", 5])
+def test_bad_key_paths_are_refused(text):
+    with pytest.raises(KeyPathError, match="not a key path"):
+        parse_key_path(text)
+
+
+def test_setting_a_key_path_creates_mapping_keys_but_never_list_items():
+    data = {"network": {"bandwidth": [50, 100], "plugin": "analytical"}}
+    set_key_path(data, ("network", "bandwidth", 1), 200)
+    set_key_path(data, ("memory", "remote", "latency_ns"), 7)
+    assert data == {"network": {"bandwidth": [50, 200], "plugin": "analytical"},
+                    "memory": {"remote": {"latency_ns": 7}}}
+    with pytest.raises(KeyPathError, match=r"index 2 out of range: network.bandwidth has 2 items"):
+        set_key_path(data, ("network", "bandwidth", 2), 1)
+    with pytest.raises(KeyPathError, match=r"network.latency is not in the base manifest"):
+        set_key_path(data, ("network", "latency", 0), 1)
+    with pytest.raises(KeyPathError, match=r"network.plugin is a str \('analytical'\), not a mapping"):
+        set_key_path(data, ("network", "plugin", "name"), "x")
+    with pytest.raises(KeyPathError, match=r"network is a mapping, not a list"):
+        set_key_path(data, ("network", 0), 1)
+
+
+def test_a_value_is_copied_into_each_point():
+    value = [1, 2]
+    data: dict = {}
+    set_key_path(data, ("network", "bandwidth"), value)
+    value.append(3)
+    assert data["network"]["bandwidth"] == [1, 2]
+
+
+# Expansion ------------------------------------------------------------------------------------
+INLINE_BASE = {"workload": {"trace": "t"}, "network": {"plugin": "analytical", "bandwidth": [1]}}
+
+
+def test_grid_is_a_product_in_the_order_written_and_points_vary_slowest(tmp_path):
+    sweep = build_sweep({"base": INLINE_BASE,
+                         "grid": {"network.bandwidth[0]": [10, 20], "system.preferred-dataset-splits": [1, 4, 16]},
+                         "points": [{"network.plugin": "analytical"}, {"network.plugin": "congestion"}]},
+                        tmp_path, "s.yaml")
+    assert sweep.keys == ["network.bandwidth[0]", "system.preferred-dataset-splits", "network.plugin"]
+    assert [tuple(p.overrides.values()) for p in sweep.points[:4]] == [
+        ("analytical", 10, 1), ("analytical", 10, 4), ("analytical", 10, 16), ("analytical", 20, 1)]
+    assert len(sweep.points) == 12 and sweep.points[6].overrides["network.plugin"] == "congestion"
+    assert [p.index for p in sweep.points] == list(range(12))
+    last = sweep.points[-1].data
+    assert last["network"] == {"plugin": "congestion", "bandwidth": [20]}
+    assert last["system"] == {"preferred-dataset-splits": 16}
+    assert len({p.id for p in sweep.points}) == 12
+    # Default plot: the first grid key on x, every other swept key splitting the lines.
+    assert (sweep.plot.x, sweep.plot.series) == ("network.bandwidth[0]",
+                                                 ["system.preferred-dataset-splits", "network.plugin"])
+    chosen = build_sweep({"base": INLINE_BASE,
+                          "grid": {"network.bandwidth[0]": [10, 20], "system.preferred-dataset-splits": [1, 4]},
+                          "points": [{"network.plugin": "analytical"}, {"network.plugin": "congestion"}],
+                          "plot": {"x": "system.preferred-dataset-splits", "series": "network.plugin"}},
+                         tmp_path, "s.yaml")
+    # The chosen series first; the key left over splits the lines too.
+    assert chosen.plot.series == ["network.plugin", "network.bandwidth[0]"]
+
+
+def test_point_ids_follow_the_overrides_not_the_position(tmp_path):
+    base = {"workload": {"trace": "t"}, "network": {"plugin": "analytical", "bandwidth": [1]}}
+    small = build_sweep({"base": base, "grid": {"network.bandwidth[0]": [10, 20]}}, tmp_path, "s.yaml")
+    large = build_sweep({"base": base, "grid": {"network.bandwidth[0]": [5, 10, 20]}}, tmp_path, "s.yaml")
+    assert [p.id for p in small.points] == [p.id for p in large.points[1:]]
+    assert [p.fingerprint for p in small.points] == [p.fingerprint for p in large.points[1:]]
+    changed = build_sweep({"base": {**base, "compute": {"plugin": "replay"}},
+                           "grid": {"network.bandwidth[0]": [10, 20]}}, tmp_path, "s.yaml")
+    assert [p.id for p in changed.points] == [p.id for p in small.points]
+    assert not {p.fingerprint for p in changed.points} & {p.fingerprint for p in small.points}
+
+
+def test_metric_paths_and_aggregates():
+    results = {"finish_ns": 30, "layers": {"network": {"summary": {"links": [{"bytes": 5}]}}},
+               "ranks": [{"exposed_comm_ns": 10, "hbm": {"peak": 3}}, {"exposed_comm_ns": 20, "hbm": {"peak": 4}}]}
+    assert Metric.parse("finish_ns").value(results) == 30
+    assert Metric.parse("layers.network.summary.links[0].bytes").value(results) == 5
+    assert Metric.parse("max(exposed_comm_ns)").value(results) == 20
+    assert Metric.parse("mean(exposed_comm_ns)").value(results) == 15.0
+    assert Metric.parse("sum( hbm.peak )").value(results) == 7
+    with pytest.raises(KeyPathError, match=r"the results have no ranks\[0\].nope"):
+        Metric.parse("min(nope)").value(results)
+    with pytest.raises(KeyPathError, match="is a mapping, not a number"):
+        Metric.parse("layers.network").value(results)
+    with pytest.raises(KeyPathError, match="unknown aggregate 'median'"):
+        Metric.parse("median(finish_ns)")
+
+
+# A bad sweep file: exit status 2, nothing run ----------------------------------------------------
+@pytest.mark.parametrize("body, where, reason", [
+    ({"grid": {"network.bandwidth]0[": [1]}}, "grid", "not a key path: 'network.bandwidth]0['"),
+    ({"grid": {"network.bandwidth[0]": [1]}, "grids": {}}, "grids", "unknown key"),
+    ({"grid": {"network.bandwidth[3]": [1, 2]}}, "grid: network.bandwidth[3]",
+     "index 3 out of range: network.bandwidth has 1 item"),
+    ({"grid": {"netwrk.bandwidth": [[1]]}}, "grid: netwrk.bandwidth", "unknown manifest section 'netwrk'"),
+    ({"grid": {"network.bandwidth[0]": 50}}, "grid: network.bandwidth[0]", "expected a list of values"),
+    ({"grid": {"network.bandwidth[0]": []}}, "grid: network.bandwidth[0]", "empty list"),
+    ({"grid": {"network.bandwidth[0]": [1]}, "points": [{"network.bandwidth[0]": 2}]},
+     "points[0]: network.bandwidth[0]", "also in grid"),
+    ({"points": [{"network.plugin": "analytical"}, {"network.plugin": "analytical"}]}, "points",
+     "point 1 (network.plugin=\"analytical\") repeats point 0"),
+    ({"grid": {"output.dir": ["a"]}}, "grid: output.dir", "the sweep chooses each point's output folder"),
+    ({"grid": {"network.bandwidth[0]": [1]}, "metric": "max(finish_ns"}, "metric", "not a key path"),
+    ({"grid": {"network.bandwidth[0]": [1]}, "plot": {"x": "network.latency[0]"}}, "plot.x",
+     "'network.latency[0]' is not a swept key"),
+    ({"base": "nowhere.yaml", "grid": {"network.bandwidth[0]": [1]}}, "base", "nowhere.yaml: file not found"),
+    ({"grid": {}}, "(top level)", "nothing to sweep"),
+])
+def test_a_bad_sweep_file_names_the_file_the_key_and_the_reason(tmp_path, body, where, reason):
+    path = write_sweep(tmp_path, body)
+    done = sweep_cli(path)
+    assert done.exit_code == 2, done.output
+    assert f"{path}: {where}: " in done.output and reason in done.output, done.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[5]": [1], "network.x..y": [1]},
+                                  "metric": "avg(finish_ns)", "colour": "red"})
+    with pytest.raises(ManifestError) as caught:
+        load_sweep(path)
+    wheres = [loc.split(": ", 1)[1] for loc, _ in caught.value.problems]
+    assert sorted(wheres) == ["colour", "grid", "grid: network.bandwidth[5]", "metric"]
+
+
+def test_executor_options_are_checked(tmp_path, monkeypatch):
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50]}})
+    done = sweep_cli(path, "--address", "localhost:6379")
+    assert done.exit_code == 2 and "--address names a Ray cluster" in done.output
+    monkeypatch.setitem(sys.modules, "ray", None)   # as if Ray were not installed
+    with pytest.raises(SweepError, match=r"pip install 'chakra-sim\[ray\]'"):
+        run_sweep(load_sweep(path), executor="ray")
+
+
+# Running ------------------------------------------------------------------------------------------
+def test_relative_paths_resolve_against_the_base_manifest(tmp_path):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("results"))
+    other = tmp_path / "examples" / "traces" / "copy"
+    shutil.copytree(TRACES, other)
+    sweeps = tmp_path / "sweeps"
+    sweeps.mkdir()
+    path = sweeps / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "base": "../examples/allreduce_8npu.yaml",
+        "grid": {"workload.trace": ["traces/all_reduce_8npus_1MB/all_reduce", "traces/copy/all_reduce"]}}))
+    result = run_sweep(load_sweep(path), workers=1)
+    assert [row["finish_ns"] for row in result.rows] == [64440, 64440]
+    # output.dir defaults to results/<sweep name> beside the sweep file
+    assert (sweeps / "results" / "s" / "sweep.csv").is_file()
+    echoed = json.loads((sweeps / "results" / "s" / "points" / result.rows[1]["id"] / "results.json").read_text())
+    assert echoed["manifest"]["workload"]["trace"] == str(other / "all_reduce")
+
+
+def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50, -1, 100]}})
+    done = sweep_cli(path, "--workers", "2")
+    assert done.exit_code == 1, done.output
+    rows = read_csv(tmp_path / "out" / "sweep.csv")
+    assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
+    assert [r["finish_ns"] for r in rows] == ["64440", "", "47360"]
+    assert rows[1]["error"] == "network.bandwidth[0]: Input should be greater than 0"
+    record = json.loads((tmp_path / "out" / "points" / rows[1]["id"] / "point.json").read_text())
+    assert record["status"] == "failed" and "network.bandwidth[0]" in record["detail"]
+    assert "3 points: 2 ok, 1 failed" in done.output
+
+
+def test_resume_skips_finished_points_and_reruns_failed_ones(tmp_path):
+    later = tmp_path / "later"   # no traces there yet: the second point fails
+    traces = [str(TRACES / "all_reduce"), str(later / "all_reduce")]
+    path = write_sweep(tmp_path, {"grid": {"workload.trace": traces,
+                                           "network.latency[0]": [100, 500]}})
+    first = run_sweep(load_sweep(path), workers=2)
+    assert (first.ran, first.skipped) == (4, 0)
+    assert [r["status"] for r in first.rows] == ["ok", "ok", "failed", "failed"]
+    ok_record = tmp_path / "out" / "points" / first.rows[0]["id"] / "point.json"
+    stamp = ok_record.stat().st_mtime_ns
+
+    shutil.copytree(TRACES, later)
+    second = run_sweep(load_sweep(path), workers=2)
+    assert (second.ran, second.skipped) == (2, 2)
+    assert ok_record.stat().st_mtime_ns == stamp
+    assert [r["status"] for r in second.rows] == ["ok"] * 4
+    assert [r["finish_ns"] for r in second.rows[2:]] == [r["finish_ns"] for r in second.rows[:2]]
+    assert _without_wall(second.rows[:2]) == _without_wall(first.rows[:2])
+
+    assert run_sweep(load_sweep(path)).ran == 0
+    forced = run_sweep(load_sweep(path), workers=2, force=True)
+    assert (forced.ran, forced.skipped) == (4, 0) and ok_record.stat().st_mtime_ns != stamp
+
+
+def test_a_changed_base_manifest_reruns_its_points(tmp_path):
+    base = yaml.safe_load(BASE.read_text())
+    base["workload"]["trace"] = str(TRACES / "all_reduce")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    path = write_sweep(tmp_path, {"base": "base.yaml", "grid": {"network.bandwidth[0]": [50, 100]}})
+    assert run_sweep(load_sweep(path), workers=1).ran == 2
+    base["network"]["latency"] = [100]
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    again = run_sweep(load_sweep(path), workers=1)
+    assert (again.ran, again.skipped) == (2, 0)
+    assert [r["finish_ns"] for r in again.rows] == [42040, 24960]   # latency 100 ns, 4 splits
+
+
+def _lose_point_one(task):
+    """A worker that dies on point 1 (as a crash in native code or the OOM killer would)."""
+    if task["index"] == 1:
+        os._exit(3)
+    return {"index": task["index"], "id": task["id"], "status": "ok"}
+
+
+def test_a_dead_worker_fails_its_point_and_the_pool_goes_on():
+    outcomes = []
+    run_local([{"index": i, "id": str(i)} for i in range(4)], 1, outcomes.append, function=_lose_point_one)
+    assert [(o["index"], o["status"]) for o in outcomes] == [(0, "ok"), (1, "failed"), (2, "ok"), (3, "ok")]
+    assert "a worker process died" in outcomes[1]["error"]
+
+
+# Outputs ---------------------------------------------------------------------------------------
+def test_csv_and_parquet_hold_the_same_table_and_the_png_is_drawn(tmp_path):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [25, 50.5],
+                                           "network.topology": [["Ring"], ["Switch"]]},
+                                  "points": [{"system.all-reduce-implementation": ["ring"]},
+                                             {"system.all-reduce-implementation": ["direct"],
+                                              "compute.plugin": "nope"}],
+                                  "metric": "max(exposed_comm_ns)"})
+    result = run_sweep(load_sweep(path), workers=2)
+    assert [r["status"] for r in result.rows] == ["ok"] * 4 + ["failed"] * 4
+    out = tmp_path / "out"
+    parquet = pq.read_table(out / "sweep.parquet")
+    assert parquet.column_names == result.columns
+    assert parquet.column_names[:6] == ["point", "id", "network.bandwidth[0]", "network.topology",
+                                        "system.all-reduce-implementation", "compute.plugin"]
+    types = {f.name: str(f.type) for f in parquet.schema}
+    assert types["network.bandwidth[0]"] == "double" and types["network.topology"] == "string"
+    assert types["error"] == "string" and types["finish_ns"] == "int64" and types["mean(waiting_ns)"] == "double"
+    assert parquet.column("network.topology").to_pylist()[:2] == ['["Ring"]', '["Switch"]']
+    assert parquet.column("compute.plugin").to_pylist() == [None] * 4 + ["nope"] * 4
+    options = pacsv.ConvertOptions(column_types=parquet.schema, strings_can_be_null=True)
+    assert pacsv.read_csv(out / "sweep.csv", convert_options=options).equals(parquet)
+    assert parquet.column("max(exposed_comm_ns)").to_pylist()[:4] == [
+        max(r["exposed_comm_ns"] for r in json.loads((out / "points" / i / "results.json").read_text())["ranks"])
+        for i in parquet.column("id").to_pylist()[:4]]
+
+    png = (out / "sweep.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_a_metric_missing_from_the_results_is_a_warning_not_a_failure(tmp_path):
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50]}, "metric": "mean(hbm.peak_memory_bytes)"})
+    done = sweep_cli(path, "--quiet")
+    assert done.exit_code == 0, done.output
+    assert "metric mean(hbm.peak_memory_bytes): the results have no ranks[0].hbm" in done.output
+    assert "no plot" in done.output and not (tmp_path / "out" / "sweep.png").exists()
+    assert read_csv(tmp_path / "out" / "sweep.csv")[0]["mean(hbm.peak_memory_bytes)"] == ""
+
+
+def test_run_does_not_import_the_sweep_dependencies(tmp_path):
+    code = ("import sys\nfrom chakra_core.cli import main\n"
+            f"main(['run', {str(BASE)!r}, '--out', {str(tmp_path)!r}, '-q'], standalone_mode=False)\n"
+            "print(sorted(m for m in ('matplotlib', 'pyarrow', 'ray') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().endswith("[]"), done.stdout
+
+
+# Local pool and Ray agree ------------------------------------------------------------------------
+GRID_24 = {"network.bandwidth[0]": [25, 50, 100], "network.latency[0]": [100, 500],
+           "system.preferred-dataset-splits": [1, 4], "network.plugin": ["analytical", "congestion"]}
+
+
+def _without_wall(rows):
+    return [{k: v for k, v in row.items() if k != WALL_COLUMN} for row in rows]
+
+
+def test_24_points_give_identical_tables_on_the_local_pool_and_on_ray(tmp_path):
+    ray = pytest.importorskip("ray")
+    path = write_sweep(tmp_path, {"grid": GRID_24})
+    done = sweep_cli(path, "--out", tmp_path / "local", "--workers", "2", "--quiet")
+    assert done.exit_code == 0, done.output
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        remote = run_sweep(load_sweep(path, tmp_path / "ray"), executor="ray")
+    finally:
+        ray.shutdown()
+    assert remote.ran == 24
+    local = load_sweep(path, tmp_path / "local")
+    resumed = run_sweep(local)   # every point done: the rows come back from the files
+    assert resumed.skipped == 24
+    assert _without_wall(remote.rows) == _without_wall(resumed.rows)
+    assert len({row["finish_ns"] for row in remote.rows}) > 10   # the keys do change the results
+    local_csv, ray_csv = read_csv(tmp_path / "local" / "sweep.csv"), read_csv(tmp_path / "ray" / "sweep.csv")
+    assert _without_wall(local_csv) == _without_wall(ray_csv)
+    for point in local.points:   # results.json too, but for the folder it names
+        texts = [(tmp_path / side / "points" / point.id / "results.json").read_text()
+                 .replace(str(tmp_path / side), "OUT") for side in ("local", "ray")]
+        assert texts[0] == texts[1]
+
+
+def test_the_ray_executor_starts_and_stops_its_own_local_instance(tmp_path):
+    ray = pytest.importorskip("ray")
+    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50, -1]}})
+    done = sweep_cli(path, "--executor", "ray", "--workers", "1", "--quiet")
+    assert done.exit_code == 1, done.output
+    assert "point 1 (" in done.output and "network.bandwidth[0]: Input should be greater than 0" in done.output
+    assert [r["finish_ns"] for r in read_csv(tmp_path / "out" / "sweep.csv")] == ["64440", ""]
+    assert not ray.is_initialized()
