@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
-import json, resource, sys, time
+import hashlib, json, resource, sys, time
 from pathlib import Path
 from chakra_core.engine.simulation import Simulation
 from chakra_core.manifest import build_manifest
@@ -28,18 +28,23 @@ sim = Simulation(build_manifest(data, host, Path.cwd(), "benchmark").spec, host)
 results = sim.run()
 wall = time.perf_counter() - started
 network = results["layers"]["network"]["summary"]
+digest = hashlib.sha256(json.dumps([results["ranks"], results["layers"]], sort_keys=True).encode())
 print(json.dumps({"wall_s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "finish_ns": results["finish_ns"], "events": results["events"],
                   "nodes": sum(sum(r["node_counts"].values()) for r in results["ranks"]),
-                  "messages": network.get("messages")}))
+                  "messages": network.get("messages"),
+                  "closed_form_messages": network.get("closed_form_messages"),
+                  "folded_into": results["folding"]["simulated_ranks"],
+                  "results_digest": digest.hexdigest()[:16]}))
 """
 
 
 def measure(manifest: dict) -> dict:
     """Simulate a manifest mapping (absolute paths) in a child process.
 
-    Returns wall_s, rss_mb (peak), finish_ns, events, nodes, and messages (the network
-    layer's count, when it reports one).
+    Returns wall_s, rss_mb (peak), finish_ns, events, nodes, messages and closed_form_messages
+    (the network layer's counts, when it reports them), folded_into (ranks simulated) and
+    results_digest (a hash of every rank's row and every layer's statistics, to compare runs).
     """
     env = dict(os.environ, PYTHONHASHSEED="0")
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(manifest)],

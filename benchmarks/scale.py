@@ -2,17 +2,21 @@
 """Speed and memory on ASTRA-sim's scale anchor: 64 ranks x 1,971 nodes, 648 all-reduces per rank.
 
 Generates the workload with ../shared/bench/gen_scale_trace.py (64 ranks,
-2,000 nodes per rank), runs it with the settings of ../shared/ref-results
+2,000 nodes per rank) and runs it with the settings of ../shared/ref-results
 (system sys_ring_roofline.json: ring collectives, 4 splits, 1 active chunk,
 roofline 100 TFLOP/s and 1600 GB/s; network Ring_64npus.yml or
-Switch_64npus.yml, congestion-unaware) and prints, per network: wall time,
-peak memory (max RSS of the simulating process), simulated finish time and
-nodes simulated per second, beside ASTRA-sim's figures.
+Switch_64npus.yml), each case in a fresh process:
 
-    python benchmarks/scale.py [--repeat 3] [--feeder streaming|memory] [--json out.json]
+- congestion-unaware (`analytical`), every rank simulated (`fold: off`) and
+  folded (the 64 ranks run the same trace: one class);
+- congestion-aware (`congestion`, fifo), with the closed form (default) and,
+  with --message-level, message by message (slow: about 80 s each).
 
-Each run is a fresh Python process (benchmarks/_measure.py), so its RSS is
-that of a user's run (interpreter included).
+Prints wall time, peak memory (max RSS of the simulating process), simulated
+finish time and nodes per second beside ASTRA-sim's figures, and whether
+the runs of a network gave identical results.
+
+    python benchmarks/scale.py [--repeat 3] [--message-level] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,61 +37,77 @@ CONFIGS = SHARED / "ref-results" / "configs"
 
 # ../shared/ref-results/README.md, "Speed and scale anchor" (ASTRA-sim 518bd513, 2-core machine).
 ASTRA = {
-    "Ring_64npus": {"wall_s": 45.1, "rss_mb": 173, "finish_ns": 913_537_872},
-    "Switch_64npus": {"wall_s": 51.3, "rss_mb": 173, "finish_ns": 1_076_833_872},
+    ("Ring_64npus", "analytical"): {"wall_s": 45.1, "rss_mb": 173, "finish_ns": 913_537_872},
+    ("Ring_64npus", "congestion"): {"wall_s": 58.0, "rss_mb": 173, "finish_ns": 913_537_872},
+    ("Switch_64npus", "analytical"): {"wall_s": 51.3, "rss_mb": 173, "finish_ns": 1_076_833_872},
+    ("Switch_64npus", "congestion"): {"wall_s": 61.9, "rss_mb": 173, "finish_ns": 1_500_260_400},
 }
 
 
-def generate(out_dir: Path) -> str:
+def generate(out_dir: Path, ranks: int = 64, nodes: int = 2000) -> str:
     generator = SHARED / "bench" / "gen_scale_trace.py"
     if not generator.exists():
         sys.exit(f"{generator} not found: this benchmark needs ../shared beside the checkout")
-    subprocess.run([sys.executable, str(generator), "--out", str(out_dir), "--ranks", "64",
-                    "--nodes-per-rank", "2000"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, str(generator), "--out", str(out_dir), "--ranks", str(ranks),
+                    "--nodes-per-rank", str(nodes)], check=True, stdout=subprocess.DEVNULL)
     return str(out_dir / "scale")
 
 
-def run_once(prefix: str, network: str, feeder: str) -> dict:
-    data = astra_manifest(prefix, str(CONFIGS / "sys_ring_roofline.json"), str(CONFIGS / f"{network}.yml"),
-                          None, None, "analytical")
-    data["workload"]["feeder"] = feeder
-    return measure(data)
+def scale_manifest(prefix: str, network_file: str, backend: str, fold: str = "auto",
+                   closed_form: bool = True, feeder: str = "streaming") -> dict:
+    data = astra_manifest(prefix, str(CONFIGS / "sys_ring_roofline.json"), network_file, None, None, backend)
+    data["workload"].update({"feeder": feeder, "fold": fold})
+    if not closed_form:
+        data["network"]["closed_form"] = False
+    return data
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="runs per network; the best wall time is kept")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best wall time is kept")
+    parser.add_argument("--message-level", action="store_true",
+                        help="also run the congestion-aware cases message by message (slow)")
     parser.add_argument("--feeder", choices=["streaming", "memory"], default="streaming")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
+    cases = []
+    for network in ("Ring_64npus", "Switch_64npus"):
+        cases.append((network, "analytical", "every rank", {"fold": "off"}))
+        cases.append((network, "analytical", "folded", {"fold": "auto"}))
+        cases.append((network, "congestion", "closed form", {}))
+        if args.message_level:
+            cases.append((network, "congestion", "message by message", {"closed_form": False}))
     rows = []
     with tempfile.TemporaryDirectory(prefix="chakra-scale-") as tmp:
         prefix = generate(Path(tmp))
-        for network in ASTRA:
-            runs = [run_once(prefix, network, args.feeder) for _ in range(args.repeat)]
+        for network, backend, how, options in cases:
+            data = scale_manifest(prefix, str(CONFIGS / f"{network}.yml"), backend, feeder=args.feeder, **options)
+            runs = [measure(data) for _ in range(1 if how == "message by message" else args.repeat)]
             best = min(runs, key=lambda r: r["wall_s"])
-            finishes = {r["finish_ns"] for r in runs}
-            rows.append({"network": network, "feeder": args.feeder, **best,
+            rows.append({"network": network, "backend": backend, "how": how, **best,
                          "rss_mb": max(r["rss_mb"] for r in runs),
-                         "deterministic": len(finishes) == 1,
-                         "nodes_per_s": best["nodes"] / best["wall_s"],
-                         "astra": ASTRA[network]})
+                         "deterministic": len({r["results_digest"] for r in runs}) == 1,
+                         "nodes_per_s": best["nodes"] / best["wall_s"], "astra": ASTRA[(network, backend)]})
 
-    print(f"scale workload: 64 ranks x 1,971 nodes, congestion-unaware, feeder={args.feeder}, "
-          f"best of {args.repeat}, {os.cpu_count()} CPU(s)")
-    header = (f"{'network':<14} {'wall s':>7} {'ASTRA s':>8} {'speedup':>8} {'RSS MB':>7} {'ASTRA MB':>9} "
-              f"{'finish ns':>14} {'ASTRA finish':>14} {'diff %':>7} {'nodes/s':>9}")
+    print(f"scale workload: 64 ranks x 1,971 nodes, feeder={args.feeder}, best of {args.repeat}, "
+          f"{os.cpu_count()} CPU(s)")
+    header = (f"{'network':<14} {'backend':<11} {'how':<19} {'wall s':>7} {'ASTRA s':>8} {'speedup':>8} "
+              f"{'RSS MB':>7} {'finish ns':>14} {'ASTRA finish':>14} {'nodes/s':>10}")
     print(header)
     print("-" * len(header))
     for row in rows:
         astra = row["astra"]
-        diff = 100.0 * (row["finish_ns"] - astra["finish_ns"]) / astra["finish_ns"]
-        print(f"{row['network']:<14} {row['wall_s']:>7.2f} {astra['wall_s']:>8.1f} "
-              f"{astra['wall_s'] / row['wall_s']:>7.1f}x {row['rss_mb']:>7.0f} {astra['rss_mb']:>9} "
-              f"{row['finish_ns']:>14,} {astra['finish_ns']:>14,} {diff:>7.3f} {row['nodes_per_s']:>9,.0f}")
+        print(f"{row['network']:<14} {row['backend']:<11} {row['how']:<19} {row['wall_s']:>7.2f} "
+              f"{astra['wall_s']:>8.1f} {astra['wall_s'] / row['wall_s']:>7.1f}x {row['rss_mb']:>7.0f} "
+              f"{row['finish_ns']:>14,} {astra['finish_ns']:>14,} {row['nodes_per_s']:>10,.0f}")
+    for network in ("Ring_64npus", "Switch_64npus"):
+        for backend in ("analytical", "congestion"):
+            digests = {r["results_digest"] for r in rows if r["network"] == network and r["backend"] == backend}
+            print(f"{network} {backend}: {'identical results' if len(digests) == 1 else 'RESULTS DIFFER'} "
+                  f"across {sum(1 for r in rows if r['network'] == network and r['backend'] == backend)} case(s)")
     if not all(r["deterministic"] for r in rows):
-        print("WARNING: repeated runs gave different finish times")
+        print("WARNING: repeated runs gave different results")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -64,7 +64,8 @@ class LayerContext:
     collective algorithms), `trace_files` (one path per rank), `dependencies` ("all" or "data")."""
 
     comm_state: Callable[[int, int, bool], None] | None = None
-    """Set by the engine; system layers call `comm_waiting` rather than this."""
+    comm_release: Callable[[Iterable[tuple[int, int]]], None] | None = None
+    """Set by the engine; system layers call `comm_waiting` / `comm_released` rather than these."""
 
     def warn(self, message: str) -> None:
         """Record a warning: shown after the run and written to results.json."""
@@ -82,6 +83,11 @@ class LayerContext:
         """
         if self.comm_state is not None:
             self.comm_state(rank, node_id, waiting)
+
+    def comm_released(self, nodes: Iterable[tuple[int, int]]) -> None:
+        """`comm_waiting(rank, node_id, False)` for every (rank, node_id) pair, in one call."""
+        if self.comm_release is not None:
+            self.comm_release(nodes)
 
 
 class PluginConfig(BaseModel):

@@ -78,6 +78,13 @@ def slot_table(memory_shares_comm: bool) -> dict[int, int]:
 class RankDriver:
     """Issues and completes the nodes of one rank (see module docstring)."""
 
+    # Slots: these attributes are read for every node of every rank.
+    __slots__ = ("rank", "feeder", "sim", "queue", "compute", "memory", "system", "capacity", "_limit",
+                 "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
+                 "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
+                 "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
+                 "replayed_host_collectives")
+
     def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
                  capacities: list[int | None], slots: dict[int, int]):
         self.rank = rank
@@ -261,12 +268,11 @@ class RankDriver:
         except KeyError:
             raise SimulationError(f"rank {self.rank}: node {node_id} completed twice or was never "
                                   "issued (a layer called its completion callback wrongly)") from None
-        self._finished(node_id, slot, category, start)
+        self._computed((node_id, slot, category, start))
 
     def _computed(self, arg: tuple[int, int, int, int]) -> None:
-        self._finished(*arg)
-
-    def _finished(self, node_id: int, slot: int, category: int, start: int) -> None:
+        """A node finished (the engine completes compute nodes here directly)."""
+        node_id, slot, category, start = arg
         if category:
             if self.queue.now != self._last:
                 self._account()

@@ -24,7 +24,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from chakra_core import __version__
 from chakra_core.engine.driver import RankDriver, slot_table
@@ -202,6 +202,12 @@ class Simulation:
             self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
         drivers = self.driver_of = {driver.rank: driver for driver in self.drivers}
         self.context.comm_state = lambda rank, node_id, waiting: drivers[rank].comm_waiting(node_id, waiting)
+
+        def release(nodes: Iterable[tuple[int, int]]) -> None:
+            for rank, node_id in nodes:
+                drivers[rank].comm_waiting(node_id, False)
+
+        self.context.comm_release = release
 
     def rank_finished(self, rank: int) -> None:
         self.finished += 1

@@ -4,9 +4,9 @@ SPMD jobs give many ranks byte-identical trace files (every data-parallel
 replica of the scale benchmark, ASTRA-sim's microbenchmarks). `TraceLibrary`
 indexes each distinct file once and gives every rank a feeder over that shared
 index (see `TraceIndex`): parsing cost and index memory follow the number of
-distinct files, not the number of ranks. Files are compared by size first and
-hashed (BLAKE2b) only when sizes collide, so a run whose files all differ pays
-nothing.
+distinct files, not the number of ranks. Files are hashed (BLAKE2b) only when
+another file of the same size has been opened, so a run whose files all differ in
+size pays nothing.
 """
 
 from __future__ import annotations
@@ -30,25 +30,36 @@ class TraceLibrary:
     def __init__(self, cache_nodes: int = DEFAULT_CACHE_NODES, missing_parents: str = "ignore-control",
                  dependencies: str = "all"):
         self.cache_nodes, self.missing_parents, self.dependencies = cache_nodes, missing_parents, dependencies
-        self._by_size: dict[int, list[tuple[Path, TraceIndex]]] = {}
-        self._digests: dict[Path, bytes] = {}
+        # The one file of each size seen so far, not hashed yet; once a second file of that size
+        # comes, both are known by (size, digest) instead.
+        self._unhashed: dict[int, tuple[Path, TraceIndex]] = {}
+        self._hashed_sizes: set[int] = set()
+        self._by_digest: dict[tuple[int, bytes], TraceIndex] = {}
         self.distinct = 0
         """Number of distinct files indexed so far."""
 
-    def _digest(self, path: Path) -> bytes:
-        digest = self._digests.get(path)
-        if digest is None:
-            digest = self._digests[path] = file_digest(path)
-        return digest
+    def _index(self, path: Path) -> TraceIndex:
+        index = TraceIndex(path, self.cache_nodes, self.missing_parents, self.dependencies)
+        self.distinct += 1
+        return index
 
     def open(self, path: str | os.PathLike) -> GraphFeeder:
         path = Path(path)
         size = path.stat().st_size
-        known = self._by_size.setdefault(size, [])
-        for other, index in known:
-            if other == path or self._digest(other) == self._digest(path):
+        if size not in self._hashed_sizes:
+            first = self._unhashed.get(size)
+            if first is None:
+                index = self._index(path)
+                self._unhashed[size] = (path, index)
                 return StreamingFeeder(path, index=index)
-        index = TraceIndex(path, self.cache_nodes, self.missing_parents, self.dependencies)
-        known.append((path, index))
-        self.distinct += 1
+            other, index = first
+            if other == path:
+                return StreamingFeeder(path, index=index)
+            del self._unhashed[size]
+            self._hashed_sizes.add(size)
+            self._by_digest[size, file_digest(other)] = index
+        key = (size, file_digest(path))
+        index = self._by_digest.get(key)
+        if index is None:
+            index = self._by_digest[key] = self._index(path)
         return StreamingFeeder(path, index=index)

@@ -282,6 +282,10 @@ class StreamingFeeder(GraphFeeder):
     an index another rank opened (`TraceLibrary` does this for files with the same bytes).
     """
 
+    __slots__ = ("_trace", "path", "metadata", "warnings", "_use_ctrl", "_remaining", "_finished",
+                 "_issuable", "_ready", "pending", "_added", "_added_kind", "_added_remaining",
+                 "_added_children", "_finished_added", "_closed")
+
     def __init__(self, path: str | os.PathLike | None = None, cache_nodes: int = DEFAULT_CACHE_NODES,
                  missing_parents: str = "ignore-control", dependencies: str = "all",
                  index: TraceIndex | None = None):
@@ -301,6 +305,9 @@ class StreamingFeeder(GraphFeeder):
         # Positions that became issuable and were not handed out yet; moved into `_issuable`
         # only when the GraphFeeder methods ask (the engine takes them with pop_ready()).
         self._ready: list[int] = [index._position(node_id) for node_id in index.roots]
+        self.pending = bool(self._ready)
+        """False only when pop_ready() has nothing to return (an attribute: the engine reads it
+        after every node)."""
         self._added: dict[int, NodeView] = {}      # add_node() overlay: id -> body
         self._added_kind: dict[int, int] = {}
         self._added_remaining: dict[int, int] = {}
@@ -310,10 +317,6 @@ class StreamingFeeder(GraphFeeder):
 
     def _position(self, node_id: int) -> int:
         return self._trace._position(node_id)
-
-    @property
-    def pending(self) -> bool:     # type: ignore[override]
-        return bool(self._ready) or bool(self._issuable)
 
     def _flush(self) -> None:
         ids = self._trace._ids
@@ -329,10 +332,17 @@ class StreamingFeeder(GraphFeeder):
     def next_issuable_node(self) -> int | None:
         if self._ready:
             self._flush()
-        return self._issuable.pop()
+        node_id = self._issuable.pop()
+        self.pending = bool(self._issuable)
+        return node_id
+
+    def push_back_issuable_node(self, node_id: int) -> None:
+        self._issuable.push(node_id)
+        self.pending = True
 
     def pop_ready(self) -> list[tuple[int, int]]:
         issuable = self._issuable
+        self.pending = False
         if not self._ready and not issuable:
             return _NONE
         trace = self._trace
@@ -401,6 +411,7 @@ class StreamingFeeder(GraphFeeder):
             self._added_children.setdefault(parent, []).append(node_id)
         if not waiting:
             self._issuable.push(node_id)
+            self.pending = True
 
     def remove_node(self, node_id: int) -> None:
         position = self._position(node_id)
@@ -450,6 +461,8 @@ class StreamingFeeder(GraphFeeder):
             if self._added_remaining[child_id] == 0:
                 self._issuable.push(child_id)
                 ready.append(child_id)
+        if ready:
+            self.pending = True
         return ready
 
     def pending_nodes(self):

@@ -450,8 +450,7 @@ class NativeSystem(SystemLayer):
             for member in waiting.needs.pop(fact):
                 waiting.issued_at[member] = now
             if not waiting.needs:
-                for member, node_id in waiting.nodes.items():
-                    self.context.comm_waiting(member, node_id, False)
+                self.context.comm_released(waiting.nodes.items())
                 self._solve(waiting)
 
     def _shape(self, members: tuple[int, ...]) -> tuple | None:
@@ -747,8 +746,7 @@ class NativeSystem(SystemLayer):
                                         len(members)):
                     release(rank, node_id, False)
         else:
-            for member, member_node in coll.nodes.items():
-                release(member, member_node, False)
+            self.context.comm_released(coll.nodes.items())
 
     def _root(self, node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
         if comm_type not in ROOTED:

@@ -145,9 +145,9 @@ def rank_path(prefix: str | os.PathLike, rank: int) -> Path:
     return Path(f"{os.fspath(prefix)}.{rank}.et")
 
 
-def write_rank_files(prefix: str | os.PathLike, ranks: Sequence[Sequence[pb.Node]],
+def write_rank_files(prefix: str | os.PathLike, ranks: Iterable[Sequence[pb.Node]],
                      meta: pb.GlobalMetadata, compress: bool = False) -> list[Path]:
-    """Write PREFIX.<rank>.et for every rank; return the paths."""
+    """Write PREFIX.<rank>.et for every rank (taken one at a time); return the paths."""
     paths = []
     for rank, nodes in enumerate(ranks):
         path = rank_path(prefix, rank)

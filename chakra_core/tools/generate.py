@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import click
 
@@ -819,8 +819,14 @@ class _TransformerRank:
 
 def transformer_traces(cfg: TransformerConfig) -> list[list[pb.Node]]:
     """One node list per rank (rank = stage x dp x tp + dp_index x tp + tp_index)."""
+    return list(iter_transformer_traces(cfg))
+
+
+def iter_transformer_traces(cfg: TransformerConfig) -> Iterator[list[pb.Node]]:
+    """The node lists of `transformer_traces`, one rank at a time (memory: one rank's nodes)."""
     cfg.check()
-    return [_TransformerRank(cfg, rank).run() for rank in range(cfg.world)]
+    for rank in range(cfg.world):
+        yield _TransformerRank(cfg, rank).run()
 
 
 def transformer_metadata(cfg: TransformerConfig) -> pb.GlobalMetadata:
@@ -834,8 +840,8 @@ def transformer_metadata(cfg: TransformerConfig) -> pb.GlobalMetadata:
 
 def write_transformer(prefix: str | os.PathLike, cfg: TransformerConfig,
                       compress: bool = False) -> list[Path]:
-    ranks = transformer_traces(cfg)
-    return write_rank_files(prefix, ranks, transformer_metadata(cfg), compress=compress)
+    # Rank by rank: a 16,384-rank job never holds more than one rank's nodes.
+    return write_rank_files(prefix, iter_transformer_traces(cfg), transformer_metadata(cfg), compress=compress)
 
 
 # Command line ----------------------------------------------------------------------------------------------

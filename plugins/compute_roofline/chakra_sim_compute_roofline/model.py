@@ -54,10 +54,11 @@ class RooflineCompute(ComputeModel):
             if cached is None:
                 cached = memo[self] = self._time(node, self._fixed_bw)
             duration, bound = cached
+        weight = self._weights.get(rank, 1) if self._weights else 1
         if bound == _MEMORY:
-            self.memory_bound += self._weights.get(rank, 1)
+            self.memory_bound += weight
         elif bound == _COMPUTE:
-            self.compute_bound += self._weights.get(rank, 1)
+            self.compute_bound += weight
         return duration
 
     def _time(self, node: NodeView, bandwidth: float) -> tuple[int | None, int]:
