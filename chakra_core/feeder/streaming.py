@@ -356,7 +356,7 @@ class StreamingFeeder(GraphFeeder):
 
     def finish(self, node_id: int) -> list[tuple[int, int]]:
         trace = self._trace
-        dense = trace._dense
+        dense = trace._dense        # TraceIndex._position inlined here and in lookup_node: once per node
         if dense is not None:
             index = node_id - trace._base
             position = dense[index] if 0 <= index < len(dense) else -1

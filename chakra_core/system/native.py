@@ -254,6 +254,29 @@ class RankQueues:
         self.counter = 0
 
 
+def _queue_start(ready: int, previous: int | None, running: list[int] | None, limit: int) -> int:
+    """When a phase starts in a chunk queue (`_solve`): once its chunk is ready, not before the
+    phase ahead of it in the queue started, and once fewer than `limit` phases are running
+    (`running`: a min-heap of the latest `limit` finishes)."""
+    start = ready
+    if previous is not None and previous > start:
+        start = previous
+    if running is not None and len(running) == limit and running[0] > start:
+        start = running[0]
+    return start
+
+
+def _queue_finished(latest: dict, queue: object, finish: int, limit: int) -> None:
+    """Record a phase finishing in `queue`, keeping its `limit` latest finishes."""
+    running = latest.get(queue)
+    if running is None:
+        latest[queue] = [finish]
+    elif len(running) < limit:
+        heappush(running, finish)
+    elif finish > running[0]:
+        heapreplace(running, finish)
+
+
 class NativeSystem(SystemLayer):
     collectives_start_waiting = True
     name = "native"
@@ -594,14 +617,7 @@ class NativeSystem(SystemLayer):
         done = 0
         for _, chunk, spec in entries:
             queue = spec.queue
-            start = ready[chunk]
-            previous = last_start.get(queue)
-            if previous is not None and previous > start:
-                start = previous
-            running = latest.get(queue)
-            if running is not None and len(running) == limit and running[0] > start:
-                start = running[0]
-            last_start[queue] = start
+            start = last_start[queue] = _queue_start(ready[chunk], last_start.get(queue), latest.get(queue), limit)
             finish = None
             for run_members in self._runs(coll, spec):
                 finishes, out, into = self._time_phase(coll, spec, run_members, [start] * len(run_members))
@@ -613,12 +629,7 @@ class NativeSystem(SystemLayer):
                     sent[rank] = sent.get(rank, 0) + a
                     received[rank] = received.get(rank, 0) + b
             ready[chunk] = finish
-            if running is None:
-                latest[queue] = [finish]
-            elif len(running) < limit:
-                heappush(running, finish)
-            elif finish > running[0]:
-                heapreplace(running, finish)
+            _queue_finished(latest, queue, finish, limit)
             if spec.index + 1 == len(coll.plans[chunk]) and finish > done:
                 done = finish
         for rank, value in sent.items():
@@ -641,15 +652,8 @@ class NativeSystem(SystemLayer):
             starts: dict[int, int] = {}
             for rank in members:
                 key = (rank, queue)
-                start = chunk_ready[rank]
-                previous = last_start.get(key)
-                if previous is not None and previous > start:
-                    start = previous
-                running = latest.get(key)
-                if running is not None and len(running) == limit and running[0] > start:
-                    start = running[0]
-                starts[rank] = start
-                last_start[key] = start
+                starts[rank] = last_start[key] = _queue_start(chunk_ready[rank], last_start.get(key),
+                                                              latest.get(key), limit)
             final = spec.index + 1 == len(coll.plans[chunk])
             for run_members in self._runs(coll, spec):
                 finishes, sent, received = self._time_phase(coll, spec, run_members,
@@ -658,14 +662,7 @@ class NativeSystem(SystemLayer):
                     chunk_ready[rank] = finish
                     self.bytes_sent[rank] += out
                     self.bytes_received[rank] += into
-                    key = (rank, queue)
-                    running = latest.get(key)
-                    if running is None:
-                        latest[key] = [finish]
-                    elif len(running) < limit:
-                        heappush(running, finish)
-                    elif finish > running[0]:
-                        heapreplace(running, finish)
+                    _queue_finished(latest, (rank, queue), finish, limit)
                     if final and finish > done_at[rank]:
                         done_at[rank] = finish
         return done_at
