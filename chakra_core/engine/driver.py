@@ -79,7 +79,7 @@ class RankDriver:
     """Issues and completes the nodes of one rank (see module docstring)."""
 
     # Slots: these attributes are read for every node of every rank.
-    __slots__ = ("rank", "feeder", "sim", "queue", "compute", "memory", "system", "capacity", "_limit",
+    __slots__ = ("rank", "feeder", "sim", "queue", "compute", "memory", "system", "_limit",
                  "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
                  "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
                  "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
@@ -94,8 +94,7 @@ class RankDriver:
         self.compute = sim.compute
         self.memory = sim.memory
         self.system = sim.system
-        self.capacity = capacities          # per slot; None = unlimited
-        self._limit = [UNLIMITED if c is None else c for c in capacities]
+        self._limit = [UNLIMITED if c is None else c for c in capacities]   # per slot
         self.in_use = [0] * len(SLOT_NAMES)
         self.ready: list[list[int]] = [[] for _ in SLOT_NAMES]
         self.slots = slots

@@ -250,10 +250,11 @@ class TraceIndex:
             cache.popitem(last=False)
         return view
 
-    def drop(self, position: int) -> None:
-        """Forget a cached body: every rank sharing the index has finished with it, or will
-        parse it again (a finished node's protobuf object is not kept)."""
-        self._cache.pop(position, None)
+    def finished(self, position: int) -> None:
+        """A rank finished the node at `position`: forget its parsed body, unless other ranks
+        share this index and may still want it (the LRU bound then applies)."""
+        if self.users == 1:
+            self._cache.pop(position, None)
 
     @property
     def count(self) -> int:
@@ -376,8 +377,7 @@ class StreamingFeeder(GraphFeeder):
                 if freed is _NONE:
                     freed = []
                 freed.append((trace._kinds[child], trace._ids[child]))
-        if trace.users == 1:
-            trace._cache.pop(position, None)
+        trace.finished(position)
         return freed
 
     @property
@@ -416,8 +416,7 @@ class StreamingFeeder(GraphFeeder):
     def remove_node(self, node_id: int) -> None:
         position = self._position(node_id)
         if position >= 0:
-            if self._trace.users == 1:    # a shared body may still be wanted by another rank
-                self._trace.drop(position)
+            self._trace.finished(position)
         else:
             self._added.pop(node_id, None)
 

@@ -47,29 +47,16 @@ def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts:
             # Everyone starts together and every hop costs the same: all finish together.
             return [starts[0] + duration] * n
 
-    step_bytes, reduces, send_to = schedule.step_bytes, schedule.reduces, schedule.send_to
-    extra = [endpoint_delay + (reduce_delay(b) if r else 0) for b, r in zip(step_bytes, reduces)]
     hops: dict[tuple[int, int, int], int] = {}
 
-    def hop(i: int, j: int, b: int) -> int:
+    def arrival(i: int, j: int, b: int, t: int) -> int:
         key = (i, j, b)
         value = hops.get(key)
         if value is None:
             value = hops[key] = delay(members[i], members[j], b)
-        return value
+        return t + value
 
-    send_t = [s + endpoint_delay for s in starts]
-    for k, b in enumerate(step_bytes):
-        recv_t = list(send_t)          # receives are posted when the member sends
-        for i in range(n):
-            t = send_t[i]
-            for j in send_to(i, k):
-                arrival = t + hop(i, j, b)
-                if arrival > recv_t[j]:
-                    recv_t[j] = arrival
-        e = extra[k]
-        send_t = [t + e for t in recv_t]
-    return send_t
+    return _recurrence(schedule, starts, arrival, endpoint_delay, reduce_delay)
 
 
 def closed_form_transfers(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],
@@ -77,19 +64,40 @@ def closed_form_transfers(schedule: StepSchedule, members: Sequence[int], starts
                           reduce_delay: Callable[[int], int]) -> list[int]:
     """`closed_form_finishes` where a message's arrival depends on what went before it on its
     links: `transfer(src, dst, bytes, send_time)` times each message, in each sender's order."""
+    return _recurrence(schedule, starts,
+                       lambda i, j, b, t: transfer(members[i], members[j], b, t),
+                       endpoint_delay, reduce_delay)
+
+
+def _recurrence(schedule: StepSchedule, starts: Sequence[int], arrival: Callable[[int, int, int, int], int],
+                endpoint_delay: int, reduce_delay: Callable[[int], int]) -> list[int]:
+    """The step recurrence of the module docstring; `arrival(i, j, bytes, send_time)` is when
+    the message from position i reaches position j."""
     n = schedule.n
+    send_to = schedule.send_to
     send_t = [s + endpoint_delay for s in starts]
     for k, (b, reduces) in enumerate(zip(schedule.step_bytes, schedule.reduces)):
-        recv_t = list(send_t)
+        recv_t = list(send_t)          # receives are posted when the member sends
         for i in range(n):
             t = send_t[i]
-            for j in schedule.send_to(i, k):
-                arrival = transfer(members[i], members[j], b, t)
-                if arrival > recv_t[j]:
-                    recv_t[j] = arrival
+            for j in send_to(i, k):
+                arrived = arrival(i, j, b, t)
+                if arrived > recv_t[j]:
+                    recv_t[j] = arrived
         extra = endpoint_delay + (reduce_delay(b) if reduces else 0)
         send_t = [t + extra for t in recv_t]
     return send_t
+
+
+def uniform_send_times(schedule: StepSchedule, delays: dict[int, int], start: int, endpoint_delay: int,
+                       reduce_delay: Callable[[int], int]) -> tuple[list[int], int]:
+    """When every member sends each step of a uniform schedule, all starting at `start` with
+    hops of `delays` ({bytes: delay}); and when they all finish."""
+    send_times, t = [], start + endpoint_delay
+    for b, reduces in zip(schedule.step_bytes, schedule.reduces):
+        send_times.append(t)
+        t += delays[b] + endpoint_delay + (reduce_delay(b) if reduces else 0)
+    return send_times, t
 
 
 def _uniform_duration(schedule: StepSchedule, members: Sequence[int], delay: Callable[[int, int, int], int],
@@ -99,14 +107,11 @@ def _uniform_duration(schedule: StepSchedule, members: Sequence[int], delay: Cal
     delays = uniform_delays(schedule, members, delay)
     if delays is None:
         return None
-    total = endpoint_delay
-    for b, reduces in zip(schedule.step_bytes, schedule.reduces):
-        total += delays[b] + endpoint_delay + (reduce_delay(b) if reduces else 0)
-    return total
+    return uniform_send_times(schedule, delays, 0, endpoint_delay, reduce_delay)[1]
 
 
 def uniform_delays(schedule: StepSchedule, members: Sequence[int],
-                         delay: Callable[[int, int, int], int]) -> dict[int, int] | None:
+                   delay: Callable[[int, int, int], int]) -> dict[int, int] | None:
     """{bytes: delay} if every member's hop costs the same for each message size, else None."""
     result: dict[int, int] = {}
     n = schedule.n

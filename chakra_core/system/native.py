@@ -72,7 +72,8 @@ from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
                                            CollectiveAlgorithm, collective_name, resolve_algorithm)
-from chakra_core.system.executor import closed_form_finishes, closed_form_transfers, uniform_delays
+from chakra_core.system.executor import (closed_form_finishes, closed_form_transfers, uniform_delays,
+                                         uniform_send_times)
 from chakra_core.system.groups import GroupRegistry
 from chakra_core.system.machines import PhaseContext
 from chakra_core.system.p2p import PointToPoint
@@ -870,7 +871,7 @@ class NativeSystem(SystemLayer):
             if run.io is None:
                 run.io = NetworkPhase(run.members, self.network, self.scheduler,
                                       lambda pos, run=run: self._member_done((run, run.members[pos])))
-                run.machines = self._machines(run, run.io)
+                run.machines = self._phase_machines(run.collective, run.spec, run.members, run.io)
             run.machines[run.position[rank]].start()
             return
         if len(run.starts) < n:
@@ -930,18 +931,12 @@ class NativeSystem(SystemLayer):
         if schedule.uniform and min(starts) == max(starts):
             delays = uniform_delays(schedule, members, network.message_delay)
             if delays is not None:
-                send_times, t = [], starts[0] + endpoint
-                for b, reduces in zip(schedule.step_bytes, schedule.reduces):
-                    send_times.append(t)
-                    t += delays[b] + endpoint + (self._reduce_delay(b) if reduces else 0)
+                send_times, t = uniform_send_times(schedule, delays, starts[0], endpoint, self._reduce_delay)
                 pairs = [(members[i], members[schedule.send_to(i, 0)[0]]) for i in range(n)]
                 if network.transfer_uniform(pairs, schedule.step_bytes, send_times):
                     return [t] * n
         return closed_form_transfers(schedule, members, starts, network.transfer, endpoint,
                                      self._reduce_delay)
-
-    def _machines(self, run: PhaseRun, io) -> list:
-        return self._phase_machines(run.collective, run.spec, run.members, io)
 
     def _phase_machines(self, coll: Collective, spec: PhaseSpec, members: tuple[int, ...], io) -> list:
         ctx = PhaseContext(io, len(members), self._endpoint_delay(spec), self._reduce_delay,

@@ -95,25 +95,30 @@ class FifoLinks:
         now = scheduler.now
         if self.owner[link] != SHARED:
             self._share(link, now)
-        start = self.free_at[link]
-        if start < now:
-            start = now
-        transfer = size / self.bw[link]
-        end = start + int(transfer)
-        self.free_at[link] = end
-        stats = self.stats
         queued = self.queued[link] = self.queued[link] + 1
-        if queued > stats.peak[link]:
-            stats.peak[link] = queued
-        stats.bytes[link] += size
-        stats.busy[link] += end - start
-        stats.messages[link] += 1
-        arrival = start + int(self.lat[link] + transfer)
+        if queued > self.stats.peak[link]:
+            self.stats.peak[link] = queued
+        arrival = self._serve(link, size, now)
         if index + 1 < len(route):
             chunk.index = index + 1
             scheduler.schedule_at(arrival, self._hop, chunk)
         else:
             scheduler.schedule_at(arrival, self._deliver, chunk)
+
+    def _serve(self, link: int, size: int, t: int) -> int:
+        """A message reaching `link` at `t` is served once the link is free (FIFO): occupy the link
+        and count it; return when the message reaches the link's far end (store and forward)."""
+        start = self.free_at[link]
+        if start < t:
+            start = t
+        transfer = size / self.bw[link]
+        end = start + int(transfer)
+        self.free_at[link] = end
+        stats = self.stats
+        stats.bytes[link] += size
+        stats.busy[link] += end - start
+        stats.messages[link] += 1
+        return start + int(self.lat[link] + transfer)
 
     def _deliver(self, chunk: _Chunk) -> None:
         self.queued[chunk.route[-1]] -= 1
@@ -151,21 +156,12 @@ class FifoLinks:
         """A closed-form message along claimed links: their state as its hops would leave it;
         returns its arrival time. Raises SharedLinks if a link would serve it out of order."""
         t = send_time
-        stats, bw, lat, free_at = self.stats, self.bw, self.lat, self.free_at
+        stats = self.stats
         for link in route:
             if t < self.cf_last[link]:
                 raise SharedLinks({link})
             self._note(link)
-            start = free_at[link]
-            if start < t:
-                start = t
-            transfer = size / bw[link]
-            end = start + int(transfer)
-            free_at[link] = end
-            stats.bytes[link] += size
-            stats.busy[link] += end - start
-            stats.messages[link] += 1
-            depart = start + int(lat[link] + transfer)
+            depart = self._serve(link, size, t)
             departs = self.cf_departs.get(link)
             if departs is None:
                 departs = self.cf_departs[link] = deque()
