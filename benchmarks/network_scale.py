@@ -6,10 +6,13 @@
 Runs, each in a fresh process:
 - all-to-all of SIZE per NPU, `direct` algorithm, on a k-ary fat-tree
   (k = 16 gives 1,024 NPUs; 50 GB/s links, 500 ns);
-- ring all-reduce of SIZE on a 1-D ring of the same number of NPUs (50 GB/s, 500 ns);
+- ring all-reduce of SIZE on a 1-D ring of the same number of NPUs (50 GB/s, 500 ns),
+  with the closed form (each NPU's ring links carry only its messages, so the whole
+  collective is timed without events) and message by message (`closed_form: false`);
 
-and prints wall time, peak RSS, simulated finish time, messages simulated and
-messages per second. Messages are network-level flows (one per send).
+and prints wall time, peak RSS, simulated finish time, messages (network-level
+flows, one per send), messages per second, how many of them the closed form timed,
+and events.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ sys.path.insert(0, str(ROOT))
 from chakra_core.schema import pb  # noqa: E402
 from tests.simhelpers import collective, manifest, write_ranks  # noqa: E402
 
+MESSAGE_LEVEL = "message by message"
+CASES = ["fat-tree all-to-all", "ring all-reduce", f"ring all-reduce, {MESSAGE_LEVEL}"]
+
+
 def case_manifest(case: str, npus: int, size: int, mode: str, folder: Path) -> dict:
     """Write the case's trace (one collective per NPU) into `folder`; return its manifest."""
     if case == "fat-tree all-to-all":
@@ -39,6 +46,8 @@ def case_manifest(case: str, npus: int, size: int, mode: str, folder: Path) -> d
     else:
         network = {"plugin": "congestion", "mode": mode, "topology": ["Ring"], "npus_count": [npus],
                    "bandwidth": [50], "latency": [500]}
+        if case.endswith(MESSAGE_LEVEL):
+            network["closed_form"] = False
         comm, system = pb.ALL_REDUCE, {"all-reduce-implementation": ["ring"]}
     prefix = write_ranks(folder, [[collective(1, comm, size)]] * npus)
     return manifest(prefix, network, system=system)
@@ -49,7 +58,7 @@ def main() -> int:
     parser.add_argument("--npus", type=int, default=1024)
     parser.add_argument("--size-mib", type=float, default=1.0)
     parser.add_argument("--mode", choices=["fifo", "fair"], default="fifo")
-    parser.add_argument("--cases", nargs="+", default=["fat-tree all-to-all", "ring all-reduce"])
+    parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     size = int(args.size_mib * (1 << 20))
@@ -58,12 +67,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
             rows.append({"case": case, **measure(case_manifest(case, args.npus, size, args.mode, Path(tmp)))})
     print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU")
-    header = f"{'case':<22} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>9} {'events':>11}"
+    header = (f"{'case':<38} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>11} "
+              f"{'closed form':>11} {'events':>11}")
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(f"{row['case']:<22} {row['wall_s']:>8.1f} {row['rss_mb']:>8.0f} {row['finish_ns']:>14,} "
-              f"{row['messages']:>11,} {row['messages'] / row['wall_s']:>9,.0f} {row['events']:>11,}")
+        print(f"{row['case']:<38} {row['wall_s']:>8.1f} {row['rss_mb']:>8.0f} {row['finish_ns']:>14,} "
+              f"{row['messages']:>11,} {row['messages'] / row['wall_s']:>11,.0f} "
+              f"{row['closed_form_messages'] or 0:>11,} {row['events']:>11,}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
