@@ -236,11 +236,7 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
         except ChakraSimError as exc:
             _fail(exc, debug)
             return
-        files = result_files(results, loaded.formats)
-        if loaded.timeline:
-            from chakra_core.report.timeline import build_timeline, timeline_json
-
-            files["timeline.json"] = timeline_json(build_timeline(intervals or [], results))
+        files = result_files(results, loaded.formats, intervals)
         try:
             written, output_warnings = write_run_files(loaded.output_dir, files)
         except OSError as exc:

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from chakra_core.fold import find_folding, group_shape
 from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import Dimension, NetworkModel, PluginConfig
 from chakra_core.schema import pb
+from chakra_core.testing import UniformConfig, UniformNetwork
 from chakra_core.tools.generate import generate
 from tests.simhelpers import collective, comp, manifest, recv, send, simulate, write_ranks
 
@@ -93,26 +93,17 @@ def test_skewed_ranks_form_their_own_classes(tmp_path):
     _assert_same(folded, full)
 
 
-class _LopsidedConfig(PluginConfig):
-    npus: int
+class _LopsidedConfig(UniformConfig):
     slow: int
 
 
-class _Lopsided(NetworkModel):
+class _Lopsided(UniformNetwork):
     """Contention-free, but messages from one NPU are slower: equivalent traces, not positions."""
 
-    name, fidelity, Config, contention_free, fold_safe = "lopsided", "one slow NPU", _LopsidedConfig, True, True
-
-    def __init__(self, config, context):
-        super().__init__(config, context)
-        self.npus_count = config.npus
-        self.dims = (Dimension("Switch", config.npus, 50.0, 500.0),)
+    name, fidelity, Config = "lopsided", "one slow NPU", _LopsidedConfig
 
     def message_delay(self, src, dst, size):
         return (5000 if src == self.config.slow else 500) + size // 50
-
-    def send(self, src, dst, size, on_arrival, arg=None):
-        self.context.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
 
 
 class _LopsidedPlugin:

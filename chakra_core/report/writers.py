@@ -70,13 +70,19 @@ def results_csv(results: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
-def result_files(results: dict[str, Any], formats: list[str]) -> dict[str, str]:
-    """The results files of the requested formats: file name -> contents."""
+def result_files(results: dict[str, Any], formats: list[str],
+                 intervals: list | None = None) -> dict[str, str]:
+    """The results files of the requested formats: file name -> contents; with `intervals`
+    (what a Simulation built with record_intervals recorded), timeline.json too."""
     files = {}
     if "json" in formats:
         files["results.json"] = results_json(results)
     if "csv" in formats:
         files["results.csv"] = results_csv(results)
+    if intervals is not None:
+        from chakra_core.report.timeline import build_timeline, timeline_json
+
+        files["timeline.json"] = timeline_json(build_timeline(intervals, results))
     return files
 
 

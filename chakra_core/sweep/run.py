@@ -93,11 +93,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
         sim = Simulation(loaded.spec, host, record_intervals=loaded.timeline)
         results = sim.run()
         # results.json always: it is what the sweep reads back on resume.
-        files = result_files(results, sorted(set(loaded.formats) | {"json"}))
-        if loaded.timeline:
-            from chakra_core.report.timeline import build_timeline, timeline_json
-
-            files["timeline.json"] = timeline_json(build_timeline(sim.intervals or [], results))
+        files = result_files(results, sorted(set(loaded.formats) | {"json"}), sim.intervals)
         outcome.update(status="ok", files=files)
     except ManifestError as exc:
         # The row already names the point: keep the key path and the reason.
