@@ -59,6 +59,30 @@ def test_files_of_different_sizes_are_not_hashed(tmp_path, monkeypatch):
     assert library.distinct == 2
 
 
+def test_identical_files_of_one_size_are_compared_without_hashing(tmp_path, monkeypatch):
+    import chakra_core.feeder.library as library_module
+
+    monkeypatch.setattr(library_module, "file_digest", lambda path: (_ for _ in ()).throw(AssertionError(path)))
+    first = write_et(tmp_path / "r0.et", _chain([1, 2, 3]))
+    for rank in range(1, 4):
+        shutil.copy(first, tmp_path / f"r{rank}.et")
+    library = TraceLibrary()
+    feeders = [library.open(tmp_path / f"r{rank}.et") for rank in range(4)]
+    assert library.distinct == 1
+    assert len({id(f._trace) for f in feeders}) == 1
+
+
+def test_same_bytes_compares_block_by_block(tmp_path):
+    from chakra_core.feeder.library import same_bytes
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    a.write_bytes(b"x" * 10 + b"y")
+    b.write_bytes(b"x" * 10 + b"y")
+    c.write_bytes(b"x" * 10 + b"z")
+    assert same_bytes(a, b, block=4)
+    assert not same_bytes(a, c, block=4)
+
+
 def test_the_same_path_twice_shares_without_hashing(tmp_path):
     path = write_et(tmp_path / "a.et", _chain([5, 6]))
     library = TraceLibrary()

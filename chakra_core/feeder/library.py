@@ -4,9 +4,10 @@ SPMD jobs give many ranks byte-identical trace files (every data-parallel
 replica of the scale benchmark, ASTRA-sim's microbenchmarks). `TraceLibrary`
 indexes each distinct file once and gives every rank a feeder over that shared
 index (see `TraceIndex`): parsing cost and index memory follow the number of
-distinct files, not the number of ranks. Files are hashed (BLAKE2b) only when
-another file of the same size has been opened, so a run whose files all differ in
-size pays nothing.
+distinct files, not the number of ranks. A file is compared only with files of
+its size: byte for byte with the first one (SPMD replicas: one read each, no
+hashing), and by BLAKE2b digest once a size has turned out to hold different
+contents. A run whose files all differ in size pays nothing.
 """
 
 from __future__ import annotations
@@ -24,14 +25,25 @@ def file_digest(path: str | os.PathLike) -> bytes:
         return hashlib.file_digest(handle, "blake2b").digest()
 
 
+def same_bytes(a: str | os.PathLike, b: str | os.PathLike, block: int = 1 << 20) -> bool:
+    """Whether two files of equal size hold the same bytes (read block by block: memory stays small)."""
+    with open(a, "rb") as first, open(b, "rb") as second:
+        while True:
+            x, y = first.read(block), second.read(block)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
 class TraceLibrary:
     """Streaming feeders for a run's trace files, sharing an index between identical files."""
 
     def __init__(self, cache_nodes: int = DEFAULT_CACHE_NODES, missing_parents: str = "ignore-control",
                  dependencies: str = "all"):
         self.cache_nodes, self.missing_parents, self.dependencies = cache_nodes, missing_parents, dependencies
-        # The one file of each size seen so far, not hashed yet; once a second file of that size
-        # comes, both are known by (size, digest) instead.
+        # The first file of each size; once a file of that size with other bytes comes, every
+        # file of that size is known by (size, digest) instead.
         self._unhashed: dict[int, tuple[Path, TraceIndex]] = {}
         self._hashed_sizes: set[int] = set()
         self._by_digest: dict[tuple[int, bytes], TraceIndex] = {}
@@ -53,8 +65,9 @@ class TraceLibrary:
                 self._unhashed[size] = (path, index)
                 return StreamingFeeder(path, index=index)
             other, index = first
-            if other == path:
+            if other == path or same_bytes(path, other):
                 return StreamingFeeder(path, index=index)
+            # Two contents of this size: from now on its files are known by their digests.
             del self._unhashed[size]
             self._hashed_sizes.add(size)
             self._by_digest[size, file_digest(other)] = index
