@@ -77,7 +77,7 @@ class GroupNames:
         return self.names[name]
 
 
-def source_strings(trace: "pb.GlobalMetadata | None", nodes: list[pb.Node]) -> set[str]:
+def source_strings(metadata: pb.GlobalMetadata | None, nodes: list[pb.Node]) -> set[str]:
     """Every string a trace carries (names, string attributes, inputs/outputs, metadata)."""
     found: set[str] = set()
     messages = list(nodes)
@@ -85,8 +85,8 @@ def source_strings(trace: "pb.GlobalMetadata | None", nodes: list[pb.Node]) -> s
         found.add(node.name)
         for info in (node.inputs, node.outputs):
             found.update(s for s in (info.values, info.shapes, info.types) if s)
-    if trace is not None:
-        messages.append(trace)
+    if metadata is not None:
+        messages.append(metadata)
     for message in messages:
         for attr in message.attr:
             found.add(attr.name)

@@ -59,6 +59,9 @@ def synthesize(sources, ranks, out_prefix, seed, length, obfuscate, tolerance, m
                 save_model(model, model_path)
                 click.echo(f"wrote {model_path} ({len(model.roles)} role(s) over {model.num_ranks} "
                            f"source rank(s), {model.source_nodes:,} nodes per rank)")
+            if model.unmodelled_dependencies:
+                click.echo(f"note: {model.unmodelled_dependencies:,} dependencies of the source are not "
+                           "modelled (parents missing from the trace, or more than 64 back in their lane)")
         else:
             model = load_model(model_path)
     if out_prefix:

@@ -290,6 +290,7 @@ def fit_model(prefixes: list[str], comm_groups: dict[str, list[int]] | None = No
     table = [None if key is None else list(key) for key, _ in sorted(group_index.items(), key=lambda kv: kv[1])]
     return SynthesisModel(obfuscated=obfuscate, tolerance=tolerance if obfuscate else 0.0,
                           source_nodes=round(sum(f.nodes for f in fits) / num_ranks),
+                          unmodelled_dependencies=sum(f.dropped_parents for f in fits),
                           groups=table, ranks=entries, roles=roles)
 
 

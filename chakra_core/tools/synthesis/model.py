@@ -124,6 +124,8 @@ class SynthesisModel(_Strict):
     obfuscated: bool = False
     tolerance: float = Field(default=0.0, ge=0, lt=1)
     source_nodes: int = Field(ge=0, description="nodes per rank of the source, on average")
+    unmodelled_dependencies: int = Field(default=0, ge=0, description="parent references of the source "
+                                         "not modelled: to missing nodes, or more than 64 back in their lane")
     groups: list[Optional[list[int]]]
     ranks: list[RankEntry]
     roles: list[Role]
