@@ -11,9 +11,9 @@ Per role, one program is drawn, and every rank of the role runs it:
    come out exact.
 3. Values: the m nodes of a class get the class's bins in proportion to the bins' counts
    (stratified), a bin's durations rounded so that they sum to its mean times their number.
-   The values go to windows largest first, each to the window furthest below its target total:
-   a long operation lands where the source had one, and the time between two collectives
-   stays close to the source's.
+   The values go to windows largest first, each to the window whose open slots need the most
+   on average (target left over slots left): a long operation lands where the source had one,
+   and the time between two collectives stays close to the source's.
 4. Dependencies: each node draws a parent pattern of its class, among those the source had
    after the same class, at the same position after the last anchor and after an anchor of
    the same class (else dropping the last, then the last two conditions; [lane, k]: the k-th latest
@@ -158,7 +158,8 @@ def _ordered(counts: dict[str, int], previous: str, role: Role, rng: random.Rand
 
 def _assign_values(items: list[_Item], role: Role, targets: list[dict[str, float]], rng: random.Random) -> None:
     """Give a class's nodes the class's values (see module docstring), the largest first, each to
-    the window furthest below its target: a long operation lands where the source had one."""
+    the window whose open slots most need it (target left over slots left): a long operation
+    lands where the source had one."""
     by_class: dict[str, list[_Item]] = {}
     for item in items:
         if item.anchor is None:
@@ -171,15 +172,18 @@ def _assign_values(items: list[_Item], role: Role, targets: list[dict[str, float
             open_slots.setdefault(item.gap, []).append(item)
         for slots in open_slots.values():
             rng.shuffle(slots)
-        # Max-heap on (target - assigned), ties by gap: deterministic.
-        heap = [(-targets[gap].get(cls, 0.0), gap) for gap in sorted(open_slots)]
+        # Max-heap on what each open slot of a window still needs on average (a two-node gap of
+        # short operations does not take a long one), ties by window: deterministic.
+        need = {gap: targets[gap].get(cls, 0.0) for gap in open_slots}
+        heap = [(-need[gap] / len(open_slots[gap]), gap) for gap in sorted(open_slots)]
         heapq.heapify(heap)
         for duration, num_ops, tensor_size, name in sorted(values, key=lambda v: -v[0]):
-            deficit, gap = heapq.heappop(heap)
+            _, gap = heapq.heappop(heap)
             item = open_slots[gap].pop()
             item.duration, item.num_ops, item.tensor_size, item.name = duration, num_ops, tensor_size, name
+            need[gap] -= duration
             if open_slots[gap]:
-                heapq.heappush(heap, (deficit + duration, gap))
+                heapq.heappush(heap, (-need[gap] / len(open_slots[gap]), gap))
 
 
 def _stratified_values(bins, count: int, rng: random.Random) -> list[tuple[int, Optional[int], Optional[int], str]]:
