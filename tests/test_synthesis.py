@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -201,3 +204,18 @@ def test_binned_values_keep_the_total_and_the_distribution(values, seed):
     gap = max(abs(bisect.bisect_right(source, x) - bisect.bisect_right(sampled, x)) / len(source)
               for x in set(source) | set(sampled))
     assert gap <= max(b.count for b in bins) / len(source) + 1e-9
+
+
+def test_bytes_do_not_depend_on_the_hash_seed(tmp_path):
+    """Sets and dicts must not leak Python's per-process string hashing into the output."""
+    source = gpt(tmp_path)
+    outputs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"h{hash_seed}"
+        code = ("import sys; from chakra_core.cli import main; "
+                f"sys.argv = ['chakra-sim', 'synthesize', '--from', {source!r}, '--obfuscate', "
+                f"'--model', {str(out) + '.json'!r}, '--out', {str(out)!r}, '--seed', '5']; main()")
+        subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        outputs.append([Path(f"{out}.json").read_bytes(), *(p.read_bytes() for _, p in trace_files(out))])
+    assert outputs[0] == outputs[1]
