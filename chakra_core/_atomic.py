@@ -4,7 +4,7 @@ Everything chakra-sim writes goes to a temporary file in the destination folder
 first and is renamed over the target only once complete, so an interrupted run
 (Ctrl-C, a crash, a full disk) leaves the previous file intact. `AtomicFiles`
 does the same for a set of files that belong together (results.json,
-results.csv, timeline.json): all are written first, then all are renamed.
+results.csv, timeline.json, breakdown.png): all are written first, then all are renamed.
 
 Temporary files come from `mkstemp`, which creates them with mode 0600; they
 are given the permissions a plain `open()` would (0666 minus the umask) before
@@ -87,6 +87,7 @@ class AtomicFiles:
         with AtomicFiles() as files:
             files.write_text(out / "results.json", text)
             files.write_text(out / "results.csv", csv_text)
+            files.write_bytes(out / "breakdown.png", png)
             files.commit()
 
     Leaving the block without `commit()` (an exception, Ctrl-C) removes the
@@ -100,11 +101,17 @@ class AtomicFiles:
         self.interrupted = False
 
     def write_text(self, path: str | os.PathLike, text: str) -> None:
+        self._stage(path, "w", {"encoding": "utf-8"}, text)
+
+    def write_bytes(self, path: str | os.PathLike, data: bytes) -> None:
+        self._stage(path, "wb", {}, data)
+
+    def _stage(self, path: str | os.PathLike, mode: str, open_kwargs: dict, contents: str | bytes) -> None:
         target = Path(path)
         fd, tmp_name = _temp_sibling(target)
         self._staged.append((tmp_name, target))
-        with _written(fd, tmp_name, "w", {"encoding": "utf-8"}) as handle:
-            handle.write(text)
+        with _written(fd, tmp_name, mode, open_kwargs) as handle:
+            handle.write(contents)
 
     def commit(self) -> list[Path]:
         """Rename every staged file over its target; return the targets."""

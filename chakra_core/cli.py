@@ -1,9 +1,9 @@
 """The `chakra-sim` command line.
 
-    chakra-sim run MANIFEST.yaml [--out DIR] [--quiet]
+    chakra-sim run MANIFEST.yaml [--out DIR] [--quiet] [--plots]
     chakra-sim run --workload PREFIX --astra-system sys.json --astra-network net.yml
                    [--astra-memory mem.json] [--comm-group groups.json]
-                   [--network NETWORK-PLUGIN] [--out DIR] [--quiet]
+                   [--network NETWORK-PLUGIN] [--out DIR] [--quiet] [--plots]
     chakra-sim validate MANIFEST.yaml | --workload PREFIX --astra-system ... (as run)
     chakra-sim plugins [--json] [--layer LAYER] [--all]
     chakra-sim jsonize PREFIX|FILE.et [--out DIR]
@@ -13,6 +13,13 @@
     chakra-sim visualize TRACE.et --format dot|graphml --output FILE
     chakra-sim timeline MANIFEST.yaml [--out FILE]
     chakra-sim sweep SWEEP.yaml [--executor local|ray] [--address HOST:PORT] [--workers N]
+    chakra-sim analyze PREFIX [--out DIR] [--json] [--imbalance-threshold X]
+                       [--compute-time duration|roofline --peak-tflops F --mem-bw-gbps F]
+    chakra-sim analyze --results A.json --results B.json [--out DIR] [--json]
+    chakra-sim synthesize --from PREFIX [--from ...] [--ranks N] [--out OUTPREFIX] [--seed S]
+                          [--length NODES] [--obfuscate] [--model model.json]
+    chakra-sim synthesize --model model.json [--ranks N] --out OUTPREFIX [--seed S] [--length NODES]
+    chakra-sim obfuscate PREFIX --out OUTPREFIX [--seed S] [--tolerance T]
 
 Errors caused by inputs print one clear message and exit with status 2 (no
 traceback); `--debug` shows the traceback too. Ctrl-C during `run` exits with
@@ -84,6 +91,9 @@ TOOLS = {
     "visualize": "chakra_core.tools.visualize:visualize",
     "timeline": "chakra_core.report.timeline:timeline",
     "sweep": "chakra_core.sweep:sweep",
+    "analyze": "chakra_core.tools.analyze:analyze",
+    "synthesize": "chakra_core.tools.synthesis.cli:synthesize",
+    "obfuscate": "chakra_core.tools.obfuscation:obfuscate",
 }
 CONVERTERS = {
     "pytorch": "chakra_core.tools.pytorch.cli:convert_pytorch",
@@ -201,9 +211,10 @@ def _warn(messages) -> None:
 @main.command()
 @run_inputs
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table (warnings still go to stderr)")
+@click.option("--plots", is_flag=True, help="also write breakdown.png: each rank's time breakdown as a stacked bar")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def run(manifest, workload, astra_system, astra_network, astra_memory, comm_group, backend, out_dir,
-        quiet, debug) -> None:
+        quiet, plots, debug) -> None:
     """Simulate a manifest, or ASTRA-sim inputs given directly.
 
     The output folder is created and checked before simulating. A rerun
@@ -214,7 +225,7 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
 
     \b
     Examples:
-      chakra-sim run examples/allreduce_8npu.yaml
+      chakra-sim run examples/allreduce_8npu.yaml --plots
       chakra-sim run --workload traces/all_reduce --astra-system sys.json \\
                      --astra-network net.yml --out results/
     """
@@ -236,7 +247,7 @@ def run(manifest, workload, astra_system, astra_network, astra_memory, comm_grou
         except ChakraSimError as exc:
             _fail(exc, debug)
             return
-        files = result_files(results, loaded.formats, intervals)
+        files = result_files(results, loaded.formats, intervals, plots=plots)
         try:
             written, output_warnings = write_run_files(loaded.output_dir, files)
         except OSError as exc:

@@ -168,7 +168,7 @@ def test_every_problem_at_once_and_flags_are_shared_with_run(tmp_path):
     assert "collective #1 in all ranks is ALL_GATHER of 64 B" in lines[1]
     run_params = {p.name for p in main.commands["run"].params}
     validate_params = {p.name for p in main.commands["validate"].params}
-    assert run_params - validate_params == {"quiet"}
+    assert run_params - validate_params == {"quiet", "plots"}    # how run shows results, not inputs
 
 
 def test_a_comm_group_naming_a_missing_rank_is_reported_once(tmp_path):

@@ -8,6 +8,9 @@ distinct files, not the number of ranks. A file is compared only with files of
 its size: byte for byte with the first one (SPMD replicas: one read each, no
 hashing), and by BLAKE2b digest once a size has turned out to hold different
 contents. A run whose files all differ in size pays nothing.
+
+`IdenticalFiles` is that comparison on its own, keeping any value per distinct
+content (`chakra-sim analyze` keeps one trace scan per content).
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Callable, Generic, TypeVar
 
 from chakra_core.feeder.base import GraphFeeder
 from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, StreamingFeeder, TraceIndex
+
+T = TypeVar("T")
 
 
 def file_digest(path: str | os.PathLike) -> bytes:
@@ -36,17 +42,49 @@ def same_bytes(a: str | os.PathLike, b: str | os.PathLike, block: int = 1 << 20)
                 return True
 
 
+class IdenticalFiles(Generic[T]):
+    """Values kept per distinct file content: `get_or_make(path, make)` returns the value made for
+    an earlier file with the same bytes, else makes one. How contents are compared: see the
+    module docstring (by size, then byte for byte with the first file of that size, then by
+    digest once a size holds two contents)."""
+
+    def __init__(self) -> None:
+        # The first file of each size; once a file of that size with other bytes comes, every
+        # file of that size is known by (size, digest) instead.
+        self._unhashed: dict[int, tuple[Path, T]] = {}
+        self._hashed_sizes: set[int] = set()
+        self._by_digest: dict[tuple[int, bytes], T] = {}
+
+    def get_or_make(self, path: str | os.PathLike, make: Callable[[], T]) -> T:
+        path = Path(path)
+        size = path.stat().st_size
+        if size not in self._hashed_sizes:
+            first = self._unhashed.get(size)
+            if first is None:
+                value = make()
+                self._unhashed[size] = (path, value)
+                return value
+            other, value = first
+            if other == path or same_bytes(path, other):
+                return value
+            # Two contents of this size: from now on its files are known by their digests.
+            del self._unhashed[size]
+            self._hashed_sizes.add(size)
+            self._by_digest[size, file_digest(other)] = value
+        key = (size, file_digest(path))
+        value = self._by_digest.get(key)
+        if value is None:
+            value = self._by_digest[key] = make()
+        return value
+
+
 class TraceLibrary:
     """Streaming feeders for a run's trace files, sharing an index between identical files."""
 
     def __init__(self, cache_nodes: int = DEFAULT_CACHE_NODES, missing_parents: str = "ignore-control",
                  dependencies: str = "all"):
         self.cache_nodes, self.missing_parents, self.dependencies = cache_nodes, missing_parents, dependencies
-        # The first file of each size; once a file of that size with other bytes comes, every
-        # file of that size is known by (size, digest) instead.
-        self._unhashed: dict[int, tuple[Path, TraceIndex]] = {}
-        self._hashed_sizes: set[int] = set()
-        self._by_digest: dict[tuple[int, bytes], TraceIndex] = {}
+        self._indexes: IdenticalFiles[TraceIndex] = IdenticalFiles()
         self.distinct = 0
         """Number of distinct files indexed so far."""
 
@@ -57,22 +95,4 @@ class TraceLibrary:
 
     def open(self, path: str | os.PathLike) -> GraphFeeder:
         path = Path(path)
-        size = path.stat().st_size
-        if size not in self._hashed_sizes:
-            first = self._unhashed.get(size)
-            if first is None:
-                index = self._index(path)
-                self._unhashed[size] = (path, index)
-                return StreamingFeeder(path, index=index)
-            other, index = first
-            if other == path or same_bytes(path, other):
-                return StreamingFeeder(path, index=index)
-            # Two contents of this size: from now on its files are known by their digests.
-            del self._unhashed[size]
-            self._hashed_sizes.add(size)
-            self._by_digest[size, file_digest(other)] = index
-        key = (size, file_digest(path))
-        index = self._by_digest.get(key)
-        if index is None:
-            index = self._by_digest[key] = self._index(path)
-        return StreamingFeeder(path, index=index)
+        return StreamingFeeder(path, index=self._indexes.get_or_make(path, lambda: self._index(path)))

@@ -38,12 +38,30 @@ def format_time(ns: int, unit: tuple[str, int] | None = None) -> str:
     return f"{text} {name}" if unit is None else text
 
 
-def _bytes(value: int) -> str:
+def format_bytes(value: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.2f} {unit}"
         value /= 1024
     return str(value)
+
+
+def compact_ranks(ranks) -> str:
+    """Rank numbers in few characters: [0, 1, 2, 5] -> '0-2, 5'; [0, 8, 16, 24] -> '0-24 step 8'."""
+    ordered = sorted(set(ranks))
+    if len(ordered) >= 3:
+        stride = ordered[1] - ordered[0]
+        if stride > 1 and all(b - a == stride for a, b in zip(ordered, ordered[1:])):
+            return f"{ordered[0]}-{ordered[-1]} step {stride}"
+    spans: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        spans.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ", ".join(spans) if spans else "none"
 
 
 def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Table:
@@ -62,7 +80,7 @@ def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Ta
 
     def cells(row: dict[str, Any]) -> list[str]:
         return ([format_time(row.get(key, 0), unit) for key in keys]
-                + [_bytes(row.get("bytes_sent", 0)), _bytes(row.get("bytes_received", 0))])
+                + [format_bytes(row.get("bytes_sent", 0)), format_bytes(row.get("bytes_received", 0))])
 
     if len(ranks) <= MAX_ROWS:
         for row in ranks:

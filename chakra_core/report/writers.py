@@ -1,12 +1,13 @@
-"""The output folder of a run: results.json, results.csv, timeline.json.
+"""The output folder of a run: results.json, results.csv, timeline.json, breakdown.png.
 
 A run checks its folder before simulating (`prepare_output_dir`), then writes
 all its files together (`write_run_files`): each goes to a temporary file and
 all are renamed at the end, so an interrupted or failed run leaves the previous
 results whole. The folder keeps a record of what the last run wrote
 (`.chakra-sim-outputs.json`); a rerun removes the files the previous run wrote
-and this one did not (a timeline.json from an earlier run with `timeline: true`),
-and never touches files chakra-sim did not write.
+and this one did not (a timeline.json from an earlier run with `timeline: true`,
+a breakdown.png from one with `--plots`), and never touches files chakra-sim
+did not write.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def results_csv(results: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
-def result_files(results: dict[str, Any], formats: list[str],
-                 intervals: list | None = None) -> dict[str, str]:
+def result_files(results: dict[str, Any], formats: list[str], intervals: list | None = None,
+                 plots: bool = False) -> dict[str, str | bytes]:
     """The results files of the requested formats: file name -> contents; with `intervals`
-    (what a Simulation built with record_intervals recorded), timeline.json too."""
-    files = {}
+    (what a Simulation built with record_intervals recorded), timeline.json too; with `plots`,
+    breakdown.png (chakra_core.report.plots)."""
+    files: dict[str, str | bytes] = {}
     if "json" in formats:
         files["results.json"] = results_json(results)
     if "csv" in formats:
@@ -83,6 +85,10 @@ def result_files(results: dict[str, Any], formats: list[str],
         from chakra_core.report.timeline import build_timeline, timeline_json
 
         files["timeline.json"] = timeline_json(build_timeline(intervals, results))
+    if plots:
+        from chakra_core.report.plots import BREAKDOWN_PNG, breakdown_png
+
+        files[BREAKDOWN_PNG] = breakdown_png(results)
     return files
 
 
@@ -122,8 +128,8 @@ def output_dir_problem(path: Path) -> str | None:
     return None
 
 
-def write_run_files(out_dir: Path, files: dict[str, str]) -> tuple[list[Path], list[str]]:
-    """Write `files` (name -> text) into `out_dir` together; then remove the files the previous
+def write_run_files(out_dir: Path, files: dict[str, str | bytes]) -> tuple[list[Path], list[str]]:
+    """Write `files` (name -> text, or bytes for a binary file) into `out_dir` together; then remove the files the previous
     run wrote there and this one did not. Return (paths written, warnings).
 
     Ctrl-C before the files are in place leaves the folder as it was (KeyboardInterrupt);
@@ -134,7 +140,11 @@ def write_run_files(out_dir: Path, files: dict[str, str]) -> tuple[list[Path], l
     names = sorted(files)
     with AtomicFiles() as staged:
         for name in names:
-            staged.write_text(out_dir / name, files[name])
+            contents = files[name]
+            if isinstance(contents, bytes):
+                staged.write_bytes(out_dir / name, contents)
+            else:
+                staged.write_text(out_dir / name, contents)
         # Until the stale files are gone, the record lists them too: a crash in between
         # leaves them for the next run to remove.
         staged.write_text(record, _record_text(sorted(set(names) | set(previous))))

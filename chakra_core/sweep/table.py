@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from chakra_core._atomic import atomic_write_bytes, atomic_write_text
+from chakra_core.report.plots import readable_unit
 from chakra_core.sweep.spec import Sweep
 
 TABLE_CSV, TABLE_PARQUET, PLOT_PNG = "sweep.csv", "sweep.parquet", "sweep.png"
@@ -120,22 +121,6 @@ def write_outputs(sweep: Sweep, columns: list[str], rows: list[dict[str, Any]], 
 
 # The plot -----------------------------------------------------------------------------------------
 _STYLES = (("-", "o"), ("--", "x"), (":", "^"), ("-.", "+"))
-_TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1, "ns"))
-_BYTE_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
-
-
-def readable_unit(values: list[float], unit: str | None) -> tuple[float, str | None]:
-    """(divisor, unit) that puts the largest value between 1 and 1000 (1024) of the unit."""
-    scales = {"ns": _TIME_UNITS, "bytes": _BYTE_UNITS}.get(unit or "")
-    if scales is None:
-        return 1.0, unit
-    largest = max((abs(v) for v in values), default=0)
-    for divisor, name in scales:
-        if largest >= divisor:
-            return float(divisor), name
-    return 1.0, scales[-1][1]
-
-
 def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 

@@ -44,6 +44,10 @@ class GroupRegistry:
         self._groups[name] = members
         self._sources.setdefault(name, source)
 
+    def defined(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Every group defined so far: name -> (ranks, where it was first defined)."""
+        return {name: (members, self._sources[name]) for name, members in self._groups.items()}
+
     def members(self, name: str, node: NodeView, rank: int) -> tuple[int, ...]:
         if name in (WORLD, "0") and name not in self._groups:
             return self.world
