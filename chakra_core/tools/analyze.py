@@ -779,10 +779,15 @@ def analyze(ctx: click.Context, prefix: str | None, results_files: tuple[str, ..
         except OSError as exc:    # tool_errors words an OSError as a write failure
             raise ToolError(f"cannot read {exc.filename or prefix}: {exc.strerror or exc}") from exc
         written = write_outputs(Path(out_dir), analysis_files(report)) if out_dir else []
+    _show(report, print_report, written, console, as_json)
+
+
+def _show(document: dict[str, Any], print_tables, written: list[Path], console: Console, as_json: bool) -> None:
+    """The JSON document on stdout (--json) or its tables, then the files written."""
     if as_json:
-        click.echo(report_json(report), nl=False)
+        click.echo(report_json(document), nl=False)
     else:
-        print_report(report, console)
+        print_tables(document, console)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
 
@@ -826,9 +831,4 @@ def _compare(results_files: tuple[str, ...], out_dir: str | None, as_json: bool,
             from chakra_core.report.plots import COMPARE_PNG, compare_png
 
             written = write_outputs(Path(out_dir), {COMPARISON_JSON: report_json(diff), COMPARE_PNG: compare_png(diff)})
-    if as_json:
-        click.echo(report_json(diff), nl=False)
-    else:
-        print_comparison(diff, console)
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    _show(diff, print_comparison, written, console, as_json)
