@@ -3,7 +3,9 @@
 
 Converts each host execution trace on its own and each host + Kineto pair linked, and prints a
 Markdown table (the one in docs/converter.md): nodes by type, edges, communication nodes,
-linked / unlinked host operators and GPU events, and the measured compute time the nodes carry.
+linked / unlinked host operators and GPU events, the measured compute time the nodes carry, and
+the time the host spent waiting for the GPU in blocking calls, taken out of the CPU nodes (the
+simulation re-creates those waits).
 
     python benchmarks/converter_table.py [--timing] [--refs DIR]
 
@@ -55,8 +57,9 @@ def row(refs: Path, host: Path, kineto: Path | None, timing: bool) -> list[str]:
               f"{summary.gpu_events - summary.gpu_linked:,}") if kineto else "-"
     compute = (f"{summary.gpu_micros:,} / {summary.cpu_micros:,} / {summary.comm_micros:,}"
                if kineto else "-")
+    waits = f"{summary.wait_removed_micros:,} ({summary.waits_removed})" if kineto else "-"
     cells = [host.relative_to(refs).as_posix(), "linked" if kineto else "host only", str(summary.rank),
-             nodes, f"{summary.edges:,} ({summary.ctrl_edges:,} ctrl)", comm, linked, compute,
+             nodes, f"{summary.edges:,} ({summary.ctrl_edges:,} ctrl)", comm, linked, compute, waits,
              f"{summary.num_ops:.3g}", str(len(summary.warnings))]
     if timing:
         cells.append(f"{wall:.2f}")
@@ -75,7 +78,7 @@ def main() -> None:
         raise SystemExit(f"Kineto traces without a pair in PAIRS: {', '.join(map(str, missing))}")
     header = ["input", "mode", "rank", "nodes", "edges", "communication nodes",
               "host ops linked/unlinked; GPU events linked/unlinked",
-              "measured GPU / CPU / comm us", "FLOPs", "warnings"]
+              "measured GPU / CPU / comm us", "waits removed us (calls)", "FLOPs", "warnings"]
     if args.timing:
         header.append("seconds")
     rows = [row(args.refs, host, None, args.timing) for host in hosts]

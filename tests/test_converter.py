@@ -777,3 +777,55 @@ def test_cli_malformed_input_exits_2_without_traceback(tmp_path):
     assert "Traceback" not in result.output
     missing = CliRunner().invoke(convert_pytorch, [str(tmp_path / "nope.json"), "-o", str(tmp_path / "t")])
     assert missing.exit_code == 2 and "cannot read the host execution trace" in missing.output
+
+
+# Waits for the device -----------------------------------------------------------------------
+def sync_call(name: str, ts: float, dur: float, corr: int, tid: int = 100) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def test_a_blocking_call_keeps_only_its_own_cost(tmp_path):
+    """aten::exp launches a 400 us kernel; aten::item then blocks in cudaStreamSynchronize until
+    it ends (at 510) and returns 5 us later. The wait (110 -> 510) leaves the CPU node; the
+    dependency on the kernel re-creates it, so the run still takes the kernel's time."""
+    x, y = T(30, 30, [64]), T(31, 31, [64])
+    host = write_json(tmp_path / "et.json", host_doc([node(3, "aten::exp", 2, [x], [y]),
+                                                      node(4, "aten::item", 2, [y], [])]))
+    kineto = write_json(tmp_path / "kineto.json", kineto_doc(
+        [cpu_event("aten::exp", 100, 8, 1), cpu_event("aten::item", 108, 409, 2)]
+        + launch("k", 102, 110, 400, 900) + [sync_call("cudaStreamSynchronize", 110, 405, 901)]))
+    result = convert(host, kineto)
+    assert result.summary.waits_removed == 1 and result.summary.wait_removed_micros == 400
+    item = next(n for n in result.nodes if n.name == "aten::item")
+    kernel = next(n for n in result.nodes if n.name == "k")
+    assert item.duration_micros == 9
+    assert kernel.id in item.data_deps
+    prefix = tmp_path / "sync"
+    result.write(prefix)
+    finish = simulate(manifest(str(prefix), ring_network(1)))["finish_ns"]
+    # exp (8 us) launches the kernel (400 us); item (9 us) waits for it: 408 + 9 us, not 408 + 409.
+    assert finish == (8 + 400 + 9) * 1000
+
+
+def test_a_pageable_async_copy_is_a_wait_and_a_truly_async_one_is_not(tmp_path):
+    def copy(call_dur: float) -> Conversion:
+        host = write_json(tmp_path / "et.json", host_doc([node(3, "aten::copy_", 2, [T(30, 30, [64])],
+                                                               [T(31, 31, [64], device="cpu")])]))
+        kineto = write_json(tmp_path / "kineto.json", kineto_doc(
+            [cpu_event("aten::copy_", 100, call_dur + 4, 1), sync_call("cudaMemcpyAsync", 101, call_dur, 900),
+             {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "pid": 0, "tid": 7,
+              "ts": 102, "dur": 50, "args": {"correlation": 900, "stream": 7}}]))
+        return convert(host, kineto)
+
+    assert copy(60).summary.wait_removed_micros == 51       # returned after its copy ended at 152
+    assert copy(3).summary.waits_removed == 0               # returned at 104, before the copy ended
+
+
+def test_dlrm_waits_for_the_all_to_all_are_not_replayed_as_cpu_work(ref_traces):
+    (host0, kineto0), (host1, kineto1) = DLRM
+    rank1 = converted(ref_traces / "pytorch" / host1, ref_traces / "pytorch" / kineto1).summary
+    rank0 = converted(ref_traces / "pytorch" / host0, ref_traces / "pytorch" / kineto0).summary
+    assert (rank0.waits_removed, rank0.wait_removed_micros) == (10, 1_982)
+    assert (rank1.waits_removed, rank1.wait_removed_micros) == (10, 7_457)   # 6,555 us in one aten::copy_
+    assert rank1.cpu_micros == 6_059                       # was 13,516 with the waits

@@ -24,7 +24,8 @@ Dependencies (see docs/converter.md for the reasoning):
   reads; with Kineto, a host-side node does not wait for GPU writers (launches are
   asynchronous) except through synchronisations: a node that called `cudaDeviceSynchronize`,
   `cudaStreamSynchronize`, a blocking `cudaMemcpy`... depends on the last GPU node of every
-  stream launched before the call;
+  stream launched before the call, and its duration loses the time the call waited for the
+  GPU (the dependency re-creates that wait; replaying it as CPU work would count it twice);
 - nodes with no dependency wait for the METADATA node, so process groups are defined first.
 """
 
@@ -75,6 +76,9 @@ class Summary:
     comm_micros: int = 0
     num_ops: int = 0
     cycles_broken: int = 0
+    waits_removed: int = 0
+    """Blocking runtime calls whose wait for the GPU was taken out of their operator's duration."""
+    wait_removed_micros: int = 0
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -127,6 +131,8 @@ class _Converter:
         self.unit_of_node: dict[int, int] = {}      # node -> unit op id
         self.comm_node_of: dict[int, int] = {}      # unit op id -> its communication node
         self.gpu_linked = 0
+        self.waits_removed = 0
+        self.wait_removed_micros = 0
         self.linked_units = 0                       # units found in the Kineto trace
         self.infos: dict[int, CommInfo] = {}        # communication unit op id -> what it does
         self.cpu: CpuLinks | None = None
@@ -162,6 +168,7 @@ class _Converter:
         self._stream_dependencies()
         self._data_dependencies()
         self._sync_dependencies()
+        self._remove_waits()
         if self.metadata_node is not None:
             for node in range(len(self.nodes)):
                 if node != self.metadata_node and not self.deps.parents(node):
@@ -506,6 +513,25 @@ class _Converter:
                 if position >= 0:
                     self.deps.datum(waiter, queue[position][1])
 
+    def _remove_waits(self) -> None:
+        """A host operator that blocked until GPU work (or a collective) finished keeps only its
+        own cost: the run re-creates the wait through the dependency `_sync_dependencies` gave it,
+        and replaying the measured span as CPU work would count the wait twice."""
+        if self.gpu is None:
+            return
+        waited: dict[int, float] = {}
+        for wait in self.gpu.waits:
+            unit = self._unit_for(wait.host_id, wait.ts)
+            node = self.cpu_node.get(unit.op.id) if unit is not None else None
+            if node is not None:
+                waited[node] = waited.get(node, 0.0) + wait.wait
+                self.waits_removed += 1
+        for node, micros in sorted(waited.items()):
+            target = self.nodes[node]
+            cut = min(target.duration_micros, _micros(micros))
+            target.duration_micros -= cut
+            self.wait_removed_micros += cut
+
     # Output --------------------------------------------------------------------------------------
     def _global_metadata(self) -> pb.GlobalMetadata:
         host_meta = self.host.meta
@@ -550,7 +576,8 @@ class _Converter:
                           self.host.schema, dict(sorted(counts.items())), ctrl, data,
                           dict(sorted(collectives.items())), len(self.selection.units),
                           cpu_micros=cpu, gpu_micros=gpu, comm_micros=comm, num_ops=num_ops,
-                          cycles_broken=cycles, warnings=self.warnings, notes=self.notes)
+                          cycles_broken=cycles, waits_removed=self.waits_removed,
+                          wait_removed_micros=self.wait_removed_micros, warnings=self.warnings, notes=self.notes)
         if self.cpu is not None:
             summary.linked = self.linked_units
             summary.linked_by_rf_id = sum(1 for u in self.selection.units

@@ -29,6 +29,8 @@ SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaE
                         "cudaMemcpy", "cudaMemcpy2D", "hipDeviceSynchronize", "hipStreamSynchronize",
                         "hipEventSynchronize", "hipMemcpy"})
 """Runtime calls after which the host thread has waited for the GPU work launched before them."""
+ASYNC_COPY_CALLS = frozenset({"cudaMemcpyAsync", "cudaMemcpy2DAsync", "hipMemcpyAsync"})
+"""Copies that block anyway when host memory is pageable (the converter checks their GPU copy)."""
 
 
 @dataclass(slots=True)

@@ -16,18 +16,21 @@ GPU work (kernels, memcpy, memset) belongs to the CPU scope that launched it: th
 `correlation` names a runtime call (`cudaLaunchKernel`...), and the innermost CPU event
 enclosing that call in time on its thread is the launcher (going up to the nearest enclosing
 event that is linked to a host scope). When no runtime call carries the correlation, the GPU
-event's `External id` names the launching CPU event directly (newer Kineto). Synchronising
-runtime calls (`cudaDeviceSynchronize`, `cudaStreamSynchronize`, blocking `cudaMemcpy`...) are
-attributed the same way.
+event's `External id` names the launching CPU event directly (newer Kineto). Blocking
+runtime calls (`cudaDeviceSynchronize`, `cudaStreamSynchronize`, blocking `cudaMemcpy`, an
+"async" copy that did not return before its copy finished) are attributed the same way, with
+the time each waited for the GPU (`Wait`): the converter takes it out of the waiting
+operator's duration, since the simulation re-creates the wait through the dependency.
 """
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from dataclasses import dataclass, field
 
 from chakra_core.tools.pytorch.host import HostOp, HostTrace
-from chakra_core.tools.pytorch.kineto import SYNC_CALLS, Event, KinetoTrace
+from chakra_core.tools.pytorch.kineto import ASYNC_COPY_CALLS, SYNC_CALLS, Event, KinetoTrace
 from chakra_core.tools.pytorch.units import WRAPPER
 
 _LOOKAHEAD = 24
@@ -53,11 +56,22 @@ class Launch:
     launch_ts: float          # when the runtime call started (the event's own ts if unknown)
 
 
+@dataclass(slots=True)
+class Wait:
+    """Time a host scope spent blocked in a runtime call until GPU work finished."""
+
+    host_id: int
+    ts: float       # start of the blocking call
+    call: str
+    wait: float     # µs from the call's start to the last GPU completion inside it
+
+
 @dataclass
 class GpuLinks:
     launches: list[Launch]
     syncs: list[tuple[int, float]]
     """(host id, start of the synchronising call) for every linked synchronisation."""
+    waits: list[Wait] = field(default_factory=list)
 
 
 def link_cpu(host: HostTrace, kineto: KinetoTrace) -> CpuLinks:
@@ -199,9 +213,36 @@ def link_gpu(kineto: KinetoTrace, cpu: CpuLinks) -> GpuLinks:
             continue
         owner = by_ext.get(gpu.ext_id) if gpu.ext_id is not None else None
         launches.append(Launch(gpu, host_of.get(owner.index) if owner else None, gpu.ts))
-    syncs = sorted((launcher[call.index], call.ts) for call in kineto.runtime
-                   if call.name in SYNC_CALLS and launcher.get(call.index) is not None)
-    return GpuLinks(launches, syncs)
+    blocking = [call for call in blocking_calls(kineto) if launcher.get(call.index) is not None]
+    syncs = sorted((launcher[call.index], call.ts) for call in blocking)
+    ends = sorted(gpu.end for gpu in kineto.gpu)
+    waits = [Wait(launcher[call.index], call.ts, call.name, device_wait(call, ends)) for call in blocking]
+    return GpuLinks(launches, syncs, sorted((w for w in waits if w.wait > 0), key=lambda w: (w.ts, w.host_id)))
+
+
+def blocking_calls(kineto: KinetoTrace) -> list[Event]:
+    """Runtime calls that return only once GPU work is done: the synchronisations of SYNC_CALLS,
+    and an asynchronous copy whose own GPU copy ended before the call returned (a copy to or
+    from pageable host memory is synchronous whatever its name says)."""
+    copies = {gpu.correlation: gpu for gpu in kineto.gpu if gpu.correlation is not None}
+    out = []
+    for call in kineto.runtime:
+        if call.name in SYNC_CALLS:
+            out.append(call)
+        elif call.name in ASYNC_COPY_CALLS:
+            copy = copies.get(call.correlation) if call.correlation is not None else None
+            if copy is not None and call.ts < copy.end <= call.end:
+                out.append(call)
+    return out
+
+
+def device_wait(call: Event, gpu_ends: list[float]) -> float:
+    """How long a blocking call waited: from its start to the last GPU completion inside it (the
+    GPU work it waited for); what is left after that is the call's own cost."""
+    position = bisect.bisect_right(gpu_ends, call.end) - 1
+    if position < 0 or gpu_ends[position] <= call.ts:
+        return 0.0
+    return gpu_ends[position] - call.ts
 
 
 def _attribute_calls(ops: list[Event], calls: list[Event], host_of: dict[int, int],
