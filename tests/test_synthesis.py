@@ -172,7 +172,7 @@ def test_bad_sources_give_one_clear_error(tmp_path):
     gap = write_ranks(tmp_path / "gap", [[comp(0, 1)]] * 3)
     Path(f"{gap}.1.et").unlink()
     result = cli("synthesize", "--from", gap, "--out", tmp_path / "x")
-    assert result.exit_code == 2 and "[1] missing" in result.output
+    assert result.exit_code == 2 and "missing trace file(s) for rank(s) 1" in result.output
     truncated = write_ranks(tmp_path / "cut", [[comp(0, 1, label="x" * 40)]])
     data = Path(f"{truncated}.0.et").read_bytes()
     Path(f"{truncated}.0.et").write_bytes(data[:-5])

@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf.json_format import MessageToDict
 
 from chakra_core._atomic import atomic_output
+from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import iter_trace
 
 
@@ -71,6 +72,25 @@ def duplicate_ranks(found: list[tuple[int, Path]]) -> dict[int, list[Path]]:
     for rank, path in found:
         paths.setdefault(rank, []).append(path)
     return {rank: files for rank, files in paths.items() if len(files) > 1}
+
+
+def rank_files(prefix: str | os.PathLike) -> list[Path]:
+    """The trace file of every rank 0..N-1 of `prefix`; ChakraSimError when there is none, when a
+    rank has two files, or when a rank is missing."""
+    found = trace_files(prefix)
+    if not found:
+        raise ChakraSimError(f"no trace files {prefix}.<rank>.et (or .et.gz) found")
+    duplicates = duplicate_ranks(found)
+    if duplicates:
+        rank = min(duplicates)
+        raise ChakraSimError(f"rank {rank} has two trace files ({', '.join(map(str, duplicates[rank]))}); "
+                             "keep one")
+    ranks = [rank for rank, _ in found]
+    missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise ChakraSimError(f"missing trace file(s) for rank(s) {shown} ({prefix}.<rank>.et)")
+    return [path for _, path in found]
 
 
 def json_name(et_path: Path) -> str:

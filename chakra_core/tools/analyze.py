@@ -53,7 +53,7 @@ from chakra_core._atomic import AtomicFiles
 from chakra_core.errors import AttributeTypeError, TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import iter_trace
-from chakra_core.et.jsonize import duplicate_ranks, trace_files
+from chakra_core.et.jsonize import rank_files
 from chakra_core.feeder.base import (CPU_FLAG, DEPENDENCY_MODES, cycle_error, find_cycle,
                                      missing_parent_problem, node_kind, parents_of, use_control_deps)
 from chakra_core.feeder.library import IdenticalFiles
@@ -310,23 +310,6 @@ def _node_names(path: str, wanted: set[int]) -> dict[int, str]:
 
 
 # The job: every rank -------------------------------------------------------------------------------
-def rank_files(prefix: str | Path) -> list[Path]:
-    """The trace file of every rank 0..N-1 of `prefix`; ToolError when none, a duplicate or a gap."""
-    found = trace_files(prefix)
-    if not found:
-        raise ToolError(f"no trace files {prefix}.<rank>.et (or .et.gz) found")
-    duplicates = duplicate_ranks(found)
-    if duplicates:
-        rank = min(duplicates)
-        raise ToolError(f"rank {rank} has two trace files ({', '.join(map(str, duplicates[rank]))}); keep one")
-    ranks = [rank for rank, _ in found]
-    missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise ToolError(f"missing trace file(s) for rank(s) {shown} ({prefix}.<rank>.et)")
-    return [path for _, path in found]
-
-
 def analyze_traces(prefix: str | Path, timing: ComputeTiming = ComputeTiming(),
                    threshold: float = DEFAULT_THRESHOLD, comm_groups: dict[str, list[int]] | None = None,
                    dependencies: str = "all") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 from chakra_core.errors import TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace
-from chakra_core.et.jsonize import duplicate_ranks, trace_files
+from chakra_core.et.jsonize import rank_files
 from chakra_core.engine.driver import SLOT_NAMES, slot_table
 from chakra_core.feeder.base import cycle_error, find_cycle, node_kind
 from chakra_core.schema import pb
@@ -101,20 +101,7 @@ def source_ranks(prefixes: list[str]) -> list[list[Path]]:
     """Per rank, its file in each source (sources must have the same ranks, 0..R-1)."""
     if not prefixes:
         raise SynthesisError("give at least one source trace (--from PREFIX)")
-    per_source = []
-    for prefix in prefixes:
-        found = trace_files(prefix)
-        if not found:
-            raise SynthesisError(f"no trace files {prefix}.<rank>.et found")
-        duplicates = duplicate_ranks(found)
-        if duplicates:
-            rank, paths = next(iter(duplicates.items()))
-            raise SynthesisError(f"rank {rank} of {prefix} has two files: {', '.join(map(str, paths))}")
-        ranks = [rank for rank, _ in found]
-        if ranks != list(range(len(ranks))):
-            missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
-            raise SynthesisError(f"{prefix}: rank file(s) {missing} missing (ranks must be 0..N-1)")
-        per_source.append((prefix, [path for _, path in found]))
+    per_source = [(prefix, rank_files(prefix)) for prefix in prefixes]
     counts = {len(paths) for _, paths in per_source}
     if len(counts) > 1:
         listing = ", ".join(f"{prefix} has {len(paths)}" for prefix, paths in per_source)
