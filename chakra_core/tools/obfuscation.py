@@ -202,12 +202,12 @@ def read_comm_groups(path: str | None) -> dict[str, list[int]] | None:
 
 @click.command("obfuscate")
 @click.argument("prefix")
-@click.option("--out", "out_prefix", required=True, help="prefix of the obfuscated files (OUT.<rank>.et)")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the perturbations")
-@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
+@click.option("--out", "out_prefix", required=True, metavar="OUTPREFIX", help="prefix of the obfuscated files (OUTPREFIX.<rank>.et)")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="seed of the perturbations")
+@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True, metavar="T",
               help="durations and sizes move by at most this fraction")
 @click.option("--comm-group", "comm_group", type=click.Path(dir_okay=False),
-              help="communicator-group JSON of the source (written renamed to OUT.comm-groups.json)")
+              help="communicator-group JSON of the source (written renamed to OUTPREFIX.comm-groups.json)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def obfuscate(prefix, out_prefix, seed, tolerance, comm_group, debug) -> None:
     """Copy a trace with every name, string and shape removed and its values perturbed.

@@ -11,13 +11,13 @@ from chakra_core.tools.obfuscation import DEFAULT_TOLERANCE, read_comm_groups
 @click.command("synthesize")
 @click.option("--from", "sources", multiple=True, metavar="PREFIX",
               help="source trace (PREFIX.<rank>.et); repeat for several parts of one job")
-@click.option("--ranks", type=int, help="ranks to write  [default: the source's]")
-@click.option("--out", "out_prefix", help="prefix of the synthetic files (OUT.<rank>.et)")
-@click.option("--seed", type=int, default=0, show_default=True, help="same seed, same files")
-@click.option("--length", type=int, help="nodes per rank, about  [default: the source's]")
+@click.option("--ranks", type=int, metavar="N", help="ranks to write  [default: the source's]")
+@click.option("--out", "out_prefix", metavar="OUTPREFIX", help="prefix of the synthetic files (OUTPREFIX.<rank>.et)")
+@click.option("--seed", type=int, default=0, show_default=True, metavar="S", help="same seed, same files")
+@click.option("--length", type=int, metavar="NODES", help="nodes per rank, about  [default: the source's]")
 @click.option("--obfuscate", is_flag=True,
               help="keep no name in the model or traces, and perturb durations and sizes")
-@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True,
+@click.option("--tolerance", type=float, default=DEFAULT_TOLERANCE, show_default=True, metavar="T",
               help="with --obfuscate: values move by at most this fraction")
 @click.option("--model", "model_path", type=click.Path(dir_okay=False),
               help="with --from: write the fitted model here; without: sample from this model")
