@@ -376,17 +376,16 @@ def jsonize(trace, out_dir, compact) -> None:
     Example:
       chakra-sim jsonize traces/all_reduce --out json/
     """
-    from chakra_core.et.jsonize import duplicate_ranks, json_name, jsonize_file, trace_files
+    from chakra_core.et.jsonize import check_one_file_per_rank, json_name, jsonize_file, trace_files
 
     path = Path(trace)
     files = [(None, path)] if path.is_file() else trace_files(path)
     if not files:
         raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et or .et.gz")
-    duplicates = duplicate_ranks(files)
-    if duplicates:
-        rank = min(duplicates)
-        raise CliError(f"rank {rank} has two trace files "
-                       f"({', '.join(map(str, duplicates[rank]))}); keep one")
+    try:
+        check_one_file_per_rank(files)
+    except ChakraSimError as exc:
+        raise CliError(str(exc)) from None
     try:
         for _, et_path in files:
             target_dir = Path(out_dir) if out_dir else et_path.parent

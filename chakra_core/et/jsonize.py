@@ -74,17 +74,22 @@ def duplicate_ranks(found: list[tuple[int, Path]]) -> dict[int, list[Path]]:
     return {rank: files for rank, files in paths.items() if len(files) > 1}
 
 
+def check_one_file_per_rank(found: list[tuple[int, Path]]) -> None:
+    """ChakraSimError naming the first rank of a `trace_files` result that has two files."""
+    duplicates = duplicate_ranks(found)
+    if duplicates:
+        rank = min(duplicates)
+        raise ChakraSimError(f"rank {rank} has two trace files ({', '.join(map(str, duplicates[rank]))}); "
+                             "keep one")
+
+
 def rank_files(prefix: str | os.PathLike) -> list[Path]:
     """The trace file of every rank 0..N-1 of `prefix`; ChakraSimError when there is none, when a
     rank has two files, or when a rank is missing."""
     found = trace_files(prefix)
     if not found:
         raise ChakraSimError(f"no trace files {prefix}.<rank>.et (or .et.gz) found")
-    duplicates = duplicate_ranks(found)
-    if duplicates:
-        rank = min(duplicates)
-        raise ChakraSimError(f"rank {rank} has two trace files ({', '.join(map(str, duplicates[rank]))}); "
-                             "keep one")
+    check_one_file_per_rank(found)
     ranks = [rank for rank, _ in found]
     missing = sorted(set(range(ranks[-1] + 1)) - set(ranks))
     if missing:
