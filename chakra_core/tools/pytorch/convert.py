@@ -167,8 +167,7 @@ class _Converter:
             self._emit_unit(unit, launches.get(unit.op.id, []), cursor, last_collective)
         self._stream_dependencies()
         self._data_dependencies()
-        self._sync_dependencies()
-        self._remove_waits()
+        self._blocking_calls()
         if self.metadata_node is not None:
             for node in range(len(self.nodes)):
                 if node != self.metadata_node and not self.deps.parents(node):
@@ -497,34 +496,28 @@ class _Converter:
             for (_, _, before), (_, _, after) in zip(ordered, ordered[1:]):
                 self.deps.control(after, before)
 
-    def _sync_dependencies(self) -> None:
+    def _blocking_calls(self) -> None:
+        """A host operator that blocked until GPU work (or a collective) finished depends on the
+        last GPU node of every stream launched before the call, and keeps only its own cost: the
+        run re-creates the wait through that dependency, and replaying the measured span as CPU
+        work would count the wait twice."""
         if self.gpu is None:
             return
         streams = {s: sorted((launch, node) for launch, _, node in q) for s, q in self.stream_nodes.items()}
-        for host_id, ts in self.gpu.syncs:
-            unit = self._unit_for(host_id, ts)
+        waited: dict[int, float] = {}
+        for call in self.gpu.blocking:
+            unit = self._unit_for(call.host_id, call.ts)
             if unit is None:
                 continue
             waiter = self.cpu_node[unit.op.id]
             for queue in streams.values():
-                position = bisect.bisect_right(queue, (ts, float("inf"))) - 1
+                position = bisect.bisect_right(queue, (call.ts, float("inf"))) - 1
                 while position >= 0 and self.unit_of_node.get(queue[position][1]) == unit.op.id:
                     position -= 1   # its own launches come after it in the graph
                 if position >= 0:
                     self.deps.datum(waiter, queue[position][1])
-
-    def _remove_waits(self) -> None:
-        """A host operator that blocked until GPU work (or a collective) finished keeps only its
-        own cost: the run re-creates the wait through the dependency `_sync_dependencies` gave it,
-        and replaying the measured span as CPU work would count the wait twice."""
-        if self.gpu is None:
-            return
-        waited: dict[int, float] = {}
-        for wait in self.gpu.waits:
-            unit = self._unit_for(wait.host_id, wait.ts)
-            node = self.cpu_node.get(unit.op.id) if unit is not None else None
-            if node is not None:
-                waited[node] = waited.get(node, 0.0) + wait.wait
+            if call.wait > 0:
+                waited[waiter] = waited.get(waiter, 0.0) + call.wait
                 self.waits_removed += 1
         for node, micros in sorted(waited.items()):
             target = self.nodes[node]

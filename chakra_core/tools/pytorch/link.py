@@ -19,7 +19,7 @@ event that is linked to a host scope). When no runtime call carries the correlat
 event's `External id` names the launching CPU event directly (newer Kineto). Blocking
 runtime calls (`cudaDeviceSynchronize`, `cudaStreamSynchronize`, blocking `cudaMemcpy`, an
 "async" copy that did not return before its copy finished) are attributed the same way, with
-the time each waited for the GPU (`Wait`): the converter takes it out of the waiting
+the time each waited for the GPU (`Blocking`): the converter takes it out of the waiting
 operator's duration, since the simulation re-creates the wait through the dependency.
 """
 
@@ -57,21 +57,20 @@ class Launch:
 
 
 @dataclass(slots=True)
-class Wait:
-    """Time a host scope spent blocked in a runtime call until GPU work finished."""
+class Blocking:
+    """A linked runtime call that returned only once GPU work was done."""
 
     host_id: int
-    ts: float       # start of the blocking call
+    ts: float       # start of the call
     call: str
-    wait: float     # µs from the call's start to the last GPU completion inside it
+    wait: float     # µs from the call's start to the last GPU completion inside it (0: none)
 
 
 @dataclass
 class GpuLinks:
     launches: list[Launch]
-    syncs: list[tuple[int, float]]
-    """(host id, start of the synchronising call) for every linked synchronisation."""
-    waits: list[Wait] = field(default_factory=list)
+    blocking: list[Blocking]
+    """Every linked blocking call, by (host id, start)."""
 
 
 def link_cpu(host: HostTrace, kineto: KinetoTrace) -> CpuLinks:
@@ -213,11 +212,10 @@ def link_gpu(kineto: KinetoTrace, cpu: CpuLinks) -> GpuLinks:
             continue
         owner = by_ext.get(gpu.ext_id) if gpu.ext_id is not None else None
         launches.append(Launch(gpu, host_of.get(owner.index) if owner else None, gpu.ts))
-    blocking = [call for call in blocking_calls(kineto) if launcher.get(call.index) is not None]
-    syncs = sorted((launcher[call.index], call.ts) for call in blocking)
     ends = sorted(gpu.end for gpu in kineto.gpu)
-    waits = [Wait(launcher[call.index], call.ts, call.name, device_wait(call, ends)) for call in blocking]
-    return GpuLinks(launches, syncs, sorted((w for w in waits if w.wait > 0), key=lambda w: (w.ts, w.host_id)))
+    blocking = [Blocking(launcher[call.index], call.ts, call.name, device_wait(call, ends))
+                for call in blocking_calls(kineto) if launcher.get(call.index) is not None]
+    return GpuLinks(launches, sorted(blocking, key=lambda b: (b.host_id, b.ts)))
 
 
 def blocking_calls(kineto: KinetoTrace) -> list[Event]:
