@@ -421,3 +421,12 @@ def test_ref_traces_drain_identically(path):
             feeder.close()
     assert orders["memory"] == orders["streaming"]
     assert sorted(orders["memory"]) == ids
+
+
+def test_topological_positions_keep_file_order_and_report_a_cycle():
+    from chakra_core.feeder.base import topological_positions
+
+    # 2 waits for 0 and 3; 1 is free: smallest ready position first.
+    assert topological_positions([(), (), (0, 3), ()]) == ([0, 1, 3, 2], [])
+    # 1 <-> 2 form a cycle; 3 waits behind it.
+    assert topological_positions([(), (2,), (1,), (2,)]) == ([0], [1, 2, 3])

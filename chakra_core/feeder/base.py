@@ -234,6 +234,28 @@ class IssuableHeap:
         return len(self._heap)
 
 
+def topological_positions(parents: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
+    """Kahn's algorithm over positions 0..n-1, where `parents[i]` holds the positions of i's
+    parents; among ready nodes the smallest position (file order) comes first. Returns (the
+    order, the positions never reached: on a cycle or behind one)."""
+    waiting = [len(known) for known in parents]
+    children: list[list[int]] = [[] for _ in parents]
+    for child, known in enumerate(parents):
+        for parent in known:
+            children[parent].append(child)
+    ready = [i for i, count in enumerate(waiting) if not count]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for child in children[i]:
+            waiting[child] -= 1
+            if not waiting[child]:
+                heapq.heappush(ready, child)
+    return order, [i for i, count in enumerate(waiting) if count]
+
+
 def find_cycle(candidates: Iterable[int], parents) -> list[int]:
     """Return one dependency cycle among `candidates` (ids left over by Kahn's algorithm).
 

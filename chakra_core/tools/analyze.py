@@ -55,7 +55,8 @@ from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import iter_trace
 from chakra_core.et.jsonize import rank_files
 from chakra_core.feeder.base import (CPU_FLAG, DEPENDENCY_MODES, cycle_error, find_cycle,
-                                     missing_parent_problem, node_kind, parents_of, use_control_deps)
+                                     missing_parent_problem, node_kind, parents_of, topological_positions,
+                                     use_control_deps)
 from chakra_core.feeder.library import IdenticalFiles
 from chakra_core.replay import replay_time_ns
 from chakra_core.report.plots import group_label, size_text
@@ -273,34 +274,18 @@ def _critical_path(path: str, ids: array, weights: list[int], parents: list[tupl
             raise error
         warnings.append(warning)
 
-    remaining = [len(known) for known in parent_positions]
-    children: list[list[int]] = [[] for _ in range(count)]
-    for child, known in enumerate(parent_positions):
-        for parent in known:
-            children[parent].append(child)
-    start = [0] * count            # when a node could start: the latest end among its parents
-    ready = [i for i in range(count) if not remaining[i]]
-    longest = done = 0
-    while ready:
-        i = ready.pop()
-        done += 1
-        end = start[i] + weights[i]
-        if end > longest:
-            longest = end
-        for child in children[i]:
-            if end > start[child]:
-                start[child] = end
-            remaining[child] -= 1
-            if not remaining[child]:
-                ready.append(child)
-    if done != count:
-        leftover = [ids[i] for i in range(count) if remaining[i]]
+    order, unreached = topological_positions(parent_positions)
+    if unreached:
+        leftover = [ids[i] for i in unreached]
         cycle = find_cycle(leftover, lambda node_id: [ids[p] for p in parent_positions[position[node_id]]])
         error = cycle_error(path, cycle, len(leftover), use_ctrl=False)
         hint = (" (if the cycle goes through control dependencies, --dependencies data honours data "
                 "dependencies only, as Chakra's C++ feeder does)") if use_ctrl else ""
         raise TraceGraphError(f"{error}{hint}")
-    return longest
+    end = [0] * count              # each node's end: its weight after the latest end among its parents
+    for i in order:
+        end[i] = max((end[p] for p in parent_positions[i]), default=0) + weights[i]
+    return max(end, default=0)
 
 
 def _node_names(path: str, wanted: set[int]) -> dict[int, str]:

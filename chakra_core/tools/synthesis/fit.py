@@ -13,7 +13,6 @@ is the concatenation of its parts.
 
 from __future__ import annotations
 
-import heapq
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace
 from chakra_core.et.jsonize import rank_files
 from chakra_core.engine.driver import SLOT_NAMES, slot_table
-from chakra_core.feeder.base import cycle_error, find_cycle, node_kind
+from chakra_core.feeder.base import cycle_error, find_cycle, node_kind, parents_of, topological_positions
 from chakra_core.schema import pb
 from chakra_core.system.groups import GroupRegistry
 from chakra_core.tools.obfuscation import perturbed, perturbed_size
@@ -120,31 +119,15 @@ def dependency_order(path: str, nodes: list[pb.Node], use_ctrl: bool = True
             raise TraceGraphError(f"{path}: node id {node.id} appears twice")
         position[node.id] = index
     parents: dict[int, list[int]] = {}
-    children: dict[int, list[int]] = {}
-    waiting = [0] * len(nodes)
     missing = 0
-    for index, node in enumerate(nodes):
-        known = []
-        for parent in dict.fromkeys([*node.data_deps, *node.ctrl_deps] if use_ctrl else node.data_deps):
-            if parent in position and parent != node.id:
-                known.append(parent)
-                children.setdefault(parent, []).append(index)
-            else:
-                missing += 1
+    for node in nodes:
+        listed = parents_of(node, use_ctrl)
+        known = [parent for parent in listed if parent in position and parent != node.id]
+        missing += len(listed) - len(known)
         parents[node.id] = known
-        waiting[index] = len(known)
-    ready = [index for index, count in enumerate(waiting) if count == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        index = heapq.heappop(ready)
-        order.append(nodes[index])
-        for child in children.get(nodes[index].id, ()):
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(ready, child)
-    if len(order) != len(nodes):
-        leftover = {node.id for index, node in enumerate(nodes) if waiting[index] > 0}
+    order, unreached = topological_positions([tuple(position[p] for p in parents[node.id]) for node in nodes])
+    if unreached:
+        leftover = {nodes[i].id for i in unreached}
         cycle = find_cycle(leftover, lambda node_id: parents[node_id])
         error = cycle_error(path, cycle, len(leftover), use_ctrl=False)
         if use_ctrl:
@@ -152,7 +135,7 @@ def dependency_order(path: str, nodes: list[pb.Node], use_ctrl: bool = True
                           "--dependencies data to honour data dependencies only, as Chakra's C++ "
                           "feeder does)",)
         raise error
-    return order, parents, missing
+    return [nodes[i] for i in order], parents, missing
 
 
 def _fit_rank(rank: int, num_ranks: int, paths: list[Path], groups: GroupRegistry,
