@@ -45,9 +45,10 @@ from chakra_core.tools import ToolError
 err_console = Console(stderr=True, highlight=False)
 
 
-def out_console() -> Console:
-    """stdout console; wide enough for the tables when output is not a terminal (pipes, logs)."""
-    console = Console(highlight=False)
+def out_console(stderr: bool = False) -> Console:
+    """stdout console (stderr: for a command whose stdout carries JSON); wide enough for the tables
+    when output is not a terminal (pipes, logs)."""
+    console = Console(highlight=False, stderr=stderr)
     if not console.is_terminal:
         console.width = max(console.width, 140)
     return console

@@ -63,6 +63,7 @@ from chakra_core.report.plots import group_label, size_text
 from chakra_core.report.summary import compact_ranks, format_bytes, format_time, time_unit
 from chakra_core.schema import pb
 from chakra_core.system.groups import WORLD, GroupRegistry
+from chakra_core.cli import out_console
 from chakra_core.tools import ToolError, tool_errors
 
 DEFAULT_THRESHOLD = 1.1
@@ -735,7 +736,7 @@ def analyze(ctx: click.Context, prefix: str | None, results_files: tuple[str, ..
     if not prefix:
         raise ToolError("give a trace PREFIX (files PREFIX.<rank>.et), or --results twice")
     timing = _timing(compute_time, peak_tflops, mem_bw_gbps)
-    console = _console(stderr=as_json)
+    console = out_console(stderr=as_json)
     with tool_errors(f"the analysis to {out_dir}", debug):
         try:
             groups = None
@@ -760,15 +761,6 @@ def _show(document: dict[str, Any], print_tables, written: list[Path], console: 
         console.print(f"wrote {path}", highlight=False)
 
 
-def _console(stderr: bool) -> Console:
-    """Where tables and "wrote" lines go (stderr when stdout carries --json); wide enough for the
-    tables when it is not a terminal, as chakra_core.cli.out_console."""
-    console = Console(highlight=False, stderr=stderr)
-    if not console.is_terminal:
-        console.width = max(console.width, 140)
-    return console
-
-
 def _timing(mode: str, peak_tflops: float | None, mem_bw_gbps: float | None) -> ComputeTiming:
     if mode == "roofline":
         absent = [flag for flag, value in (("--peak-tflops", peak_tflops), ("--mem-bw-gbps", mem_bw_gbps))
@@ -790,7 +782,7 @@ def _compare(results_files: tuple[str, ...], out_dir: str | None, as_json: bool,
         more = "; to compare more runs, make them one sweep (chakra-sim sweep) and read its sweep.csv"
         raise ToolError(f"--results compares exactly two runs (A, then B); {len(results_files)} given"
                         + (more if len(results_files) > 2 else ""))
-    console = _console(stderr=as_json)
+    console = out_console(stderr=as_json)
     with tool_errors(f"the comparison to {out_dir}", debug):
         first, second = (load_results(Path(path)) for path in results_files)
         diff = compare_results(first, second, *results_files)
