@@ -19,7 +19,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from chakra_core.engine.driver import BREAKDOWN
-from chakra_core.report.summary import TIME_COLUMNS, compact_ranks
+from chakra_core.report.summary import TIME_COLUMNS, TIME_UNITS, compact_ranks
 from chakra_core.system.groups import WORLD
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ BARS_UPTO = 64
 MAX_LEGEND_GROUPS = 16
 """Up to this many communicator groups, the imbalance plot gives each its colour and legend entry."""
 
-_TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "µs"), (1, "ns"))
+_TIME_UNITS = tuple((scale, name) for name, scale in TIME_UNITS)
 _BYTE_UNITS = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
 
 

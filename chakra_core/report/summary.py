@@ -19,12 +19,13 @@ _LABELS = {"gpu_compute_ns": "GPU compute", "cpu_compute_ns": "CPU compute", "me
 TIME_COLUMNS = tuple((key, _LABELS[key]) for key in BREAKDOWN)
 """The exclusive per-rank time categories: on each rank they sum to its finish time."""
 
-_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("µs", 1_000), ("ns", 1))
+TIME_UNITS = (("s", 1_000_000_000), ("ms", 1_000_000), ("µs", 1_000), ("ns", 1))
+"""(name, ns per unit), largest first."""
 
 
 def time_unit(ns: int) -> tuple[str, int]:
     """The unit to show a time of this magnitude in: (name, ns per unit)."""
-    for name, scale in _UNITS:
+    for name, scale in TIME_UNITS:
         if ns >= 10 * scale:
             return name, scale
     return "ns", 1
