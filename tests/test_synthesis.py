@@ -150,6 +150,8 @@ def test_several_sources_are_consecutive_parts(tmp_path):
     (lambda m: m["ranks"][0].update(role=7), "role 7 does not exist"),
     (lambda m: m["roles"][0].pop("anchors"), "roles.0.anchors: Field required"),
     (lambda m: m["roles"][0]["gaps"].pop(), "gaps"),
+    (lambda m: m["roles"][0]["classes"].update(BOGUS_NODE=m["roles"][0]["classes"]["COMP_NODE"]),
+     "'BOGUS_NODE' is not a node class"),
 ])
 def test_a_bad_model_names_the_key(tmp_path, edit, message):
     source = gpt(tmp_path)
@@ -219,3 +221,14 @@ def test_bytes_do_not_depend_on_the_hash_seed(tmp_path):
                        env={**os.environ, "PYTHONHASHSEED": hash_seed})
         outputs.append([Path(f"{out}.json").read_bytes(), *(p.read_bytes() for _, p in trace_files(out))])
     assert outputs[0] == outputs[1]
+
+
+def test_a_node_type_the_schema_does_not_name_is_kept(tmp_path):
+    """Newer Chakra schemas may add node types; their nodes are sampled as TYPE_<n>."""
+    from chakra_core.testing import make_node
+
+    source = write_ranks(tmp_path, [[comp(0, 10), make_node(1, 11, data_deps=[0]), comp(2, 5, [1])]])
+    model = fit_model([source])
+    assert "TYPE_11" in model.roles[0].classes
+    (nodes,) = sample_traces(model)
+    assert sorted(node.type for node in nodes) == [pb.COMP_NODE, pb.COMP_NODE, 11]

@@ -29,7 +29,7 @@ from chakra_core.schema import pb
 from chakra_core.system.groups import GroupRegistry
 from chakra_core.tools.obfuscation import perturbed, perturbed_size
 from chakra_core.tools.synthesis.model import (Anchor, Bin, NodeClass, RankEntry, Role, SynthesisError,
-                                               SynthesisModel)
+                                               SynthesisModel, class_kind)
 
 MAX_BINS = 64
 """Equal-count bins per class: the sampled values' distribution is within 1/64 of the source's
@@ -65,6 +65,10 @@ def lane_of(kind: int) -> str:
     return SLOT_NAMES[_SLOTS.get(kind, len(SLOT_NAMES) - 1)]
 
 
+def class_lane(cls: str) -> str:
+    return lane_of(class_kind(cls))
+
+
 def is_anchor(node: pb.Node, lane: str) -> bool:
     """Communication the simulator's system layer handles (a CPU-side collective is a CPU op)."""
     return node.type in _ANCHOR_TYPES and (node.type != pb.COMM_COLL_NODE or lane == "comm")
@@ -84,7 +88,6 @@ class _RankFit:
     transitions: Counter = field(default_factory=Counter)
     values: dict[str, list[Value]] = field(default_factory=dict)
     exact_ns: set[str] = field(default_factory=set)
-    lanes: dict[str, str] = field(default_factory=dict)
     patterns: dict[str, Counter] = field(default_factory=dict)
     slots: list[Optional[tuple[int, ...]]] = field(default_factory=list)
     nodes: int = 0
@@ -196,7 +199,6 @@ def _fit_rank(rank: int, num_ranks: int, paths: list[Path], groups: GroupRegistr
                     fit.gap_ns[-1].append(Counter())
                 fit.gaps[-1][-1][cls] += 1
                 fit.gap_ns[-1][-1][cls] += duration
-                fit.lanes[cls] = lane
                 if view.has("duration_ns"):
                     fit.exact_ns.add(cls)
                 fit.values.setdefault(cls, []).append(
@@ -317,7 +319,7 @@ def _pool(role: int, fits: list[_RankFit], obfuscate: bool, tolerance: float, se
                 for field in ("duration_ns", "num_ops", "tensor_size") if getattr(b, field) is not None})
                 for index, b in enumerate(bins)]
         classes[cls] = NodeClass(
-            lane=next(f.lanes[cls] for f in fits if cls in f.lanes), bins=bins,
+            bins=bins,
             exact_ns=any(cls in f.exact_ns for f in fits),
             parents=[(before, since, anchor, list(p), n) for (before, since, anchor, p), n in
                      sorted(patterns.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_PATTERNS]])

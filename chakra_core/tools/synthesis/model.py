@@ -29,7 +29,7 @@ attributes. Durations are in ns (`duration_ns` attributes where the source has t
 
 A *class* is a node type, with "/cpu" for CPU operations and the collective type for
 collectives ("COMP_NODE", "COMP_NODE/cpu", "COMM_COLL_NODE/ALL_REDUCE", ...). A *lane* is
-the hardware resource a node runs on in the simulator ("cpu", "gpu", "comm", "memory",
+the hardware resource a node of a class runs on in the simulator ("cpu", "gpu", "comm", "memory",
 "unlimited": chakra_core.engine.driver.SLOT_NAMES).
 """
 
@@ -43,6 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from chakra_core._atomic import atomic_write_text
 from chakra_core.errors import ChakraSimError
+from chakra_core.feeder.base import CPU_FLAG
+from chakra_core.schema import pb
 
 MODEL_FORMAT = "chakra-sim-synthesis-model"
 MODEL_VERSION = 1
@@ -82,8 +84,15 @@ class Bin(_Strict):
     name: Optional[str] = None
 
 
+def class_kind(cls: str) -> int:
+    """The node kind (NodeType value, | CPU_FLAG for "/cpu") a class name stands for: the inverse
+    of `fit.node_class` ("TYPE_<n>" for a type this schema does not name). ValueError if none."""
+    type_name = cls.split("/", 1)[0]
+    node_type = int(type_name[5:]) if type_name.startswith("TYPE_") else pb.NodeType.Value(type_name)
+    return node_type | (CPU_FLAG if cls.endswith("/cpu") else 0)
+
+
 class NodeClass(_Strict):
-    lane: str
     bins: list[Bin]
     parents: list[tuple[str, int, str, list[tuple[str, int]], int]] = Field(
         default_factory=list, description="(class of the node before, position after the last anchor "
@@ -106,6 +115,12 @@ class Role(_Strict):
                              f"gaps, found {len(self.gaps)}")
         if [len(g) for g in self.gap_ns] != [len(g) for g in self.gaps]:
             raise ValueError("gap_ns must have the windows of gaps")
+        for cls in [*self.classes, *(anchor.cls for anchor in self.anchors)]:
+            try:
+                class_kind(cls)
+            except ValueError:
+                raise ValueError(f"{cls!r} is not a node class (a NodeType name, TYPE_<n>, then "
+                                 "optional /<collective type> and /cpu)") from None
         for gap in [window for gap in [*self.gaps, *self.gap_ns] for window in gap]:
             unknown = sorted(set(gap) - set(self.classes))
             if unknown:

@@ -41,8 +41,8 @@ from chakra_core.feeder.base import CPU_FLAG
 from chakra_core.schema import pb
 from chakra_core.tools._build import (TRACE_VERSION, bool_attr, collective_attrs, micros_from_ns, p2p_attrs,
                                       process_group_json, uint_attr, write_rank_files)
-from chakra_core.tools.synthesis.fit import MAX_SINCE_ANCHOR, lane_of
-from chakra_core.tools.synthesis.model import Anchor, Role, SynthesisError, SynthesisModel
+from chakra_core.tools.synthesis.fit import MAX_SINCE_ANCHOR, class_lane
+from chakra_core.tools.synthesis.model import Anchor, Role, SynthesisError, SynthesisModel, class_kind
 
 @dataclass
 class _Item:
@@ -57,12 +57,6 @@ class _Item:
     num_ops: Optional[int] = None
     tensor_size: Optional[int] = None
     parents: list[int] = field(default_factory=list)
-
-
-def class_lane(cls: str) -> str:
-    type_name = cls.split("/", 1)[0]
-    kind = pb.NodeType.Value(type_name) | (CPU_FLAG if cls.endswith("/cpu") else 0)
-    return lane_of(kind)
 
 
 @dataclass
@@ -121,7 +115,7 @@ def role_program(model: SynthesisModel, role_index: int, length: Optional[int], 
                 uid = len(targets)
                 targets.append({cls: ns * scale for cls, ns in role.gap_ns[index][window].items()})
                 for cls in _ordered(counts, previous, role, rng):
-                    items.append(_Item(cls=cls, lane=role.classes[cls].lane, gap=uid))
+                    items.append(_Item(cls=cls, lane=class_lane(cls), gap=uid))
                     previous = cls
             if index < len(role.anchors):
                 anchor = role.anchors[index]
@@ -261,7 +255,7 @@ def rank_nodes(model: SynthesisModel, place: Layout, rank: int, program: list[_I
         nodes.append(meta)
         offset = 1
     for position, item in enumerate(program):
-        node = pb.Node(id=position + offset, name=item.name, type=pb.NodeType.Value(item.cls.split("/", 1)[0]),
+        node = pb.Node(id=position + offset, name=item.name, type=class_kind(item.cls) & ~CPU_FLAG,
                        duration_micros=micros_from_ns(item.duration))
         if item.parents:
             node.data_deps.extend(p + offset for p in item.parents)
