@@ -1,0 +1,1 @@
+"""Hardware descriptions (profiles) and the NCCL cost model that reads them."""

@@ -1,0 +1,197 @@
+"""Hardware profiles: GPUs, nodes and scale-out networks, as data with a source for every value.
+
+A profile is a YAML file. Shipped profiles live in `chakra_core/hardware/profiles/`
+and are named by their file stem (`h100-sxm-hgx`); a manifest may also name a
+file path (a profile `chakra-sim calibrate` wrote). Every number is a
+`{value: ..., source: "..."}` pair: shipped profiles cite vendor documents or
+NCCL's public source, never a measurement that the accuracy tables judge.
+
+`extends: <profile>` starts from another profile and overrides keys
+(a scale-out profile extends its node's), merged key by key.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from chakra_core.errors import ManifestError
+
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+"""Data types a profile may give a dense peak for (TFLOP/s, or TOP/s for int8)."""
+
+ARCHITECTURES = ("volta", "ampere", "hopper")
+"""GPU generations NCCL's tuning tables distinguish (compute capability 7.x, 8.x, 9.x)."""
+
+BUILTIN_DIR = Path(__file__).with_name("profiles")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(_Strict):
+    """A number and the public document it comes from."""
+
+    value: float = Field(..., ge=0)
+    source: str = Field(..., min_length=1)
+    note: str | None = None
+
+
+class GpuSpec(_Strict):
+    model: str
+    architecture: Literal["volta", "ampere", "hopper"]
+    peak_tflops: dict[str, Sourced] = Field(
+        ..., description="dense peak per data type (TFLOP/s; TOP/s for int8), without sparsity")
+    memory_bandwidth_gbps: Sourced = Field(..., description="HBM bandwidth, GB/s (10^9 B/s)")
+    memory_gib: Sourced
+    nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
+    nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _known_dtypes(cls, value: dict[str, Sourced]) -> dict[str, Sourced]:
+        unknown = sorted(set(value) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
+        if not value:
+            raise ValueError("needs at least one data type")
+        return value
+
+
+class NodeSpec(_Strict):
+    gpus: Sourced = Field(..., description="GPUs per node (NVLink domain)")
+    nvswitch: bool = Field(..., description="GPUs reach each other through NVSwitches (all-to-all NVLink)")
+    nvls: bool = Field(False, description="NVLink SHARP (multicast reductions in the NVSwitch), NCCL's NVLS")
+
+
+class NcclSpec(_Strict):
+    """What NCCL's topology search and tuning derive from this hardware (NCCL's public source)."""
+
+    graph_channels: Sourced = Field(
+        ..., description="channels NCCL's intra-node ring search finds (graph nChannels); tuning's bus "
+                         "bandwidth is graph_channels x channel_bw_gbps")
+    channel_bw_gbps: Sourced = Field(..., description="bandwidth per channel the search settles on (bwIntra), GB/s")
+    channels: Sourced = Field(..., description="ring/tree channels of a communicator (comm->nChannels, "
+                                               "the search's channels duplicated)")
+    nvls_channels: Sourced | None = Field(None, description="NVLS channels (NVLS_NCHANNELS_SM90)")
+    nvls_bus_bw_gbps: Sourced | None = Field(
+        None, description="bus bandwidth of the NVLS graph (one channel per GPU x its bwIntra), GB/s; "
+                          "NCCL's tuning counts 5/6 of it as NVLS all-reduce bandwidth")
+
+
+class NetworkSpec(_Strict):
+    """The scale-out network between nodes."""
+
+    fabric: str
+    nics_per_node: Sourced
+    nic_gbits: Sourced = Field(..., description="line rate of one NIC, Gb/s")
+    extra_latency_us: Sourced | None = Field(
+        None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport)")
+
+
+class Calibration(_Strict):
+    """Factors `chakra-sim calibrate` fits to measurements; absent from spec-only profiles."""
+
+    source: str
+    latency_scale: dict[Literal["LL", "LL128", "Simple"], float] = Field(
+        default_factory=dict, description="factor on NCCL's latency of each protocol")
+    bandwidth_scale: dict[Literal["ring", "tree", "nvls", "nvls_tree"], float] = Field(
+        default_factory=dict, description="factor on NCCL's bandwidth of each algorithm")
+    nvls_chunk_scale: dict[int, float] = Field(
+        default_factory=dict, description="further factor on NVLS bandwidth per NCCL chunk size (bytes): "
+                                          "NCCL moves smaller chunks for smaller messages")
+
+
+class Profile(_Strict):
+    name: str
+    description: str
+    gpu: GpuSpec
+    node: NodeSpec
+    nccl: NcclSpec
+    network: NetworkSpec | None = None
+    calibration: Calibration | None = None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.node.gpus.value)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak of `dtype` in FLOP/s; KeyError names the data types the profile has."""
+        try:
+            return self.gpu.peak_tflops[dtype].value * 1e12
+        except KeyError:
+            raise KeyError(f"profile '{self.name}' has no {dtype} peak (it has "
+                           f"{', '.join(self.gpu.peak_tflops)})") from None
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with chakra-sim."""
+    return sorted(path.stem for path in BUILTIN_DIR.glob("*.yaml"))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _path_of(name: str | Path, base_dir: Path) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        return path if path.is_absolute() else base_dir / path
+    builtin = BUILTIN_DIR / f"{name}.yaml"
+    if not builtin.is_file():
+        raise ManifestError([(str(name), "no such profile; shipped profiles: "
+                              + ", ".join(builtin_profiles()) + " (or give a .yaml path)")])
+    return builtin
+
+
+def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    if path in seen:
+        raise ManifestError([(str(path), "profile 'extends' chain loops: "
+                              + " -> ".join(p.name for p in (*seen, path)))])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError([(str(path), "profile file not found")]) from None
+    except OSError as exc:   # a folder, no permission, ...
+        raise ManifestError([(str(path), f"cannot read the profile: {exc.strerror or exc}")]) from None
+    except yaml.YAMLError as exc:
+        raise ManifestError([(str(path), f"not valid YAML: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ManifestError([(str(path), "a profile is a mapping of keys")])
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ManifestError([(f"{path}: extends", "give a shipped profile's name or a .yaml path")])
+    # Resolved, so that a loop through '..' or a symlink is seen as one.
+    base = _raw(_path_of(parent, path.parent).resolve(), (*seen, path))
+    base.pop("name", None)   # a profile is named after its own file unless it says otherwise
+    return _merge(base, data)
+
+
+@lru_cache(maxsize=64)
+def _load(path: Path) -> Profile:
+    data = _raw(path, ())
+    data.setdefault("name", path.stem)
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError([(f"{path}: {'.'.join(str(p) for p in err['loc'])}", err["msg"])
+                             for err in exc.errors()]) from None
+
+
+def load_profile(name: str | Path, base_dir: Path = Path(".")) -> Profile:
+    """A shipped profile by name, or a profile file (relative paths against `base_dir`)."""
+    return _load(_path_of(name, base_dir).resolve())

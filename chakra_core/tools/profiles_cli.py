@@ -1,0 +1,132 @@
+"""`chakra-sim profiles`: the hardware profiles, and where each of their numbers comes from.
+
+    chakra-sim profiles [--json]                  the shipped profiles, one line each
+    chakra-sim profiles NAME_OR_PATH [--json]     every value of one profile with its source
+
+A profile is named by its file stem (`h100-sxm-hgx`) or given as a .yaml path
+(relative to the current folder). `--json` prints the resolved profile (its
+`extends` chain merged) as JSON; without a name, the list as JSON. An unknown
+name or an invalid file prints `error: ...` and exits with status 2.
+docs/hardware.md is the user guide; chakra_core.hardware.profiles the loader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+from pydantic import BaseModel
+from rich.markup import escape
+from rich.table import Table
+
+from chakra_core.hardware.profiles import Profile, Sourced, builtin_profiles, load_profile
+from chakra_core.tools import tool_errors
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.6g}"
+
+
+def fabric(profile: Profile) -> str:
+    return profile.network.fabric if profile.network else "single node"
+
+
+def summary(profile: Profile) -> dict[str, Any]:
+    """One line of the listing: name, GPU, GPUs per node, fabric, bf16 peak, HBM bandwidth."""
+    bf16 = profile.gpu.peak_tflops.get("bf16")
+    return {
+        "name": profile.name,
+        "gpu": profile.gpu.model,
+        "gpus_per_node": profile.gpus_per_node,
+        "fabric": fabric(profile),
+        "bf16_tflops": bf16.value if bf16 else None,
+        "hbm_gbps": profile.gpu.memory_bandwidth_gbps.value,
+        "description": profile.description,
+    }
+
+
+def rows(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any, Sourced | None]]:
+    """(key path, value, Sourced or None) for every value of a profile, in field order."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        yield from _rows(value, f"{prefix}{name}")
+
+
+def _rows(value: Any, path: str) -> Iterator[tuple[str, Any, Sourced | None]]:
+    if value is None:
+        return
+    if isinstance(value, Sourced):
+        yield path, value.value, value
+    elif isinstance(value, BaseModel):
+        yield from rows(value, f"{path}.")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _rows(item, f"{path}.{key}")
+    else:
+        yield path, value, None
+
+
+def _listing_table() -> Table:
+    table = Table(title="chakra-sim hardware profiles", title_justify="left")
+    for header, justify in (("name", "left"), ("GPU", "left"), ("GPUs/node", "right"), ("fabric", "left"),
+                            ("bf16 TFLOP/s", "right"), ("HBM GB/s", "right")):
+        table.add_column(header, justify=justify)
+    for name in builtin_profiles():
+        line = summary(load_profile(name))
+        table.add_row(escape(line["name"]), escape(line["gpu"]), str(line["gpus_per_node"]),
+                      escape(line["fabric"]),
+                      "-" if line["bf16_tflops"] is None else _number(line["bf16_tflops"]),
+                      _number(line["hbm_gbps"]))
+    return table
+
+
+def _profile_table(profile: Profile) -> Table:
+    table = Table(title=f"{escape(profile.name)}: {escape(profile.description)}", title_justify="left")
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    table.add_column("source", overflow="fold")
+    for path, value, sourced in rows(profile):
+        if path in ("name", "description"):
+            continue
+        shown = _number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+        source = ""
+        if sourced is not None:
+            source = escape(sourced.source)
+            if sourced.note:
+                source += f"\n[dim]note: {escape(sourced.note)}[/dim]"
+        table.add_row(escape(path), escape(shown), source)
+    return table
+
+
+@click.command("profiles")
+@click.argument("name_or_path", required=False, metavar="[NAME_OR_PATH]")
+@click.option("--json", "as_json", is_flag=True, help="print the resolved profile (or the list) as JSON")
+def profiles(name_or_path, as_json) -> None:
+    """List the shipped hardware profiles, or show one with the source of every value.
+
+    NAME_OR_PATH is a shipped profile's name (`chakra-sim profiles` lists them) or
+    a profile .yaml file. Profiles are spec-only: every number cites a vendor
+    document or NCCL's public source (docs/hardware.md).
+
+    \b
+    Examples:
+      chakra-sim profiles
+      chakra-sim profiles h100-sxm-hgx
+      chakra-sim profiles h100-aws-p5-efa --json
+    """
+    from chakra_core.cli import out_console
+
+    with tool_errors("output"):
+        if name_or_path is None:
+            if as_json:
+                click.echo(json.dumps([summary(load_profile(name)) for name in builtin_profiles()], indent=2))
+            else:
+                out_console().print(_listing_table())
+            return
+        profile = load_profile(name_or_path, Path.cwd())
+        if as_json:
+            click.echo(json.dumps(profile.model_dump(mode="json", exclude_none=True), indent=2))
+        else:
+            out_console().print(_profile_table(profile))
