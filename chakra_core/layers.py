@@ -270,6 +270,9 @@ class SystemLayer(LayerModel):
     once the peers it waits for have joined. The engine then counts each collective as waiting
     for peers from the moment it is issued, and the layer need not say so for each one."""
 
+    needs_network: ClassVar[bool] = True
+    """False if the layer times all communication itself; the manifest may then leave out `network`."""
+
     @abstractmethod
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         """Start a COMM_COLL_NODE on `rank`; call `done(node.id)` when it completes there."""

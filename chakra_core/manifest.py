@@ -96,7 +96,8 @@ class Manifest(_Strict):
     system: LayerSection = Field(default_factory=lambda: LayerSection(plugin="native"))
     compute: LayerSection = Field(default_factory=lambda: LayerSection(plugin="replay"))
     memory: LayerSection | None = None
-    network: LayerSection
+    network: LayerSection | None = Field(
+        None, description="required unless the system plugin times communication itself (nccl)")
     output: OutputSection = Field(default_factory=OutputSection)
 
 
@@ -160,7 +161,7 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
             file = _read_astra_file(name, layer_section, base_dir, source, problems)
             if file is not None or not layer_section.astra_file:
                 _validate_layer(name, layer_section, host, source, problems, warnings, file,
-                                consumed=SYSTEM_FILE_LINKED_KEYS)
+                                consumed=SYSTEM_FILE_LINKED_KEYS, base_dir=base_dir)
         raise ManifestError(_distinct(problems))
 
     sections: dict[str, LayerSection | None] = {layer: getattr(manifest, layer) for layer in LAYER_DEFAULTS}
@@ -178,10 +179,15 @@ def build_manifest(data: dict[str, Any], host: PluginHost, base_dir: Path, sourc
             continue   # absent, or its ASTRA-sim file is unreadable (already reported)
         result = _validate_layer(layer, section, host, source, problems, warnings, files.get(layer),
                                  derived=links.derived.get(layer),
-                                 consumed=links.consumed if layer == "system" else frozenset())
+                                 consumed=links.consumed if layer == "system" else frozenset(),
+                                 base_dir=base_dir)
         if result is not None:
             choices[layer] = result
             echo[layer] = {"plugin": result.impl.name, **result.config.model_dump(mode="json")}
+    system = choices.get("system")
+    if sections["network"] is None and system is not None and system.impl.cls.needs_network:
+        problems.append((f"{source}: network", f"required: system plugin '{system.impl.name}' sends its "
+                         "traffic through a network layer (plugin: analytical, congestion, ...)"))
 
     workload = manifest.workload
     trace_paths = _resolve_traces(workload, base_dir, source, problems)
@@ -328,7 +334,7 @@ def _keys(keys: list[str]) -> str:
 def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source: str,
                     problems: list, warnings: list, file: tuple[str, dict[str, Any]] | None,
                     derived: _Derived | None = None,
-                    consumed: frozenset[str] = frozenset()) -> LayerChoice | None:
+                    consumed: frozenset[str] = frozenset(), base_dir: Path = Path(".")) -> LayerChoice | None:
     """Validate one layer section with its plugin's Config; errors point at the key's origin.
 
     Settings come from, lowest precedence first: `derived` (the system file's keys for other
@@ -378,7 +384,7 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source:
                          "unknown key" if error["type"] == "extra_forbidden" else error["msg"])
                         for error in exc.errors())
         return None
-    extra_problems = impl.cls.config_problems(config, {"algorithms": host.algorithms()})
+    extra_problems = impl.cls.config_problems(config, {"algorithms": host.algorithms(), "base_dir": base_dir})
     problems.extend((origin(loc), message) for loc, message in extra_problems)
     if extra_problems:
         return None

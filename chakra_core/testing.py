@@ -195,13 +195,15 @@ def ring_network(n: int, bandwidth: float = 50.0, latency: float = 500.0, topolo
             "bandwidth": [bandwidth], "latency": [latency]}
 
 
-def manifest(prefix: str, network: dict[str, Any], system: dict[str, Any] | None = None,
+def manifest(prefix: str, network: dict[str, Any] | None, system: dict[str, Any] | None = None,
              compute: dict[str, Any] | None = None, memory: dict[str, Any] | None = None,
              **workload: Any) -> dict[str, Any]:
     """A manifest mapping: `workload.trace` is `prefix`, `workload` keywords go to the workload
     section (resources=, comm_groups=, feeder= ...). `system` holds native system-layer keys
     (its `plugin` is `native`); `compute` and `memory` are whole sections, `plugin` included."""
-    data: dict[str, Any] = {"workload": {"trace": prefix, **workload}, "network": network}
+    data: dict[str, Any] = {"workload": {"trace": prefix, **workload}}
+    if network is not None:   # a system layer that times communication itself needs none
+        data["network"] = network
     if system is not None:
         data["system"] = {"plugin": "native", **system}
     if compute is not None:

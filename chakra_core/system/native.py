@@ -146,6 +146,36 @@ _RUNS_AS = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}
 _ROOT_ATTRS = ("root_rank", "root", "comm_root")
 
 
+def collective_attrs(rank: int, node: NodeView, warn: Callable[[str], None]) -> tuple[int, int, str]:
+    """(comm_type, comm_size, group) of a collective node, checked ("" is all ranks)."""
+    comm_type = node.int("comm_type")
+    size = node.int("comm_size", 0)
+    if comm_type not in _IMPL_FIELD and comm_type not in _RUNS_AS:
+        raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): unknown collective "
+                              f"type {comm_type}")
+    if size < 0:
+        raise SimulationError(f"rank {rank}, node {node.id}: negative comm_size {size}")
+    if comm_type == pb.BARRIER and size:
+        # A barrier synchronises and moves no data: it runs as a 0-byte all-reduce.
+        warn(f"BARRIER nodes carry comm_size (e.g. rank {rank}, node {node.id}: {size} B); "
+             "a barrier moves no data, so the size is ignored")
+        size = 0
+    group = node.str("pg_name", "")
+    return comm_type, size, "" if group == "0" else group
+
+
+def mismatch(rank: int, node: NodeView, comm_type: int, size: int, group: str, seq: int,
+             first: tuple[int, int, int, int]) -> SimulationError:
+    """The error for the seq-th collective of `group` on `rank` that differs from the first
+    member's (rank, node id, comm_type, size)."""
+    first_rank, first_node, first_type, first_size = first
+    where = f"group {group!r}" if group else "all ranks"
+    return SimulationError(
+        f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
+        f"{collective_name(comm_type)} of {size} B, but rank {first_rank}'s matching collective "
+        f"(node {first_node}, #{seq + 1} in {where}) is {collective_name(first_type)} of {first_size} B")
+
+
 class Collective:
     """One collective operation, shared by the ranks of its group."""
 
@@ -416,12 +446,8 @@ class NativeSystem(SystemLayer):
         elif coll.comm_type != comm_type or coll.size != size or (coll.members is not members
                                                                      and coll.members != members):
             first = coll.first_rank
-            where = f"group {group!r}" if group else "all ranks"
-            raise SimulationError(
-                f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
-                f"{collective_name(comm_type)} of {size} B, but rank {first}'s matching collective "
-                f"(node {coll.nodes[first]}, #{seq + 1} in {where}) is "
-                f"{collective_name(coll.comm_type)} of {coll.size} B")
+            raise mismatch(rank, node, comm_type, size, group, seq,
+                           (first, coll.nodes[first], coll.comm_type, coll.size))
         queues = self.queues[rank]
         queues.counter += 1
         node_id = node.pb.id
@@ -554,21 +580,7 @@ class NativeSystem(SystemLayer):
         return (target - offset) % ranks, target
 
     def _collective_attrs(self, rank: int, node: NodeView) -> tuple[int, int, str]:
-        """(comm_type, comm_size, group) of a collective node, checked."""
-        comm_type = node.int("comm_type")
-        size = node.int("comm_size", 0)
-        if comm_type not in _IMPL_FIELD and comm_type not in _RUNS_AS:
-            raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): unknown collective "
-                                  f"type {comm_type}")
-        if size < 0:
-            raise SimulationError(f"rank {rank}, node {node.id}: negative comm_size {size}")
-        if comm_type == pb.BARRIER and size:
-            # A barrier synchronises and moves no data: it runs as a 0-byte all-reduce.
-            self.context.warn(f"BARRIER nodes carry comm_size (e.g. rank {rank}, node {node.id}: {size} B); "
-                              "a barrier moves no data, so the size is ignored")
-            size = 0
-        group = node.str("pg_name", "")
-        return comm_type, size, "" if group == "0" else group
+        return collective_attrs(rank, node, self.context.warn)
 
     def _solve(self, coll: Collective) -> None:
         """Time every phase of every chunk on every member at once (see module docstring)."""

@@ -1,0 +1,235 @@
+"""The `nccl` system layer: each collective takes the time NCCL's own cost model gives it.
+
+Collectives match as in the built-in layer (the k-th collective a rank issues in a group
+matches the k-th of every other member; type and size must agree). Once the last member has
+issued it, the collective runs with the algorithm and protocol NCCL would pick for its size,
+rank count and node count (chakra_core.hardware.nccl), and every member finishes that long
+after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a node.
+
+Sends and receives match by (src, dst, tag) as in the built-in layer; a message takes one NCCL
+step's latency plus its size over the sender's NVLinks (same node) or NIC share (other node).
+
+Not modelled: contention between collectives that overlap, or with point-to-point traffic
+(each runs as if alone, as NCCL's own model assumes), and the network layer, which this layer
+does not use.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable
+
+from pydantic import Field, PositiveInt
+
+from chakra_core.errors import ManifestError, SimulationError
+from chakra_core.et.attrs import NodeView
+from chakra_core.hardware import nccl
+from chakra_core.hardware.profiles import load_profile
+from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
+from chakra_core.schema import pb
+from chakra_core.system.algorithms import collective_name
+from chakra_core.system.groups import GroupRegistry
+from chakra_core.system.native import collective_attrs, mismatch
+from chakra_core.system.p2p import PointToPoint
+
+_NCCL_NAME = {
+    pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
+    pb.REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, pb.ALL_TO_ALL: nccl.ALL_TO_ALL,
+    pb.BROADCAST: nccl.BROADCAST, pb.REDUCE: nccl.REDUCE, pb.BARRIER: nccl.ALL_REDUCE,
+}
+BARRIER_BYTES = 4
+"""PyTorch's NCCL barrier is an all-reduce of one float."""
+
+
+class NcclSystemConfig(PluginConfig):
+    profile: str = Field(..., description="hardware profile: a shipped name (chakra-sim profiles) or a "
+                                          ".yaml file, relative to the manifest")
+    gpus_per_node: PositiveInt | None = Field(
+        None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
+
+
+class _Pending:
+    """One collective, from its first member's issue until its last member's."""
+
+    __slots__ = ("comm_type", "size", "members", "nodes", "done", "first_rank")
+
+    def __init__(self, comm_type: int, size: int, members: tuple[int, ...], rank: int):
+        self.comm_type, self.size, self.members, self.first_rank = comm_type, size, members, rank
+        self.nodes: dict[int, int] = {}
+        self.done: dict[int, Callable[[int], None]] = {}
+
+
+class _P2PTiming:
+    """What PointToPoint needs of a network (`npus_count`, `send`), timed by NCCL's point-to-point cost."""
+
+    def __init__(self, system: "NcclSystem"):
+        self.system = system
+        self.npus_count = system.context.num_ranks
+
+    def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
+        system = self.system
+        same_node = src // system.gpus_per_node == dst // system.gpus_per_node
+        system.context.scheduler.schedule(_ns(system.model.p2p_time_us(size, same_node)), on_arrival, arg)
+
+
+def _ns(time_us: float) -> int:
+    return int(round(time_us * 1000))
+
+
+class NcclSystem(SystemLayer):
+    name = "nccl"
+    fidelity = ("NCCL's own cost model per collective (algorithm ring/tree/NVLS/NVLS-tree, protocol "
+                "LL/LL128/Simple, channels) from a hardware profile; overlapping collectives and "
+                "point-to-point traffic do not slow each other down; the network layer is not used")
+    Config = NcclSystemConfig
+    collectives_start_waiting = True
+    needs_network = False
+
+    def __init__(self, config: NcclSystemConfig, context: LayerContext):
+        super().__init__(config, context)
+        self.profile = load_profile(config.profile, context.base_dir)
+        self.model = nccl.NcclModel(self.profile)
+        self.gpus_per_node = config.gpus_per_node or self.profile.gpus_per_node
+        n = context.num_ranks
+        if n > self.gpus_per_node and self.profile.network is None:
+            raise SimulationError(
+                f"the run has {n} ranks but profile '{self.profile.name}' describes one node of "
+                f"{self.gpus_per_node} GPUs and no network between nodes: choose a scale-out profile "
+                "(chakra-sim profiles lists them) or set gpus-per-node")
+        self.groups = GroupRegistry(n, context.extras.get("comm_groups"))
+        self.issued: list[dict[str, int]] = [{} for _ in range(n)]
+        self.pending: dict[tuple[str, int], _Pending] = {}
+        self.open: list[dict[int, _Pending]] = [{} for _ in range(n)]
+        self.bytes_sent = [0] * n
+        self.bytes_received = [0] * n
+        self.collectives_done = [0] * n
+        self.choices: Counter[tuple[str, str, str]] = Counter()
+        self.choice_ns: Counter[tuple[str, str, str]] = Counter()
+        self.p2p = PointToPoint(_P2PTiming(self), context.scheduler, context.warn, self.bytes_sent,
+                                self.bytes_received, waiting=context.comm_waiting)
+
+    @classmethod
+    def config_problems(cls, config: NcclSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
+        base_dir = extras.get("base_dir")
+        try:
+            load_profile(config.profile, base_dir) if base_dir else load_profile(config.profile)
+        except ManifestError as exc:
+            return [(("profile",), "; ".join(f"{where}: {why}" for where, why in exc.problems))]
+        return []
+
+    # Collectives ------------------------------------------------------------------------------------
+    def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        comm_type, size, group = collective_attrs(rank, node, self.context.warn)
+        if comm_type not in _NCCL_NAME and comm_type not in (pb.GATHER, pb.SCATTER):
+            raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): the nccl system layer "
+                                  f"does not model {collective_name(comm_type)}")
+        members = self.groups.members(group, node, rank)
+        seq = self.issued[rank].get(group, 0)
+        self.issued[rank][group] = seq + 1
+        key = (group, seq)
+        coll = self.pending.get(key)
+        if coll is None:
+            coll = self.pending[key] = _Pending(comm_type, size, members, rank)
+        elif coll.comm_type != comm_type or coll.size != size or coll.members != members:
+            first = coll.first_rank
+            raise mismatch(rank, node, comm_type, size, group, seq, (first, coll.nodes[first],
+                                                                     coll.comm_type, coll.size))
+        coll.nodes[rank] = node.id
+        coll.done[rank] = done
+        self.open[rank][node.id] = coll
+        if len(coll.nodes) == len(members):
+            del self.pending[key]
+            self._run(coll)
+
+    def _run(self, coll: _Pending) -> None:
+        n = len(coll.members)
+        time_ns, per_rank_bytes = self._cost(coll, n)
+        self.context.comm_released(coll.nodes.items())
+        scheduler = self.context.scheduler
+        for rank in coll.members:
+            self.bytes_sent[rank] += per_rank_bytes
+            self.bytes_received[rank] += per_rank_bytes
+            scheduler.schedule(time_ns, self._finished, (rank, coll))
+
+    def _cost(self, coll: _Pending, n: int) -> tuple[int, int]:
+        """(duration in ns, bytes each member sends and receives, by nccl-tests' bus convention)."""
+        if n < 2:
+            return 0, 0
+        nodes = len({rank // self.gpus_per_node for rank in coll.members})
+        comm_type, size = coll.comm_type, coll.size
+        if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
+            local = min(n, self.gpus_per_node) - 1
+            choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
+            name, moved = collective_name(comm_type).lower(), size * (n - 1) // n
+        else:
+            name = _NCCL_NAME[comm_type]
+            nbytes = BARRIER_BYTES if comm_type == pb.BARRIER else size
+            if comm_type == pb.ALL_GATHER:
+                nbytes = size * n     # NCCL counts an all-gather by its output
+            if nbytes == 0:
+                return 0, 0
+            choice = self.model.time_us(name, nbytes, n, nodes)
+            moved = {nccl.ALL_REDUCE: 2 * (n - 1) * nbytes // n, nccl.BROADCAST: nbytes,
+                     nccl.REDUCE: nbytes}.get(name, (n - 1) * nbytes // n)
+        key = (name, choice.algorithm, choice.protocol)
+        time_ns = _ns(choice.time_us)
+        self.choices[key] += 1
+        self.choice_ns[key] += time_ns
+        return time_ns, moved
+
+    def _finished(self, arg: tuple[int, _Pending]) -> None:
+        rank, coll = arg
+        node_id = coll.nodes[rank]
+        del self.open[rank][node_id]
+        self.collectives_done[rank] += 1
+        coll.done[rank](node_id)
+
+    # Point to point -------------------------------------------------------------------------------
+    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        self.p2p.send(rank, node, done)
+
+    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        self.p2p.recv(rank, node, done)
+
+    def define_groups(self, rank: int, node: NodeView) -> None:
+        self.groups.define_from_metadata(rank, node)
+
+    # Reporting --------------------------------------------------------------------------------------
+    def waits(self, rank: int) -> list[str]:
+        out = []
+        for node_id, coll in self.open[rank].items():
+            missing = [r for r in coll.members if r not in coll.nodes]
+            what = f"{collective_name(coll.comm_type)} of {coll.size} B"
+            if missing:
+                shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+                out.append(f"collective node {node_id}: {what} waits for rank(s) {shown}, "
+                           "which never issued it")
+            else:
+                out.append(f"collective node {node_id}: {what} is in progress")
+        out.extend(self.p2p.waits(rank))
+        return out
+
+    def finish(self) -> None:
+        for row in self.p2p.unmatched_sends():
+            self.context.warn(f"rank {row['rank']}: COMM_SEND node {row['node']} of {row['size']} B "
+                              f"to rank {row['peer']} (tag {row['tag']}) was never received")
+
+    def summary(self) -> dict:
+        return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
+                "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
+                             "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],
+                "unmatched_sends": self.p2p.unmatched_sends()}
+
+    def rank_summary(self, rank: int) -> dict:
+        return {"collectives": self.collectives_done[rank]}
+
+    def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        if not self.choices:
+            return []
+        rows = [[c, a, p, str(self.choices[(c, a, p)]), f"{self.choice_ns[(c, a, p)] / 1e3:,.1f}"]
+                for c, a, p in sorted(self.choices)]
+        return [(f"NCCL algorithms chosen (profile {self.profile.name})",
+                 ["collective", "algorithm", "protocol", "count", "time us (sum)"], rows)]
+
+    def traffic(self, rank: int) -> tuple[int, int]:
+        return self.bytes_sent[rank], self.bytes_received[rank]

@@ -1,0 +1,113 @@
+"""The `nccl` system layer: collectives take NCCL's time, matched and reported like the native layer's."""
+
+from __future__ import annotations
+
+import pytest
+
+from chakra_core.errors import ManifestError, SimulationError
+from chakra_core.hardware import nccl
+from chakra_core.hardware.profiles import load_profile
+from chakra_core.schema import pb
+from chakra_core.testing import collective, comp, recv, send, simulate, write_ranks
+
+H100, NDR = "h100-sxm-hgx", "h100-hgx-ndr400"
+
+
+def run(tmp_path, ranks, profile=H100, comm_groups=None, **system):
+    prefix = write_ranks(tmp_path / "t", ranks)
+    data = {"workload": {"trace": prefix}, "system": {"plugin": "nccl", "profile": profile, **system}}
+    if comm_groups is not None:
+        data["workload"]["comm_groups"] = comm_groups
+    return simulate(data)
+
+
+def ns(time_us: float) -> int:
+    return int(round(time_us * 1000))
+
+
+def test_all_reduce_takes_nccls_time(tmp_path):
+    size = 2**30
+    results = run(tmp_path, [[collective(0, pb.ALL_REDUCE, size)]] * 8)
+    expected = nccl.NcclModel(load_profile(H100)).time_us(nccl.ALL_REDUCE, size, 8, 1)
+    assert results["finish_ns"] == ns(expected.time_us)
+    assert all(r["bytes_sent"] == r["bytes_received"] == 2 * 7 * size // 8 for r in results["ranks"])
+    [choice] = results["layers"]["system"]["summary"]["choices"]
+    assert (choice["algorithm"], choice["protocol"], choice["count"]) == (expected.algorithm, expected.protocol, 1)
+
+
+def test_all_gather_counts_its_output(tmp_path):
+    results = run(tmp_path, [[collective(0, pb.ALL_GATHER, 2**20)]] * 8)
+    expected = nccl.NcclModel(load_profile(H100)).time_us(nccl.ALL_GATHER, 8 * 2**20, 8, 1)
+    assert results["finish_ns"] == ns(expected.time_us)
+
+
+def test_collective_starts_when_its_last_member_joins(tmp_path):
+    late = [comp(0, 5_000), collective(1, pb.ALL_REDUCE, 2**20, deps=[0])]
+    results = run(tmp_path, [late] + [[collective(1, pb.ALL_REDUCE, 2**20)]] * 7)
+    expected = nccl.NcclModel(load_profile(H100)).time_us(nccl.ALL_REDUCE, 2**20, 8, 1)
+    assert results["finish_ns"] == 5_000_000 + ns(expected.time_us)
+    # the early ranks waited for rank 0: skew, not network time
+    assert results["ranks"][1]["waiting_ns"] == 5_000_000
+
+
+def test_groups_spanning_nodes_are_slower(tmp_path):
+    size = 2**28
+    inside = {"a": list(range(8)), "b": list(range(8, 16))}
+    across = {"a": [r for r in range(16) if r % 2 == 0], "b": [r for r in range(16) if r % 2]}
+    traces = [[collective(0, pb.ALL_REDUCE, size, pg_name="a" if r in inside["a"] else "b")] for r in range(16)]
+    fast = run(tmp_path / "in", traces, NDR, comm_groups=inside)["finish_ns"]
+    traces = [[collective(0, pb.ALL_REDUCE, size, pg_name="a" if r % 2 == 0 else "b")] for r in range(16)]
+    slow = run(tmp_path / "across", traces, NDR, comm_groups=across)["finish_ns"]
+    model = nccl.NcclModel(load_profile(NDR))
+    assert fast == ns(model.time_us(nccl.ALL_REDUCE, size, 8, 1).time_us)
+    assert slow == ns(model.time_us(nccl.ALL_REDUCE, size, 8, 2).time_us)
+    assert slow > fast
+
+
+def test_send_recv_within_and_across_nodes(tmp_path):
+    size = 2**24
+    traces = [[] for _ in range(16)]
+    traces[0] = [send(0, 1, size), send(1, 8, size, tag=1)]
+    traces[1] = [recv(0, 0, size)]
+    traces[8] = [recv(0, 0, size, tag=1)]
+    results = run(tmp_path, traces, NDR)
+    model = nccl.NcclModel(load_profile(NDR))
+    local, remote = ns(model.p2p_time_us(size, True)), ns(model.p2p_time_us(size, False))
+    assert results["ranks"][1]["finish_ns"] == local
+    assert results["ranks"][8]["finish_ns"] == local + remote
+    assert remote > local
+
+
+def test_mismatched_collectives_are_reported(tmp_path):
+    traces = [[collective(0, pb.ALL_REDUCE, 1024)]] * 7 + [[collective(0, pb.ALL_REDUCE, 2048)]]
+    with pytest.raises(SimulationError, match="collectives do not match.*2048 B.*1024 B"):
+        run(tmp_path, traces)
+
+
+def test_a_rank_that_never_joins_is_named(tmp_path):
+    traces = [[collective(0, pb.ALL_REDUCE, 1024)]] * 7 + [[comp(0, 10)]]
+    with pytest.raises(SimulationError, match=r"waits for rank\(s\) 7"):
+        run(tmp_path, traces)
+
+
+def test_unknown_profile_lists_the_shipped_ones(tmp_path):
+    with pytest.raises(ManifestError, match="no such profile.*h100-sxm-hgx"):
+        run(tmp_path, [[collective(0, pb.ALL_REDUCE, 1024)]] * 2, profile="h900")
+
+
+def test_more_ranks_than_a_single_node_profile_holds(tmp_path):
+    with pytest.raises(SimulationError, match="16 ranks but profile 'h100-sxm-hgx' describes one node"):
+        run(tmp_path, [[collective(0, pb.ALL_REDUCE, 1024)]] * 16)
+
+
+def test_native_still_needs_a_network(tmp_path):
+    prefix = write_ranks(tmp_path / "t", [[collective(0, pb.ALL_REDUCE, 1024)]] * 2)
+    with pytest.raises(ManifestError, match="network.*required: system plugin 'native'"):
+        simulate({"workload": {"trace": prefix}})
+
+
+def test_runs_are_deterministic(tmp_path):
+    traces = [[collective(0, pb.ALL_REDUCE, 3 * 2**20), collective(1, pb.ALL_TO_ALL, 2**22, deps=[0])]] * 8
+    first = run(tmp_path / "a", traces)
+    second = run(tmp_path / "b", traces)
+    assert first["ranks"] == second["ranks"] and first["finish_ns"] == second["finish_ns"]
