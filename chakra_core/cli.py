@@ -20,6 +20,8 @@
                           [--length NODES] [--obfuscate] [--model model.json]
     chakra-sim synthesize --model model.json [--ranks N] --out OUTPREFIX [--seed S] [--length NODES]
     chakra-sim obfuscate PREFIX --out OUTPREFIX [--seed S] [--tolerance T]
+    chakra-sim profiles [NAME_OR_PATH] [--json]
+    chakra-sim calibrate LOG... --profile BASE [--out PROFILE.yaml] [--holdout none|odd-powers]
 
 Errors caused by inputs print one clear message and exit with status 2 (no
 traceback); `--debug` shows the traceback too. Ctrl-C during `run` exits with
@@ -95,6 +97,8 @@ TOOLS = {
     "analyze": "chakra_core.tools.analyze:analyze",
     "synthesize": "chakra_core.tools.synthesis.cli:synthesize",
     "obfuscate": "chakra_core.tools.obfuscation:obfuscate",
+    "profiles": "chakra_core.tools.profiles_cli:profiles",
+    "calibrate": "chakra_core.tools.calibrate_cli:calibrate",
 }
 CONVERTERS = {
     "pytorch": "chakra_core.tools.pytorch.cli:convert_pytorch",

@@ -91,6 +91,7 @@ def _benchmark_accepts(argv: list[str], cwd: Path) -> None:
 def test_the_pages_examples_run_as_written(page, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copytree(ROOT / "tests" / "data", tmp_path / "tests" / "data")
+    shutil.copytree(ROOT / "benchmarks" / "data", tmp_path / "benchmarks" / "data")
     for lang, body in blocks(page):
         if lang != "sh":
             continue
