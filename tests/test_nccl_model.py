@@ -17,21 +17,38 @@ def model(name: str = H100) -> nccl.NcclModel:
 
 
 def test_single_node_latencies_are_nccls_tables():
-    # tuning.cc: ring latency = baseLat + nsteps x hwLat(NVLink); NVLS = hwLat(NVLS) alone
+    # cost_model.cc: ring latency = baseLat + nsteps x hwLat(NVLink); NVLS = hwLat(NVLS) alone
     pairs = {(p.algorithm, p.protocol): p for p in model().pairs(nccl.ALL_REDUCE, 8, 1)}
     assert pairs[("ring", "LL")].latency_us == pytest.approx(6.6 + 14 * 0.6)
     assert pairs[("ring", "Simple")].latency_us == pytest.approx(8.4 + 14 * 3.4)
     assert pairs[("tree", "LL")].latency_us == pytest.approx(6.8 + 2 * 7 * 0.6)
-    assert pairs[("nvls", "Simple")].latency_us == pytest.approx(23.0)
+    assert pairs[("tree", "Simple")].latency_us == pytest.approx(8.4 + 2 * 7 * 4.0)
+    assert pairs[("nvls", "Simple")].latency_us == pytest.approx(25.0)
 
 
 def test_single_node_bandwidths_follow_nccls_refinements():
     profile = load_profile(H100)
-    bus = profile.nccl.graph_channels.value * profile.nccl.channel_bw_gbps.value
+    spec = profile.nccl
+    bus = spec.graph_channels.value * spec.channel_bw_gbps.value
     pairs = {(p.algorithm, p.protocol): p for p in model().pairs(nccl.ALL_REDUCE, 8, 1)}
     assert pairs[("ring", "Simple")].bandwidth_gbps == pytest.approx(bus * 8 / 14)
-    assert pairs[("ring", "LL")].bandwidth_gbps == pytest.approx(min(87.7, bus / 4) * 8 / 14)
-    assert pairs[("nvls", "Simple")].bandwidth_gbps == pytest.approx(profile.nccl.nvls_bus_bw_gbps.value * 5 / 6)
+    assert pairs[("ring", "LL")].bandwidth_gbps == pytest.approx(min(141.0, bus * 0.5) * 8 / 14)
+    # NVLS: nvlsEfficiency x (n-1)/n x 2 of each head's bwIntra, capped by bwInter, x heads
+    head = spec.nvls_bus_bw_gbps.value / 8
+    nvls_bus = min(head * 0.85 * 7 / 8 * 2, spec.nvls_inter_bw_gbps.value) * 8
+    assert pairs[("nvls", "Simple")].bandwidth_gbps == pytest.approx(nvls_bus * 8 / 14)
+
+
+def test_efa_chooses_with_the_reported_latency_and_prices_with_the_real_one():
+    p4de = nccl.NcclModel(load_profile("a100-aws-p4de-efa"))
+    chosen = {(p.algorithm, p.protocol): p for p in p4de.pairs(nccl.ALL_REDUCE, 16, 2)}
+    priced = {(p.algorithm, p.protocol): p for p in p4de.pairs(nccl.ALL_REDUCE, 16, 2, priced=True)}
+    assert {protocol for _, protocol in chosen} == {"Simple"}     # the plugin sets NCCL_PROTO=simple
+    # tree: 2 x (7 NVLink hops + 1 network hop); the network hop = hwLat + latency, twice with the flush
+    assert chosen[("tree", "Simple")].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + (14 + 2 * 75)))
+    assert priced[("tree", "Simple")].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + (14 + 2 * 20)))
+    choice = p4de.time_us(nccl.ALL_REDUCE, 1024, 16, 2)
+    assert choice.latency_us == pytest.approx(priced[(choice.algorithm, choice.protocol)].latency_us)
 
 
 def test_choices_by_size_and_hardware():

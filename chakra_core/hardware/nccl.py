@@ -1,12 +1,15 @@
 """NCCL's cost model: which algorithm and protocol NCCL picks for a collective, and how long it takes.
 
-This follows NCCL's own tuning model, as published in its source
-(NVIDIA/nccl `src/graph/tuning.cc` and `src/enqueue.cc` at commit b6475625, NCCL 2.19-2.21):
+This follows the cost model NCCL runs on Volta to Blackwell GPUs, as published in its source
+(NVIDIA/nccl `src/tuning/ring.cc`, `tree.cc`, `nvls.cc` and the constants of
+`src/tuning/cost_model.cc` at commits 1fc949c5 / 53947894; the same formulas as
+`src/graph/tuning.cc` of NCCL 2.19 with newer constants; `src/enqueue.cc` for channels and chunks):
 
-- every (algorithm, protocol) pair gets a latency (`baseLat` + per-hop `hwLat` over NVLink, PCI
-  or the network) and a bandwidth (channels x per-channel bandwidth, then NCCL's per-protocol
-  refinements: LL carries 1/4 of the bus bandwidth, LL128 92%, tree 92% capped per channel,
-  NVLS 5/6 of its bus bandwidth, ...), converted from bus to algorithm bandwidth;
+- every (algorithm, protocol) pair gets a latency (`baseLatencies` + per-hop `hwLatencies` over
+  NVLink, PCI or the network) and a bandwidth (channels x per-channel bandwidth, then NCCL's
+  per-protocol refinements: LL carries half the bus bandwidth up to `llMaxBws`, LL128 92%, tree
+  92% capped per channel, NVLS `nvlsEfficiency` of twice its per-channel bandwidth), converted
+  from bus to algorithm bandwidth;
 - a collective of `nbytes` takes `latency + nbytes / (1000 x bandwidth)` microseconds on each
   pair (tree bandwidths scaled by NCCL's `treeCorrectionFactor` for medium sizes), and NCCL
   runs it with the fastest;
@@ -41,19 +44,21 @@ PROTOCOLS = ("LL", "LL128", "Simple")
 LL, LL128, SIMPLE = PROTOCOLS
 RING, TREE, NVLS, NVLS_TREE = "ring", "tree", "nvls", "nvls_tree"
 
-# tuning.cc: latencies in microseconds, per protocol (LL, LL128, Simple)
-BASE_LATENCY = {TREE: (6.8, 14.0, 0.0), RING: (6.6, 14.0, 8.4), NVLS: (0.0, 0.0, 0.0), NVLS_TREE: (0.0, 0.0, 0.0)}
+# cost_model.cc: latencies in microseconds, per protocol (LL, LL128, Simple)
+BASE_LATENCY = {TREE: (6.8, 14.0, 8.4), RING: (6.6, 14.0, 8.4), NVLS: (0.0, 0.0, 0.0), NVLS_TREE: (0.0, 0.0, 0.0)}
 HW_LATENCY = {
-    "nvlink": {TREE: (.6, 1.25, 28), RING: (.6, 1.9, 3.4), NVLS: (0, 0, 23), NVLS_TREE: (0, 0, 23)},
-    "pci": {TREE: (1.0, 1.9, 28), RING: (1.0, 2.5, 5.7), NVLS: (0, 0, 0), NVLS_TREE: (0, 0, 0)},
-    "net": {TREE: (5.0, 8.5, 28), RING: (2.7, 4.0, 14.0), NVLS: (0, 0, 18), NVLS_TREE: (0, 0, 14)},
+    "nvlink": {TREE: (.6, 1.25, 4.0), RING: (.6, 1.9, 3.4), NVLS: (0, 0, 25), NVLS_TREE: (0, 0, 25)},
+    "pci": {TREE: (1.0, 1.9, 4.0), RING: (1.0, 2.5, 5.7), NVLS: (0, 0, 0), NVLS_TREE: (0, 0, 0)},
+    "net": {TREE: (5.0, 8.5, 14.0), RING: (2.7, 4.0, 14.0), NVLS: (0, 0, 18), NVLS_TREE: (0, 0, 20.9)},
 }
 _ARCH = {"volta": 0, "ampere": 1, "hopper": 2}
-# tuning.cc tables, [architecture][1 node, 2 nodes, more]; llMaxBws' multi-node rows go by CPU vendor
-LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (87.7, 22.5, 19.0))
+# cost_model.cc tables, [architecture][1 node, 2 nodes, more]; llMaxBws' multi-node rows go by CPU vendor
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0))
 PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
 PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
+PER_CH_MAX_NVLS_TREE_BW = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 57.7, 45.5))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85)
 TREE_CORRECTION = (  # powers of two from 64 B, per protocol
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
@@ -97,8 +102,9 @@ class _Pair:
     algorithm: str
     protocol: str
     latency_us: float
-    bandwidth_gbps: float
+    bandwidth_gbps: float   # algorithm bandwidth, all channels, NCCL's caps applied
     channels: int           # channels NCCL starts from (comm->nChannels, or NVLS channels)
+    channel_gbps: float = math.inf   # algorithm bandwidth one channel (CTA) moves before the caps
 
 
 def _log2i(n: int) -> int:
@@ -110,40 +116,45 @@ class NcclModel:
 
     def __init__(self, profile: Profile):
         self.profile = profile
-        self._tables: dict[tuple[str, int, int], tuple[_Pair, ...]] = {}
+        self._tables: dict[tuple[str, int, int, bool], tuple[_Pair, ...]] = {}
         self.time_us = lru_cache(maxsize=4096)(self._time_us)
 
     # -- the tuning table ------------------------------------------------------------------------
-    def _graph(self, algorithm: str, nodes: int) -> tuple[int, float, float, float]:
+    def _graph(self, algorithm: str, nodes: int, priced: bool) -> tuple[int, float, float, float]:
         """(channels of the search graph, bwIntra, bwInter, inter-node latency) as NCCL's topology
-        search would find them: within a node the NVLink rings; across nodes one channel per NIC,
-        each at the NIC's rate (capped by what NVLink gives that channel)."""
-        nccl = self.profile.nccl
-        graph_channels = int(nccl.graph_channels.value)
-        bw_intra = nccl.channel_bw_gbps.value
-        if algorithm in (NVLS, NVLS_TREE):   # the NVLS graph: one channel (head) per GPU of the node
-            graph_channels = self.profile.gpus_per_node
-            bw_intra = nccl.nvls_bus_bw_gbps.value / graph_channels
+        search finds them: within a node the NVLink rings; the NVLS graph with one channel (head)
+        per GPU; across nodes one channel per NIC at the NIC's rate (capped by what NVLink gives
+        that channel), NVLS heads sharing the node's NICs. The latency is what the network
+        plugin reports to NCCL, or with `priced` what a network step really costs."""
+        spec = self.profile.nccl
         network = self.profile.network
+        if algorithm in (NVLS, NVLS_TREE):
+            channels = self.profile.gpus_per_node
+            bw_intra = spec.nvls_bus_bw_gbps.value / channels
+            bw_inter = spec.nvls_inter_bw_gbps.value if spec.nvls_inter_bw_gbps else bw_intra
+        else:
+            channels, bw_intra = int(spec.graph_channels.value), spec.channel_bw_gbps.value
+            bw_inter = bw_intra
         if nodes == 1 or network is None:
-            return graph_channels, bw_intra, bw_intra, 0.0
-        nic_gbps = network.nic_gbits.value / 8
+            return channels, bw_intra, bw_inter, 0.0
         latency = network.extra_latency_us.value if network.extra_latency_us else 0.0
+        if not priced and network.reported_latency_us is not None:
+            latency = network.reported_latency_us.value
+        nic_gbps = network.nic_gbits.value / 8
         if algorithm == NVLS_TREE:
-            # NVLS heads share the node's NICs
-            per_channel = network.nics_per_node.value * nic_gbps / graph_channels
-            return graph_channels, bw_intra, per_channel, latency
+            return channels, bw_intra, network.nics_per_node.value * nic_gbps / channels, latency
         nics = int(network.nics_per_node.value)
-        total_intra = graph_channels * bw_intra
-        bw = min(nic_gbps, total_intra / nics)
+        bw = min(nic_gbps, channels * bw_intra / nics)
         return nics, bw, bw, latency
 
-    def pairs(self, collective: str, nranks: int, nodes: int) -> tuple[_Pair, ...]:
-        """Every (algorithm, protocol) NCCL considers, with its latency and bandwidth (uncalibrated)."""
-        key = (collective, nranks, nodes)
+    def pairs(self, collective: str, nranks: int, nodes: int, priced: bool = False) -> tuple[_Pair, ...]:
+        """Every (algorithm, protocol) NCCL considers, with its latency and bandwidth (uncalibrated):
+        as NCCL estimates them to choose, or with `priced` as the hardware runs them (where the
+        network plugin reports NCCL another latency than a step costs)."""
+        key = (collective, nranks, nodes, priced)
         table = self._tables.get(key)
         if table is None:
-            table = self._tables[key] = tuple(self._build(collective, nranks, nodes))
+            table = self._tables[key] = tuple(self._build(collective, nranks, nodes, priced))
         return table
 
     def _algorithms(self, collective: str, nodes: int) -> list[str]:
@@ -158,75 +169,76 @@ class NcclModel:
             return [RING, NVLS]
         return [RING]
 
-    def _build(self, collective: str, nranks: int, nodes: int):
+    def _build(self, collective: str, nranks: int, nodes: int, priced: bool):
         arch = _ARCH[self.profile.gpu.architecture]
         index2 = min(nodes, 3) - 1
-        cpu = getattr(self.profile.node, "cpu_vendor", "intel")
-        ll_max_bw = LL_MAX_BW[arch][index2] if nodes == 1 else LL_MAX_BW[1 if cpu == "amd" else 0][index2]
-        per_ch_tree = PER_CH_MAX_TREE_BW[arch][index2]
-        per_ch_ring_ll128 = PER_CH_MAX_RING_LL128_BW[arch][index2]
-        per_ch_tree_ll128 = PER_CH_MAX_TREE_LL128_BW[arch][index2]
-        ppn = nranks / nodes
+        cpu = self.profile.node.cpu_vendor
+        ll_max_bw = LL_MAX_BW[arch if nodes == 1 else (1 if cpu == "amd" else 0)][index2]
+        local = nranks // nodes
         intra_hw = "nvlink" if self.profile.gpu.nvlink_links.value > 0 else "pci"
         nsteps = {ALL_REDUCE: 2 * (nranks - 1), ALL_GATHER: nranks - 1, REDUCE_SCATTER: nranks - 1}.get(
             collective, nranks)
-        inter_steps = {ALL_REDUCE: 2 * nodes if nodes > 1 else 0, ALL_GATHER: nodes - 1,
-                       REDUCE_SCATTER: nodes - 1}.get(collective, nodes)
-        comm_channels = int(self.profile.nccl.channels.value)
+        inter_steps = 0 if nodes == 1 else {ALL_REDUCE: 2 * (nodes - 1)}.get(collective, nodes - 1)
+        network = self.profile.network
+        allowed = PROTOCOLS if nodes == 1 or network is None or network.protocols is None else network.protocols
+        flush = not priced or network is None or network.gdr_flush
         for algorithm in self._algorithms(collective, nodes):
-            graph_channels, bw_intra, bw_inter, latency_inter = self._graph(algorithm, nodes)
+            graph_channels, bw_intra, bw_inter, latency_inter = self._graph(algorithm, nodes, priced)
             for p, protocol in enumerate(PROTOCOLS):
-                if algorithm in (NVLS, NVLS_TREE) and protocol != SIMPLE:
+                if (algorithm in (NVLS, NVLS_TREE) and protocol != SIMPLE) or protocol not in allowed:
                     continue
-                if protocol == LL128 and nodes > 1 and self.profile.network is not None \
-                        and "infiniband" not in self.profile.network.fabric.lower() and arch < 2:
-                    continue   # LL128 only where NCCL enables it (NVLink, and a PXB/PXN path to the NIC)
-                bw = bw_intra if nodes <= 2 else bw_inter
-                if algorithm == NVLS:
-                    bw = min(bw_intra, bw_inter)
-                if algorithm == NVLS_TREE:
-                    bw = min(bw_intra, bw_inter if nodes <= 2 else bw_inter / 2)
-                bus = graph_channels * bw
-                if algorithm == RING and protocol == LL:
-                    factor = 1 / 4 if (nodes > 1 or collective in (ALL_REDUCE, REDUCE)) else 1 / 3
-                    bus = min(ll_max_bw, bus * factor)
-                if algorithm == RING and protocol == LL128:
-                    bus = min(bus * (0.7 if ppn < 2 else 0.92), graph_channels * per_ch_ring_ll128)
-                if algorithm == TREE:
-                    bus = min(bus * .92, graph_channels * per_ch_tree)
-                if algorithm == TREE and protocol == LL:
-                    bus = min(bus / 3.8, ll_max_bw)
-                if algorithm == TREE and protocol == LL128:
-                    bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128), graph_channels * per_ch_tree_ll128)
-                if algorithm == RING:
-                    bus *= nranks / nsteps
-                elif algorithm in (NVLS, NVLS_TREE):
-                    bus *= 5 / 6
-                else:
-                    bus *= .5
-                latency = BASE_LATENCY[algorithm][p]
                 intra = HW_LATENCY[intra_hw][algorithm][p]
-                inter = HW_LATENCY["net"][algorithm][p] + latency_inter
-                if protocol == SIMPLE:
-                    inter += latency_inter   # the flush NCCL adds on the network
-                local = nranks // nodes - 1
+                inter = intra
+                if nodes > 1:
+                    hop = TREE if algorithm == RING and local == 1 else algorithm
+                    inter = HW_LATENCY["net"][hop][p] + latency_inter
+                    if protocol == SIMPLE and flush:
+                        inter += latency_inter   # the GPUDirect flush NCCL counts on the network
+                latency = BASE_LATENCY[algorithm][p]
                 if algorithm == RING:
+                    bw = bw_intra if nodes <= 2 and arch < 4 else bw_inter
+                    factor = {LL: 0.5, LL128: 0.92, SIMPLE: 1.0}[protocol]
+                    bus = bw * graph_channels * factor
+                    if protocol == LL:
+                        bus = min(ll_max_bw, bus)
+                    elif protocol == LL128:
+                        bus = min(bus, graph_channels * PER_CH_MAX_RING_LL128_BW[arch][index2])
+                    algbw = bus * nranks / nsteps
+                    per_channel = bw * factor * nranks / nsteps
                     if collective in (REDUCE, BROADCAST):
-                        latency += HW_LATENCY["net" if nodes > 1 else intra_hw][RING][p]
+                        latency += inter if nodes > 1 else intra
                     else:
                         overhead = 0.0
-                        if nodes > 1:
+                        if nodes > 1:   # the proxy thread posts every network step
                             overhead = NET_OVERHEAD_US.get(cpu, 1.0) * (3 if protocol == SIMPLE else 1)
                         latency += (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
                 elif algorithm == TREE:
-                    latency += 2 * (local * intra + _log2i(nodes) * inter)
-                elif algorithm == NVLS:
-                    latency = intra + (inter if nodes > 1 else 0)
-                else:
-                    latency += intra + 2 * _log2i(nodes) * inter
+                    bus = min(bw_inter, bw_intra) * graph_channels
+                    bus = min(bus * .92, graph_channels * PER_CH_MAX_TREE_BW[arch][index2])
+                    factor = .92 * {LL: 1 / 3.8, LL128: 7 / 9 if nodes == 1 else 120 / 128, SIMPLE: 1.0}[protocol]
+                    if protocol == LL:
+                        bus = min(bus / 3.8, ll_max_bw)
+                    elif protocol == LL128:
+                        bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128),
+                                  graph_channels * PER_CH_MAX_TREE_LL128_BW[arch][index2])
+                    algbw = bus * .5
+                    per_channel = min(bw_inter, bw_intra) * factor * .5
+                    latency += 2 * ((local - 1) * intra + _log2i(nodes) * inter)
+                else:   # NVLS, NVLS-tree: the switch reduces; each channel's share, both ways for all-reduce
+                    per_channel = bw_intra * NVLS_EFFICIENCY[arch] * (graph_channels - 1) / graph_channels
+                    per_channel *= 2 if collective == ALL_REDUCE else (local - 1) / local
+                    across = bw_inter * (2 if algorithm == NVLS_TREE and nodes <= 2 else 1)
+                    cap = PER_CH_MAX_NVLS_TREE_BW[arch][index2] if algorithm == NVLS_TREE else math.inf
+                    bus = min(per_channel, across, cap) * graph_channels
+                    algbw = bus * nranks / nsteps if collective == ALL_REDUCE else bus
+                    per_channel = math.inf   # NVLS always runs on all of its channels
+                    if algorithm == NVLS:
+                        latency = intra + (inter if nodes > 1 else 0.0)
+                    else:
+                        latency += intra + 2 * _log2i(nodes) * inter
                 channels = int(self.profile.nccl.nvls_channels.value) if algorithm in (NVLS, NVLS_TREE) \
-                    else comm_channels
-                yield _Pair(algorithm, protocol, latency, bus, channels)
+                    else int(self.profile.nccl.channels.value)
+                yield _Pair(algorithm, protocol, latency, algbw, channels, per_channel)
 
     # -- one collective ---------------------------------------------------------------------------
     def _time_us(self, collective: str, nbytes: int, nranks: int, nodes: int) -> Choice:
@@ -243,9 +255,13 @@ class NcclModel:
             if best is None or estimate < best[0]:
                 best = (estimate, pair, latency, bw)
         assert best is not None
-        _, pair, latency, bw = best
-        channels = self._running_channels(pair, nbytes)
-        bw = bw * channels / pair.channels
+        pair = best[1]
+        if self.profile.network is not None and nodes > 1:   # priced as the hardware runs it
+            pair = next(p for p in self.pairs(collective, nranks, nodes, priced=True)
+                        if (p.algorithm, p.protocol) == (pair.algorithm, pair.protocol))
+        latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
+        channels = self._running_channels(pair, nbytes, nranks)
+        bw = min(bw, pair.channel_gbps * channels)   # each running channel at its own rate
         calibration = self.profile.calibration
         if calibration is not None:   # how fast NCCL's choice really runs; the choice stays NCCL's
             latency *= calibration.latency_scale.get(pair.protocol, 1.0)
@@ -269,11 +285,13 @@ class NcclModel:
         return latency, bw
 
     @staticmethod
-    def _running_channels(pair: _Pair, nbytes: int) -> int:
+    def _running_channels(pair: _Pair, nbytes: int, nranks: int) -> int:
         """Channels NCCL launches for this size (topoGetAlgoInfo): NVLS always uses all of its own."""
         if pair.algorithm in (NVLS, NVLS_TREE):
             return pair.channels
         threads, threshold = MAX_THREADS[pair.protocol], THREAD_THRESHOLD[pair.protocol]
+        if pair.algorithm == RING and pair.protocol == LL:
+            threshold *= nranks   # tuning.cc: ring LL's threshold scales with the ranks
         channels = pair.channels
         while nbytes < channels * threads * threshold and channels >= 2:
             channels -= 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from chakra_core.errors import ManifestError
 
@@ -68,6 +68,10 @@ class NodeSpec(_Strict):
     gpus: Sourced = Field(..., description="GPUs per node (NVLink domain)")
     nvswitch: bool = Field(..., description="GPUs reach each other through NVSwitches (all-to-all NVLink)")
     nvls: bool = Field(False, description="NVLink SHARP (multicast reductions in the NVSwitch), NCCL's NVLS")
+    cpu_vendor: Literal["intel", "amd"] = Field(
+        "intel", description="host CPU vendor: NCCL's per-step network overhead and multi-node LL bandwidth "
+                             "depend on it")
+    cpu_source: str | None = Field(None, description="the public document naming the host CPU")
 
 
 class NcclSpec(_Strict):
@@ -82,7 +86,10 @@ class NcclSpec(_Strict):
     nvls_channels: Sourced | None = Field(None, description="NVLS channels (NVLS_NCHANNELS_SM90)")
     nvls_bus_bw_gbps: Sourced | None = Field(
         None, description="bus bandwidth of the NVLS graph (one channel per GPU x its bwIntra), GB/s; "
-                          "NCCL's tuning counts 5/6 of it as NVLS all-reduce bandwidth")
+                          "NCCL's tuning takes nvlsEfficiency of twice it for an all-reduce")
+    nvls_inter_bw_gbps: Sourced | None = Field(
+        None, description="bwInter of the NVLS graph per channel, GB/s (the search's second pass raises it); "
+                          "caps an NVLS channel's bandwidth; default its bwIntra")
 
 
 class NetworkSpec(_Strict):
@@ -92,7 +99,24 @@ class NetworkSpec(_Strict):
     nics_per_node: Sourced
     nic_gbits: Sourced = Field(..., description="line rate of one NIC, Gb/s")
     extra_latency_us: Sourced | None = Field(
-        None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport)")
+        None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport); "
+                          "what a network step really costs on top of NCCL's table")
+    reported_latency_us: Sourced | None = Field(
+        None, description="latency the network plugin reports to NCCL (props->latency): NCCL chooses "
+                          "algorithms with it; default extra_latency_us")
+    gdr_flush: bool = Field(
+        True, description="Simple-protocol receives flush GPUDirect writes through the NIC (one more "
+                          "network latency), as NCCL's tuning assumes; false where the GPU needs none")
+    protocols: list[Literal["LL", "LL128", "Simple"]] | None = Field(
+        None, description="protocols NCCL may use across nodes (e.g. the network plugin sets "
+                          "NCCL_PROTO); default all")
+    protocols_source: str | None = None
+
+    @model_validator(mode="after")
+    def _protocols_sourced(self) -> "NetworkSpec":
+        if self.protocols is not None and not self.protocols_source:
+            raise ValueError("protocols needs protocols_source (the public document that says so)")
+        return self
 
 
 class Calibration(_Strict):
