@@ -9,8 +9,9 @@ calibrated profile keeps NCCL's algorithm and protocol logic and only corrects i
   chunks for smaller messages, and they reach less of the link bandwidth).
 
 Only the factors the measurements exercise are fitted (a factor no measured size uses stays
-at 1). The fit minimises the squared log error of the predicted times, so every size counts
-the same whether it takes 10 us or 30 ms; the factors describe how fast NCCL's choice really
+at 1). The fit minimises a robust (pseudo-Huber) loss of the log errors of the predicted times, so
+every size counts the same whether it takes 10 us or 30 ms and a single outlying measurement
+does not move a whole protocol; the factors describe how fast NCCL's choice really
 runs and never change which algorithm NCCL picks (NCCL decides with its own constants).
 """
 
@@ -23,6 +24,9 @@ from typing import Iterable, Sequence
 from chakra_core.hardware import nccl
 from chakra_core.hardware.nccl_tests import NcclTestsLog
 from chakra_core.hardware.profiles import Calibration, Profile
+
+ROBUST_SCALE = 0.05
+"""Log error where the fit's loss turns from quadratic to linear (about 5%)."""
 
 COLLECTIVE_OF_TEST = {"all_reduce": nccl.ALL_REDUCE, "all_gather": nccl.ALL_GATHER,
                       "reduce_scatter": nccl.REDUCE_SCATTER, "alltoall": nccl.ALL_TO_ALL,
@@ -113,8 +117,10 @@ def fit(profile: Profile, points: Sequence[Observation], source: str) -> Profile
         return base.model_copy(update={"calibration": _calibration(parameters, values, source)})
 
     def objective(values) -> float:
-        # a little weight on the factors' size keeps those the points barely see near 1
-        return (sum(e * e for e in log_errors(calibrated(values), points))
+        # pseudo-Huber on the log errors: quadratic within ~5%, linear beyond, so one noisy size
+        # (nccl-tests prints the odd outlier) cannot drag a whole protocol's latency; a little
+        # weight on the factors' size keeps those the points barely see near 1
+        return (sum(math.sqrt(1 + (e / ROBUST_SCALE) ** 2) - 1 for e in log_errors(calibrated(values), points))
                 + 1e-4 * sum(v * v for v in values))
 
     values = [0.0] * len(parameters)

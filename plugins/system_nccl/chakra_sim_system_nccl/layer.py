@@ -37,6 +37,7 @@ _NCCL_NAME = {
     pb.REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, pb.ALL_TO_ALL: nccl.ALL_TO_ALL,
     pb.BROADCAST: nccl.BROADCAST, pb.REDUCE: nccl.REDUCE, pb.BARRIER: nccl.ALL_REDUCE,
 }
+_ATTRS = object()   # node.memo key: (comm_type, comm_size, group), read once per node body
 BARRIER_BYTES = 4
 """PyTorch's NCCL barrier is an all-reduce of one float."""
 
@@ -119,7 +120,11 @@ class NcclSystem(SystemLayer):
 
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        comm_type, size, group = collective_attrs(rank, node, self.context.warn)
+        memo = node.memo
+        info = memo.get(_ATTRS)
+        if info is None:
+            info = memo[_ATTRS] = collective_attrs(rank, node, self.context.warn)
+        comm_type, size, group = info
         if comm_type not in _NCCL_NAME and comm_type not in (pb.GATHER, pb.SCATTER):
             raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): the nccl system layer "
                                   f"does not model {collective_name(comm_type)}")

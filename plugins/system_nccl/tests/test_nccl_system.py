@@ -111,3 +111,39 @@ def test_runs_are_deterministic(tmp_path):
     first = run(tmp_path / "a", traces)
     second = run(tmp_path / "b", traces)
     assert first["ranks"] == second["ranks"] and first["finish_ns"] == second["finish_ns"]
+
+
+# Physics (hypothesis): whatever mix of collectives, groups and sizes a job issues ---------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+BREAKDOWN = ("gpu_compute_ns", "cpu_compute_ns", "memory_ns", "exposed_network_ns", "waiting_ns", "idle_ns")
+KINDS = [pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL, pb.BROADCAST, pb.REDUCE]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.sampled_from(KINDS), st.integers(10, 30), st.sampled_from(["a", "b", ""]),
+                                st.integers(0, 3000)), min_size=1, max_size=6))
+def test_bytes_conserved_time_adds_up_and_nothing_beats_its_links(tmp_path_factory, steps):
+    """16 ranks on two NDR nodes; groups a (even ranks, both nodes), b (ranks 0-7, one node)."""
+    groups = {"a": list(range(0, 16, 2)), "b": list(range(8))}
+    traces = [[] for _ in range(16)]
+    for rank in range(16):
+        previous = None
+        for index, (kind, log_size, group, compute_us) in enumerate(steps):
+            if group and rank not in groups[group]:
+                continue
+            nodes = [comp(2 * index, compute_us, deps=[previous] if previous is not None else [])]
+            attrs = {"pg_name": group} if group else {}
+            nodes.append(collective(2 * index + 1, kind, 2**log_size, deps=[2 * index], **attrs))
+            traces[rank].extend(nodes)
+            previous = 2 * index + 1
+    results = run(tmp_path_factory.mktemp("phys"), traces, NDR, comm_groups=groups)
+    ranks = results["ranks"]
+    assert sum(r["bytes_sent"] for r in ranks) == sum(r["bytes_received"] for r in ranks)
+    for r in ranks:
+        assert sum(r[key] for key in BREAKDOWN) == r["finish_ns"] and min(r[key] for key in BREAKDOWN) >= 0
+    # each rank's traffic over its NVLinks (450 GB/s each way) and its NIC share takes at least that long
+    nvlink_bytes_per_ns = 450.0
+    for r in ranks:
+        assert r["finish_ns"] * nvlink_bytes_per_ns >= r["bytes_sent"] * 0.999
