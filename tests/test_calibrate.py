@@ -3,7 +3,6 @@ writes a profile a run can use."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import yaml

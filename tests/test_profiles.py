@@ -161,7 +161,7 @@ network:
 
 
 def test_extends_a_shipped_profile_by_name(tmp_path):
-    child = write(tmp_path / "mine.yaml", """\
+    write(tmp_path / "mine.yaml", """\
 extends: h100-sxm-hgx
 description: my cluster
 network:

@@ -13,7 +13,6 @@ NCCL's public source, never a measurement that the accuracy tables judge.
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,3 +218,13 @@ def _load(path: Path) -> Profile:
 def load_profile(name: str | Path, base_dir: Path = Path(".")) -> Profile:
     """A shipped profile by name, or a profile file (relative paths against `base_dir`)."""
     return _load(_path_of(name, base_dir).resolve())
+
+
+def profile_problems(name: str | Path, base_dir: Path) -> list[tuple[tuple, str]]:
+    """For a plugin's `config_problems`: why the profile a manifest names cannot be loaded
+    (as `(("profile",), reason)`), or nothing."""
+    try:
+        load_profile(name, base_dir)
+    except ManifestError as exc:
+        return [(("profile",), "; ".join(f"{where}: {why}" for where, why in exc.problems))]
+    return []

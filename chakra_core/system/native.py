@@ -164,6 +164,14 @@ def collective_attrs(rank: int, node: NodeView, warn: Callable[[str], None]) -> 
     return comm_type, size, "" if group == "0" else group
 
 
+def collective_wait(node_id: int, what: str, missing: list[int]) -> str:
+    """A deadlock report's line for an open collective: the ranks that never issued it, if any."""
+    if not missing:
+        return f"collective node {node_id}: {what} is in progress"
+    shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+    return f"collective node {node_id}: {what} waits for rank(s) {shown}, which never issued it"
+
+
 def mismatch(rank: int, node: NodeView, comm_type: int, size: int, group: str, seq: int,
              first: tuple[int, int, int, int]) -> SimulationError:
     """The error for the seq-th collective of `group` on `rank` that differs from the first
@@ -1036,19 +1044,12 @@ class NativeSystem(SystemLayer):
                 missing = sorted({fact[0] for fact in coll.needs})
             else:
                 missing = [r for r in coll.members if r not in coll.nodes]
-            if missing:
-                shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-                out.append(f"collective node {node_id}: {coll.describe()} waits for rank(s) {shown}, "
-                           "which never issued it")
-            else:
-                out.append(f"collective node {node_id}: {coll.describe()} is in progress")
+            out.append(collective_wait(node_id, coll.describe(), missing))
         out.extend(self.p2p.waits(rank))
         return out
 
     def finish(self) -> None:
-        for row in self.p2p.unmatched_sends():
-            self.context.warn(f"rank {row['rank']}: COMM_SEND node {row['node']} of {row['size']} B "
-                              f"to rank {row['peer']} (tag {row['tag']}) was never received")
+        self.p2p.warn_unmatched()
 
     def summary(self) -> dict:
         unmatched = self.p2p.unmatched_sends()

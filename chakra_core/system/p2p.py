@@ -163,6 +163,12 @@ class PointToPoint:
                                f"with tag {tag}; no matching send was issued")
         return out
 
+    def warn_unmatched(self) -> None:
+        """At the end of a run: a warning for every send nobody received."""
+        for row in self.unmatched_sends():
+            self.warn(f"rank {row['rank']}: COMM_SEND node {row['node']} of {row['size']} B "
+                      f"to rank {row['peer']} (tag {row['tag']}) was never received")
+
     def unmatched_sends(self) -> list[dict]:
         rows = []
         for (src, dst, tag), arrived in sorted(self._arrived.items()):

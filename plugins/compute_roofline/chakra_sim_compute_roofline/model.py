@@ -16,7 +16,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from chakra_core.errors import ManifestError, SimulationError
 from chakra_core.et.attrs import NodeView
-from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile
+from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
 from chakra_core.layers import ComputeModel, LayerContext, PluginConfig
 from chakra_sim_compute_roofline.dtypes import node_dtype
 
@@ -101,6 +101,13 @@ class RooflineCompute(ComputeModel):
                 "replay their traced duration")
     Config = RooflineConfig
     fold_safe = True
+
+    @classmethod
+    def config_problems(cls, config: RooflineConfig, extras: dict) -> list[tuple[tuple, str]]:
+        """A profile file that cannot be read is a manifest problem (`chakra-sim validate` says so)."""
+        if config.profile is None:
+            return []
+        return profile_problems(config.profile, extras.get("base_dir", Path(".")))
 
     def __init__(self, config: RooflineConfig, context: LayerContext):
         super().__init__(config, context)

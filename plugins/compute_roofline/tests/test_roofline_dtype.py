@@ -13,6 +13,7 @@ from chakra_core.et.attrs import NodeView
 from chakra_core.hardware.profiles import BUILTIN_DIR, builtin_profiles, load_profile
 from chakra_core.layers import LayerContext, MemoryModel
 from chakra_core.schema import pb
+from test_roofline import FakeMemory   # same folder (pytest puts it on sys.path)
 from chakra_core.testing import comp, manifest, simulate, uniform_network, write_ranks
 from chakra_sim_compute_roofline import RooflineCompute, RooflineConfig
 from chakra_sim_compute_roofline.dtypes import canonical, input_dtype, node_dtype
@@ -68,23 +69,6 @@ def write_profile(folder, name: str, drop: tuple[str, ...] = ()) -> str:
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path.name
-
-
-class FakeMemory(MemoryModel):
-    """A memory layer reporting a bandwidth per rank (GB/s)."""
-
-    name = "fake"
-    fidelity = "test double"
-
-    def __init__(self, per_rank: list[float]):
-        super().__init__(MemoryModel.Config(), LayerContext(num_ranks=len(per_rank), scheduler=EventQueue()))
-        self.per_rank = per_rank
-
-    def bandwidth_gbps(self, rank: int) -> float:
-        return self.per_rank[rank]
-
-    def access(self, rank, node, done):
-        raise AssertionError("the roofline model never accesses memory")
 
 
 # Compute- and memory-bound nodes of different data types --------------------------------------------
@@ -328,7 +312,8 @@ def test_the_manifest_reports_both_sources_at_the_key(tmp_path):
 def test_a_missing_profile_file_names_the_key(tmp_path):
     prefix = write_ranks(tmp_path, [[node(1)]])
     data = manifest(prefix, uniform_network(1), compute={"plugin": "roofline", "profile": "mine.yaml"})
-    with pytest.raises(SimulationError, match=r"compute\.profile: .*mine\.yaml: profile file not found"):
+    # found when the manifest is validated (chakra-sim validate reports it too), not mid-run
+    with pytest.raises(ManifestError, match=r"compute\.profile: .*mine\.yaml: profile file not found"):
         simulate(data, base_dir=tmp_path)
 
 

@@ -17,19 +17,20 @@ does not use.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import Field, PositiveInt
 
-from chakra_core.errors import ManifestError, SimulationError
+from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.hardware import nccl
-from chakra_core.hardware.profiles import load_profile
+from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import collective_name
 from chakra_core.system.groups import GroupRegistry
-from chakra_core.system.native import collective_attrs, mismatch
+from chakra_core.system.native import collective_attrs, collective_wait, mismatch
 from chakra_core.system.p2p import PointToPoint
 
 _NCCL_NAME = {
@@ -111,12 +112,7 @@ class NcclSystem(SystemLayer):
 
     @classmethod
     def config_problems(cls, config: NcclSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
-        base_dir = extras.get("base_dir")
-        try:
-            load_profile(config.profile, base_dir) if base_dir else load_profile(config.profile)
-        except ManifestError as exc:
-            return [(("profile",), "; ".join(f"{where}: {why}" for where, why in exc.problems))]
-        return []
+        return profile_problems(config.profile, extras.get("base_dir", Path(".")))
 
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
@@ -204,20 +200,12 @@ class NcclSystem(SystemLayer):
         out = []
         for node_id, coll in self.open[rank].items():
             missing = [r for r in coll.members if r not in coll.nodes]
-            what = f"{collective_name(coll.comm_type)} of {coll.size} B"
-            if missing:
-                shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-                out.append(f"collective node {node_id}: {what} waits for rank(s) {shown}, "
-                           "which never issued it")
-            else:
-                out.append(f"collective node {node_id}: {what} is in progress")
+            out.append(collective_wait(node_id, f"{collective_name(coll.comm_type)} of {coll.size} B", missing))
         out.extend(self.p2p.waits(rank))
         return out
 
     def finish(self) -> None:
-        for row in self.p2p.unmatched_sends():
-            self.context.warn(f"rank {row['rank']}: COMM_SEND node {row['node']} of {row['size']} B "
-                              f"to rank {row['peer']} (tag {row['tag']}) was never received")
+        self.p2p.warn_unmatched()
 
     def summary(self) -> dict:
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
