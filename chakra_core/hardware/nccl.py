@@ -196,7 +196,7 @@ class NcclModel:
                         inter += latency_inter   # the GPUDirect flush NCCL counts on the network
                 latency = BASE_LATENCY[algorithm][p]
                 if algorithm == RING:
-                    bw = bw_intra if nodes <= 2 and arch < 4 else bw_inter
+                    bw = bw_intra if nodes <= 2 else bw_inter   # ring.cc (before Blackwell)
                     factor = {LL: 0.5, LL128: 0.92, SIMPLE: 1.0}[protocol]
                     bus = bw * graph_channels * factor
                     if protocol == LL:
@@ -213,16 +213,15 @@ class NcclModel:
                             overhead = NET_OVERHEAD_US.get(cpu, 1.0) * (3 if protocol == SIMPLE else 1)
                         latency += (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
                 elif algorithm == TREE:
-                    bus = min(bw_inter, bw_intra) * graph_channels
-                    bus = min(bus * .92, graph_channels * PER_CH_MAX_TREE_BW[arch][index2])
-                    factor = .92 * {LL: 1 / 3.8, LL128: 7 / 9 if nodes == 1 else 120 / 128, SIMPLE: 1.0}[protocol]
+                    bw = min(bw_inter, bw_intra)
+                    factor = {LL: 1 / 3.8, LL128: 7 / 9 if nodes == 1 else 120 / 128, SIMPLE: 1.0}[protocol]
+                    bus = min(bw * graph_channels * .92, graph_channels * PER_CH_MAX_TREE_BW[arch][index2]) * factor
                     if protocol == LL:
-                        bus = min(bus / 3.8, ll_max_bw)
+                        bus = min(bus, ll_max_bw)
                     elif protocol == LL128:
-                        bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128),
-                                  graph_channels * PER_CH_MAX_TREE_LL128_BW[arch][index2])
+                        bus = min(bus, graph_channels * PER_CH_MAX_TREE_LL128_BW[arch][index2])
                     algbw = bus * .5
-                    per_channel = min(bw_inter, bw_intra) * factor * .5
+                    per_channel = bw * .92 * factor * .5
                     latency += 2 * ((local - 1) * intra + _log2i(nodes) * inter)
                 else:   # NVLS, NVLS-tree: the switch reduces; each channel's share, both ways for all-reduce
                     per_channel = bw_intra * NVLS_EFFICIENCY[arch] * (graph_channels - 1) / graph_channels
