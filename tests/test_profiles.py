@@ -19,7 +19,7 @@ SHIPPED = builtin_profiles()
 NODES = {"h100-sxm-hgx", "h200-sxm-hgx", "a100-sxm-hgx"}
 SCALE_OUT = {"h100-hgx-ndr400": "h100-sxm-hgx", "h200-hgx-ndr400": "h200-sxm-hgx",
              "a100-hgx-hdr200": "a100-sxm-hgx", "h100-aws-p5-efa": "h100-sxm-hgx",
-             "a100-aws-p4de-efa": "a100-sxm-hgx"}
+             "a100-aws-p4de-efa": "a100-sxm-hgx", "h100-hgx-roce400": "h100-sxm-hgx"}
 
 
 def invoke(*args: str):
