@@ -164,6 +164,21 @@ def collective_attrs(rank: int, node: NodeView, warn: Callable[[str], None]) -> 
     return comm_type, size, "" if group == "0" else group
 
 
+def collective_root(node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
+    """The root of a rooted collective (its root attribute, else the group's first rank); the
+    first rank for the others."""
+    if comm_type not in ROOTED:
+        return members[0]
+    for attr in _ROOT_ATTRS:
+        if node.has(attr):
+            root = node.int(attr)
+            if root not in members:
+                raise SimulationError(f"rank {rank}, node {node.id}: root {root} ({attr}) is not "
+                                      f"a member of the collective's group {list(members)}")
+            return root
+    return members[0]
+
+
 def collective_wait(node_id: int, what: str, missing: list[int]) -> str:
     """A deadlock report's line for an open collective: the ranks that never issued it, if any."""
     if not missing:
@@ -442,7 +457,7 @@ class NativeSystem(SystemLayer):
         key = (group, seq)
         coll = self.collectives.get(key)
         if coll is None:
-            root = self._root(node, members, rank, comm_type)
+            root = collective_root(node, members, rank, comm_type)
             coll = Collective(group, seq, comm_type, size, members, rank, root)
             coll.set_plans(self._plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
@@ -765,18 +780,6 @@ class NativeSystem(SystemLayer):
                     release(rank, node_id, False)
         else:
             self.context.comm_released(coll.nodes.items())
-
-    def _root(self, node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
-        if comm_type not in ROOTED:
-            return members[0]
-        for attr in _ROOT_ATTRS:
-            if node.has(attr):
-                root = node.int(attr)
-                if root not in members:
-                    raise SimulationError(f"rank {rank}, node {node.id}: root {root} ({attr}) is not "
-                                          f"a member of the collective's group {list(members)}")
-                return root
-        return members[0]
 
     def _plan(self, coll: Collective, node: NodeView) -> list[list[PhaseSpec]]:
         """The phases of every chunk (see the module docstring)."""

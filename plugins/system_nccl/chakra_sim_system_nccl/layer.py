@@ -30,7 +30,7 @@ from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import collective_name
 from chakra_core.system.groups import GroupRegistry
-from chakra_core.system.native import collective_attrs, collective_wait, mismatch
+from chakra_core.system.native import collective_attrs, collective_root, collective_wait, mismatch
 from chakra_core.system.p2p import PointToPoint
 
 _NCCL_NAME = {
@@ -53,10 +53,10 @@ class NcclSystemConfig(PluginConfig):
 class _Pending:
     """One collective, from its first member's issue until its last member's."""
 
-    __slots__ = ("comm_type", "size", "members", "nodes", "done", "first_rank")
+    __slots__ = ("comm_type", "size", "members", "nodes", "done", "first_rank", "root")
 
-    def __init__(self, comm_type: int, size: int, members: tuple[int, ...], rank: int):
-        self.comm_type, self.size, self.members, self.first_rank = comm_type, size, members, rank
+    def __init__(self, comm_type: int, size: int, members: tuple[int, ...], rank: int, root: int):
+        self.comm_type, self.size, self.members, self.first_rank, self.root = comm_type, size, members, rank, root
         self.nodes: dict[int, int] = {}
         self.done: dict[int, Callable[[int], None]] = {}
 
@@ -121,16 +121,14 @@ class NcclSystem(SystemLayer):
         if info is None:
             info = memo[_ATTRS] = collective_attrs(rank, node, self.context.warn)
         comm_type, size, group = info
-        if comm_type not in _NCCL_NAME and comm_type not in (pb.GATHER, pb.SCATTER):
-            raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): the nccl system layer "
-                                  f"does not model {collective_name(comm_type)}")
         members = self.groups.members(group, node, rank)
         seq = self.issued[rank].get(group, 0)
         self.issued[rank][group] = seq + 1
         key = (group, seq)
         coll = self.pending.get(key)
         if coll is None:
-            coll = self.pending[key] = _Pending(comm_type, size, members, rank)
+            root = collective_root(node, members, rank, comm_type)
+            coll = self.pending[key] = _Pending(comm_type, size, members, rank, root)
         elif coll.comm_type != comm_type or coll.size != size or coll.members != members:
             first = coll.first_rank
             raise mismatch(rank, node, comm_type, size, group, seq, (first, coll.nodes[first],
@@ -159,7 +157,8 @@ class NcclSystem(SystemLayer):
         nodes = len({rank // self.gpus_per_node for rank in coll.members})
         comm_type, size = coll.comm_type, coll.size
         if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
-            local = min(n, self.gpus_per_node) - 1
+            root_node = coll.root // self.gpus_per_node
+            local = sum(1 for rank in coll.members if rank // self.gpus_per_node == root_node) - 1
             choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
             name, moved = collective_name(comm_type).lower(), size * (n - 1) // n
         else:

@@ -147,3 +147,12 @@ def test_bytes_conserved_time_adds_up_and_nothing_beats_its_links(tmp_path_facto
     nvlink_bytes_per_ns = 450.0
     for r in ranks:
         assert r["finish_ns"] * nvlink_bytes_per_ns >= r["bytes_sent"] * 0.999
+
+
+def test_gather_times_the_roots_links(tmp_path):
+    """The root (rank 9, second node) takes S from its 7 node mates over NVLink and from the
+    first node's 8 ranks through its NIC share."""
+    size = 2**22
+    results = run(tmp_path, [[collective(0, pb.GATHER, size, root_rank=9)]] * 16, NDR)
+    expected = nccl.NcclModel(load_profile(NDR)).fan_time_us(size * 7, size * 8)
+    assert results["finish_ns"] == ns(expected.time_us)
