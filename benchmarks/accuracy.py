@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chakra_core.hardware import calibrate as cal  # noqa: E402
-from chakra_core.hardware.nccl_tests import load  # noqa: E402
+from chakra_core.hardware.nccl_tests import load, parse_busbw_table  # noqa: E402
 from chakra_core.hardware.profiles import load_profile  # noqa: E402
 from chakra_core.plugins import make_plugin_host  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
@@ -56,9 +56,13 @@ class Dataset:
     min_bytes: int = 1024
     max_bytes: int = 8 * 2**30
     note: str = ""
+    table: tuple[str, int] | None = None   # a bus-bandwidth table: (collective, ranks)
 
-    def log(self):
-        return load(LOGS / self.file)
+    def log(self, folder: Path = LOGS):
+        if self.table is not None:
+            path = folder / self.file
+            return parse_busbw_table(path.read_text(), *self.table, path=str(path))
+        return load(folder / self.file)
 
 
 DATASETS = (
@@ -75,6 +79,25 @@ DATASETS = (
 )
 
 
+# Public logs whose repositories carry no licence, so they are not redistributed (see the data
+# README for their URLs at a commit); --extra-logs DIR evaluates those found in DIR, stdout only.
+EXTRA = (
+    Dataset("4 x 8 H100, all-reduce, InfiniBand (Voltage Park)", "h100_voltagepark_4node_32gpu_allreduce_ib.txt",
+            "h100-hgx-ndr400", goal=0.15, note="NIC count per node uncertain in the source"),
+    Dataset("4 x 8 H100, all-gather, InfiniBand (Voltage Park)", "h100_voltagepark_4node_32gpu_allgather_ib.txt",
+            "h100-hgx-ndr400", note="NIC count per node uncertain in the source"),
+    Dataset("8 x H100, all-reduce (Voltage Park, one process)", "h100_voltagepark_1node_8gpu_allreduce.txt",
+            "h100-sxm-hgx", note="one process drives 8 GPUs (-g 8)"),
+    Dataset("8 x H100, all-reduce (Azure ND H100 v5, busbw table)",
+            "h100_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "h100-sxm-hgx", table=("all_reduce", 8)),
+    Dataset("8 x H200, all-reduce (Azure ND H200 v5, busbw table)",
+            "h200_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "h200-sxm-hgx", table=("all_reduce", 8)),
+    Dataset("8 x A100, all-reduce (Azure ND A100 v4, busbw table)",
+            "a100_azure-ndv4_1node_8gpu_allreduce_busbw-table.txt", "a100-sxm-hgx", goal=0.15,
+            table=("all_reduce", 8)),
+)
+
+
 def run_one(host, folder: Path, system: dict, network: dict | None, collective_name: str, size: int,
             ranks: int) -> float:
     """Finish time in microseconds of one collective of nccl-tests `size` on every rank."""
@@ -86,10 +109,10 @@ def run_one(host, folder: Path, system: dict, network: dict | None, collective_n
     return simulate(data, host=host)["finish_ns"] / 1000
 
 
-def predictions(host, dataset: Dataset, log, points, work: Path) -> dict[str, list[float]]:
+def predictions(host, dataset: Dataset, log, points, work: Path, native: bool = True) -> dict[str, list[float]]:
     out = {"nccl": [run_one(host, work / f"n{i}", {"plugin": "nccl", "profile": dataset.profile}, None,
                             log.collective, p.nbytes, p.ranks) for i, p in enumerate(points)]}
-    if points and points[0].ranks == 8 and points[0].nodes == 1:
+    if native and points and points[0].ranks == 8 and points[0].nodes == 1:
         system = {"plugin": "native", "astra_file": str(ASTRA / "HGX-H100-validated.json")}
         for backend, label in (("analytical", "native unaware"), ("congestion", "native aware")):
             network = {"plugin": backend, "astra_file": str(ASTRA / "HGX-H100-validated.yml")}
@@ -116,6 +139,9 @@ def size_label(size: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "accuracy.md")
+    parser.add_argument("--extra-logs", type=Path,
+                        help="also evaluate the non-redistributed public logs found in this folder "
+                             "(printed, not written to --out)")
     parser.add_argument("--detail", action="append", default=[],
                         help="print the per-size table of datasets whose label contains this text "
                              "(default: the goal datasets)")
@@ -173,7 +199,29 @@ def main() -> int:
     head, rest = text.split(BEGIN, 1)
     args.out.write_text(head + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1])
     print(body)
+    if args.extra_logs is not None:
+        print(extra_table(host, args.extra_logs))
     return 0
+
+
+def extra_table(host, folder: Path) -> str:
+    """Spec-only nccl geomean errors for the EXTRA logs present in `folder` (busbw tables: in-place)."""
+    rows = ["| data (not redistributed) | sizes | profile | nccl (spec-only) | goal |", "| --- | --- | --- | --- | --- |"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for number, dataset in enumerate(EXTRA):
+            if not (folder / dataset.file).is_file():
+                continue
+            profile = load_profile(dataset.profile)
+            log = dataset.log(folder)
+            points = cal.observations([log], profile.gpus_per_node, dataset.table is not None,
+                                      dataset.min_bytes, dataset.max_bytes)
+            times = predictions(host, dataset, log, points, Path(tmp) / str(number), native=False)["nccl"]
+            errors = [math.log(t / p.time_us) for t, p in zip(times, points)]
+            goal = f"≤ {100 * dataset.goal:.0f}%" if dataset.goal else ""
+            rows.append(f"| {dataset.label}{' — ' + dataset.note if dataset.note else ''} | "
+                        f"{size_label(points[0].nbytes)} – {size_label(points[-1].nbytes)} ({len(points)}) | "
+                        f"`{dataset.profile}` | {geomean(errors)} | {goal} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
