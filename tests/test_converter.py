@@ -299,6 +299,9 @@ def test_hta_pair_links_every_op_and_kernel(tmp_path):
         assert [n.name for n in launchers] in (["aten::uniform_"], ["aten::add"])
     add = [n for n in kernels if "vectorized_elementwise" in n.name]
     assert [NodeView(n).int("num_ops") for n in add] == [65536, 65536]   # 256x256 adds
+    # the kernels carry the data type their launching operator's float tensors say (for
+    # per-data-type peaks), since their operands stay on the host node
+    assert [NodeView(n).str("dtype") for n in add] == ["fp32", "fp32"]
     result.write(tmp_path / "hta")
     results = simulate(manifest(str(tmp_path / "hta"), ring_network(1)))
     assert results["ranks"][0]["compute_ns"] == 1000 * summary.gpu_micros

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chakra_core.et.attrs import attr_value
+from chakra_core.et.dtypes import operands_dtype
 from chakra_core.et.io import write_trace
 from chakra_core.schema import pb
 from chakra_core.tools._build import (bool_attr, int_attr, metadata, process_group_json, rank_path, str_attr,
@@ -449,6 +450,10 @@ class _Converter:
             return
         if work["num_ops"] is not None:
             target.attr.append(uint_attr("num_ops", max(0, work["num_ops"])))
+            host = self.nodes[cpu_node]
+            dtype = operands_dtype(host.inputs.types, host.inputs.shapes) if target is not host else None
+            if dtype is not None:   # the kernel has no operands of its own to say what it computes in
+                target.attr.append(str_attr("dtype", dtype))
         if work["tensor_size"] > 0 and _attr(target, "tensor_size") is None:
             target.attr.append(uint_attr("tensor_size", work["tensor_size"]))
 

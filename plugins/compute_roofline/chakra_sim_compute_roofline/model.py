@@ -1,8 +1,8 @@
 """The roofline model: time = num_ops / min(peak, bandwidth x operational intensity).
 
 The peak is either one number (`peak_tflops`, as ASTRA-sim's `peak-perf`) or a hardware
-profile's peak for the data type each node computes in (`profile`, see `dtypes.py` for how a
-node's data type is found).
+profile's peak for the data type each node computes in (`profile`; `chakra_core.et.dtypes` says
+how a node's data type is found).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from chakra_core.errors import ManifestError, SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
 from chakra_core.layers import ComputeModel, LayerContext, PluginConfig
-from chakra_sim_compute_roofline.dtypes import node_dtype
+from chakra_core.et.dtypes import node_dtype
 
 _NONE, _MEMORY, _COMPUTE = range(3)
 _SLOT = {dtype: index for index, dtype in enumerate(DTYPES)}

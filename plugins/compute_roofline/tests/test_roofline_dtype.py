@@ -16,7 +16,7 @@ from chakra_core.schema import pb
 from test_roofline import FakeMemory   # same folder (pytest puts it on sys.path)
 from chakra_core.testing import comp, manifest, simulate, uniform_network, write_ranks
 from chakra_sim_compute_roofline import RooflineCompute, RooflineConfig
-from chakra_sim_compute_roofline.dtypes import canonical, input_dtype, node_dtype
+from chakra_core.et.dtypes import canonical, input_dtype, node_dtype
 
 H100 = "h100-sxm-hgx"
 PROFILE = load_profile(H100)

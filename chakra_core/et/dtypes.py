@@ -1,4 +1,5 @@
-"""Which data type a Chakra compute node computes in, for picking a peak from a hardware profile.
+"""Which data type a Chakra compute node computes in (for a peak per data type, e.g. the roofline
+plugin with a hardware profile).
 
 A node says it in one of two ways, read in this order:
 
@@ -15,9 +16,9 @@ A node says it in one of two ways, read in this order:
    bf16 activations are bf16, an Adam step reading bf16 gradients and fp32 state of equal size
    is fp32, and indices (int64) never decide anything.
 
-Neither answers for nodes without operands, e.g. GPU kernels of a trace converted with its
-Kineto trace (the operands stay on the host operator's node): the model then uses its
-configured `dtype`.
+Neither answers for nodes without operands; the PyTorch converter therefore writes the
+`dtype` attribute on the GPU kernel it gives an operator's FLOPs (the operands stay on the host
+operator's node), using `operands_dtype` on the operator's inputs.
 """
 
 from __future__ import annotations
@@ -94,15 +95,15 @@ def _operands(types_text: str, shapes_text: str) -> list[tuple[str, int]]:
     return out
 
 
-def input_dtype(node: NodeView) -> str | None:
-    """The data type a node's input tensors say it computes in (see the module docstring)."""
-    inputs = node.pb.inputs
-    if not inputs.types:
+def operands_dtype(types_text: str, shapes_text: str) -> str | None:
+    """The data type operands with these `inputs.types` / `inputs.shapes` texts compute in (see
+    the module docstring), or None."""
+    if not types_text:
         return None
     best: tuple[int, int] | None = None
     chosen = None
     int8 = False
-    for name, elements in _operands(inputs.types, inputs.shapes):
+    for name, elements in _operands(types_text, shapes_text):
         dtype = canonical(name)
         if dtype == "int8":
             int8 = True
@@ -113,6 +114,11 @@ def input_dtype(node: NodeView) -> str | None:
     if chosen is None and int8:
         return "int8"
     return chosen
+
+
+def input_dtype(node: NodeView) -> str | None:
+    """The data type a node's input tensors say it computes in."""
+    return operands_dtype(node.pb.inputs.types, node.pb.inputs.shapes)
 
 
 def node_dtype(node: NodeView) -> tuple[str | None, str | None]:
