@@ -27,7 +27,7 @@ host = make_plugin_host()
 sim = Simulation(build_manifest(data, host, Path.cwd(), "benchmark").spec, host)
 results = sim.run()
 wall = time.perf_counter() - started
-network = results["layers"]["network"]["summary"]
+network = results["layers"].get("network", {}).get("summary", {})
 digest = hashlib.sha256(json.dumps([results["ranks"], results["layers"]], sort_keys=True).encode())
 print(json.dumps({"wall_s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "finish_ns": results["finish_ns"], "events": results["events"],

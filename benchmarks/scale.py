@@ -10,13 +10,15 @@ Switch_64npus.yml), each case in a fresh process:
 - congestion-unaware (`analytical`), every rank simulated (`fold: off`) and
   folded (the 64 ranks run the same trace: one class);
 - congestion-aware (`congestion`, fifo), with the closed form (default) and,
-  with --message-level, message by message (slow: about 80 s each).
+  with --message-level, message by message (slow: about 80 s each);
+- with --nccl PROFILE, also the `nccl` system layer on that hardware profile (its
+  own times, not ASTRA-sim's: the speed of the layer on the same workload).
 
 Prints wall time, peak memory (max RSS of the simulating process), simulated
 finish time and nodes per second beside ASTRA-sim's figures, and whether
 the runs of a network gave identical results.
 
-    python benchmarks/scale.py [--repeat 3] [--message-level] [--json out.json]
+    python benchmarks/scale.py [--repeat 3] [--message-level] [--nccl h100-hgx-ndr400] [--json out.json]
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def main() -> int:
     parser.add_argument("--message-level", action="store_true",
                         help="also run the congestion-aware cases message by message (slow)")
     parser.add_argument("--feeder", choices=["streaming", "memory"], default="streaming")
+    parser.add_argument("--nccl", metavar="PROFILE",
+                        help="also run the nccl system layer with this hardware profile")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -106,6 +110,16 @@ def main() -> int:
             digests = {r["results_digest"] for r in rows if r["network"] == network and r["backend"] == backend}
             print(f"{network} {backend}: {'identical results' if len(digests) == 1 else 'RESULTS DIFFER'} "
                   f"across {sum(1 for r in rows if r['network'] == network and r['backend'] == backend)} case(s)")
+    if args.nccl:
+        with tempfile.TemporaryDirectory(prefix="chakra-scale-") as tmp:
+            prefix = generate(Path(tmp))
+            data = {"workload": {"trace": prefix, "feeder": args.feeder},
+                    "system": {"plugin": "nccl", "profile": args.nccl}}
+            runs = [measure(data) for _ in range(args.repeat)]
+        best = min(runs, key=lambda r: r["wall_s"])
+        print(f"nccl system layer ({args.nccl}): {best['wall_s']:.2f} s, {max(r['rss_mb'] for r in runs):.0f} MB, "
+              f"finish {best['finish_ns']:,} ns, {best['nodes'] / best['wall_s']:,.0f} nodes/s, "
+              f"{'deterministic' if len({r['results_digest'] for r in runs}) == 1 else 'RESULTS DIFFER'}")
     if not all(r["deterministic"] for r in rows):
         print("WARNING: repeated runs gave different results")
     if args.json:
