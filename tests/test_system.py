@@ -230,3 +230,12 @@ def test_rendezvous_send_without_receiver_is_reported_as_waiting(tmp_path):
     prefix = write_ranks(tmp_path, [[send(1, 1, 64, tag=3)], [comp(1, 1)]])
     with pytest.raises(DeadlockError, match="rendezvous send of 64 B to rank 1 with tag 3 waits"):
         simulate(manifest(prefix, ring_network(2), system={"rendezvous-protocol": True}))
+
+
+def test_native_runs_every_collective_type_the_layers_accept():
+    """matching.COLLECTIVE_TYPES (what collective_attrs accepts) is what native has an algorithm
+    field for or runs as another type."""
+    from chakra_core.system.matching import COLLECTIVE_TYPES
+    from chakra_core.system.native import _IMPL_FIELD, _RUNS_AS
+
+    assert set(_IMPL_FIELD) | set(_RUNS_AS) == COLLECTIVE_TYPES

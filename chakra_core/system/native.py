@@ -68,15 +68,15 @@ from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
 from chakra_core.errors import RestartRun, SimulationError, Unfold
 from chakra_core.et.attrs import NodeView
 from chakra_core.fold import group_shape
-from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
+from chakra_core.layers import LayerContext, PluginConfig
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
                                            CollectiveAlgorithm, collective_name, resolve_algorithm)
 from chakra_core.system.executor import (closed_form_finishes, closed_form_transfers, uniform_delays,
                                          uniform_send_times)
-from chakra_core.system.groups import GroupRegistry
 from chakra_core.system.machines import PhaseContext
-from chakra_core.system.p2p import PointToPoint
+from chakra_core.system.matching import (MatchingSystem, collective_attrs, collective_root, collective_wait,
+                                         mismatch)
 from chakra_core.system.runner import IsolatedPhase, NetworkPhase
 
 FAST_ENDPOINT_DELAY = 10
@@ -143,60 +143,6 @@ _IMPL_FIELD = {
 }
 # Collective types that run as another one.
 _RUNS_AS = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}
-_ROOT_ATTRS = ("root_rank", "root", "comm_root")
-
-
-def collective_attrs(rank: int, node: NodeView, warn: Callable[[str], None]) -> tuple[int, int, str]:
-    """(comm_type, comm_size, group) of a collective node, checked ("" is all ranks)."""
-    comm_type = node.int("comm_type")
-    size = node.int("comm_size", 0)
-    if comm_type not in _IMPL_FIELD and comm_type not in _RUNS_AS:
-        raise SimulationError(f"rank {rank}, node {node.id} ({node.name!r}): unknown collective "
-                              f"type {comm_type}")
-    if size < 0:
-        raise SimulationError(f"rank {rank}, node {node.id}: negative comm_size {size}")
-    if comm_type == pb.BARRIER and size:
-        # A barrier synchronises and moves no data: it runs as a 0-byte all-reduce.
-        warn(f"BARRIER nodes carry comm_size (e.g. rank {rank}, node {node.id}: {size} B); "
-             "a barrier moves no data, so the size is ignored")
-        size = 0
-    group = node.str("pg_name", "")
-    return comm_type, size, "" if group == "0" else group
-
-
-def collective_root(node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
-    """The root of a rooted collective (its root attribute, else the group's first rank); the
-    first rank for the others."""
-    if comm_type not in ROOTED:
-        return members[0]
-    for attr in _ROOT_ATTRS:
-        if node.has(attr):
-            root = node.int(attr)
-            if root not in members:
-                raise SimulationError(f"rank {rank}, node {node.id}: root {root} ({attr}) is not "
-                                      f"a member of the collective's group {list(members)}")
-            return root
-    return members[0]
-
-
-def collective_wait(node_id: int, what: str, missing: list[int]) -> str:
-    """A deadlock report's line for an open collective: the ranks that never issued it, if any."""
-    if not missing:
-        return f"collective node {node_id}: {what} is in progress"
-    shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-    return f"collective node {node_id}: {what} waits for rank(s) {shown}, which never issued it"
-
-
-def mismatch(rank: int, node: NodeView, comm_type: int, size: int, group: str, seq: int,
-             first: tuple[int, int, int, int]) -> SimulationError:
-    """The error for the seq-th collective of `group` on `rank` that differs from the first
-    member's (rank, node id, comm_type, size)."""
-    first_rank, first_node, first_type, first_size = first
-    where = f"group {group!r}" if group else "all ranks"
-    return SimulationError(
-        f"collectives do not match: rank {rank}'s node {node.id} ({node.name!r}) is "
-        f"{collective_name(comm_type)} of {size} B, but rank {first_rank}'s matching collective "
-        f"(node {first_node}, #{seq + 1} in {where}) is {collective_name(first_type)} of {first_size} B")
 
 
 class Collective:
@@ -331,7 +277,7 @@ def _queue_finished(latest: dict, queue: object, finish: int, limit: int) -> Non
         heapreplace(running, finish)
 
 
-class NativeSystem(SystemLayer):
+class NativeSystem(MatchingSystem):
     collectives_start_waiting = True
     name = "native"
     fidelity = ("ASTRA-sim's native collectives (ring, direct, halving-doubling, double binary tree, "
@@ -362,7 +308,6 @@ class NativeSystem(SystemLayer):
         for size in self.dim_sizes:
             self.strides.append(stride)
             stride *= size
-        self.groups = GroupRegistry(context.num_ranks, context.extras.get("comm_groups"))
         available: dict[str, type[CollectiveAlgorithm]] = context.extras.get("algorithms", {})
         problems = self.config_problems(config, {"algorithms": available})
         if problems:
@@ -384,11 +329,6 @@ class NativeSystem(SystemLayer):
         self.splits = config.preferred_dataset_splits
         self.queues = [RankQueues(len(self.dim_sizes)) for _ in range(context.num_ranks)]
         self.collectives: dict[tuple[str, int], Collective] = {}
-        self.issued: list[dict[str, int]] = [dict() for _ in range(context.num_ranks)]
-        self.open: list[dict[int, Collective]] = [dict() for _ in range(context.num_ranks)]
-        self.bytes_sent = [0] * context.num_ranks
-        self.bytes_received = [0] * context.num_ranks
-        self.collectives_done = [0] * context.num_ranks
         self.tree_counters: dict[tuple[int, int], int] = {}
         self.oversubscribed = 0
         self.folding = context.extras.get("folding")
@@ -396,10 +336,8 @@ class NativeSystem(SystemLayer):
         self.awaiting: dict[tuple, list[Collective]] = {}
         self._symmetric: dict[tuple, bool] = {}
         self._shapes: dict[int, tuple] = {}
-        self.p2p = PointToPoint(network, context.scheduler, context.warn, self.bytes_sent,
-                                self.bytes_received, rendezvous=config.rendezvous_protocol,
-                                waiting=context.comm_waiting,
-                                fold=self._fold_p2p if self.folding is not None else None)
+        self._setup_matching(context, network, rendezvous=config.rendezvous_protocol,
+                             fold=self._fold_p2p if self.folding is not None else None)
         self._reduce_cache: dict[int, int] = {}
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
         self._runs_cache: dict[tuple[int, int | None], tuple[tuple[int, ...], list]] = {}
@@ -452,8 +390,7 @@ class NativeSystem(SystemLayer):
             info = memo[_COLLECTIVE] = self._collective_attrs(rank, node)
         comm_type, size, group = info
         members = self.groups.members(group, node, rank)
-        seq = self.issued[rank].get(group, 0)
-        self.issued[rank][group] = seq + 1
+        seq = self._sequence(rank, group)
         key = (group, seq)
         coll = self.collectives.get(key)
         if coll is None:
@@ -1029,16 +966,6 @@ class NativeSystem(SystemLayer):
                 f"({self.oversubscribed} time(s) so far)")
         return forced
 
-    # Point-to-point and groups -------------------------------------------------------------------------
-    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self.p2p.send(rank, node, done)
-
-    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self.p2p.recv(rank, node, done)
-
-    def define_groups(self, rank: int, node: NodeView) -> None:
-        self.groups.define_from_metadata(rank, node)
-
     # Reporting --------------------------------------------------------------------------------------
     def waits(self, rank: int) -> list[str]:
         out = []
@@ -1051,9 +978,6 @@ class NativeSystem(SystemLayer):
         out.extend(self.p2p.waits(rank))
         return out
 
-    def finish(self) -> None:
-        self.p2p.warn_unmatched()
-
     def summary(self) -> dict:
         unmatched = self.p2p.unmatched_sends()
         if self.folding is not None:   # each representative's row stands for its class's
@@ -1063,9 +987,3 @@ class NativeSystem(SystemLayer):
                                 for row in unmatched for mate in members[representative[row["rank"]]]),
                                key=lambda row: (row["rank"], row["peer"], row["tag"], row["node"]))
         return {"unmatched_sends": unmatched, "oversubscribed_chunk_starts": self.oversubscribed}
-
-    def rank_summary(self, rank: int) -> dict:
-        return {"collectives": self.collectives_done[rank]}
-
-    def traffic(self, rank: int) -> tuple[int, int]:
-        return self.bytes_sent[rank], self.bytes_received[rank]

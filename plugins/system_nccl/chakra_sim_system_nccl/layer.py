@@ -26,12 +26,10 @@ from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.hardware import nccl
 from chakra_core.hardware.profiles import load_profile, profile_problems
-from chakra_core.layers import LayerContext, PluginConfig, SystemLayer
+from chakra_core.layers import LayerContext, PluginConfig
 from chakra_core.schema import pb
 from chakra_core.system.algorithms import collective_name
-from chakra_core.system.groups import GroupRegistry
-from chakra_core.system.native import collective_attrs, collective_root, collective_wait, mismatch
-from chakra_core.system.p2p import PointToPoint
+from chakra_core.system.matching import MatchingSystem, collective_attrs, collective_root, collective_wait, mismatch
 
 _NCCL_NAME = {
     pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
@@ -78,7 +76,7 @@ def _ns(time_us: float) -> int:
     return int(round(time_us * 1000))
 
 
-class NcclSystem(SystemLayer):
+class NcclSystem(MatchingSystem):
     name = "nccl"
     fidelity = ("NCCL's own cost model per collective (algorithm ring/tree/NVLS/NVLS-tree, protocol "
                 "LL/LL128/Simple, channels) from a hardware profile; overlapping collectives and "
@@ -98,17 +96,10 @@ class NcclSystem(SystemLayer):
                 f"the run has {n} ranks but profile '{self.profile.name}' describes one node of "
                 f"{self.gpus_per_node} GPUs and no network between nodes: choose a scale-out profile "
                 "(chakra-sim profiles lists them) or set gpus-per-node")
-        self.groups = GroupRegistry(n, context.extras.get("comm_groups"))
-        self.issued: list[dict[str, int]] = [{} for _ in range(n)]
         self.pending: dict[tuple[str, int], _Pending] = {}
-        self.open: list[dict[int, _Pending]] = [{} for _ in range(n)]
-        self.bytes_sent = [0] * n
-        self.bytes_received = [0] * n
-        self.collectives_done = [0] * n
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
-        self.p2p = PointToPoint(_P2PTiming(self), context.scheduler, context.warn, self.bytes_sent,
-                                self.bytes_received, waiting=context.comm_waiting)
+        self._setup_matching(context, _P2PTiming(self))
 
     @classmethod
     def config_problems(cls, config: NcclSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
@@ -122,8 +113,7 @@ class NcclSystem(SystemLayer):
             info = memo[_ATTRS] = collective_attrs(rank, node, self.context.warn)
         comm_type, size, group = info
         members = self.groups.members(group, node, rank)
-        seq = self.issued[rank].get(group, 0)
-        self.issued[rank][group] = seq + 1
+        seq = self._sequence(rank, group)
         key = (group, seq)
         coll = self.pending.get(key)
         if coll is None:
@@ -184,16 +174,6 @@ class NcclSystem(SystemLayer):
         self.collectives_done[rank] += 1
         coll.done[rank](node_id)
 
-    # Point to point -------------------------------------------------------------------------------
-    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self.p2p.send(rank, node, done)
-
-    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self.p2p.recv(rank, node, done)
-
-    def define_groups(self, rank: int, node: NodeView) -> None:
-        self.groups.define_from_metadata(rank, node)
-
     # Reporting --------------------------------------------------------------------------------------
     def waits(self, rank: int) -> list[str]:
         out = []
@@ -203,17 +183,11 @@ class NcclSystem(SystemLayer):
         out.extend(self.p2p.waits(rank))
         return out
 
-    def finish(self) -> None:
-        self.p2p.warn_unmatched()
-
     def summary(self) -> dict:
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
                 "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
                              "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],
                 "unmatched_sends": self.p2p.unmatched_sends()}
-
-    def rank_summary(self, rank: int) -> dict:
-        return {"collectives": self.collectives_done[rank]}
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         if not self.choices:
@@ -222,6 +196,3 @@ class NcclSystem(SystemLayer):
                 for c, a, p in sorted(self.choices)]
         return [(f"NCCL algorithms chosen (profile {self.profile.name})",
                  ["collective", "algorithm", "protocol", "count", "time us (sum)"], rows)]
-
-    def traffic(self, rank: int) -> tuple[int, int]:
-        return self.bytes_sent[rank], self.bytes_received[rank]
