@@ -181,8 +181,7 @@ def main() -> int:
                                 f"{choice.algorithm}/{choice.protocol}, {choice.channels} ch |")
                 rows.append("| geomean | | " + " | ".join(f" | {geomean(errors[n])}" for n in names) + " | |")
                 details.extend(rows + [""])
-            even = [p for p in points if (p.nbytes.bit_length() - 1) % 2 == 0 and p.nbytes & (p.nbytes - 1) == 0]
-            odd = [p for p in points if p not in even]
+            even, odd = cal.split_odd_powers(points)
             if len(even) >= 3 and odd:
                 fitted = cal.fit(profile, even, f"benchmarks/accuracy.py on {dataset.file}")
                 calibration.append(

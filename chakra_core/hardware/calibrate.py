@@ -63,6 +63,16 @@ def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: boo
     return out
 
 
+def split_odd_powers(points: Sequence[Observation]) -> tuple[list[Observation], list[Observation]]:
+    """(the sizes 4^k, the rest): fit on the first, judge the fit on the others."""
+    fit_on, held = [], []
+    for point in points:
+        size = point.nbytes
+        even_power = size & (size - 1) == 0 and (size.bit_length() - 1) % 2 == 0
+        (fit_on if even_power else held).append(point)
+    return fit_on, held
+
+
 def predict(profile: Profile, points: Sequence[Observation]) -> list[nccl.Choice]:
     model = nccl.NcclModel(profile)
     return [model.time_us(p.collective, p.nbytes, p.ranks, p.nodes) for p in points]
@@ -124,7 +134,7 @@ def fit(profile: Profile, points: Sequence[Observation], source: str) -> Profile
                 + 1e-4 * sum(v * v for v in values))
 
     values = [0.0] * len(parameters)
-    for _ in range(3):   # restarts: Nelder-Mead's simplex can collapse on the objective's steps
+    for _ in range(3):   # restarts from the best point: Nelder-Mead's simplex can collapse early
         result = minimize(objective, values, method="Nelder-Mead",
                           options={"maxiter": 400 * len(parameters), "xatol": 1e-5, "fatol": 1e-10})
         values = list(result.x)

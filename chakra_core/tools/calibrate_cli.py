@@ -17,10 +17,6 @@ from chakra_core.hardware.profiles import load_profile
 from chakra_core.tools import ToolError, tool_errors
 
 
-def _is_even_power(size: int) -> bool:
-    return size & (size - 1) == 0 and (size.bit_length() - 1) % 2 == 0
-
-
 def _pct(error: float) -> str:
     return f"{100 * (math.exp(error) - 1):+.1f}%"
 
@@ -55,8 +51,7 @@ def calibrate(logs, base, out, name, in_place, min_bytes, max_bytes, holdout) ->
         except ValueError as exc:
             raise ToolError(str(exc)) from exc
         if holdout == "odd-powers":
-            fit_on = [p for p in points if _is_even_power(p.nbytes)]
-            held = [p for p in points if p not in fit_on]
+            fit_on, held = cal.split_odd_powers(points)
         else:
             fit_on, held = points, []
         if not fit_on:
