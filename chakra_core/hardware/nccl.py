@@ -254,11 +254,11 @@ class NcclModel:
             if best is None or estimate < best[0]:
                 best = (estimate, pair, latency, bw)
         assert best is not None
-        pair = best[1]
+        _, pair, latency, bw = best
         if self.profile.network is not None and nodes > 1:   # priced as the hardware runs it
             pair = next(p for p in self.pairs(collective, nranks, nodes, priced=True)
                         if (p.algorithm, p.protocol) == (pair.algorithm, pair.protocol))
-        latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
+            latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
         channels = self._running_channels(pair, nbytes, nranks)
         bw = min(bw, pair.channel_gbps * channels)   # each running channel at its own rate
         calibration = self.profile.calibration
