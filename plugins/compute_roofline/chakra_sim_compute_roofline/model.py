@@ -14,7 +14,7 @@ from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, Valid
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from chakra_core.errors import ManifestError, SimulationError
+from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
 from chakra_core.layers import ComputeModel, LayerContext, PluginConfig
@@ -144,11 +144,8 @@ class RooflineCompute(ComputeModel):
         self._weights = context.extras.get("rank_weights") or {}
 
     def _use_profile(self, config: RooflineConfig, context: LayerContext) -> None:
-        try:
-            profile = self.profile = load_profile(config.profile, context.base_dir)
-        except ManifestError as exc:
-            problems = "; ".join(f"{loc}: {why}" for loc, why in exc.problems)
-            raise SimulationError(f"compute.profile: {problems}") from None
+        # a profile that cannot be read was reported when the manifest was validated (config_problems)
+        profile = self.profile = load_profile(config.profile, context.base_dir)
         self._peaks = {dtype: sourced.value * 1e12 for dtype, sourced in profile.gpu.peak_tflops.items()
                        if sourced.value > 0}
         if config.fp32_as_tf32:
