@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Byte comparison of what chakra-sim writes, before and after a change that must not change results.
+
+Runs every example, every ASTRA-sim reference case of ../shared/ref-results and the workloads of
+the other benchmarks (scale, network scale, generated GPT, converted PyTorch, nccl-tests sizes,
+a sweep, a timeline) through the command line, exactly as a user would, and records a digest of
+each file it writes (results.json; timeline.json; the sweep's table without its wall-time
+column), or of the error message when a run is refused. Paths are written relative to
+placeholders (<repo>, <shared>, <out>) so that two checkouts in different folders compare.
+
+    python benchmarks/results_identity.py --record benchmarks/data/results-identity.json
+    python benchmarks/results_identity.py --check benchmarks/data/results-identity.json [--keep DIR]
+
+`--check` exits 1 and names every case whose bytes differ; `--keep DIR` leaves the normalised
+files in DIR to diff them. `--only SUBSTRING` runs the cases whose name contains it.
+The digests committed in benchmarks/data/results-identity.json were recorded before the
+redesign of issue 18 (commit 209b5b0) and are checked after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+REF_RESULTS = SHARED / "ref-results"
+ASTRA_BACKENDS = {"congestion_unaware": "analytical", "congestion_aware": "congestion"}
+
+sys.path.insert(0, str(ROOT))
+
+from chakra_core.cli import main as cli  # noqa: E402
+from chakra_core.schema import pb  # noqa: E402
+from chakra_core.testing import collective, write_ranks  # noqa: E402
+
+
+class Runner:
+    """Runs cases in a scratch folder and collects their normalised outputs."""
+
+    def __init__(self, scratch: Path, only: str | None):
+        self.scratch, self.only = scratch, only
+        self.outputs: dict[str, str] = {}
+        self.cli = CliRunner()
+
+    def normalise(self, text: str, out: Path | None = None) -> str:
+        replacements = [(str(ROOT), "<repo>"), (str(SHARED.resolve()), "<shared>"), (str(SHARED), "<shared>"),
+                        (str(self.scratch), "<scratch>")]
+        if out is not None:
+            replacements.insert(0, (str(out), "<out>"))
+        for old, new in replacements:
+            text = text.replace(old, new)
+        return text
+
+    def wanted(self, name: str) -> bool:
+        return self.only is None or self.only in name
+
+    def invoke(self, args: list[str]) -> tuple[int, str]:
+        result = self.cli.invoke(cli, args, catch_exceptions=False)
+        return result.exit_code, result.output
+
+    def run(self, name: str, args: list[str], files: tuple[str, ...] = ("results.json",)) -> None:
+        """`chakra-sim run ARGS --out <fresh folder> --quiet`; record `files` or the error."""
+        if not self.wanted(name):
+            return
+        out = self.scratch / "out" / name.replace("/", "_")
+        shutil.rmtree(out, ignore_errors=True)
+        code, output = self.invoke(["run", *args, "--out", str(out), "--quiet"])
+        if code != 0:
+            self.outputs[name + ": error"] = self.normalise(f"exit {code}\n{output}", out)
+            return
+        for file in files:
+            self.outputs[f"{name}: {file}"] = self.normalise((out / file).read_text(), out)
+
+    def manifest(self, name: str, data: dict, files: tuple[str, ...] = ("results.json",)) -> None:
+        if not self.wanted(name):
+            return
+        path = self.scratch / "manifests" / (name.replace("/", "_") + ".yaml")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=True))
+        self.run(name, [str(path)], files)
+
+
+# Cases -----------------------------------------------------------------------------------------
+def examples(r: Runner) -> None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        if path.name.startswith("sweep"):
+            continue
+        r.run(f"example {path.name}", [str(path)])
+    name = "example timeline allreduce_8npu.yaml"
+    if r.wanted(name):
+        out = r.scratch / "timeline.json"
+        code, output = r.invoke(["timeline", str(ROOT / "examples" / "allreduce_8npu.yaml"), "--out", str(out)])
+        r.outputs[name] = r.normalise(out.read_text() if code == 0 else f"exit {code}\n{output}")
+    name = "example sweep_bandwidth.yaml"
+    if r.wanted(name):
+        out = r.scratch / "sweep"
+        code, output = r.invoke(["sweep", str(ROOT / "examples" / "sweep_bandwidth.yaml"), "--out", str(out),
+                                 "--quiet", "--workers", "2"])
+        if code != 0:
+            r.outputs[name + ": error"] = r.normalise(output, out)
+            return
+        for results in sorted(out.glob("points/*/results.json")):
+            r.outputs[f"{name}: {results.parent.name}/results.json"] = r.normalise(results.read_text(), out)
+        rows = list(csv.reader(io.StringIO((out / "sweep.csv").read_text())))
+        keep = [i for i, column in enumerate(rows[0]) if column != "wall_s"]
+        r.outputs[f"{name}: sweep.csv"] = r.normalise(
+            "\n".join(",".join(row[i] for i in keep) for row in rows), out)
+
+
+def reference_runs(r: Runner) -> None:
+    cases = json.loads((REF_RESULTS / "astra-sim.json").read_text())["runs"]
+    for case in cases:
+        args = ["--workload", str(SHARED / "ref-traces" / case["workload"]),
+                "--astra-system", str(REF_RESULTS / case["system"]),
+                "--astra-network", str(REF_RESULTS / case["network"]),
+                "--network", ASTRA_BACKENDS[case["backend"]]]
+        name = f"reference {case['workload']} {case['system']} {case['network']} {case['backend']}"
+        r.run(name, args)
+
+
+def scale_trace(r: Runner, ranks: int, nodes: int) -> str:
+    folder = r.scratch / f"scale-{ranks}x{nodes}"
+    if not folder.exists():
+        subprocess.run([sys.executable, str(SHARED / "bench" / "gen_scale_trace.py"), "--out", str(folder),
+                        "--ranks", str(ranks), "--nodes-per-rank", str(nodes)], check=True,
+                       stdout=subprocess.DEVNULL)
+    return str(folder / "scale")
+
+
+def scale(r: Runner) -> None:
+    configs = REF_RESULTS / "configs"
+    for ranks, nodes, message_level in ((64, 2000, False), (16, 500, True)):
+        cases = []
+        for network in (f"Ring_{ranks}npus", f"Switch_{ranks}npus"):
+            for backend in ("analytical", "congestion"):
+                for fold in ("off", "auto"):
+                    for closed_form in ((True, False) if backend == "congestion" and message_level else (True,)):
+                        cases.append((f"scale {ranks}x{nodes} {network} {backend} fold={fold} "
+                                      f"closed_form={closed_form}", network, backend, fold, closed_form))
+        nccl = f"scale {ranks}x{nodes} nccl h100-hgx-ndr400"
+        if not any(r.wanted(case[0]) for case in cases) and not r.wanted(nccl):
+            continue
+        prefix = scale_trace(r, ranks, nodes)
+        for name, network, backend, fold, closed_form in cases:
+            data = {"workload": {"trace": prefix, "fold": fold},
+                    "system": {"plugin": "native", "astra_file": str(configs / "sys_ring_roofline.json")},
+                    "network": {"plugin": backend, "astra_file": str(configs / f"{network}.yml")}}
+            if not closed_form:
+                data["network"]["closed_form"] = False
+            r.manifest(name, data)
+        r.manifest(nccl, {"workload": {"trace": prefix}, "system": {"plugin": "nccl", "profile": "h100-hgx-ndr400"}})
+
+
+def network_scale(r: Runner) -> None:
+    npus, size = 128, 1 << 20
+    folder = r.scratch / "network"
+    for mode in ("fifo", "fair"):
+        prefix = write_ranks(folder / "a2a", [[collective(1, pb.ALL_TO_ALL, size)]] * npus)
+        r.manifest(f"network fat-tree k=8 all-to-all {mode}", {
+            "workload": {"trace": prefix},
+            "system": {"plugin": "native", "all-to-all-implementation": ["direct"]},
+            "network": {"plugin": "congestion", "mode": mode,
+                        "generator": {"kind": "fat_tree", "k": 8, "bandwidth_gbps": 50, "latency_ns": 500}}})
+        prefix = write_ranks(folder / "ar", [[collective(1, pb.ALL_REDUCE, size)]] * npus)
+        for closed_form in (True, False):
+            r.manifest(f"network ring all-reduce {npus} {mode} closed_form={closed_form}", {
+                "workload": {"trace": prefix},
+                "system": {"plugin": "native", "all-reduce-implementation": ["ring"]},
+                "network": {"plugin": "congestion", "mode": mode, "topology": ["Ring"], "npus_count": [npus],
+                            "bandwidth": [50], "latency": [500], "closed_form": closed_form}})
+
+
+def generated_gpt(r: Runner) -> None:
+    if not r.wanted("gpt"):
+        return
+    prefix = r.scratch / "gpt" / "gpt"
+    if not prefix.parent.exists():
+        code, output = r.invoke(["generate", "transformer", "--layers", "4", "--hidden", "512", "--heads", "8",
+                                 "--seq", "512", "--vocab", "51200", "--batch", "8", "--tp", "2", "--pp", "2",
+                                 "--dp", "2", "--sp", "--dp-reduce", "rs-ag", "--output", str(prefix)])
+        assert code == 0, output
+    for fold in ("auto", "off"):
+        r.manifest(f"gpt dp2 tp2 pp2 roofline switch fold={fold}", {
+            "workload": {"trace": str(prefix), "fold": fold},
+            "compute": {"plugin": "roofline", "peak_tflops": 989, "memory_bandwidth_gbps": 3350},
+            "network": {"plugin": "analytical", "topology": ["Switch"], "npus_count": [8],
+                        "bandwidth": [50.0], "latency": [1000.0]}})
+    r.manifest("gpt dp2 tp2 pp2 roofline-profile nccl", {
+        "workload": {"trace": str(prefix)},
+        "compute": {"plugin": "roofline", "profile": "h100-sxm-hgx"},
+        "system": {"plugin": "nccl", "profile": "h100-sxm-hgx"}})
+    r.manifest("gpt dp2 tp2 pp2 hbm congestion timeline", {
+        "workload": {"trace": str(prefix)},
+        "memory": {"plugin": "hbm", "bandwidth_gbps": 3350},
+        "compute": {"plugin": "roofline", "peak_tflops": 989},
+        "network": {"plugin": "congestion", "topology": ["Ring", "Switch"], "npus_count": [2, 4],
+                    "bandwidth": [200, 50], "latency": [100, 1000]},
+        "output": {"timeline": True}}, files=("results.json", "timeline.json"))
+
+
+def pytorch(r: Runner) -> None:
+    if not r.wanted("pytorch"):
+        return
+    dlrm = ROOT / "examples" / "pytorch" / "dlrm"
+    prefix = r.scratch / "dlrm" / "dlrm"
+    if not prefix.parent.exists():
+        for rank in (0, 1):
+            kineto = sorted(dlrm.glob(f"worker{rank}_*.json.gz"))[0]
+            code, output = r.invoke(["convert", "pytorch", str(dlrm / f"dlrm_eg_{rank}.json.gz"),
+                                     "--kineto", str(kineto), "--output", str(prefix)])
+            assert code == 0, output
+    network = {"plugin": "analytical", "topology": ["Switch"], "npus_count": [2], "bandwidth": [50], "latency": [500]}
+    r.manifest("pytorch dlrm replay", {"workload": {"trace": str(prefix)}, "network": network})
+    r.manifest("pytorch dlrm hbm tensors", {"workload": {"trace": str(prefix)}, "network": network,
+                                            "memory": {"plugin": "hbm", "bandwidth_gbps": 2000}})
+    r.manifest("pytorch dlrm roofline a100 nccl", {
+        "workload": {"trace": str(prefix)}, "compute": {"plugin": "roofline", "profile": "a100-sxm-hgx"},
+        "system": {"plugin": "nccl", "profile": "a100-sxm-hgx"}})
+
+
+def nccl_sizes(r: Runner) -> None:
+    folder = r.scratch / "nccl"
+    for profile, ranks in (("h100-sxm-hgx", 8), ("h100-aws-p5-efa", 16), ("a100-aws-p4de-efa", 16)):
+        for comm in (pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL):
+            for size in (1 << 10, 1 << 20, 64 << 20, 1 << 30):
+                name = f"nccl {profile} {pb.CollectiveCommType.Name(comm)} {size}"
+                if not r.wanted(name):
+                    continue
+                prefix = write_ranks(folder / f"{comm}-{size}-{ranks}", [[collective(1, comm, size)]] * ranks)
+                r.manifest(name, {"workload": {"trace": prefix}, "system": {"plugin": "nccl", "profile": profile}})
+
+
+def benchmark_docs(r: Runner) -> None:
+    """The tables the accuracy benchmark generates (docs/accuracy.md), without the timing line."""
+    name = "benchmark accuracy.py"
+    if not r.wanted(name):
+        return
+    out = r.scratch / "accuracy.md"
+    shutil.copy(ROOT / "docs" / "accuracy.md", out)
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "accuracy.py"), "--out", str(out)], check=True,
+                   stdout=subprocess.DEVNULL, cwd=ROOT)
+    lines = [line for line in out.read_text().splitlines() if not line.startswith("_Generated by")]
+    r.outputs[name] = r.normalise("\n".join(lines))
+
+
+CASES: list[Callable[[Runner], None]] = [examples, reference_runs, scale, network_scale, generated_gpt,
+                                         pytorch, nccl_sizes, benchmark_docs]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--record", type=Path, help="write the digests to this file")
+    action.add_argument("--check", type=Path, help="compare with the digests in this file")
+    parser.add_argument("--keep", type=Path, help="also write the normalised outputs to this folder")
+    parser.add_argument("--only", help="only the cases whose name contains this")
+    args = parser.parse_args()
+    if not REF_RESULTS.exists():
+        sys.exit(f"{REF_RESULTS} not found: this script needs ../shared beside the checkout")
+    started = time.perf_counter()
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    with tempfile.TemporaryDirectory(prefix="chakra-identity-") as tmp:
+        runner = Runner(Path(tmp).resolve(), args.only)
+        for case in CASES:
+            case(runner)
+    digests = {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(runner.outputs.items())}
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        for name, text in runner.outputs.items():
+            (args.keep / (hashlib.sha1(name.encode()).hexdigest()[:12] + ".txt")).write_text(f"{name}\n{text}")
+    wall = time.perf_counter() - started
+    if args.record:
+        args.record.write_text(json.dumps({"cases": len(digests), "digests": digests}, indent=1) + "\n")
+        print(f"recorded {len(digests)} outputs in {wall:.0f} s -> {args.record}")
+        return 0
+    expected = json.loads(args.check.read_text())["digests"]
+    if args.only:
+        expected = {name: digest for name, digest in expected.items() if args.only in name}
+    differ = sorted(name for name in expected if name in digests and digests[name] != expected[name])
+    missing = sorted(set(expected) - set(digests))
+    new = sorted(set(digests) - set(expected))
+    for label, names in (("DIFFERENT", differ), ("MISSING (not produced now)", missing),
+                         ("NEW (not recorded)", new)):
+        for name in names:
+            print(f"{label}: {name}")
+    same = len(expected) - len(differ) - len(missing)
+    print(f"{same} of {len(expected)} outputs byte-identical ({wall:.0f} s)")
+    return 1 if differ or missing or new else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
