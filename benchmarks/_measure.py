@@ -18,14 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = r"""
 import hashlib, json, resource, sys, time
 from pathlib import Path
-from chakra_core.engine.simulation import Simulation
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
+from chakra_core.contract.host import make_plugin_host
+from chakra_core.run import load, simulate
 data = json.loads(sys.argv[1])
 started = time.perf_counter()
 host = make_plugin_host()
-sim = Simulation(build_manifest(data, host, Path.cwd(), "benchmark").spec, host)
-results = sim.run()
+results = simulate(load(data, host, base_dir=Path.cwd(), name="benchmark"), host).results
 wall = time.perf_counter() - started
 network = results["layers"].get("network", {}).get("summary", {})
 digest = hashlib.sha256(json.dumps([results["ranks"], results["layers"]], sort_keys=True).encode())

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from chakra_core.hardware import calibrate as cal  # noqa: E402
 from chakra_core.hardware.nccl_tests import load, parse_busbw_table  # noqa: E402
 from chakra_core.hardware.profiles import load_profile  # noqa: E402
-from chakra_core.plugins import make_plugin_host  # noqa: E402
+from chakra_core.contract.host import make_plugin_host  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
 from chakra_core.testing import collective, simulate, write_ranks  # noqa: E402
 

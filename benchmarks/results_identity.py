@@ -244,6 +244,40 @@ def nccl_sizes(r: Runner) -> None:
                 r.manifest(name, {"workload": {"trace": prefix}, "system": {"plugin": "nccl", "profile": profile}})
 
 
+def restarts(r: Runner) -> None:
+    """Runs that start over: closed-form links found shared, folding proved wrong, a folded deadlock."""
+    from chakra_core.testing import comp, recv, send
+
+    folder = r.scratch / "restarts"
+    ring = {"plugin": "congestion", "topology": ["Ring"], "npus_count": [8], "bandwidth": [50.0], "latency": [500.0]}
+    ranks = [[collective(3, pb.ALL_REDUCE, 1 << 20)] for _ in range(8)]
+    ranks[0] = [comp(1, 1), send(2, 1, 1 << 20, deps=[1]), collective(3, pb.ALL_REDUCE, 1 << 20, deps=[2])]
+    ranks[1].append(recv(2, 0, 1 << 20))
+    prefix = write_ranks(folder / "p2p-first-hop", ranks)
+    r.manifest("restart p2p on claimed links (first hop)", {"workload": {"trace": prefix}, "network": ring})
+    # rank 0's message reaches the claimed link 2 -> 3 on its third hop, while the group's
+    # all-reduce still runs there
+    ranks = [[comp(1, 1)] for _ in range(8)]
+    ranks[0] = [send(1, 3, 1024)]
+    ranks[2] = [collective(1, pb.ALL_REDUCE, 16 << 20, pg_name="g")]
+    ranks[3] = [collective(1, pb.ALL_REDUCE, 16 << 20, pg_name="g"), recv(2, 0, 1024)]
+    prefix = write_ranks(folder / "p2p-later-hop", ranks)
+    r.manifest("restart p2p on claimed links (later hop)", {
+        "workload": {"trace": prefix, "comm_groups": {"g": [2, 3]}}, "network": ring})
+    prefix = write_ranks(folder / "fold", [[collective(1, pb.ALL_REDUCE, 1 << 20)]] * 8)
+    for algorithm in ("halvingDoubling", "doubleBinaryTree", "ring"):
+        r.manifest(f"restart folded {algorithm}", {
+            "workload": {"trace": prefix},
+            "system": {"plugin": "native", "all-reduce-implementation": [algorithm]},
+            "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [8], "bandwidth": [50],
+                        "latency": [500]}})
+    prefix = write_ranks(folder / "deadlock", [[recv(1, (rank - 1) % 4, 64)] for rank in range(4)])
+    r.manifest("restart folded deadlock", {
+        "workload": {"trace": prefix},
+        "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [4], "bandwidth": [50],
+                    "latency": [500]}})
+
+
 def benchmark_docs(r: Runner) -> None:
     """The tables the accuracy benchmark generates (docs/accuracy.md), without the timing line."""
     name = "benchmark accuracy.py"
@@ -257,8 +291,15 @@ def benchmark_docs(r: Runner) -> None:
     r.outputs[name] = r.normalise("\n".join(lines))
 
 
+EXPLAINED = {
+    "restart p2p on claimed links (later hop): results.json":
+        "the restart warning names the shared link (npu2->npu3) where 209b5b0 wrote its index (#4): "
+        "it named links only when the conflict was found on a message's first hop",
+}
+"""Outputs that differ from the recorded digests for a reason stated here (timing identical)."""
+
 CASES: list[Callable[[Runner], None]] = [examples, reference_runs, scale, network_scale, generated_gpt,
-                                         pytorch, nccl_sizes, benchmark_docs]
+                                         pytorch, nccl_sizes, restarts, benchmark_docs]
 
 
 def main() -> int:
@@ -293,12 +334,16 @@ def main() -> int:
     differ = sorted(name for name in expected if name in digests and digests[name] != expected[name])
     missing = sorted(set(expected) - set(digests))
     new = sorted(set(digests) - set(expected))
+    explained = [name for name in differ if name in EXPLAINED]
+    differ = [name for name in differ if name not in EXPLAINED]
     for label, names in (("DIFFERENT", differ), ("MISSING (not produced now)", missing),
                          ("NEW (not recorded)", new)):
         for name in names:
             print(f"{label}: {name}")
-    same = len(expected) - len(differ) - len(missing)
-    print(f"{same} of {len(expected)} outputs byte-identical ({wall:.0f} s)")
+    for name in explained:
+        print(f"differs, explained: {name}: {EXPLAINED[name]}")
+    same = len(expected) - len(differ) - len(missing) - len(explained)
+    print(f"{same} of {len(expected)} outputs byte-identical, {len(explained)} explained ({wall:.0f} s)")
     return 1 if differ or missing or new else 0
 
 

@@ -32,7 +32,8 @@ import tempfile
 from pathlib import Path
 
 from _measure import ROOT, measure
-from chakra_core.cli import astra_manifest
+from chakra_core.config.astra import astra_manifest
+from chakra_core.contract.host import make_plugin_host
 
 SHARED = ROOT.parent / "shared"
 CONFIGS = SHARED / "ref-results" / "configs"
@@ -57,7 +58,8 @@ def generate(out_dir: Path, ranks: int = 64, nodes: int = 2000) -> str:
 
 def scale_manifest(prefix: str, network_file: str, backend: str, fold: str = "auto",
                    closed_form: bool = True, feeder: str = "streaming") -> dict:
-    data = astra_manifest(prefix, str(CONFIGS / "sys_ring_roofline.json"), network_file, None, None, backend)
+    data = astra_manifest(make_plugin_host(), prefix, str(CONFIGS / "sys_ring_roofline.json"), network_file,
+                          network_plugin=backend)
     data["workload"].update({"feeder": feeder, "fold": fold})
     if not closed_form:
         data["network"]["closed_form"] = False

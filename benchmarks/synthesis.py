@@ -42,7 +42,8 @@ from chakra_core.et.attrs import NodeView  # noqa: E402
 from chakra_core.et.io import read_trace  # noqa: E402
 from chakra_core.et.jsonize import trace_files  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
-from chakra_core.testing import manifest, ring_network, simulate  # noqa: E402
+from chakra_core.testing import manifest, simulate  # noqa: E402
+from tests.simhelpers import ring_network  # noqa: E402
 from chakra_core.tools.synthesis.fit import fit_model  # noqa: E402
 from chakra_core.tools.synthesis.sample import write_synthetic  # noqa: E402
 from tests.helpers import REF_TRACES  # noqa: E402

@@ -19,7 +19,8 @@ class TraceFormatError(ChakraSimError):
         self.path, self.offset, self.reason = str(path), offset, reason
         super().__init__(f"{path}: at byte {offset}: {reason}")
 
-    def __reduce__(self):   # raised in worker processes too (chakra_core.fold)
+    def __reduce__(self) -> tuple[type["TraceFormatError"], tuple[str, int, str]]:
+        # raised in worker processes too (chakra_core.engine.folding)
         return type(self), (self.path, self.offset, self.reason)
 
 
@@ -50,26 +51,6 @@ class PluginError(ChakraSimError):
 
 class SimulationError(ChakraSimError):
     """The simulation cannot proceed (mismatched collectives, a model returned nonsense)."""
-
-
-class RestartRun(ChakraSimError):
-    """A layer learned something that invalidates what it already timed (e.g. links it timed in
-    closed form carry other traffic after all). The engine starts the run over, handing every
-    layer the `hint`s gathered so far in `LayerContext.extras["restart_hints"]`."""
-
-    def __init__(self, message: str, hint: object):
-        self.hint = hint
-        super().__init__(message)
-
-
-class Unfold:
-    """A RestartRun hint: simulate every rank (folding equivalent ranks proved wrong)."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return self.reason
 
 
 class DeadlockError(SimulationError):

@@ -19,6 +19,10 @@ A plugin's own test suite needs only chakra-sim installed::
 - `uniform_network(n)` selects `testing_uniform`, a contention-free network
   that `simulate` always registers, so a compute or memory plugin can be
   tested without installing a network plugin.
+
+pytest fixtures built on these (`chakra_trace`, `chakra_run`, `chakra_host`,
+`chakra_installed`) come with chakra-sim as a pytest plugin
+(chakra_core.pytest_plugin): a plugin's tests use them without a conftest.
 """
 
 from __future__ import annotations
@@ -29,16 +33,19 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
-from chakra_core.engine.simulation import Simulation
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.host import PluginHost, make_plugin_host
+from chakra_core.contract.inputs import LayerContext
+from chakra_core.contract.layers import PluginConfig
+from chakra_core.contract.network import Dimension, NetworkModel
+from chakra_core.contract.registry import NetworkRegistry
 from chakra_core.et.io import write_trace
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import Dimension, LayerContext, NetworkModel, PluginConfig, Registry
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import PluginHost, make_plugin_host
+from chakra_core.run import load
+from chakra_core.run import simulate as simulate_run
 from chakra_core.schema import pb
 
 __all__ = ["make_attr", "make_node", "make_metadata", "write_et", "write_ranks", "comp", "collective",
-           "send", "recv", "manifest", "simulate", "uniform_network", "ring_network", "UniformNetwork",
+           "send", "recv", "manifest", "simulate", "testing_host", "uniform_network", "UniformNetwork",
            "TESTING_PLUGIN", "GIB"]
 
 GIB = 1 << 30
@@ -173,7 +180,7 @@ class UniformNetwork(NetworkModel):
 
 class _TestingPlugin:
     @hookimpl
-    def chakra_sim_register_network(self, registry: Registry) -> None:
+    def chakra_sim_register_network(self, registry: NetworkRegistry) -> None:
         registry.add(UniformNetwork)
 
 
@@ -186,13 +193,6 @@ def uniform_network(npus: int, bandwidth_gbps: float = 50.0, latency_ns: int = 5
     """A manifest `network:` section selecting `testing_uniform` (see `UniformNetwork`)."""
     return {"plugin": UniformNetwork.name, "npus": npus, "bandwidth_gbps": bandwidth_gbps,
             "latency_ns": latency_ns}
-
-
-def ring_network(n: int, bandwidth: float = 50.0, latency: float = 500.0, topology: str = "Ring") -> dict[str, Any]:
-    """A one-dimensional `network:` section for the `analytical` plugin (distribution
-    chakra-sim-network-analytical, which must be installed)."""
-    return {"plugin": "analytical", "topology": [topology], "npus_count": [n],
-            "bandwidth": [bandwidth], "latency": [latency]}
 
 
 def manifest(prefix: str, network: dict[str, Any] | None, system: dict[str, Any] | None = None,
@@ -213,7 +213,13 @@ def manifest(prefix: str, network: dict[str, Any] | None, system: dict[str, Any]
     return data
 
 
-def simulate(data: dict[str, Any], base_dir: str | os.PathLike | None = None,
+def testing_host(extra_plugins: Iterable[tuple[str, Any]] = ()) -> PluginHost:
+    """A fresh plugin host: the installed plugins, `TESTING_PLUGIN`, then `extra_plugins`
+    ((name, plugin object or module) pairs; one already installed is not registered twice)."""
+    return make_plugin_host(extra_plugins=[TESTING_PLUGIN, *extra_plugins])
+
+
+def simulate(data: dict[str, Any], base_dir: str | os.PathLike[str] | None = None,
              extra_plugins: Iterable[tuple[str, Any]] = (), host: PluginHost | None = None) -> dict[str, Any]:
     """Validate a manifest mapping and run it; return the results document.
 
@@ -223,7 +229,6 @@ def simulate(data: dict[str, Any], base_dir: str | os.PathLike | None = None,
     `ManifestError`, `PluginError`, `SimulationError`.
     """
     if host is None:
-        host = make_plugin_host(extra_plugins=[TESTING_PLUGIN, *extra_plugins])
-    loaded = build_manifest(data, host, base_dir=Path(base_dir) if base_dir is not None else Path.cwd(),
-                            source="test")
-    return Simulation(loaded.spec, host).run()
+        host = testing_host(extra_plugins)
+    config = load(data, host, base_dir=Path(base_dir) if base_dir is not None else Path.cwd(), name="test")
+    return simulate_run(config, host, timeline=False).results   # the document only, as results.json

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from chakra_core.testing import (collective, comp, manifest, recv, ring_network, send, simulate,
-                                 uniform_network, write_ranks)
+from typing import Any
+
+from chakra_core.testing import collective, comp, manifest, recv, send, simulate, uniform_network, write_ranks
 
 __all__ = ["DATA", "MICRO", "GIB", "collective", "comp", "manifest", "recv", "ring_network", "send",
            "simulate", "uniform_network", "write_ranks", "hop_ns", "PairDelayNetwork",
@@ -37,17 +38,20 @@ def astra_cases(backend: str | None = None) -> list[dict]:
 
 def run_astra_case(case: dict, host=None) -> dict:
     """Run one ASTRA-sim reference case as `chakra-sim run --workload ... --astra-*` would."""
-    from chakra_core.cli import astra_manifest
-    from chakra_core.engine.simulation import Simulation
-    from chakra_core.manifest import build_manifest
-    from chakra_core.plugins import make_plugin_host
+    from chakra_core.run import load_astra, simulate as simulate_run
 
-    host = host or make_plugin_host()
     traces = REF_RESULTS.parent / "ref-traces"
-    data = astra_manifest(str(traces / case["workload"]), str(REF_RESULTS / case["system"]),
-                          str(REF_RESULTS / case["network"]), None, None, ASTRA_BACKENDS[case["backend"]])
-    loaded = build_manifest(data, host, base_dir=Path.cwd(), source="reference")
-    return Simulation(loaded.spec, host).run()
+    config = load_astra(str(traces / case["workload"]), str(REF_RESULTS / case["system"]),
+                        str(REF_RESULTS / case["network"]), network_plugin=ASTRA_BACKENDS[case["backend"]],
+                        host=host)
+    return simulate_run(config, host, timeline=False).results
+
+
+def ring_network(n: int, bandwidth: float = 50.0, latency: float = 500.0, topology: str = "Ring") -> dict[str, Any]:
+    """A one-dimensional `network:` section for the `analytical` plugin (distribution
+    chakra-sim-network-analytical, which must be installed)."""
+    return {"plugin": "analytical", "topology": [topology], "npus_count": [n],
+            "bandwidth": [bandwidth], "latency": [latency]}
 
 
 def hop_ns(size: int, bandwidth: float = 50.0, latency: float = 500.0, hops: int = 1) -> int:

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from chakra_core.cli import main
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import NetworkModel
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.network import NetworkModel
 from tests.helpers import SHARED_DIR
 from tests.simhelpers import MICRO, REF_RESULTS, astra_cases
 
@@ -182,7 +182,7 @@ def roofline_system_file(request, tmp_path):
 def test_a_system_file_gives_the_same_run_from_a_manifest_and_from_flags(tmp_path, monkeypatch,
                                                                           roofline_system_file):
     from chakra_core.cli import load_inputs
-    from chakra_core.plugins import make_plugin_host
+    from chakra_core.contract.host import make_plugin_host
 
     prefix = roofline_trace(tmp_path / "traces")
     network = tmp_path / "ring4.yml"
@@ -414,7 +414,7 @@ class _WormholeNetwork:
 
 def test_network_choices_are_the_installed_network_plugins(monkeypatch):
     from chakra_core import cli
-    from chakra_core.plugins import make_plugin_host
+    from chakra_core.contract.host import make_plugin_host
 
     run_option, validate_option = (next(p for p in main.commands[c].params if p.name == "backend")
                                    for c in ("run", "validate"))

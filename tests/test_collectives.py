@@ -10,13 +10,14 @@ from hypothesis import strategies as st
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import SimulationError
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import Dimension, NetworkModel, PluginConfig
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.network import Dimension, NetworkModel
+from chakra_core.contract.layers import PluginConfig
 from chakra_core.schema import pb
-from chakra_core.system.algorithms import (Chain, Direct, DoubleBinaryTree, HalvingDoubling, Ring, Star,
-                                           resolve_algorithm)
-from chakra_core.system.machines import PhaseContext, binary_tree
-from chakra_core.system.runner import IsolatedPhase, NetworkPhase
+from chakra_core.system.native.algorithms import (Chain, Direct, DoubleBinaryTree, HalvingDoubling, Ring, Star, resolve_algorithm)
+from chakra_core.contract.algorithm import PhaseContext
+from chakra_core.system.native.machines import binary_tree
+from chakra_core.system.native.runner import IsolatedPhase, NetworkPhase
 from tests.simhelpers import PairDelayNetwork, collective, comp, hop_ns, manifest, simulate, write_ranks
 
 AR, AG, RS, A2A = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL

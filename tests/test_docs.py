@@ -5,9 +5,9 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from chakra_core import hookspecs
-from chakra_core.manifest_reference import update
-from chakra_core.plugins import make_plugin_host
+from chakra_core.contract import hookspecs
+from chakra_core.config.reference import update
+from chakra_core.contract.host import make_plugin_host
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -8,8 +8,8 @@ import pytest
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import DeadlockError, PluginError, SimulationError
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import ComputeModel, PluginConfig
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.layers import ComputeModel, PluginConfig
 from chakra_core.schema import pb
 from tests.helpers import make_node
 from tests.simhelpers import collective, comp, manifest, ring_network, simulate, write_ranks

@@ -6,7 +6,8 @@ import shutil
 
 from chakra_core.feeder.library import TraceLibrary
 from chakra_core.schema import pb
-from chakra_core.testing import collective, comp, manifest, ring_network, simulate, write_et, write_ranks
+from chakra_core.testing import collective, comp, manifest, simulate, write_et, write_ranks
+from tests.simhelpers import ring_network
 
 
 def _chain(micros: list[int]) -> list[pb.Node]:

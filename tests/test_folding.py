@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from chakra_core.fold import find_folding, group_shape
-from chakra_core.hookspecs import hookimpl
+from chakra_core.engine.folding import find_folding
+from chakra_core.comm.groups import group_shape
+from chakra_core.contract.hookspecs import hookimpl
 from chakra_core.schema import pb
 from chakra_core.testing import UniformConfig, UniformNetwork
 from chakra_core.tools.generate import generate

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from chakra_core.errors import PluginError
-from chakra_core.hookspecs import hookimpl
-from chakra_core.plugins import make_plugin_host
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.host import make_plugin_host
 from chakra_core.schema import pb
 from chakra_core.testing import collective, comp, manifest, simulate, uniform_network, write_ranks
 
@@ -73,7 +73,7 @@ def test_only_the_plugin_that_raised_is_named(tmp_path):
 
 # The command line: exit status 2 and one line, for a plugin installed as a distribution ---------------
 PLUGIN_SOURCE = """
-    from chakra_core.hookspecs import hookimpl
+    from chakra_core.contract.hookspecs import hookimpl
     from chakra_core.testing import UniformNetwork
 
 

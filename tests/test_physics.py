@@ -26,7 +26,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chakra_core.hookspecs import hookimpl
+from chakra_core.contract.hookspecs import hookimpl
 from chakra_core.schema import pb
 from tests.simhelpers import GIB, collective, manifest, simulate, write_ranks
 

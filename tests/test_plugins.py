@@ -9,9 +9,10 @@ import types
 import pytest
 
 from chakra_core.errors import PluginError
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import ComputeModel, NetworkModel, PluginConfig
-from chakra_core.plugins import BUILTIN_NAME, make_plugin_host
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.layers import ComputeModel, PluginConfig
+from chakra_core.contract.network import NetworkModel
+from chakra_core.contract.host import BUILTIN_NAME, make_plugin_host
 
 
 class _Fast(ComputeModel):
@@ -121,7 +122,7 @@ def test_network_interface_dimension_helper():
             pass
 
     network = Two.__new__(Two)
-    from chakra_core.layers import Dimension
+    from chakra_core.contract.network import Dimension
     network.dims = (Dimension("Ring", 2, 1, 1), Dimension("Ring", 2, 1, 1), Dimension("Switch", 4, 1, 1))
     assert [network.dim_of(0, d) for d in (1, 2, 3, 4, 12)] == [0, 1, 0, 2, 2]
     with pytest.raises(ValueError):
@@ -129,9 +130,10 @@ def test_network_interface_dimension_helper():
 
 
 # Extending the system layer and the memory layer through hooks -------------------------------------
-from chakra_core.layers import MemoryModel  # noqa: E402
+from chakra_core.contract.layers import MemoryModel  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
-from chakra_core.system.algorithms import ALL_GATHER, CollectiveAlgorithm, StepSchedule  # noqa: E402
+from chakra_core.comm.collectives import ALL_GATHER
+from chakra_core.contract.algorithm import CollectiveAlgorithm, StepSchedule  # noqa: E402
 from tests.helpers import make_node  # noqa: E402
 from tests.simhelpers import collective, hop_ns, manifest, ring_network, simulate, write_ranks  # noqa: E402
 

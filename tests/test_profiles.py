@@ -13,7 +13,7 @@ from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import (BUILTIN_DIR, Profile, Sourced, builtin_profiles,
                                            load_profile)
-from chakra_core.tools.profiles_cli import rows
+from chakra_core.cli.profiles import rows
 
 SHIPPED = builtin_profiles()
 NODES = {"h100-sxm-hgx", "h200-sxm-hgx", "a100-sxm-hgx"}

@@ -9,11 +9,11 @@ import pytest
 
 from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import DeadlockError, PluginError, TraceFormatError
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import ComputeModel, PluginConfig
-from chakra_core.system.native import NativeSystem
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.layers import ComputeModel, PluginConfig
+from chakra_core.system.native.layer import NativeSystem
+from chakra_core.run import load, prepare
+from chakra_core.contract.host import make_plugin_host
 from chakra_core.schema import pb
 from chakra_core.testing import TESTING_PLUGIN, collective, comp, manifest, uniform_network, write_ranks
 
@@ -45,9 +45,9 @@ def _simulation(tmp_path: Path, ranks, compressed: bool = False, **sections) -> 
             path.write_bytes(gzip.compress(path.read_bytes()))
     host = make_plugin_host(extra_plugins=[TESTING_PLUGIN, ("raising-plugin", _RaisingPlugin())])
     # fold off: every rank gets its own feeder (folding opens one per class; tested below)
-    loaded = build_manifest(manifest(prefix, uniform_network(len(ranks)), fold="off", **sections), host,
-                            base_dir=tmp_path, source="test")
-    return Simulation(loaded.spec, host)
+    config = load(manifest(prefix, uniform_network(len(ranks)), fold="off", **sections), host,
+                  base_dir=tmp_path, name="test")
+    return prepare(config, host).simulation
 
 
 def _assert_released(sim: Simulation, ranks: int) -> None:
@@ -91,7 +91,7 @@ def test_a_bad_trace_closes_the_feeders_opened_before_it(tmp_path):
 
 def test_a_successful_run_closes_every_feeder(tmp_path):
     sim = _simulation(tmp_path, [[comp(1, 1)]] * 2)
-    assert sim.run()["finish_ns"] == 1000
+    assert [rank.finish_ns for rank in sim.run().ranks] == [1000, 1000]
     _assert_released(sim, 2)
 
 
@@ -119,7 +119,7 @@ def test_on_idle_returning_true_without_events_ends_in_a_deadlock_report(tmp_pat
     host = make_plugin_host(extra_plugins=[TESTING_PLUGIN, ("hopeful-plugin", _HopefulPlugin())])
     data = manifest(prefix, uniform_network(2))
     data["system"] = {"plugin": "hopeful"}
-    sim = Simulation(build_manifest(data, host, base_dir=tmp_path, source="test").spec, host)
+    sim = prepare(load(data, host, base_dir=tmp_path, name="test"), host).simulation
     with pytest.raises(DeadlockError, match="rank 0"):
         sim.run()
     assert _Hopeful.calls == 1
@@ -128,7 +128,6 @@ def test_on_idle_returning_true_without_events_ends_in_a_deadlock_report(tmp_pat
 def test_a_folded_run_closes_the_feeders_it_opened(tmp_path):
     prefix = write_ranks(tmp_path / "t", [[collective(1, pb.ALL_REDUCE, 64)]] * 4)
     host = make_plugin_host(extra_plugins=[TESTING_PLUGIN])
-    loaded = build_manifest(manifest(prefix, uniform_network(4)), host, base_dir=tmp_path, source="test")
-    sim = Simulation(loaded.spec, host)
-    assert sim.run()["folding"]["folded"]
+    sim = prepare(load(manifest(prefix, uniform_network(4)), host, base_dir=tmp_path, name="test"), host).simulation
+    assert sim.run().folding is not None
     _assert_released(sim, 1)

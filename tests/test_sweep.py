@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
-from chakra_core.manifest import format_loc
+from chakra_core.config.manifest import format_loc
 from chakra_core.sweep import load_sweep, parse_key_path, run_sweep, set_key_path
 from chakra_core.sweep.run import WALL_COLUMN, SweepError, run_local
 from chakra_core.sweep.spec import KeyPathError, Metric, build_sweep

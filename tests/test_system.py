@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import DeadlockError, SimulationError
 from chakra_core.schema import pb
-from chakra_core.system.algorithms import Ring
-from chakra_core.system.executor import closed_form_finishes
-from chakra_core.system.machines import PhaseContext, StepMember
-from chakra_core.system.runner import IsolatedPhase, NetworkPhase
+from chakra_core.system.native.algorithms import Ring
+from chakra_core.system.native.executor import closed_form_finishes
+from chakra_core.contract.algorithm import PhaseContext
+from chakra_core.system.native.machines import StepMember
+from chakra_core.system.native.runner import IsolatedPhase, NetworkPhase
 from tests.helpers import make_node
 from tests.simhelpers import (DATA, MICRO, PairDelayNetwork, collective, comp, hop_ns, manifest, recv,
                               ring_network, send, simulate, write_ranks)
@@ -233,9 +234,9 @@ def test_rendezvous_send_without_receiver_is_reported_as_waiting(tmp_path):
 
 
 def test_native_runs_every_collective_type_the_layers_accept():
-    """matching.COLLECTIVE_TYPES (what collective_attrs accepts) is what native has an algorithm
+    """matching.COLLECTIVE_TYPES (what read_collective accepts) is what native has an algorithm
     field for or runs as another type."""
-    from chakra_core.system.matching import COLLECTIVE_TYPES
-    from chakra_core.system.native import _IMPL_FIELD, _RUNS_AS
+    from chakra_core.comm.collectives import COLLECTIVE_TYPES
+    from chakra_core.system.native.layer import _IMPL_FIELD, _RUNS_AS
 
     assert set(_IMPL_FIELD) | set(_RUNS_AS) == COLLECTIVE_TYPES

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import chakra_core
 from chakra_core.et.io import read_trace
-from chakra_core.hookspecs import hookimpl
-from chakra_core.layers import ComputeModel, PluginConfig
+from chakra_core.contract.hookspecs import hookimpl
+from chakra_core.contract.layers import ComputeModel, PluginConfig
 from chakra_core.schema import pb
 from chakra_core.testing import (GIB, collective, comp, make_node, manifest, recv, send, simulate,
                                  uniform_network, write_ranks)

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import ChakraSimError
-from chakra_core.manifest import build_manifest
-from chakra_core.plugins import make_plugin_host
-from chakra_core.report.timeline import (COUNTER_NAME, build_timeline, timeline, timeline_json,
-                                         write_timeline)
+from chakra_core.run import load, simulate
+from chakra_core.contract.host import make_plugin_host
+from chakra_core.cli.timeline import timeline
+from chakra_core.report.timeline import COUNTER_NAME, build_timeline, timeline_json, write_timeline
+
 from chakra_core.schema import pb
 from tests.helpers import make_node
 from tests.simhelpers import collective, comp, manifest, ring_network, write_ranks
@@ -44,10 +44,8 @@ def run(tmp_path: Path, ranks=None, **manifest_extra):
     prefix = write_ranks(tmp_path / "trace", ranks or two_rank_program())
     host = make_plugin_host()
     data = manifest(prefix, ring_network(len(ranks or two_rank_program())), system={}, **manifest_extra)
-    loaded = build_manifest(data, host, base_dir=tmp_path, source="test")
-    sim = Simulation(loaded.spec, host, record_intervals=True)
-    results = sim.run()
-    return sim.intervals, results
+    result = simulate(load(data, host, base_dir=tmp_path, name="test"), host, timeline=True)
+    return result.intervals, result.results
 
 
 def by_phase(doc):

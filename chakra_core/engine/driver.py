@@ -32,13 +32,17 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Callable
 
+from chakra_core.engine.replay import replay_time_ns
 from chakra_core.errors import SimulationError
 from chakra_core.feeder.base import CPU_FLAG, GraphFeeder
-from chakra_core.replay import replay_time_ns
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
     from chakra_core.engine.simulation import Simulation
+
+Interval = tuple[int, int, str, str, str, int, int, tuple[int, ...]]
+"""A finished node, as timelines read it: (rank, node id, name, node type, slot, start ns, end ns,
+parent ids)."""
 
 SLOT_CPU, SLOT_GPU, SLOT_COMM, SLOT_MEM, SLOT_FREE = range(5)
 SLOT_NAMES = ("cpu", "gpu", "comm", "memory", "unlimited")
@@ -103,7 +107,7 @@ class RankDriver:
         self.finish_ns: int | None = None if self.remaining else 0
         self._pumping = False
         self._observer: Callable | None = sim.node_observer
-        self._intervals: list | None = sim.intervals
+        self._intervals: list[Interval] | None = sim.intervals
         memory = sim.memory
         self._tensor_tracker = memory if memory is not None and memory.tracks_tensors else None
         self._reporting = (self._observer is not None or self._intervals is not None

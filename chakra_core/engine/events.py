@@ -19,7 +19,7 @@ from chakra_core.errors import SimulationError
 
 
 class EventQueue:
-    """Clock + event queue; implements the `Scheduler` protocol of chakra_core.layers."""
+    """Clock + event queue; implements the `Scheduler` protocol of chakra_core.contract."""
 
     __slots__ = ("now", "_times", "_buckets", "executed", "pending")
 
@@ -57,7 +57,24 @@ class EventQueue:
         self.pending += 1
 
     def __len__(self) -> int:
-        return self.pending
+        return max(self.pending, 0)   # `run` subtracts what it ran from a count `stop` zeroed
+
+    def stop(self) -> None:
+        """End `run` once the callback running now returns: every pending event is dropped.
+
+        The loop in `run` holds the structures it drains; emptying them in place (the current
+        instant's bucket included) ends it without a check per event. Events scheduled from now
+        on go to fresh structures that are never run: a stopped queue is thrown away.
+        """
+        times, buckets = self._times, self._buckets
+        self._times, self._buckets = [], {}
+        times.clear()
+        current = buckets.get(self.now)
+        buckets.clear()
+        if current is not None:
+            current.clear()
+            buckets[self.now] = current   # `run` deletes the instant it was running
+        self.pending = 0
 
     def run(self, progress: Callable[[int], None] | None = None, every: int = 1 << 16) -> None:
         """Run until no event is left; call `progress(now)` about every `every` events."""

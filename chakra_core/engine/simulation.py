@@ -1,122 +1,112 @@
-"""One simulation run: build the layers, one driver per rank, run the event loop.
+"""One simulation: build the layers, one driver per rank, run the event loop to the end.
 
 Layers are built in dependency order (memory, compute, network, system) from
 the classes the manifest selected; each gets a `LayerContext` holding the
-scheduler and the layers built before it. Every exception a layer raises is
-re-raised as a `PluginError` that names the plugin. When the event queue
-drains while a rank still holds unfinished nodes, the run stops with a
-`DeadlockError` listing, per rank, what it waits for.
+scheduler, the run's inputs and the layers built before it. Every exception a
+layer raises is re-raised as a `PluginError` that names the plugin. When the
+event queue drains while a rank still holds unfinished nodes, the run stops
+with a `DeadlockError` listing, per rank, what it waits for.
 
-Observer hooks are called here, one implementation at a time (not through
-pluggy's dispatch) so that an exception names the plugin that raised it.
-They receive read-only copies (`ReadOnlyDict`); what a
-`chakra_sim_simulation_end` returns is stored under `results["plugins"]`.
-Feeders are closed however the run ends.
+A layer that learns something which invalidates what it already timed asks
+for a restart (`LayerContext.request_restart`): the event loop stops after the
+current event, and the run starts over with every layer built again and the
+hints gathered so far in `RunInputs.restart_hints`. A folded run that cannot
+finish starts over unfolded the same way, so that a deadlock is reported rank
+by rank. After `MAX_RESTARTS` restarts, the last attempt runs with
+`RunInputs.closed_form` False (every layer times everything event by event).
+
+`run()` returns a `FinishedRun`: per-rank records and the layers, from which
+chakra_core.report builds the results document. Feeders are closed however the
+run ends.
 """
 
 from __future__ import annotations
 
-import copy
 import gc
-import json
-import re
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
-from chakra_core import __version__
-from chakra_core.engine.driver import RankDriver, slot_table
+from chakra_core._version import __version__
+from chakra_core.config.spec import RunSpec
+from chakra_core.contract.folding import Folding
+from chakra_core.contract.host import PluginHost
+from chakra_core.contract.inputs import LayerContext, RestartRequest, RunInputs, Unfold
+from chakra_core.contract.layers import ComputeModel, LayerModel, MemoryModel, SystemLayer
+from chakra_core.contract.network import NetworkModel
+from chakra_core.engine.driver import Interval, RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, RestartRun, SimulationError, Unfold
+from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
+from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
-from chakra_core.fold import Folding
-from chakra_core.layers import LayerContext, LayerModel
-from chakra_core.plugins import Implementation, PluginHost
-
-
-@dataclass
-class Resources:
-    """Operations a rank may have in flight at once, per hardware resource (None: unlimited)."""
-
-    cpu: int | None = 1
-    gpu: int | None = 1
-    comm: int | None = 1
-    memory: int | None | str = "comm"   # "comm": memory operations share the comm slot
-
-    def capacities(self) -> list[int | None]:
-        memory = None if self.memory == "comm" else self.memory
-        return [self.cpu, self.gpu, self.comm, memory, None]
-
-
-@dataclass
-class LayerChoice:
-    impl: Implementation
-    config: Any
-
-
-@dataclass
-class RunSpec:
-    """Everything a run needs, resolved (paths absolute, configs validated)."""
-
-    trace_files: list[Path]
-    layers: dict[str, LayerChoice]
-    feeder: str = "streaming"
-    cache_nodes: int = 4096
-    missing_parents: str = "ignore-control"
-    dependencies: str = "all"
-    fold: str = "auto"
-    """"auto": simulate one rank per class of equivalent ranks where that is exact; "off": all."""
-    resources: Resources = field(default_factory=Resources)
-    comm_groups: dict[str, list[int]] = field(default_factory=dict)
-    base_dir: Path = Path(".")
-    manifest: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
 
 MAX_RESTARTS = 8
-"""RestartRun attempts before the last one, which runs with extras["closed_form"] False."""
+"""Restarts before the last attempt, which runs with RunInputs.closed_form False."""
+
+
+@dataclass
+class RankRecord:
+    """What one simulated rank did: its finish time and where the time went."""
+
+    rank: int
+    finish_ns: int
+    breakdown: dict[str, int]
+    """The six exclusive time categories (engine.driver.BREAKDOWN); they sum to finish_ns."""
+    compute_ns: int
+    comm_ns: int
+    comm_bytes: dict[str, int]
+    node_counts: dict[str, int]
+
+
+@dataclass
+class FinishedRun:
+    """A run simulated to its end, before its results document is built."""
+
+    spec: RunSpec
+    num_ranks: int
+    ranks: list[RankRecord]
+    """One per simulated rank (every rank, or the representatives of a folded run)."""
+    layers: dict[str, LayerModel]
+    folding: Folding | None
+    fold_note: str
+    """Why the run was not folded ("" when it was)."""
+    events: int
+    warnings: list[str]
+    intervals: list[Interval] | None
+    restarts: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
 
 
 class Simulation:
-    """Build with a RunSpec and a PluginHost, then call run()."""
+    """Build with a RunSpec and a PluginHost (the layers are built at once), then call run()."""
 
     def __init__(self, spec: RunSpec, host: PluginHost, record_intervals: bool = False):
         self.spec = spec
-        self.intervals: list | None = [] if record_intervals else None
-        """With record_intervals: (rank, node id, name, type, slot, start ns, end ns, parent ids)
-        per finished node, in completion order (for timelines)."""
         self.host = host
+        self.intervals: list[Interval] | None = [] if record_intervals else None
+        """With record_intervals: one per finished node, in completion order (for timelines)."""
         self.num_ranks = len(spec.trace_files)
         self.restarts: list[str] = []
-        """Why the run started over (RestartRun messages), oldest first."""
-        self.node_observer_wanted = bool(self._observer_calls("chakra_sim_node_finished"))
-        self._setup([])
-        self.node_observer: Callable[..., Any] | None = None
-        node_calls = self._observer_calls("chakra_sim_node_finished")
-        if node_calls:
-            self.node_observer = lambda **kwargs: self._call_observers(
-                "chakra_sim_node_finished", node_calls, kwargs)
+        """Why the run started over (restart requests' reasons), oldest first."""
+        self.queue = EventQueue()
+        self.observers = Observers(host, lambda: self.queue.now)
+        self.node_observer: Callable[..., None] | None = self.observers.node_observer()
         self.drivers: list[RankDriver] = []
+        self.driver_of: dict[int, RankDriver] = {}
         self.finished = 0
         self.wall_s = 0.0
+        self._setup([])
 
-    def _setup(self, hints: list, folding: Folding | None = None) -> None:
+    # Building ----------------------------------------------------------------------------------
+    def _setup(self, hints: list[object], folding: Folding | None = None) -> None:
         """Build the clock, the context and the layers (again, on a restart, with its hints; or
         to simulate one rank per class of `folding`)."""
         spec = self.spec
         self.queue = EventQueue()
-        extras = {"comm_groups": spec.comm_groups, "comm_capacity": spec.resources.comm,
-                  "algorithms": self.host.algorithms(), "trace_files": list(spec.trace_files),
-                  "dependencies": spec.dependencies, "restart_hints": list(hints)}
-        if len(hints) >= MAX_RESTARTS:
-            extras["closed_form"] = False    # last attempt: every layer times everything event by event
         self.folding = folding
         if folding is not None:
-            extras["folding"] = folding
-            extras["rank_weights"] = {rep: folding.weight(rep) for rep in folding.representatives}
             self.fold_note = folding.describe()
         elif spec.fold == "off":
             self.fold_note = "workload.fold is off"
@@ -126,16 +116,22 @@ class Simulation:
             self.fold_note = "one rank"
         else:
             self.fold_note = ""
-        self.context = LayerContext(num_ranks=self.num_ranks, scheduler=self.queue,
-                                    base_dir=spec.base_dir, extras=extras)
+        inputs = RunInputs(
+            trace_files=tuple(spec.trace_files), comm_groups=spec.comm_groups,
+            dependencies=spec.dependencies, comm_capacity=spec.resources.comm,
+            algorithms=self.host.algorithms(), base_dir=spec.base_dir, folding=folding,
+            restart_hints=tuple(hints),
+            closed_form=len(hints) < MAX_RESTARTS)   # the last attempt times everything by events
+        self.context = LayerContext(num_ranks=self.num_ranks, scheduler=self.queue, inputs=inputs,
+                                    stop=self.queue.stop)
         for warning in spec.warnings:
             self.context.warn(warning)
         self.layers: dict[str, LayerModel] = {}
-        self.memory = self._build("memory")
+        self.memory = self._build("memory", MemoryModel)
         self.context.memory = self.memory
-        self.compute = self._build("compute")
+        self.compute = self._required("compute", ComputeModel)
         self.context.compute = self.compute
-        self.network = self._build("network")
+        self.network = self._build("network", NetworkModel)
         self.context.network = self.network
         if self.network is not None and self.network.npus_count != self.num_ranks:
             first = spec.trace_files[0] if spec.trace_files else "?"
@@ -143,7 +139,7 @@ class Simulation:
                 f"the trace has {self.num_ranks} rank(s) ({first} ...) but the network "
                 f"(plugin '{self.network.name}') has {self.network.npus_count} NPUs; they must match: "
                 "change the network's size or give as many trace files as NPUs")
-        self.system = self._build("system")
+        self.system = self._required("system", SystemLayer)
         if folding is None and not self.fold_note:
             self._check_foldable()
 
@@ -153,22 +149,22 @@ class Simulation:
                   if not instance.fold_safe]
         if self.intervals is not None:
             self.fold_note = "a timeline records every rank"
-        elif self.node_observer_wanted:
+        elif self.node_observer is not None:
             self.fold_note = "a plugin observes every node"
         elif unsafe:
             self.fold_note = f"{', '.join(unsafe)} cannot stand one rank for another (fold_safe is false)"
 
     def _fold(self) -> None:
         """Find classes of equivalent ranks; if there are some, rebuild the layers for them."""
-        from chakra_core.fold import find_folding
+        from chakra_core.engine.folding import find_folding
 
-        folding, note = find_folding(self.spec.trace_files, self.spec.comm_groups)
+        folding, note = find_folding(list(self.spec.trace_files), self.spec.comm_groups)
         if folding is None:
             self.fold_note = note
         else:
             self._setup([], folding)
 
-    def _build(self, layer: str) -> LayerModel | None:
+    def _build(self, layer: str, kind: type[Any]) -> Any:
         choice = self.spec.layers.get(layer)
         if choice is None:
             return None
@@ -180,7 +176,14 @@ class Simulation:
         except Exception as exc:
             raise PluginError(f"{layer} plugin '{impl.name}' ({impl.plugin.distribution}) failed to "
                               f"initialise: {type(exc).__name__}: {exc}") from exc
+        assert isinstance(instance, kind)
         self.layers[layer] = instance
+        return instance
+
+    def _required(self, layer: str, kind: type[Any]) -> Any:
+        instance = self._build(layer, kind)
+        if instance is None:
+            raise SimulationError(f"the run has no {layer} layer")
         return instance
 
     def _open_feeders(self) -> None:
@@ -217,8 +220,9 @@ class Simulation:
         total = sum(d.feeder.num_nodes for d in self.drivers)
         return total - sum(d.remaining for d in self.drivers), total
 
-    def run(self, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """Simulate to the end and return the results document.
+    # Running -----------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None = None) -> FinishedRun:
+        """Simulate to the end (starting over as layers ask); return what every rank did.
 
         Feeders are closed on every way out: success, an error, KeyboardInterrupt.
         """
@@ -227,52 +231,50 @@ class Simulation:
             if self.folding is None and not self.fold_note:
                 self._fold()
             self._open_feeders()
-            run_info = ReadOnlyDict.of(self.run_info())
-            self._call_observers("chakra_sim_simulation_start",
-                                 self._observer_calls("chakra_sim_simulation_start"), {"run": run_info})
-            hints: list = []
+            self.run_info = ReadOnlyDict.of(self.describe())
+            self.observers.start(self.run_info)
+            hints: list[object] = []
             while True:
                 try:
-                    self._simulate(progress)
-                    break
-                except RestartRun as restart:
-                    hints.append(restart.hint)
-                    self.restarts.append(str(restart))
-                    self._close_feeders()
-                    self.drivers, self.finished = [], 0
-                    if self.intervals is not None:
-                        self.intervals.clear()
-                    self._setup(hints)
-                    self._open_feeders()
+                    restart = self._simulate(progress)
                 except ChakraSimError:
-                    raise
+                    if self.context.restart is None:
+                        raise
+                    restart = self.context.restart    # superseded: a real error comes back
                 except Exception as exc:
-                    raise self._blame(exc) from exc
+                    if self.context.restart is None:
+                        raise blame(self.host, exc, self.queue.now) from exc
+                    restart = self.context.restart
                 finally:
                     self.wall_s = time.perf_counter() - started
+                if restart is None:
+                    break
+                hints.append(restart.hint)
+                self.restarts.append(restart.reason)
+                self._close_feeders()
+                self.drivers, self.finished = [], 0
+                if self.intervals is not None:
+                    self.intervals.clear()
+                self._setup(hints)
+                self._open_feeders()
             for reason in dict.fromkeys(self.restarts):
                 self.context.warn(f"the run started over ({len(self.restarts)} time(s)): {reason}")
             unfinished = {d.rank: d.remaining for d in self.drivers if d.remaining}
             if unfinished:
                 waits = {rank: self.driver_of[rank].waits() for rank in unfinished}
                 raise DeadlockError(self.queue.now, waits, unfinished)
-            from chakra_core.report.results import build_results
-            try:   # layers' summary(), rank_summary() and terminal_tables() run here
-                results = build_results(self)
-            except ChakraSimError:
-                raise
-            except Exception as exc:
-                raise self._blame(exc) from exc
-            self._observe_end(run_info, results)
-            return results
+            return self._finished()
         finally:
             self._close_feeders()
 
-    def _simulate(self, progress: Callable[[int], None] | None) -> None:
-        """The event loop, to the end of the run."""
+    def _simulate(self, progress: Callable[[int], None] | None) -> RestartRequest | None:
+        """The event loop, to the end of the run or to a restart request (returned)."""
+        context = self.context
         with _lenient_gc() as collect_now:
             for driver in self.drivers:
                 driver.start()
+                if context.restart is not None:
+                    return context.restart
             ticks = 0
 
             def tick(now: int) -> None:
@@ -285,16 +287,31 @@ class Simulation:
 
             while True:
                 self.queue.run(tick)
+                if context.restart is not None:
+                    return context.restart
                 if self.finished == len(self.drivers) or not self.system.on_idle():
                     break
+                if context.restart is not None:
+                    return context.restart
                 if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
                     break
         if self.folding is not None and any(d.remaining for d in self.drivers):
             # A deadlock is reported rank by rank: find it again with every rank simulated.
             reason = "the folded run could not finish; simulating every rank to report why"
-            raise RestartRun(reason, Unfold(reason))
+            return RestartRequest(reason, Unfold(reason))
         for layer in self.layers.values():
             layer.finish()
+        return context.restart
+
+    def _finished(self) -> FinishedRun:
+        ranks = []
+        for driver in self.drivers:
+            assert driver.finish_ns is not None
+            ranks.append(RankRecord(driver.rank, driver.finish_ns, driver.breakdown(), driver.compute_ns,
+                                    driver.comm_ns, dict(driver.comm_bytes), driver.node_counts))
+        return FinishedRun(self.spec, self.num_ranks, ranks, dict(self.layers), self.folding, self.fold_note,
+                           self.queue.executed, self.context.warnings, self.intervals, list(self.restarts),
+                           self.wall_s)
 
     def _close_feeders(self) -> None:
         """Close every opened feeder; one that fails to close does not keep the others open."""
@@ -302,95 +319,29 @@ class Simulation:
             for driver in self.drivers:
                 stack.callback(driver.feeder.close)
 
-    # Observer hooks ----------------------------------------------------------------------------
-    def _observer_calls(self, hook_name: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...]]]:
-        """(plugin name, function, argument names) per implementation, in pluggy's order
-        (last registered first). An implementation may take a subset of the hook's arguments."""
-        hook = getattr(self.host.pm.hook, hook_name)
-        return [(impl.plugin_name, impl.function, tuple(impl.argnames))
-                for impl in reversed(hook.get_hookimpls())]
+    # After the run -----------------------------------------------------------------------------
+    @contextmanager
+    def blaming(self) -> Iterator[None]:
+        """Errors raised inside (layers' summaries, observers) name the plugin that raised them."""
+        try:
+            yield
+        except ChakraSimError:
+            raise
+        except Exception as exc:
+            raise blame(self.host, exc, self.queue.now) from exc
 
-    def _call_observers(self, hook_name: str, calls: list[tuple[str, Callable[..., Any], tuple[str, ...]]],
-                        kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-        """Call each implementation; return (plugin name, returned value) pairs."""
-        out = []
-        for plugin, function, argnames in calls:
-            try:
-                value = function(*[kwargs[name] for name in argnames])
-            except ChakraSimError:
-                raise
-            except Exception as exc:
-                raise self._observer_error(plugin, hook_name, exc) from exc
-            out.append((plugin, value))
-        return out
+    def observe_end(self, results: dict[str, Any]) -> None:
+        """chakra_sim_simulation_end with the results document (see Observers.end)."""
+        self.observers.end(self.run_info, results)
 
-    def _observe_end(self, run_info: ReadOnlyDict, results: dict[str, Any]) -> None:
-        """Call chakra_sim_simulation_end with a read-only copy of `results`; store what each
-        plugin returns under results["plugins"][<plugin name>] (absent when none returns a dict)."""
-        hook_name = "chakra_sim_simulation_end"
-        calls = self._observer_calls(hook_name)
-        if not calls:
-            return
-        view = ReadOnlyDict.of(results)
-        returned: dict[str, Any] = {}
-        for plugin, value in self._call_observers(hook_name, calls, {"run": run_info, "results": view}):
-            if value is None:
-                continue
-            if not isinstance(value, dict):
-                raise PluginError(f"{self._plugin_label(plugin)} returned {type(value).__name__} from "
-                                  f"{hook_name}; return a JSON-serialisable dict or None")
-            try:   # a JSON round trip: the stored value is exactly what results.json will hold
-                returned[plugin] = json.loads(json.dumps(value))
-            except (TypeError, ValueError) as exc:
-                raise PluginError(f"{self._plugin_label(plugin)} returned a result from {hook_name} "
-                                  f"that is not JSON-serialisable: {exc}") from exc
-        if returned:
-            results["plugins"] = dict(sorted(returned.items()))
-
-    def _plugin_label(self, plugin: str) -> str:
-        info = self.host.plugins.get(plugin)
-        return f"plugin '{plugin}'" + (f" ({info.distribution} {info.version})" if info is not None else "")
-
-    def _observer_error(self, plugin: str, hook_name: str, exc: Exception) -> PluginError:
-        """One line naming the plugin, the hook and the innermost line of the plugin's code."""
-        info = self.host.plugins.get(plugin)
-        prefixes = info.modules if info is not None else ()
-        where = ""
-        tb = exc.__traceback__
-        while tb is not None:
-            module = tb.tb_frame.f_globals.get("__name__", "")
-            if any(module == p or module.startswith(p + ".") for p in prefixes):
-                where = f" ({module}:{tb.tb_lineno})"
-            tb = tb.tb_next
-        when = f" at t={self.queue.now} ns" if hook_name == "chakra_sim_node_finished" else ""
-        detail = re.sub(r"\s*\n\s*", " ", str(exc)).strip()
-        return PluginError(f"{self._plugin_label(plugin)} raised {type(exc).__name__}: {detail} "
-                           f"in {hook_name}{when}{where}")
-
-    def run_info(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:
+        """What observers see of the run (`chakra_sim_simulation_start`)."""
         return {"manifest": self.spec.manifest, "num_ranks": self.num_ranks,
                 "layers": dict(self.layers), "version": __version__}
 
-    def _blame(self, exc: BaseException) -> ChakraSimError:
-        """Name the plugin whose code raised `exc` (innermost plugin frame wins)."""
-        tb = exc.__traceback__
-        culprit = None
-        while tb is not None:
-            module = tb.tb_frame.f_globals.get("__name__", "")
-            info = self.host.owner_of_module(module)
-            if info is not None and info.distribution != "chakra-sim":
-                culprit = (info, module, tb.tb_lineno)
-            tb = tb.tb_next
-        if culprit is None:
-            return SimulationError(f"internal error at t={self.queue.now} ns: "
-                                   f"{type(exc).__name__}: {exc} (please report this)")
-        info, module, line = culprit
-        return PluginError(f"plugin '{info.name}' ({info.distribution} {info.version}) raised "
-                           f"{type(exc).__name__}: {exc} at t={self.queue.now} ns ({module}:{line})")
-
 
 @contextmanager
-def _lenient_gc():
+def _lenient_gc() -> Iterator[Callable[[], int]]:
     """Pause the cyclic garbage collector during the event loop; yields a `collect_now` function.
 
     A run keeps millions of live objects (queued messages, node caches) and
@@ -405,56 +356,3 @@ def _lenient_gc():
     finally:
         if enabled:
             gc.enable()
-
-
-class ReadOnlyDict(dict):
-    """A dict whose changes raise TypeError; observer hooks receive the run and the results so.
-
-    `ReadOnlyDict.of(value)` copies dicts and lists recursively (lists become `ReadOnlyList`),
-    so even a write that bypasses the checks leaves the engine's own document untouched. Other
-    objects (the layer instances in `run["layers"]`) are shared, not copied. json.dumps works on
-    it; copy.deepcopy returns plain, mutable dicts and lists.
-    """
-
-    @classmethod
-    def of(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return cls((key, cls.of(item)) for key, item in value.items())
-        if isinstance(value, list):
-            return ReadOnlyList(cls.of(item) for item in value)
-        if isinstance(value, tuple):
-            return tuple(cls.of(item) for item in value)
-        return value
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("read-only: observer hooks get copies they cannot change; "
-                        "chakra_sim_simulation_end returns what it wants stored in the results "
-                        "(copy.deepcopy() gives a mutable copy)")
-
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
-
-    def __copy__(self) -> dict[Any, Any]:
-        return dict(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> dict[Any, Any]:
-        return {key: copy.deepcopy(item, memo) for key, item in self.items()}
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return dict, (dict(self),)
-
-
-class ReadOnlyList(list):
-    """The list counterpart of `ReadOnlyDict`."""
-
-    _refuse = ReadOnlyDict._refuse
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = \
-        clear = sort = reverse = _refuse  # type: ignore[assignment]
-
-    def __copy__(self) -> list[Any]:
-        return list(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> list[Any]:
-        return [copy.deepcopy(item, memo) for item in self]
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return list, (list(self),)

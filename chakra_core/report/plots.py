@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.report.summary import TIME_COLUMNS, TIME_UNITS, compact_ranks
-from chakra_core.system.groups import WORLD
+from chakra_core.comm.groups import WORLD
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -5,7 +5,7 @@ Stable keys scripts rely on: top-level "finish_ns" (maximum over ranks),
 categories of `BREAKDOWN`, which sum to "finish_ns", "compute_ns",
 "exposed_comm_ns", "bytes_sent" and "bytes_received"), and "manifest" (the
 resolved configuration). "folding" says whether ranks were folded (one simulated per
-class of equivalent ranks, chakra_core.fold). A layer's own per-rank statistics sit in the rank's
+class of equivalent ranks, chakra_core.engine.folding). A layer's own per-rank statistics sit in the rank's
 entry under the layer's plugin name ("hbm": {...}), its run statistics under
 "layers"; no plugin can overwrite a core key. Everything else may grow.
 Times are integer ns; sizes bytes. The document holds no wall clock figures,
@@ -14,54 +14,54 @@ so identical inputs give byte-identical files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from chakra_core import __version__
+from chakra_core._version import __version__
+from chakra_core.contract.layers import SystemLayer
+from chakra_core.engine.simulation import FinishedRun
 from chakra_core.errors import SimulationError
-
-if TYPE_CHECKING:
-    from chakra_core.engine.simulation import Simulation
 
 SCHEMA_VERSION = 2
 """2: the exclusive time breakdown; layer statistics under the plugin's name."""
 
 
-def build_results(sim: "Simulation") -> dict[str, Any]:
+def build_results(run: FinishedRun) -> dict[str, Any]:
+    """The results document of a finished run (calls each layer's summaries)."""
     ranks = []
-    system = sim.layers.get("system")
-    for driver in sim.drivers:
-        breakdown = driver.breakdown()
-        if sum(breakdown.values()) != driver.finish_ns:
-            raise SimulationError(f"internal error: rank {driver.rank}'s time categories {breakdown} do "
-                                  f"not sum to its finish time {driver.finish_ns} ns (please report this)")
-        traffic = system.traffic(driver.rank) if system is not None else None
+    system = run.layers.get("system")
+    for record in run.ranks:
+        breakdown = record.breakdown
+        if sum(breakdown.values()) != record.finish_ns:
+            raise SimulationError(f"internal error: rank {record.rank}'s time categories {breakdown} do "
+                                  f"not sum to its finish time {record.finish_ns} ns (please report this)")
+        traffic = system.traffic(record.rank) if isinstance(system, SystemLayer) else None
         sent, received = traffic if traffic is not None else (0, 0)
         row: dict[str, Any] = {
-            "rank": driver.rank,
-            "finish_ns": driver.finish_ns,
+            "rank": record.rank,
+            "finish_ns": record.finish_ns,
             **breakdown,
-            "compute_ns": driver.compute_ns,
+            "compute_ns": record.compute_ns,
             "exposed_comm_ns": breakdown["exposed_network_ns"] + breakdown["waiting_ns"],
-            "comm_ns": driver.comm_ns,
+            "comm_ns": record.comm_ns,
             "bytes_sent": sent,
             "bytes_received": received,
-            "comm_bytes_by_type": dict(sorted(driver.comm_bytes.items())),
-            "node_counts": dict(sorted(driver.node_counts.items())),
+            "comm_bytes_by_type": dict(sorted(record.comm_bytes.items())),
+            "node_counts": dict(sorted(record.node_counts.items())),
         }
         for layer in ("system", "network", "compute", "memory"):
-            instance = sim.layers.get(layer)
+            instance = run.layers.get(layer)
             if instance is not None:
-                stats = instance.rank_summary(driver.rank)
+                stats = instance.rank_summary(record.rank)
                 if stats and instance.name not in row:
                     row[instance.name] = stats
         ranks.append(row)
-    folding = sim.folding
+    folding = run.folding
     if folding is not None:     # every rank gets its representative's row
         by_rep = {row["rank"]: row for row in ranks}
         ranks = [dict(by_rep[folding.representative[rank]], rank=rank)
                  for rank in range(len(folding.representative))]
-    layers = {}
-    for layer, instance in sim.layers.items():
+    layers: dict[str, Any] = {}
+    for layer, instance in run.layers.items():
         layers[layer] = {"plugin": instance.name, "fidelity": instance.fidelity,
                          "summary": instance.summary()}
         tables = instance.terminal_tables()
@@ -73,19 +73,19 @@ def build_results(sim: "Simulation") -> dict[str, Any]:
         "chakra_sim_version": __version__,
         "finish_ns": max((r["finish_ns"] for r in ranks), default=0),
         "num_ranks": len(ranks),
-        "events": sim.queue.executed,
-        "folding": _folding(sim),
+        "events": run.events,
+        "folding": _folding(run),
         "ranks": ranks,
         "layers": layers,
-        "warnings": list(sim.context.warnings),
-        "manifest": sim.spec.manifest,
+        "warnings": list(run.warnings),
+        "manifest": run.spec.manifest,
     }
 
 
-def _folding(sim: "Simulation") -> dict[str, Any]:
-    """Whether one rank stood for others (chakra_core.fold), and which."""
-    folding = sim.folding
+def _folding(run: FinishedRun) -> dict[str, Any]:
+    """Whether one rank stood for others (chakra_core.engine.folding), and which."""
+    folding = run.folding
     if folding is None:
-        return {"folded": False, "simulated_ranks": sim.num_ranks, "reason": sim.fold_note}
+        return {"folded": False, "simulated_ranks": run.num_ranks, "reason": run.fold_note}
     return {"folded": True, "simulated_ranks": len(folding.members), "classes": len(folding.members),
             "representatives": {str(rep): len(members) for rep, members in sorted(folding.members.items())}}

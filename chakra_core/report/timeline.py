@@ -1,6 +1,6 @@
 """Chrome-trace / Perfetto timeline of a simulation (timeline.json; open it in ui.perfetto.dev).
 
-Input: the intervals a `Simulation(..., record_intervals=True)` records, one
+Input: the intervals a run records with `timeline` (chakra_core.run), one
 per finished node: (rank, node id, name, node type, slot, start ns, end ns,
 parent ids), and the results document.
 
@@ -32,9 +32,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import click
-
-from chakra_core import __version__
+from chakra_core._version import __version__
 from chakra_core._atomic import atomic_write_text
 from chakra_core.errors import ChakraSimError
 
@@ -181,53 +179,3 @@ def write_timeline(intervals: Iterable[Sequence], results: dict[str, Any], path:
     doc = build_timeline(intervals, results, max_flows)
     atomic_write_text(path, timeline_json(doc))
     return doc["metadata"]
-
-
-@click.command("timeline")
-@click.argument("manifest", metavar="MANIFEST.yaml", type=click.Path(dir_okay=False))
-@click.option("--out", "out_file", type=click.Path(dir_okay=False),
-              help="timeline file [default: <output dir>/timeline.json, with the results files]")
-@click.option("--max-flows", default=DEFAULT_MAX_FLOWS, show_default=True, type=click.IntRange(min=0),
-              help="dependency arrows to draw at most (earliest first)")
-@click.option("--debug", is_flag=True, help="show tracebacks")
-def timeline(manifest, out_file, max_flows, debug) -> None:
-    """Simulate a manifest and write a Perfetto / Chrome-trace timeline.
-
-    One process per rank, one lane per resource (compute cpu/gpu,
-    communication, memory, other), a slice per node with its simulated start
-    and duration, dependency arrows, and memory-in-use counters when the
-    memory model reports them. Open the file in https://ui.perfetto.dev or
-    chrome://tracing.
-
-    \b
-    Example:
-      chakra-sim timeline examples/allreduce_8npu.yaml --out allreduce.json
-    """
-    from chakra_core.engine.simulation import Simulation
-    from chakra_core.manifest import load_manifest
-    from chakra_core.plugins import make_plugin_host
-    from chakra_core.tools import tool_errors
-
-    from chakra_core.report.writers import prepare_output_dir, result_files, write_run_files
-
-    with tool_errors("the timeline", debug):
-        host = make_plugin_host()
-        loaded = load_manifest(manifest, host)
-        sim = Simulation(loaded.spec, host, record_intervals=True)
-        if out_file:
-            results = sim.run()
-            path = Path(out_file)
-            meta = write_timeline(sim.intervals or [], results, path, max_flows)
-        else:
-            # Into the output folder, as `run` with `timeline: true` writes it: with the results,
-            # in the folder's record of what the last run wrote.
-            prepare_output_dir(loaded.output_dir)
-            results = sim.run()
-            doc = build_timeline(sim.intervals or [], results, max_flows)
-            files = {**result_files(results, loaded.formats), "timeline.json": timeline_json(doc)}
-            write_run_files(loaded.output_dir, files)
-            path, meta = loaded.output_dir / "timeline.json", doc["metadata"]
-    flows = meta["flows"]
-    dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
-    click.echo(f"finish: {results['finish_ns']} ns")
-    click.echo(f"wrote {path} ({meta['slices']:,} slices, {flows['shown']:,} dependency arrows{dropped})")

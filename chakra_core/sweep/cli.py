@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from chakra_core.cli import CliError, _fail, _warn, err_console, out_console
+from chakra_core.cli.output import CliError, err_console, fail, out_console, warn
 from chakra_core.errors import ChakraSimError
 from chakra_core.sweep.run import EXECUTORS, WALL_COLUMN, PointReport, run_sweep
 from chakra_core.sweep.spec import load_sweep
@@ -53,7 +53,7 @@ def sweep(sweep_file, executor, workers, address, out_dir, force, quiet, debug) 
         with progress:
             result = run_sweep(spec, executor, workers, address, force, on_point=progress.update)
     except ChakraSimError as exc:
-        _fail(exc, debug)
+        fail(exc, debug)
         return
     except KeyboardInterrupt:
         if spec is not None:
@@ -76,7 +76,7 @@ def sweep(sweep_file, executor, workers, address, out_dir, force, quiet, debug) 
             if row["status"] != "ok":
                 console.print(f"point {row['point']} ({row['id']}) failed: {row['error']}",
                               soft_wrap=True, highlight=False)
-    _warn(result.warnings)
+    warn(result.warnings)
     for path in result.files:
         console.print(f"wrote {path}", highlight=False)
     if result.failed:

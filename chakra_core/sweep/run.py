@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from chakra_core import __version__
+from chakra_core._version import __version__
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
@@ -67,7 +67,7 @@ def _plugin_host():
     """One plugin host per worker process: discovering plugins once, not once per point."""
     global _HOST
     if _HOST is None:
-        from chakra_core.plugins import make_plugin_host
+        from chakra_core.contract.host import make_plugin_host
 
         _HOST = make_plugin_host()
     return _HOST
@@ -79,21 +79,17 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     `task`: index, id, data (the manifest mapping), base_dir, source (names the
     point in messages), out_dir (the point's folder, echoed in results.json).
     """
-    from chakra_core.engine.simulation import Simulation
-    from chakra_core.manifest import build_manifest
-    from chakra_core.report.writers import result_files
+    from chakra_core.run import load, simulate
 
     started = time.perf_counter()
     outcome = {"index": task["index"], "id": task["id"], "status": "failed", "error": None,
                "detail": None, "files": {}}
     try:
         host = _plugin_host()
-        loaded = build_manifest(task["data"], host, base_dir=Path(task["base_dir"]), source=task["source"],
-                                out_dir=task["out_dir"])
-        sim = Simulation(loaded.spec, host, record_intervals=loaded.timeline)
-        results = sim.run()
+        config = load(task["data"], host, base_dir=task["base_dir"], name=task["source"], out_dir=task["out_dir"])
+        result = simulate(config, host)
         # results.json always: it is what the sweep reads back on resume.
-        files = result_files(results, sorted(set(loaded.formats) | {"json"}), sim.intervals)
+        files = result.files(sorted(set(config.formats) | {"json"}))
         outcome.update(status="ok", files=files)
     except ManifestError as exc:
         # The row already names the point: keep the key path and the reason.

@@ -16,7 +16,7 @@ problem is reported at once as a ManifestError (file, key, reason): the
 syntax of key paths and of the metric, that each override lands somewhere in
 the base manifest (missing mapping keys are created; a list index past the
 end is an error), and that each point is distinct. Whether a point's manifest
-is valid is the business of `build_manifest`, in the worker that runs it, so
+is valid is the business of `build_config`, in the worker that runs it, so
 that one bad point fails alone.
 """
 
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chakra_core import __version__
-from chakra_core.astra import read_config_file
+from chakra_core._version import __version__
+from chakra_core.config.files import read_config_file
 from chakra_core.errors import ManifestError
-from chakra_core.manifest import Manifest, format_loc
+from chakra_core.config.manifest import Manifest, format_loc
 
 KeyPath = tuple  # ('network', 'bandwidth', 0): the parts format_loc joins into 'network.bandwidth[0]'
 

@@ -1,1 +1,1 @@
-"""The built-in system layer: collective algorithms, chunking, scheduling, groups, p2p."""
+"""System layers: the matching base every system layer may build on, and the built-in `native` layer."""

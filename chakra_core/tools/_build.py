@@ -44,7 +44,7 @@ def bool_attr(name: str, value: bool) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, bool_val=value)
 
 
-def collective_attrs(comm_type: int, size: int, pg_name: str | None = None) -> list[pb.AttributeProto]:
+def read_collective(comm_type: int, size: int, pg_name: str | None = None) -> list[pb.AttributeProto]:
     """The attributes of a COMM_COLL node (in the order ASTRA-sim's example traces use)."""
     attrs = [bool_attr("is_cpu_op", False), int_attr("comm_type", comm_type), int_attr("comm_size", size)]
     if pg_name is not None:

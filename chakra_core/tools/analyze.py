@@ -58,13 +58,13 @@ from chakra_core.feeder.base import (CPU_FLAG, DEPENDENCY_MODES, cycle_error, fi
                                      missing_parent_problem, node_kind, parents_of, topological_positions,
                                      use_control_deps)
 from chakra_core.feeder.library import IdenticalFiles
-from chakra_core.replay import replay_time_ns
+from chakra_core.engine.replay import replay_time_ns
 from chakra_core.report.plots import group_label, size_text
 from chakra_core.report.summary import compact_ranks, format_bytes, format_time, time_unit
 from chakra_core.schema import pb
-from chakra_core.system.groups import WORLD, GroupRegistry
-from chakra_core.cli import out_console
-from chakra_core.tools import ToolError, tool_errors
+from chakra_core.comm.groups import WORLD, GroupRegistry
+from chakra_core.cli.output import out_console
+from chakra_core.cli.output import CliError, tool_errors
 
 DEFAULT_THRESHOLD = 1.1
 MAX_RANK_ROWS = 16
@@ -730,23 +730,23 @@ def analyze(ctx: click.Context, prefix: str | None, results_files: tuple[str, ..
                                            "comm_group", "dependencies") if _given(ctx, name)]
         if prefix or trace_options:
             what = f"--{trace_options[0].replace('_', '-')}" if trace_options else f"the trace prefix {prefix}"
-            raise ToolError(f"--results compares two runs; {what} applies to a trace analysis: give one or the other")
+            raise CliError(f"--results compares two runs; {what} applies to a trace analysis: give one or the other")
         _compare(results_files, out_dir, as_json, debug)
         return
     if not prefix:
-        raise ToolError("give a trace PREFIX (files PREFIX.<rank>.et), or --results twice")
+        raise CliError("give a trace PREFIX (files PREFIX.<rank>.et), or --results twice")
     timing = _timing(compute_time, peak_tflops, mem_bw_gbps)
     console = out_console(stderr=as_json)
     with tool_errors(f"the analysis to {out_dir}", debug):
         try:
             groups = None
             if comm_group:
-                from chakra_core.astra import read_comm_groups
+                from chakra_core.config.astra import read_comm_groups
 
                 groups = read_comm_groups(Path(comm_group))
             report = analyze_traces(prefix, timing, imbalance_threshold, groups, dependencies)
         except OSError as exc:    # tool_errors words an OSError as a write failure
-            raise ToolError(f"cannot read {exc.filename or prefix}: {exc.strerror or exc}") from exc
+            raise CliError(f"cannot read {exc.filename or prefix}: {exc.strerror or exc}") from exc
         written = write_outputs(Path(out_dir), analysis_files(report)) if out_dir else []
     _show(report, print_report, written, console, as_json)
 
@@ -766,12 +766,12 @@ def _timing(mode: str, peak_tflops: float | None, mem_bw_gbps: float | None) -> 
         absent = [flag for flag, value in (("--peak-tflops", peak_tflops), ("--mem-bw-gbps", mem_bw_gbps))
                   if value is None]
         if absent:
-            raise ToolError(f"--compute-time roofline needs {' and '.join(absent)}")
+            raise CliError(f"--compute-time roofline needs {' and '.join(absent)}")
         return ComputeTiming("roofline", peak_tflops, mem_bw_gbps)
     given = [flag for flag, value in (("--peak-tflops", peak_tflops), ("--mem-bw-gbps", mem_bw_gbps))
              if value is not None]
     if given:
-        raise ToolError(f"{given[0]} applies to --compute-time roofline only")
+        raise CliError(f"{given[0]} applies to --compute-time roofline only")
     return ComputeTiming()
 
 
@@ -780,7 +780,7 @@ def _compare(results_files: tuple[str, ...], out_dir: str | None, as_json: bool,
 
     if len(results_files) != 2:
         more = "; to compare more runs, make them one sweep (chakra-sim sweep) and read its sweep.csv"
-        raise ToolError(f"--results compares exactly two runs (A, then B); {len(results_files)} given"
+        raise CliError(f"--results compares exactly two runs (A, then B); {len(results_files)} given"
                         + (more if len(results_files) > 2 else ""))
     console = out_console(stderr=as_json)
     with tool_errors(f"the comparison to {out_dir}", debug):

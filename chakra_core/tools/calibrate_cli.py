@@ -14,7 +14,7 @@ from chakra_core._atomic import atomic_write_text
 from chakra_core.hardware import calibrate as cal
 from chakra_core.hardware.nccl_tests import load
 from chakra_core.hardware.profiles import load_profile
-from chakra_core.tools import ToolError, tool_errors
+from chakra_core.cli.output import CliError, tool_errors
 
 
 def _pct(error: float) -> str:
@@ -49,13 +49,13 @@ def calibrate(logs, base, out, name, in_place, min_bytes, max_bytes, holdout) ->
         try:
             points = cal.observations(parsed, profile.gpus_per_node, in_place, min_bytes, max_bytes)
         except ValueError as exc:
-            raise ToolError(str(exc)) from exc
+            raise CliError(str(exc)) from exc
         if holdout == "odd-powers":
             fit_on, held = cal.split_odd_powers(points)
         else:
             fit_on, held = points, []
         if not fit_on:
-            raise ToolError("no measurement to fit (check --min-bytes / --max-bytes / --holdout)")
+            raise CliError("no measurement to fit (check --min-bytes / --max-bytes / --holdout)")
         source = (f"chakra-sim calibrate on {', '.join(path.name for path in logs)} "
                   f"({'in' if in_place else 'out-of'}-place, {len(fit_on)} sizes) from profile {profile.name}")
         fitted = cal.fit(profile, fit_on, source)
@@ -69,7 +69,7 @@ def calibrate(logs, base, out, name, in_place, min_bytes, max_bytes, holdout) ->
 
 
 def _report(spec, fitted, fit_on, held) -> None:
-    from chakra_core.cli import out_console
+    from chakra_core.cli.output import out_console
 
     console = out_console()
     for title, points in (("fitted sizes", fit_on), ("held-out sizes", held)):

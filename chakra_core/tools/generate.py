@@ -33,8 +33,8 @@ import click
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.schema import pb
-from chakra_core.tools import tool_errors
-from chakra_core.tools._build import (Stream, bool_attr, collective_attrs, int_attr, metadata, p2p_attrs,
+from chakra_core.cli.output import tool_errors
+from chakra_core.tools._build import (Stream, bool_attr, read_collective, int_attr, metadata, p2p_attrs,
                                       str_attr, uint_attr, write_rank_files)
 
 
@@ -115,7 +115,7 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
                            type=pb.COMM_COLL_NODE)
             if i:
                 node.data_deps.append((i - 1) * npus + rank)
-            node.attr.extend(collective_attrs(COLLECTIVES[collective], size))
+            node.attr.extend(read_collective(COLLECTIVES[collective], size))
             if collective in ROOTED:
                 node.attr.append(int_attr("root_rank", root))
             nodes.append(node)
@@ -490,7 +490,7 @@ class _TransformerRank:
         if group is None:
             return None
         node = self.s.launch(pb.COMM_COLL_NODE, name, after=after,
-                             attrs=collective_attrs(comm_type, size, group[0]))
+                             attrs=read_collective(comm_type, size, group[0]))
         self._io(node, inputs, outputs)
         return node
 

@@ -31,8 +31,8 @@ from chakra_core.errors import ChakraSimError
 from chakra_core.et.attrs import INT_FIELDS, NodeView, attr_map, attr_value
 from chakra_core.et.io import read_trace, write_trace
 from chakra_core.schema import pb
-from chakra_core.system.groups import WORLD, _parse_pg_list
-from chakra_core.tools import ToolError, tool_errors
+from chakra_core.comm.groups import WORLD, parse_pg_list
+from chakra_core.cli.output import CliError, tool_errors
 
 DEFAULT_TOLERANCE = 0.05
 SIZE_ATTRIBUTES = ("num_ops", "tensor_size")
@@ -103,7 +103,7 @@ def _defined_groups(nodes: list[pb.Node]) -> list[tuple[str, list[int]]]:
     out = []
     for node in nodes:
         if node.type == pb.METADATA_NODE and "pg_name" in node.inputs.values:
-            parsed = _parse_pg_list(node.inputs.values.strip()) or []
+            parsed = parse_pg_list(node.inputs.values.strip()) or []
             out.extend((str(entry["pg_name"]), list(entry.get("ranks") or [])) for entry in parsed)
     return out
 
@@ -195,7 +195,7 @@ def read_comm_groups(path: str | None) -> dict[str, list[int]] | None:
     """An ASTRA-sim communicator-group JSON ({"name": [ranks]}), or None."""
     if path is None:
         return None
-    from chakra_core.astra import read_comm_groups as read_astra_comm_groups
+    from chakra_core.config.astra import read_comm_groups as read_astra_comm_groups
 
     return read_astra_comm_groups(Path(path))
 
@@ -217,7 +217,7 @@ def obfuscate(prefix, out_prefix, seed, tolerance, comm_group, debug) -> None:
       chakra-sim obfuscate traces/dlrm --out shared/dlrm --tolerance 0.05
     """
     if not 0 <= tolerance < 1:
-        raise ToolError(f"--tolerance must be in [0, 1), got {tolerance}")
+        raise CliError(f"--tolerance must be in [0, 1), got {tolerance}")
     with tool_errors(f"{out_prefix}.<rank>.et", debug):
         report = obfuscate_traces(prefix, out_prefix, seed, tolerance, read_comm_groups(comm_group))
     click.echo(f"wrote {report['ranks']} rank(s), {report['nodes']:,} nodes to {out_prefix}.<rank>.et "

@@ -57,8 +57,8 @@ import click
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.schema import pb
-from chakra_core.tools import tool_errors
-from chakra_core.tools._build import (Stream, bool_attr, collective_attrs, metadata, micros_from_ns,
+from chakra_core.cli.output import tool_errors
+from chakra_core.tools._build import (Stream, bool_attr, read_collective, metadata, micros_from_ns,
                                       uint_attr, write_rank_files)
 
 
@@ -404,7 +404,7 @@ class _RankProgram:
             group_name = group[0]
         size = int(layer.comm_size[phase] * self.comm_scale)
         node = self.s.launch(pb.COMM_COLL_NODE, self._label(layer, f"{phase}.{ctype}"),
-                             attrs=collective_attrs(COMM_TYPES[ctype], size, group_name))
+                             attrs=read_collective(COMM_TYPES[ctype], size, group_name))
         done = node
         if self.update_time and layer.update > 0:
             ns = layer.update

@@ -33,7 +33,7 @@ from chakra_core.errors import ChakraSimError
 from chakra_core.et.attrs import attr_value
 from chakra_core.et.io import iter_trace
 from chakra_core.schema import pb
-from chakra_core.tools import ToolError, tool_errors
+from chakra_core.cli.output import CliError, tool_errors
 
 DEFAULT_MAX_NODES = 2000
 
@@ -299,7 +299,7 @@ def visualize(trace, fmt, output, id_range, around, depth, max_nodes) -> None:
       chakra-sim visualize big.0.et --output around.dot --around 4242 --depth 3
     """
     if not Path(trace).is_file():
-        raise ToolError(f"{trace}: no such file")
+        raise CliError(f"{trace}: no such file")
     if fmt is None:
         fmt = "graphml" if str(output).lower().endswith(".graphml") else "dot"
     with tool_errors(str(output)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from chakra_core.tools import tool_errors
+from chakra_core.cli.output import tool_errors
 from chakra_core.tools.pytorch.convert import Summary, convert
 
 MAX_WARNINGS_SHOWN = 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from chakra_core.tools import ToolError, tool_errors
+from chakra_core.cli.output import CliError, tool_errors
 from chakra_core.tools.obfuscation import DEFAULT_TOLERANCE, read_comm_groups
 
 
@@ -41,16 +41,16 @@ def synthesize(sources, ranks, out_prefix, seed, length, obfuscate, tolerance, m
     from chakra_core.tools.synthesis.sample import write_synthetic
 
     if not sources and not model_path:
-        raise ToolError("give source traces (--from PREFIX) or a model (--model FILE)")
+        raise CliError("give source traces (--from PREFIX) or a model (--model FILE)")
     if not sources and (obfuscate or comm_group):
-        raise ToolError("--obfuscate and --comm-group apply when fitting (--from); a saved model "
+        raise CliError("--obfuscate and --comm-group apply when fitting (--from); a saved model "
                         "is used as it is")
     if sources and not out_prefix and not model_path:
-        raise ToolError("give --out PREFIX for the synthetic traces, --model FILE for the model, or both")
+        raise CliError("give --out PREFIX for the synthetic traces, --model FILE for the model, or both")
     if not sources and not out_prefix:
-        raise ToolError("give --out PREFIX for the synthetic traces")
+        raise CliError("give --out PREFIX for the synthetic traces")
     if not 0 <= tolerance < 1:
-        raise ToolError(f"--tolerance must be in [0, 1), got {tolerance}")
+        raise CliError(f"--tolerance must be in [0, 1), got {tolerance}")
     with tool_errors(model_path or f"{out_prefix}.<rank>.et", debug):
         if sources:
             model = fit_model(list(sources), read_comm_groups(comm_group), obfuscate=obfuscate,

@@ -26,7 +26,7 @@ from chakra_core.et.jsonize import rank_files
 from chakra_core.engine.driver import SLOT_NAMES, slot_table
 from chakra_core.feeder.base import cycle_error, find_cycle, node_kind, parents_of, topological_positions
 from chakra_core.schema import pb
-from chakra_core.system.groups import GroupRegistry
+from chakra_core.comm.groups import GroupRegistry
 from chakra_core.tools.obfuscation import perturbed, perturbed_size
 from chakra_core.tools.synthesis.model import (Anchor, Bin, NodeClass, RankEntry, Role, SynthesisError,
                                                SynthesisModel, class_kind)

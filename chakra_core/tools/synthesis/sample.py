@@ -39,7 +39,7 @@ from typing import Iterator, Optional
 
 from chakra_core.feeder.base import CPU_FLAG
 from chakra_core.schema import pb
-from chakra_core.tools._build import (TRACE_VERSION, bool_attr, collective_attrs, micros_from_ns, p2p_attrs,
+from chakra_core.tools._build import (TRACE_VERSION, bool_attr, read_collective, micros_from_ns, p2p_attrs,
                                       process_group_json, uint_attr, write_rank_files)
 from chakra_core.tools.synthesis.fit import MAX_SINCE_ANCHOR, class_lane
 from chakra_core.tools.synthesis.model import Anchor, Role, SynthesisError, SynthesisModel, class_kind
@@ -273,7 +273,7 @@ def rank_nodes(model: SynthesisModel, place: Layout, rank: int, program: list[_I
                 node.attr.append(uint_attr("tensor_size", item.tensor_size))
         elif node.type == pb.COMM_COLL_NODE:
             name, _ = slots[anchor.slot] if anchor.slot is not None else ("", None)
-            node.attr.extend(collective_attrs(anchor.comm_type if anchor.comm_type is not None else 0,
+            node.attr.extend(read_collective(anchor.comm_type if anchor.comm_type is not None else 0,
                                               anchor.size or 0, name or None))
             if anchor.involved_dim is not None:
                 node.attr.append(pb.AttributeProto(name="involved_dim",

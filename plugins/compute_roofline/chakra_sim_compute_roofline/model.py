@@ -14,11 +14,10 @@ from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, Valid
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
-from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
-from chakra_core.layers import ComputeModel, LayerContext, PluginConfig
+from chakra_core import (AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, SimulationError,
+                         ValidationInputs)
 from chakra_core.et.dtypes import node_dtype
+from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
 
 _NONE, _MEMORY, _COMPUTE = range(3)
 _SLOT = {dtype: index for index, dtype in enumerate(DTYPES)}
@@ -101,13 +100,15 @@ class RooflineCompute(ComputeModel):
                 "replay their traced duration")
     Config = RooflineConfig
     fold_safe = True
+    # ASTRA-sim's roofline: a system file with roofline-enabled: 1 selects it, with these keys.
+    astra_sim = AstraEquivalent("roofline", {"peak-perf": "peak_tflops", "local-mem-bw": "memory_bandwidth_gbps"})
 
     @classmethod
-    def config_problems(cls, config: RooflineConfig, extras: dict) -> list[tuple[tuple, str]]:
+    def config_problems(cls, config: RooflineConfig, inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
         """A profile file that cannot be read is a manifest problem (`chakra-sim validate` says so)."""
         if config.profile is None:
             return []
-        return profile_problems(config.profile, extras.get("base_dir", Path(".")))
+        return profile_problems(config.profile, inputs.base_dir)
 
     def __init__(self, config: RooflineConfig, context: LayerContext):
         super().__init__(config, context)
@@ -141,7 +142,7 @@ class RooflineCompute(ComputeModel):
         # with a profile: nodes timed per data type, indexed as DTYPES (a list: the cheapest counter)
         self._by_dtype: list[int] | None = None if self.profile is None else [0] * len(DTYPES)
         # folded runs: how many ranks each simulated rank stands for (counts are per rank)
-        self._weights = context.extras.get("rank_weights") or {}
+        self._weights = context.inputs.rank_weights
 
     def _use_profile(self, config: RooflineConfig, context: LayerContext) -> None:
         # a profile that cannot be read was reported when the manifest was validated (config_problems)

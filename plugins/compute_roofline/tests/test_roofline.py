@@ -8,7 +8,8 @@ from pydantic import ValidationError
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
-from chakra_core.layers import LayerContext, MemoryModel
+from chakra_core.contract.inputs import LayerContext
+from chakra_core.contract.layers import MemoryModel
 from chakra_core.schema import pb
 from chakra_sim_compute_roofline import RooflineCompute, RooflineConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chakra_core.schema import pb
-from chakra_core.testing import make_node, manifest, ring_network, simulate, write_ranks
+from chakra_core.testing import make_node, manifest, uniform_network, simulate, write_ranks
 
 PEAK_TFLOPS = 100.0
 MEMORY_BOUND = {"num_ops": 10**9, "tensor_size": 10**9}      # 1 FLOP/B: X GB/s x 1 << 100 TFLOP/s
@@ -14,7 +14,7 @@ COMPUTE_BOUND = {"num_ops": 10**12, "tensor_size": 10**6}    # 10^6 FLOP/B: the 
 
 @pytest.fixture(autouse=True)
 def _needs_installed_plugins():
-    from chakra_core.plugins import make_plugin_host
+    from chakra_core.contract.host import make_plugin_host
 
     try:
         host = make_plugin_host()
@@ -29,7 +29,7 @@ def kernel_times(tmp_path, bandwidth_gbps: float) -> tuple[int, int, dict]:
     ranks = [[make_node(1, pb.COMP_NODE, duration_micros=1, attrs=MEMORY_BOUND)],
              [make_node(1, pb.COMP_NODE, duration_micros=1, attrs=COMPUTE_BOUND)]]
     prefix = write_ranks(tmp_path / f"bw{bandwidth_gbps}", ranks)
-    data = manifest(prefix, ring_network(2),
+    data = manifest(prefix, uniform_network(2),
                     compute={"plugin": "roofline", "peak_tflops": PEAK_TFLOPS},    # no memory_bandwidth_gbps
                     memory={"plugin": "hbm", "bandwidth_gbps": bandwidth_gbps})
     results = simulate(data, base_dir=tmp_path)
@@ -50,7 +50,7 @@ def test_doubling_hbm_bandwidth_halves_memory_bound_kernels_only(tmp_path):
 def test_an_explicit_roofline_bandwidth_wins_over_the_memory_layer(tmp_path):
     ranks = [[make_node(1, pb.COMP_NODE, duration_micros=1, attrs=MEMORY_BOUND)]]
     prefix = write_ranks(tmp_path, ranks)
-    data = manifest(prefix, ring_network(1),
+    data = manifest(prefix, uniform_network(1),
                     compute={"plugin": "roofline", "peak_tflops": PEAK_TFLOPS, "memory_bandwidth_gbps": 4000.0},
                     memory={"plugin": "hbm", "bandwidth_gbps": 1000.0})
     assert simulate(data, base_dir=tmp_path)["ranks"][0]["compute_ns"] == 250_000

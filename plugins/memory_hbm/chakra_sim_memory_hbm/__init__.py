@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chakra_core.hookspecs import hookimpl
+from chakra_core import hookimpl
 from chakra_sim_memory_hbm.model import HBMConfig, HBMMemory
 
 __all__ = ["HBMConfig", "HBMMemory"]

@@ -26,10 +26,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from chakra_core.errors import AttributeTypeError, SimulationError
-from chakra_core.et.attrs import NodeView
-from chakra_core.layers import LayerContext, MemoryModel, PluginConfig
-from chakra_core.schema import pb
+from chakra_core import (AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, PluginConfig,
+                         SimulationError, pb)
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import TensorTracker
 
@@ -130,6 +128,8 @@ class HBMMemory(MemoryModel):
                 "or fair-shared; peak memory and OOM from IOInfo storage lifetimes; no caches, banks, "
                 "fragmentation or allocator block caching")
     Config = HBMConfig
+    # ASTRA-sim's remote memory (--astra-memory); a system file's local-mem-bw is the HBM bandwidth.
+    astra_sim = AstraEquivalent("remote-memory", {"local-mem-bw": "bandwidth_gbps"})
 
     def __init__(self, config: HBMConfig, context: LayerContext):
         super().__init__(config, context)
@@ -291,8 +291,8 @@ class HBMMemory(MemoryModel):
 
     # Tensor tracking ------------------------------------------------------------------------------
     def _trace_file(self, rank: int) -> Path | None:
-        files = self.context.extras.get("trace_files")
-        if files is not None and rank < len(files):
+        files = self.context.inputs.trace_files
+        if rank < len(files):
             return Path(files[rank])
         self.context.warn("memory plugin 'hbm': the trace files are unknown (model built outside a "
                           "manifest run), so tensors are released by the 'issued' rule: when no issued, "

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def installed_plugins():
     """A plugin host with hbm and analytical installed; skips the test when they are not."""
-    from chakra_core.plugins import make_plugin_host
+    from chakra_core.contract.host import make_plugin_host
 
     try:
         host = make_plugin_host()

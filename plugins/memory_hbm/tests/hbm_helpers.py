@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.et.attrs import NodeView
-from chakra_core.layers import LayerContext
+from chakra_core.contract.inputs import LayerContext
 from chakra_core.schema import pb
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 

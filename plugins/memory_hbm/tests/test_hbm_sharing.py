@@ -200,14 +200,14 @@ def test_engine_resources_decide_whether_loads_overlap(tmp_path, installed_plugi
     """Two independent 1 MB loads at 1000 GB/s and a 2 us kernel after the first load.
     One at a time: load 1 ends at 1000, the kernel runs 1000-3000 (load 2 ends at 2000).
     Overlapping: both loads end at 2000, the kernel runs 2000-4000."""
-    from chakra_core.testing import make_node, manifest, ring_network, simulate, write_ranks
+    from chakra_core.testing import make_node, manifest, uniform_network, simulate, write_ranks
 
     nodes = [make_node(1, pb.MEM_LOAD_NODE, attrs={"tensor_size": MB}),
              make_node(2, pb.MEM_LOAD_NODE, attrs={"tensor_size": MB}),
              make_node(3, pb.COMP_NODE, data_deps=[1], duration_micros=2)]
     prefix = write_ranks(tmp_path, [nodes])
     workload = {} if resources is None else {"resources": resources}
-    results = simulate(manifest(prefix, ring_network(1), compute={"plugin": "replay"},
+    results = simulate(manifest(prefix, uniform_network(1), compute={"plugin": "replay"},
                                 memory={"plugin": "hbm", "bandwidth_gbps": 1000.0}, **workload),
                        base_dir=tmp_path, host=installed_plugins)
     assert results["ranks"][0]["finish_ns"] == finish

@@ -12,9 +12,9 @@ import pytest
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
-from chakra_core.layers import LayerContext
+from chakra_core.contract.inputs import LayerContext
 from chakra_core.schema import pb
-from chakra_core.testing import make_node, manifest, ring_network, simulate, write_ranks
+from chakra_core.testing import make_node, manifest, uniform_network, simulate, write_ranks
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 from chakra_sim_memory_hbm.tensors import MemorySeries, parse_tensors, reference_counts, storages_of
 from hbm_helpers import MiB
@@ -74,7 +74,7 @@ ISSUED_SERIES = [[0, 6 * MiB], [10_000, 11 * MiB], [20_000, 12 * MiB], [30_000, 
 
 def run_trace(tmp_path: Path, ranks: int = 1, nodes=model_trace, **memory) -> dict:
     prefix = write_ranks(tmp_path / "trace", [nodes() for _ in range(ranks)])
-    data = manifest(prefix, ring_network(ranks), compute={"plugin": "replay"},
+    data = manifest(prefix, uniform_network(ranks), compute={"plugin": "replay"},
                     memory={"plugin": "hbm", **memory})
     return simulate(data, base_dir=tmp_path)
 
@@ -290,7 +290,7 @@ def test_traces_without_tensors_skip_the_pre_pass_and_report_no_peak(tmp_path):
 
 def test_only_the_ranks_without_tensors_have_no_peak(tmp_path):
     nodes = [[op(1, "a", 1, outputs=[tensor(1, 4)])], [make_node(1, pb.COMP_NODE, duration_micros=1)]]
-    results = simulate(manifest(write_ranks(tmp_path, nodes), ring_network(2), memory={"plugin": "hbm"}))
+    results = simulate(manifest(write_ranks(tmp_path, nodes), uniform_network(2), memory={"plugin": "hbm"}))
     assert [r["hbm"]["peak_memory_bytes"] for r in results["ranks"]] == [4 * MiB, None]
     summary = results["layers"]["memory"]["summary"]
     assert (summary["peak_memory_bytes"], summary["ranks_without_tensors"]) == (4 * MiB, [1])
@@ -398,7 +398,7 @@ REF = REF_TRACES / "chakra-et" / "chakra-tests" / "chakra.0.et"
 
 @pytest.mark.skipif(not REF.exists(), reason="../shared/ref-traces not checked out")
 def test_peak_memory_of_a_converted_pytorch_trace(tmp_path):
-    data = manifest(str(REF)[: -len(".0.et")], ring_network(1), memory={"plugin": "hbm"}, dependencies="data")
+    data = manifest(str(REF)[: -len(".0.et")], uniform_network(1), memory={"plugin": "hbm"}, dependencies="data")
     results = simulate(data, base_dir=tmp_path)
     row = results["ranks"][0]
     all_storages = sum(size for _, size in reference_counts(REF).values())

@@ -6,7 +6,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from chakra_core.layers import Dimension, LayerContext, NetworkModel, PluginConfig
+from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, PluginConfig
 
 GIB = 1 << 30
 HOPS_SWITCH = 2   # NPU -> switch -> NPU
@@ -49,6 +49,7 @@ class AnalyticalNetwork(NetworkModel):
     Config = AnalyticalNetworkConfig
     contention_free = True
     fold_safe = True    # a message's delay depends on its endpoints and size only
+    astra_sim = AstraEquivalent("congestion-unaware")   # --astra-network without --network
 
     def __init__(self, config: AnalyticalNetworkConfig, context: LayerContext):
         super().__init__(config, context)

@@ -14,8 +14,8 @@ busy. The system layer uses this for collectives whose links it has claimed
 (`claim`); every link remembers the one sender that may use it this way.
 Message-by-message traffic on such a link while closed-form traffic is
 still pending on it would have to be served in between; that cannot happen
-after the fact, so it raises `SharedLinks` and the run restarts knowing the
-link is shared (see CongestionNetwork).
+after the fact, so the links report it (`on_shared`) and the network asks for
+a restart knowing the link is shared (see CongestionNetwork).
 
 `fair` (flow-level, as SimGrid-style models): a message is a flow over all
 links of its route at once; active flows share every link max-min fairly
@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
-from chakra_core.errors import RestartRun
 
 
 class LinkStats:
@@ -62,8 +61,11 @@ class FifoLinks:
     """
 
     def __init__(self, bandwidth: list[float], latency: list[float], scheduler,
-                 shared: Iterable[int] = ()):
+                 shared: Iterable[int] = (), on_shared: Callable[[frozenset[int]], None] | None = None):
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
+        self.on_shared = on_shared or (lambda links: None)
+        """Told when closed-form traffic was timed on links that turn out to carry other traffic
+        (or to serve it out of order): what was timed is wrong and the run must start over."""
         count = len(bandwidth)
         self.free_at = [0] * count
         self.queued = [0] * count       # chunks waiting or in service (for the peak)
@@ -129,7 +131,7 @@ class FifoLinks:
         """From now on `link` carries message-by-message traffic too. Closed-form traffic still
         to come on it would have been served in between: that run must start over."""
         if self.owner[link] >= 0 and (self.pending[link] or self.cf_until[link] > now):
-            raise SharedLinks({link})
+            self.on_shared(frozenset({link}))
         self.owner[link] = SHARED
 
     def claim(self, routes: Iterable[tuple[int, tuple[int, ...]]]) -> list[int] | None:
@@ -154,12 +156,12 @@ class FifoLinks:
 
     def transfer(self, route: tuple[int, ...], size: int, send_time: int) -> int:
         """A closed-form message along claimed links: their state as its hops would leave it;
-        returns its arrival time. Raises SharedLinks if a link would serve it out of order."""
+        returns its arrival time. Reports `on_shared` if a link would serve it out of order."""
         t = send_time
         stats = self.stats
         for link in route:
             if t < self.cf_last[link]:
-                raise SharedLinks({link})
+                self.on_shared(frozenset({link}))
             self._note(link)
             depart = self._serve(link, size, t)
             departs = self.cf_departs.get(link)
@@ -259,18 +261,6 @@ class SharedLinkHint:
 
     def __init__(self, links: frozenset[int]):
         self.links = links
-
-
-class SharedLinks(RestartRun):
-    """Closed-form traffic was timed on links that turn out to carry other traffic (or to serve
-    it out of order): the run starts over with `links` known to be shared."""
-
-    def __init__(self, links: set[int], names: str = ""):
-        self.links = frozenset(links)
-        shown = names or ", ".join(f"#{link}" for link in sorted(links)[:4])
-        super().__init__(f"network 'congestion': links {shown} carry closed-form collective traffic "
-                         "and other traffic; they are timed message by message",
-                         SharedLinkHint(self.links))
 
 
 class _Flow:

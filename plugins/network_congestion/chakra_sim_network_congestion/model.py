@@ -7,9 +7,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from chakra_core.errors import SimulationError
-from chakra_core.layers import Dimension, LayerContext, NetworkModel, PluginConfig
-from chakra_sim_network_congestion.links import FairLinks, FifoLinks, SharedLinkHint, SharedLinks
+from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, PluginConfig, SimulationError
+from chakra_sim_network_congestion.links import FairLinks, FifoLinks, SharedLinkHint
 from chakra_sim_network_congestion.routing import DimensionOrderRouter, ShortestPathRouter
 from chakra_sim_network_congestion.topology import Topology, dragonfly, fat_tree, from_dims, from_file
 
@@ -92,6 +91,7 @@ class CongestionNetwork(NetworkModel):
                 "(ASTRA-sim) or max-min fair flows; per-link statistics")
     Config = CongestionConfig
     contention_free = False
+    astra_sim = AstraEquivalent("congestion-aware")
 
     def __init__(self, config: CongestionConfig, context: LayerContext):
         super().__init__(config, context)
@@ -106,16 +106,16 @@ class CongestionNetwork(NetworkModel):
             self.router = ShortestPathRouter(topo)
         if config.mode == "fifo":
             # Links a previous attempt of this run found shared (see links.SharedLinks).
-            shared = set()
-            for hint in context.extras.get("restart_hints", ()):
-                if isinstance(hint, SharedLinkHint):
-                    shared |= hint.links
-            self.links = FifoLinks(topo.link_bw, topo.link_latency, context.scheduler, shared)
+            shared: set[int] = set()
+            for hint in context.inputs.hints(SharedLinkHint):
+                shared |= hint.links
+            self.links = FifoLinks(topo.link_bw, topo.link_latency, context.scheduler, shared,
+                                   on_shared=self._shared)
         else:
             self.links = FairLinks(topo.link_bw, topo.link_latency, context.scheduler)
         self.closed_form = (config.mode == "fifo" and config.closed_form and not config.trace_messages
                             and isinstance(self.router, DimensionOrderRouter)
-                            and context.extras.get("closed_form", True))
+                            and context.inputs.closed_form)
         self.flows = 0
         self.flow_bytes = 0
         self.closed_form_messages = 0
@@ -158,10 +158,7 @@ class CongestionNetwork(NetworkModel):
                       "arrived_ns": None, "route": [self.topo.link_name(link) for link in route]}
             self.traced.append(record)
             on_arrival, arg = self._traced_arrival, (record, on_arrival, arg)
-        try:
-            self.links.send(route, size, on_arrival, arg)
-        except SharedLinks as exc:
-            raise self._restart(exc) from None
+        self.links.send(route, size, on_arrival, arg)
 
     def message_delay(self, src: int, dst: int, size: int) -> int:
         """Delay of a message on idle links: each hop's latency plus its serialisation."""
@@ -180,10 +177,7 @@ class CongestionNetwork(NetworkModel):
         self.flows += 1
         self.flow_bytes += size
         self.closed_form_messages += 1
-        try:
-            return self.links.transfer(self.router.route(src, dst), size, send_time)
-        except SharedLinks as exc:
-            raise self._restart(exc) from None
+        return self.links.transfer(self.router.route(src, dst), size, send_time)
 
     def transfer_uniform(self, pairs, step_bytes, send_times) -> bool:
         route = self.router.route
@@ -209,9 +203,13 @@ class CongestionNetwork(NetworkModel):
         self._saved = None
         self.links.commit()
 
-    def _restart(self, exc: SharedLinks) -> SharedLinks:
-        """The same restart, naming the links."""
-        return SharedLinks(exc.links, ", ".join(self.topo.link_name(link) for link in sorted(exc.links)[:4]))
+    def _shared(self, links: frozenset[int]) -> None:
+        """Closed-form traffic was timed on links that carry other traffic too: start over, timing
+        them message by message."""
+        shown = ", ".join(self.topo.link_name(link) for link in sorted(links)[:4])
+        self.context.request_restart(f"network 'congestion': links {shown} carry closed-form collective "
+                                     "traffic and other traffic; they are timed message by message",
+                                     SharedLinkHint(links))
 
     def _traced_arrival(self, arg) -> None:
         record, on_arrival, inner = arg

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import ManifestError, SimulationError
-from chakra_core.layers import LayerContext
+from chakra_core.contract.inputs import LayerContext
 from chakra_core.schema import pb
 from chakra_core.testing import collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork

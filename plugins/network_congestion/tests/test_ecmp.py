@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import SimulationError
-from chakra_core.layers import LayerContext
+from chakra_core.contract.inputs import LayerContext
 from chakra_core.schema import pb
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
 from chakra_sim_network_congestion.routing import ShortestPathRouter

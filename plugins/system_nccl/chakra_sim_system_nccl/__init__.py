@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chakra_core.hookspecs import hookimpl
+from chakra_core import hookimpl
 from chakra_sim_system_nccl.layer import NcclSystem, NcclSystemConfig
 
 __all__ = ["NcclSystem", "NcclSystemConfig"]

@@ -17,19 +17,16 @@ does not use.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import Field, PositiveInt
 
-from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
+from chakra_core import (LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, ValidationInputs,
+                         collective_name, pb)
+from chakra_core.comm.collectives import collective_wait, read_collective
+from chakra_core.comm.matcher import OpenCollective
 from chakra_core.hardware import nccl
 from chakra_core.hardware.profiles import load_profile, profile_problems
-from chakra_core.layers import LayerContext, PluginConfig
-from chakra_core.schema import pb
-from chakra_core.system.algorithms import collective_name
-from chakra_core.system.matching import MatchingSystem, collective_attrs, collective_root, collective_wait, mismatch
 
 _NCCL_NAME = {
     pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
@@ -48,15 +45,10 @@ class NcclSystemConfig(PluginConfig):
         None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
 
 
-class _Pending:
+class _Pending(OpenCollective):
     """One collective, from its first member's issue until its last member's."""
 
-    __slots__ = ("comm_type", "size", "members", "nodes", "done", "first_rank", "root")
-
-    def __init__(self, comm_type: int, size: int, members: tuple[int, ...], rank: int, root: int):
-        self.comm_type, self.size, self.members, self.first_rank, self.root = comm_type, size, members, rank, root
-        self.nodes: dict[int, int] = {}
-        self.done: dict[int, Callable[[int], None]] = {}
+    __slots__ = ()
 
 
 class _P2PTiming:
@@ -76,7 +68,7 @@ def _ns(time_us: float) -> int:
     return int(round(time_us * 1000))
 
 
-class NcclSystem(MatchingSystem):
+class NcclSystem(MatchingSystem[_Pending]):
     name = "nccl"
     fidelity = ("NCCL's own cost model per collective (algorithm ring/tree/NVLS/NVLS-tree, protocol "
                 "LL/LL128/Simple, channels) from a hardware profile; overlapping collectives and "
@@ -96,38 +88,25 @@ class NcclSystem(MatchingSystem):
                 f"the run has {n} ranks but profile '{self.profile.name}' describes one node of "
                 f"{self.gpus_per_node} GPUs and no network between nodes: choose a scale-out profile "
                 "(chakra-sim profiles lists them) or set gpus-per-node")
-        self.pending: dict[tuple[str, int], _Pending] = {}
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
-        self._setup_matching(context, _P2PTiming(self))
+        self._setup_matching(context, _P2PTiming(self), _Pending)
 
     @classmethod
-    def config_problems(cls, config: NcclSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
-        return profile_problems(config.profile, extras.get("base_dir", Path(".")))
+    def config_problems(cls, config: NcclSystemConfig, inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
+        return profile_problems(config.profile, inputs.base_dir)
 
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         memo = node.memo
-        info = memo.get(_ATTRS)
-        if info is None:
-            info = memo[_ATTRS] = collective_attrs(rank, node, self.context.warn)
-        comm_type, size, group = info
-        members = self.groups.members(group, node, rank)
-        seq = self._sequence(rank, group)
-        key = (group, seq)
-        coll = self.pending.get(key)
-        if coll is None:
-            root = collective_root(node, members, rank, comm_type)
-            coll = self.pending[key] = _Pending(comm_type, size, members, rank, root)
-        elif coll.comm_type != comm_type or coll.size != size or coll.members != members:
-            first = coll.first_rank
-            raise mismatch(rank, node, comm_type, size, group, seq, (first, coll.nodes[first],
-                                                                     coll.comm_type, coll.size))
-        coll.nodes[rank] = node.id
+        call = memo.get(_ATTRS)
+        if call is None:
+            call = memo[_ATTRS] = read_collective(rank, node, self.context.warn)
+        coll = self.matcher.join(rank, node, call)
         coll.done[rank] = done
         self.open[rank][node.id] = coll
-        if len(coll.nodes) == len(members):
-            del self.pending[key]
+        if len(coll.nodes) == len(coll.members):
+            self.matcher.close(coll)
             self._run(coll)
 
     def _run(self, coll: _Pending) -> None:
@@ -183,7 +162,7 @@ class NcclSystem(MatchingSystem):
         out.extend(self.p2p.waits(rank))
         return out
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
                 "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
                              "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],

@@ -1,5 +1,5 @@
-"""Symmetry folding: simulate one rank per class of equivalent ranks, give every rank its class's
-results.
+"""Symmetry folding: find the classes of equivalent ranks, to simulate one rank per class and give
+every rank its class's results (the classes themselves: chakra_core.contract.folding).
 
 Most training jobs are SPMD: data-parallel replicas and tensor-parallel peers run the same
 program. Two ranks are equivalent when their traces are identical once every rank id in them
@@ -33,52 +33,20 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from chakra_core.comm.collectives import ROOT_ATTRS
+from chakra_core.comm.groups import group_shape, parse_pg_list
+from chakra_core.contract.folding import Folding
 from chakra_core.errors import TraceFormatError
 from chakra_core.et.io import decode_varint, is_gzip, parse_metadata, parse_node, read_file_bytes
 from chakra_core.schema import pb
 
 PEER_ATTRS = ("comm_src", "comm_dst")
-ROOT_ATTRS = ("root_rank", "root", "comm_root")
 _MARKER_RE = re.compile(rb"comm_src|comm_dst|pg_|root")
 """Byte strings found in every node that can name a rank; other nodes are hashed unparsed."""
-
-
-@dataclass
-class Folding:
-    """Classes of equivalent ranks."""
-
-    representative: list[int]
-    """rank -> the representative of its class."""
-    groups_of: list[tuple[tuple[int, ...], ...]] = field(default_factory=list)
-    """rank -> the communicator groups its trace uses (members, sorted), ordered by shape, so
-    that equivalent ranks' corresponding groups sit at the same index."""
-    members: dict[int, list[int]] = field(default_factory=dict)
-    """representative -> every rank of its class, in order."""
-
-    @classmethod
-    def of(cls, representative: list[int], groups_of: list[tuple[tuple[int, ...], ...]]) -> "Folding":
-        folding = cls(representative, groups_of)
-        for rank, rep in enumerate(representative):
-            folding.members.setdefault(rep, []).append(rank)
-        return folding
-
-    def corresponding(self, group: tuple[int, ...], rep: int, rank: int) -> tuple[int, ...]:
-        """The group `rank` uses where its representative `rep` uses `group`."""
-        return self.groups_of[rank][self.groups_of[rep].index(group)]
-
-    @property
-    def representatives(self) -> list[int]:
-        return sorted(self.members)
-
-    def weight(self, rep: int) -> int:
-        return len(self.members[rep])
-
-    def describe(self) -> str:
-        return (f"folded {len(self.representative):,} ranks into {len(self.members):,} class(es) of "
-                "equivalent ranks")
 
 
 @dataclass
@@ -91,26 +59,14 @@ class _RankView:
     foldable: bool = True
 
 
-def group_shape(members: tuple[int, ...], rank: int) -> tuple:
-    """How a group looks from one of its ranks, independent of where the rank sits in a ring."""
-    n = len(members)
-    if n > 1:
-        stride = members[1] - members[0]
-        if stride > 0 and all(members[i] - members[i - 1] == stride for i in range(2, n)):
-            return ("ring", n, stride)
-    return ("set",) + tuple(m - rank for m in members)
-
-
 def _relative_ring(members: tuple[int, ...], rank: int) -> tuple[int, ...]:
     """The members in ring order starting at `rank`."""
     position = members.index(rank)
     return members[position:] + members[:position]
 
 
-def _pg_list(text: str):
-    from chakra_core.system.groups import _parse_pg_list
-
-    return _parse_pg_list(text) or []
+def _pg_list(text: str) -> list[dict[str, Any]]:
+    return parse_pg_list(text) or []
 
 
 def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int, ...]], view: dict) -> bytes:

@@ -10,11 +10,13 @@ runs among all ranks, as in ASTRA-sim.
 from __future__ import annotations
 
 import json
+from typing import Any, Iterable
 
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 
 WORLD = ""
+"""The group name of a collective among all ranks (as are "0" and no `pg_name`)."""
 
 
 class GroupRegistry:
@@ -71,7 +73,7 @@ class GroupRegistry:
         text = node.pb.inputs.values.strip()
         if "pg_name" not in text:
             return 0
-        parsed = _parse_pg_list(text)
+        parsed = parse_pg_list(text)
         if parsed is None:
             raise SimulationError(f"rank {rank}, METADATA node {node.id}: cannot parse the process "
                                   f"groups in inputs.values: {text[:120]!r}")
@@ -81,7 +83,8 @@ class GroupRegistry:
         return len(parsed)
 
 
-def _parse_pg_list(text: str):
+def parse_pg_list(text: str) -> list[dict[str, Any]] | None:
+    """The process groups a METADATA node's `inputs.values` lists (PyTorch `pg_config`), or None."""
     candidates = [text]
     # The converter stores "[['<json>']]"-like strings; peel wrappers until JSON parses.
     stripped = text
@@ -101,3 +104,13 @@ def _parse_pg_list(text: str):
         if isinstance(value, list) and all(isinstance(v, dict) and "pg_name" in v for v in value):
             return value
     return None
+
+
+def group_shape(members: tuple[int, ...], rank: int) -> tuple[Any, ...]:
+    """How a group looks from one of its ranks, independent of where the rank sits in a ring."""
+    n = len(members)
+    if n > 1:
+        stride = members[1] - members[0]
+        if stride > 0 and all(members[i] - members[i - 1] == stride for i in range(2, n)):
+            return ("ring", n, stride)
+    return ("set",) + tuple(m - rank for m in members)

@@ -1,6 +1,6 @@
 """Running one phase's member state machines: in isolation, or on the real network.
 
-An algorithm's members (see `chakra_core.system.machines`) talk to the world
+An algorithm's members (see `chakra_core.system.native.machines`) talk to the world
 through a `PhaseIO`: send a message, post a receive, wait, finish. Two
 implementations:
 

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from chakra_core.hardware.profiles import Profile, Sourced, builtin_profiles, load_profile
-from chakra_core.tools import tool_errors
+from chakra_core.cli.output import tool_errors
 
 
 def _number(value: float) -> str:
@@ -116,7 +116,7 @@ def profiles(name_or_path, as_json) -> None:
       chakra-sim profiles h100-sxm-hgx
       chakra-sim profiles h100-aws-p5-efa --json
     """
-    from chakra_core.cli import out_console
+    from chakra_core.cli.output import out_console
 
     with tool_errors("output"):
         if name_or_path is None:

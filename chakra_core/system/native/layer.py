@@ -65,100 +65,39 @@ from typing import Callable, Literal, Sequence
 
 from pydantic import Field, PositiveFloat, PositiveInt, NonNegativeInt
 
-from chakra_core.errors import RestartRun, SimulationError, Unfold
+from chakra_core.comm.collectives import collective_wait, read_collective
+from chakra_core.comm.groups import group_shape
+from chakra_core.comm.matcher import OpenCollective
+from chakra_core.contract.inputs import LayerContext, Unfold, ValidationInputs
+from chakra_core.contract.layers import PluginConfig
+from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork
+from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
-from chakra_core.fold import group_shape
-from chakra_core.layers import LayerContext, PluginConfig
 from chakra_core.schema import pb
-from chakra_core.system.algorithms import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
-                                           CollectiveAlgorithm, collective_name, resolve_algorithm)
-from chakra_core.system.executor import (closed_form_finishes, closed_form_transfers, uniform_delays,
+from chakra_core.comm.collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED, collective_name)
+from chakra_core.contract.algorithm import CollectiveAlgorithm
+from chakra_core.system.native.algorithms import resolve_algorithm
+from chakra_core.system.native.executor import (closed_form_finishes, closed_form_transfers, uniform_delays,
                                          uniform_send_times)
-from chakra_core.system.machines import PhaseContext
-from chakra_core.system.matching import (MatchingSystem, collective_attrs, collective_root, collective_wait,
-                                         mismatch)
-from chakra_core.system.runner import IsolatedPhase, NetworkPhase
+from chakra_core.system.native.config import IMPL_FIELD, RUNS_AS, NativeSystemConfig
+from chakra_core.contract.algorithm import PhaseContext
+from chakra_core.system.native.machines import StepMember
+from chakra_core.system.matching import MatchingSystem
+from chakra_core.system.native.runner import IsolatedPhase, NetworkPhase
 
 FAST_ENDPOINT_DELAY = 10
 """ASTRA-sim's fixed memory-bus delay on a communicator group's own ring ("local" dimension)."""
 
 
-class NativeSystemConfig(PluginConfig):
-    """Keys of ASTRA-sim's system JSON (hyphenated or with underscores), plus chakra-sim's rooted ones."""
-
-    scheduling_policy: Literal["LIFO", "FIFO"] = Field(
-        "LIFO", alias="scheduling-policy",
-        description="order of waiting chunks of different collectives on a dimension")
-    endpoint_delay: NonNegativeInt = Field(
-        10, alias="endpoint-delay", description="ns added at each endpoint for every message step")
-    active_chunks_per_dimension: PositiveInt = Field(
-        1, alias="active-chunks-per-dimension", description="chunks in flight per rank and dimension")
-    preferred_dataset_splits: PositiveInt = Field(
-        1, alias="preferred-dataset-splits", description="chunks a collective is split into")
-    all_reduce_implementation: list[str] = Field(
-        ["ring"], alias="all-reduce-implementation",
-        description="algorithm per network dimension: ring, direct[<window>], halvingDoubling, "
-                    "doubleBinaryTree, oneRing, oneDirect[<window>], oneHalvingDoubling")
-    all_gather_implementation: list[str] = Field(
-        ["ring"], alias="all-gather-implementation", description="algorithm per network dimension")
-    reduce_scatter_implementation: list[str] = Field(
-        ["ring"], alias="reduce-scatter-implementation", description="algorithm per network dimension")
-    all_to_all_implementation: list[str] = Field(
-        ["ring"], alias="all-to-all-implementation", description="algorithm per network dimension")
-    broadcast_implementation: list[str] = Field(
-        ["chain"], alias="broadcast-implementation",
-        description="chain (pipelined along the ring) or star (root to every member); chakra-sim only")
-    reduce_implementation: list[str] = Field(["chain"], alias="reduce-implementation",
-                                             description="chain or star; chakra-sim only")
-    gather_implementation: list[str] = Field(["chain"], alias="gather-implementation",
-                                             description="chain or star; chakra-sim only")
-    scatter_implementation: list[str] = Field(["chain"], alias="scatter-implementation",
-                                              description="chain or star; chakra-sim only")
-    local_mem_bw: PositiveFloat = Field(
-        1600.0, alias="local-mem-bw",
-        description="GB/s (10^9 B/s); a reducing step costs 3 x int(bytes / local-mem-bw) ns")
-    collective_optimization: Literal["baseline", "localBWAware"] = Field(
-        "baseline", alias="collective-optimization",
-        description="localBWAware: multi-dimensional all-reduce as reduce-scatter, all-reduce, "
-                    "all-gather; baseline: an all-reduce per dimension")
-    local_reduction_delay: NonNegativeInt = Field(
-        1, alias="local-reduction-delay",
-        description="ASTRA-sim uses it only in its shared-bus (LogGP) model, which neither it by "
-                    "default nor chakra-sim models; accepted for compatibility, no effect")
-    rendezvous_protocol: bool = Field(
-        False, alias="rendezvous-protocol",
-        description="point-to-point sends wait for the receiver (an 8 KiB control message first), "
-                    "as ASTRA-sim's --rendezvous-protocol")
-
-
-_IMPL_FIELD = {
-    ALL_REDUCE: "all_reduce_implementation",
-    ALL_GATHER: "all_gather_implementation",
-    REDUCE_SCATTER: "reduce_scatter_implementation",
-    ALL_TO_ALL: "all_to_all_implementation",
-    pb.BROADCAST: "broadcast_implementation",
-    pb.REDUCE: "reduce_implementation",
-    pb.GATHER: "gather_implementation",
-    pb.SCATTER: "scatter_implementation",
-}
-# Collective types that run as another one.
-_RUNS_AS = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}
-
-
-class Collective:
+class Collective(OpenCollective):
     """One collective operation, shared by the ranks of its group."""
 
-    __slots__ = ("group", "seq", "comm_type", "size", "members", "nodes", "done", "remaining",
-                 "plans", "first_rank", "priority", "root", "runs", "order", "cursor", "begun",
+    __slots__ = ("remaining", "plans", "priority", "runs", "order", "cursor", "begun",
                  "solve", "issued_at", "claim", "needs")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
                  first_rank: int, root: int):
-        self.group, self.seq = group, seq
-        self.comm_type, self.size, self.members = comm_type, size, members
-        self.first_rank, self.root = first_rank, root
-        self.nodes: dict[int, int] = {}                    # rank -> node id
-        self.done: dict[int, Callable[[int], None]] = {}   # rank -> completion callback
+        super().__init__(group, seq, comm_type, size, members, first_rank, root)
         self.remaining: dict[int, int] = {}                # rank -> chunks not finished
         self.priority: dict[int, int] = {}                 # rank -> scheduling priority
         self.plans: list[list[PhaseSpec]] = []             # per chunk, its phases
@@ -196,10 +135,6 @@ class Collective:
             self.cursor[key] = position
         else:  # only the deadlock breaker starts phases out of order
             self.begun.setdefault(key, set()).add((spec.index, spec.chunk))
-
-    def describe(self) -> str:
-        group = f"group '{self.group}'" if self.group else "all ranks"
-        return f"{collective_name(self.comm_type)} of {self.size} B among {group} (#{self.seq + 1} there)"
 
 
 class PhaseSpec:
@@ -308,19 +243,26 @@ class NativeSystem(MatchingSystem):
         for size in self.dim_sizes:
             self.strides.append(stride)
             stride *= size
-        available: dict[str, type[CollectiveAlgorithm]] = context.extras.get("algorithms", {})
-        problems = self.config_problems(config, {"algorithms": available})
+        available = context.inputs.algorithms
+        problems = self.config_problems(config, ValidationInputs(context.base_dir, available))
         if problems:
             loc, reason = problems[0]
             raise SimulationError(f"system.{'.'.join(map(str, loc))}: {reason}")
         self.algorithms = {t: [resolve_algorithm(name, available) for name in getattr(config, f)]
-                           for t, f in _IMPL_FIELD.items()}
-        self.contention_free = bool(getattr(network, "contention_free", False))
-        self.reserving = not self.contention_free and bool(getattr(network, "closed_form", False))
+                           for t, f in IMPL_FIELD.items()}
+        self.contention_free = bool(network.contention_free)
+        if self.contention_free and not isinstance(network, ContentionFreeNetwork):
+            raise SimulationError(f"network plugin '{network.name}' sets contention_free but has no "
+                                  "message_delay(src, dst, size)")
+        self.reserving = (not self.contention_free and isinstance(network, ClosedFormNetwork)
+                          and bool(network.closed_form))
         # One collective in flight per rank: its queues hold nothing else (see module docstring).
         self.solve_whole = ((self.contention_free or
                              (self.reserving and config.active_chunks_per_dimension == 1))
-                            and context.extras.get("comm_capacity") == 1)
+                            and context.inputs.comm_capacity == 1)
+        # Folding needs collectives solved whole and eager point-to-point messages (and, checked
+        # per collective, algorithms whose timing turns with the ring of members).
+        self.fold_safe = self.solve_whole and not config.rendezvous_protocol
         self.endpoint_delay = config.endpoint_delay
         self.mem_bw = config.local_mem_bw  # GB/s == bytes/ns
         self.lifo = config.scheduling_policy == "LIFO"
@@ -328,15 +270,14 @@ class NativeSystem(MatchingSystem):
         self.active_limit = config.active_chunks_per_dimension
         self.splits = config.preferred_dataset_splits
         self.queues = [RankQueues(len(self.dim_sizes)) for _ in range(context.num_ranks)]
-        self.collectives: dict[tuple[str, int], Collective] = {}
         self.tree_counters: dict[tuple[int, int], int] = {}
         self.oversubscribed = 0
-        self.folding = context.extras.get("folding")
+        self.folding = context.inputs.folding
         self.facts: dict[tuple, int] = {}              # folded: (representative, shape, seq) -> issue time
         self.awaiting: dict[tuple, list[Collective]] = {}
         self._symmetric: dict[tuple, bool] = {}
         self._shapes: dict[int, tuple] = {}
-        self._setup_matching(context, network, rendezvous=config.rendezvous_protocol,
+        self._setup_matching(context, network, Collective, rendezvous=config.rendezvous_protocol,
                              fold=self._fold_p2p if self.folding is not None else None)
         self._reduce_cache: dict[int, int] = {}
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -345,18 +286,12 @@ class NativeSystem(MatchingSystem):
         self._pair_cache: dict[tuple, frozenset] = {}
         self._uniform_delays: dict = {}
 
-    @property
-    def fold_safe(self) -> bool:   # type: ignore[override]
-        """Folding needs collectives solved whole and eager point-to-point messages (and, checked
-        per collective, algorithms whose timing turns with the ring of members)."""
-        return self.solve_whole and not self.config.rendezvous_protocol
-
     # Configuration -------------------------------------------------------------------------------
     @classmethod
-    def config_problems(cls, config: NativeSystemConfig, extras: dict) -> list[tuple[tuple, str]]:
-        available = extras.get("algorithms", {})
+    def config_problems(cls, config: NativeSystemConfig, inputs: ValidationInputs) -> list[tuple[tuple, str]]:
+        available = inputs.algorithms
         problems = []
-        for comm_type, field_name in _IMPL_FIELD.items():
+        for comm_type, field_name in IMPL_FIELD.items():
             alias = NativeSystemConfig.model_fields[field_name].alias
             names = getattr(config, field_name)
             if not names:
@@ -377,7 +312,7 @@ class NativeSystem(MatchingSystem):
         index = min(dim, len(chosen) - 1)
         algorithm = chosen[index]
         if comm_type not in algorithm.supports:
-            alias = NativeSystemConfig.model_fields[_IMPL_FIELD[comm_type]].alias
+            alias = NativeSystemConfig.model_fields[IMPL_FIELD[comm_type]].alias
             raise SimulationError(f"system.{alias}[{index}]: algorithm '{algorithm.name}' does not "
                                   f"implement {collective_name(comm_type)} (ASTRA-sim rejects it too)")
         return algorithm
@@ -385,34 +320,22 @@ class NativeSystem(MatchingSystem):
     # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         memo = node.memo
-        info = memo.get(_COLLECTIVE)
-        if info is None:
-            info = memo[_COLLECTIVE] = self._collective_attrs(rank, node)
-        comm_type, size, group = info
-        members = self.groups.members(group, node, rank)
-        seq = self._sequence(rank, group)
-        key = (group, seq)
-        coll = self.collectives.get(key)
-        if coll is None:
-            root = collective_root(node, members, rank, comm_type)
-            coll = Collective(group, seq, comm_type, size, members, rank, root)
+        call = memo.get(_COLLECTIVE)
+        if call is None:
+            call = memo[_COLLECTIVE] = read_collective(rank, node, self.context.warn)
+        coll = self.matcher.join(rank, node, call)
+        if len(coll.nodes) == 1:   # the first member to issue it: plan it
             coll.set_plans(self._plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
                                                   for spec in chunk)
             if coll.solve and self.reserving:
                 coll.claim = self.network.claim(self._pairs(coll))
                 coll.solve = coll.claim is not None
-            self.collectives[key] = coll
-        elif coll.comm_type != comm_type or coll.size != size or (coll.members is not members
-                                                                     and coll.members != members):
-            first = coll.first_rank
-            raise mismatch(rank, node, comm_type, size, group, seq,
-                           (first, coll.nodes[first], coll.comm_type, coll.size))
+        seq = coll.seq
         queues = self.queues[rank]
         queues.counter += 1
         node_id = node.pb.id
         coll.priority[rank] = queues.counter if self.lifo else -queues.counter
-        coll.nodes[rank] = node_id
         coll.done[rank] = done
         coll.remaining[rank] = len(coll.plans)
         self.open[rank][node_id] = coll
@@ -441,7 +364,8 @@ class NativeSystem(MatchingSystem):
         if unsupported:
             reason = (f"{coll.describe()} runs with '{unsupported[0]}', whose timing depends on where "
                       "each rank sits; simulating every rank")
-            raise RestartRun(reason, Unfold(reason))
+            self.context.request_restart(reason, Unfold(reason))
+            return
         if not coll.needs and not coll.issued_at:     # first issue on this group: what it waits for
             shape = self._shape(members)
             for member in members:
@@ -453,7 +377,8 @@ class NativeSystem(MatchingSystem):
                     coll.issued_at[member] = known
             for fact in coll.needs:
                 self.awaiting.setdefault(fact, []).append(coll)
-        self._check_symmetric(rank, coll)
+        if not self._check_symmetric(rank, coll):
+            return
         fact = (rank, self._shape(members) or group_shape(members, rank), seq)
         now = self.facts[fact] = self.scheduler.now
         for waiting in self.awaiting.pop(fact, ()):
@@ -471,7 +396,7 @@ class NativeSystem(MatchingSystem):
             hit = self._shapes[id(members)] = (members, shape if shape[0] == "ring" else None)
         return hit[1]
 
-    def _check_symmetric(self, rank: int, coll: Collective) -> None:
+    def _check_symmetric(self, rank: int, coll: Collective) -> bool:
         """Folding assumes every group equivalent to coll's has the same delays between the
         members its algorithms pair, seen from the member that stands where `rank` stands."""
         members = coll.members
@@ -484,10 +409,13 @@ class NativeSystem(MatchingSystem):
                 for run_members in self._runs(coll, spec):
                     offsets = {(b - a) % len(run_members)
                                for a, b in self._pair_positions(coll, spec, len(run_members))}
-                    self._check_runs_alike(coll, rank, run_members, offsets, spec.size)
+                    if not self._runs_alike(coll, rank, run_members, offsets, spec.size):
+                        self.context.request_restart(_UNFOLD_DELAYS, Unfold(_UNFOLD_DELAYS))
+                        return False
+        return True
 
-    def _check_runs_alike(self, coll: Collective, rank: int, run_members: tuple[int, ...],
-                          offsets: set[int], size: int) -> None:
+    def _runs_alike(self, coll: Collective, rank: int, run_members: tuple[int, ...],
+                    offsets: set[int], size: int) -> bool:
         """The runs that `run_members` stands for (where rank's class mates sit in their own
         groups) must each pair members at every offset with one and the same delay."""
         folding, delay = self.folding, self.network.message_delay
@@ -505,12 +433,13 @@ class NativeSystem(MatchingSystem):
             for d in offsets:
                 values = {delay(run[i], run[(i + d) % n], size) for i in range(n)}
                 if len(values) != 1:
-                    raise RestartRun(_UNFOLD_DELAYS, Unfold(_UNFOLD_DELAYS))
+                    return False
                 here[d] = values.pop()
             if profile is None:
                 profile = here
             elif here != profile:
-                raise RestartRun(_UNFOLD_DELAYS, Unfold(_UNFOLD_DELAYS))
+                return False
+        return True
 
     def _runs_of_members(self, coll: Collective, run_members: tuple[int, ...]) -> list[tuple[int, ...]]:
         """All the runs of the phase `run_members` is one run of (the slices of its dimension)."""
@@ -535,12 +464,10 @@ class NativeSystem(MatchingSystem):
             expected = delay(src, dst, size)
             for mate in folding.members[src]:
                 if delay(mate, (mate + offset) % ranks, size) != expected:
-                    raise RestartRun(_UNFOLD_P2P, Unfold(_UNFOLD_P2P))
+                    self.context.request_restart(_UNFOLD_P2P, Unfold(_UNFOLD_P2P))
+                    break
         target = folding.representative[dst]
         return (target - offset) % ranks, target
-
-    def _collective_attrs(self, rank: int, node: NodeView) -> tuple[int, int, str]:
-        return collective_attrs(rank, node, self.context.warn)
 
     def _solve(self, coll: Collective) -> None:
         """Time every phase of every chunk on every member at once (see module docstring)."""
@@ -569,7 +496,8 @@ class NativeSystem(MatchingSystem):
             finish: dict[int, int] = {}
             for rank in coll.members:
                 if finish.setdefault(representative[rank], done_at[rank]) != done_at[rank]:
-                    raise RestartRun(_UNFOLD_FINISH, Unfold(_UNFOLD_FINISH))
+                    self.context.request_restart(_UNFOLD_FINISH, Unfold(_UNFOLD_FINISH))
+                    return
             ranks = [rank for rank in coll.members if rank in coll.done]
         by_time: dict[int, list[int]] = {}
         for rank in ranks:
@@ -721,7 +649,7 @@ class NativeSystem(MatchingSystem):
     def _plan(self, coll: Collective, node: NodeView) -> list[list[PhaseSpec]]:
         """The phases of every chunk (see the module docstring)."""
         n = len(coll.members)
-        comm_type = _RUNS_AS.get(coll.comm_type, coll.comm_type)
+        comm_type = RUNS_AS.get(coll.comm_type, coll.comm_type)
         if n < 2 or (coll.size == 0 and coll.comm_type != pb.BARRIER):
             return []
         splits = min(self.splits, max(coll.size, 1))
@@ -902,7 +830,14 @@ class NativeSystem(MatchingSystem):
         ctx = PhaseContext(io, len(members), self._endpoint_delay(spec), self._reduce_delay,
                            local=spec.local)
         root = members.index(coll.root) if coll.root in members else 0
-        return spec.algorithm.members(ctx, spec.comm_type, spec.size, spec.variant, root)
+        machines = spec.algorithm.members(ctx, spec.comm_type, spec.size, spec.variant, root)
+        if machines is not None:
+            return list(machines)
+        schedule = spec.algorithm.step_schedule(spec.comm_type, spec.size, ctx.n)
+        if schedule is None:
+            raise SimulationError(f"algorithm '{spec.algorithm.name}' defines neither members() nor "
+                                  "step_schedule()")
+        return [StepMember(ctx, pos, schedule) for pos in range(ctx.n)]
 
     def _endpoint_delay(self, spec: PhaseSpec) -> int:
         return FAST_ENDPOINT_DELAY if spec.local else self.endpoint_delay
@@ -942,7 +877,7 @@ class NativeSystem(MatchingSystem):
         done = coll.done.pop(rank)
         if not coll.remaining and (len(coll.nodes) == len(coll.members)
                                    or (self.folding is not None and not coll.needs)):
-            del self.collectives[(coll.group, coll.seq)]
+            self.matcher.close(coll)
         done(node_id)
 
     def on_idle(self) -> bool:

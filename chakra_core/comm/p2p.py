@@ -20,17 +20,32 @@ that their time is network time.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
+
+
+class P2PNetwork(Protocol):
+    """What point-to-point messages travel through: a network layer, or a system layer's own
+    timing (`npus_count`, `send`)."""
+
+    npus_count: int
+
+    def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None: ...
+
+
+class P2PScheduler(Protocol):
+    def schedule(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None: ...
 
 
 RENDEZVOUS_BYTES = 8192
 
 
 class PointToPoint:
-    def __init__(self, network, scheduler, warn: Callable[[str], None], bytes_sent: list[int],
+    """Sends and receives of every rank, matched by (src, dst, tag) (see the module docstring)."""
+
+    def __init__(self, network: P2PNetwork, scheduler: P2PScheduler, warn: Callable[[str], None], bytes_sent: list[int],
                  bytes_received: list[int], rendezvous: bool = False,
                  waiting: Callable[[int, int, bool], None] | None = None,
                  fold: Callable[[int, int, int], tuple[int, int]] | None = None):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from chakra_core.system.algorithms import StepSchedule
+from chakra_core.contract.algorithm import StepSchedule
 
 
 def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],

@@ -16,24 +16,14 @@ members of a phase share: the I/O, the number of members, the endpoint delay
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from math import log2
-from typing import Callable
+from typing import Any, Callable
 
+from chakra_core.contract.algorithm import PhaseContext
 from chakra_core.schema import pb
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = (
     pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL)
-
-
-@dataclass
-class PhaseContext:
-    io: object
-    n: int
-    endpoint_delay: int
-    reduce_delay: Callable[[int], int]
-    local: bool = False
-    """A communicator group's own ring (ASTRA-sim's "local" dimension), not a network dimension."""
 
 
 class _Packet:

@@ -14,118 +14,21 @@ The built-in algorithms reproduce ASTRA-sim's (names as in its system JSON):
 variants that treat all NPUs as one dimension. `chain` and `star` time the
 rooted collectives ASTRA-sim does not run.
 
-Adding an algorithm is adding one class registered with
-``registry.add_algorithm(cls)`` from a ``chakra_sim_register_system`` hook.
+Adding an algorithm is adding one class (a `chakra_core.CollectiveAlgorithm`)
+registered with ``registry.add_algorithm(cls)`` from a
+``chakra_sim_register_system`` hook.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Callable, ClassVar
+from typing import ClassVar
 
+from chakra_core.comm.collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
+                                          SYMMETRIC, collective_name)
+from chakra_core.contract.algorithm import CollectiveAlgorithm, StepSchedule
 from chakra_core.schema import pb
-from chakra_core.system.machines import (DirectMember, DoubleBinaryTreeMember, HalvingDoublingMember,
-                                         PhaseContext, RingMember, RootedMember, StepMember,
-                                         binary_tree)
-
-ALL_REDUCE = pb.ALL_REDUCE
-ALL_GATHER = pb.ALL_GATHER
-REDUCE_SCATTER = pb.REDUCE_SCATTER
-ALL_TO_ALL = pb.ALL_TO_ALL
-ROOTED = frozenset({pb.BROADCAST, pb.REDUCE, pb.GATHER, pb.SCATTER})
-SYMMETRIC = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL})
-
-
-def collective_name(comm_type: int) -> str:
-    try:
-        return pb.CollectiveCommType.Name(comm_type)
-    except ValueError:
-        return f"UNKNOWN({comm_type})"
-
-
-@dataclass(frozen=True)
-class StepSchedule:
-    """A symmetric synchronous algorithm: per step, bytes sent, peers, and whether it reduces."""
-
-    n: int
-    step_bytes: tuple[int, ...]
-    reduces: tuple[bool, ...]
-    send_to: Callable[[int, int], tuple[int, ...]]
-    uniform: bool = False
-    """Every member sends to exactly one peer at the same offset in every step (a ring):
-    lets the closed-form executor take its O(steps) fast path."""
-
-    @property
-    def steps(self) -> int:
-        return len(self.step_bytes)
-
-    @cached_property
-    def bytes_sent_per_member(self) -> int:
-        """Bytes member 0 injects over the whole run (the same for every member)."""
-        if self.uniform:
-            return sum(self.step_bytes)
-        return sum(b * len(self.send_to(0, k)) for k, b in enumerate(self.step_bytes))
-
-    @cached_property
-    def bytes_received_per_position(self) -> tuple[int, ...]:
-        """Bytes each member receives over the whole run, by position."""
-        if self.uniform:
-            return (sum(self.step_bytes),) * self.n
-        received = [0] * self.n
-        for k, b in enumerate(self.step_bytes):
-            for i in range(self.n):
-                for j in self.send_to(i, k):
-                    received[j] += b
-        return tuple(received)
-
-
-class CollectiveAlgorithm:
-    """Base class of collective algorithms (see module docstring)."""
-
-    name: ClassVar[str]
-    supports: ClassVar[frozenset[int]]
-    flat: ClassVar[bool] = False
-    """True for `one*` variants: one phase over all NPUs instead of one per dimension."""
-    parameter: ClassVar[str | None] = None
-    """Name of an optional integer parameter appended to the name (`direct8`: window 8)."""
-    powers_of_two: ClassVar[bool] = False
-    rotation_symmetric: ClassVar[bool] = False
-    """Turning the ring of members turns the timing with it: a member's part does not depend on
-    its position (ring, direct). Needed to fold equivalent ranks (chakra_core.fold)."""
-    causal: ClassVar[bool] = True
-    """Every member's finish depends on every member's start (true of the symmetric collectives).
-    Lets a contention-free run be solved when its last member starts; rooted collectives, where a
-    root may finish before others start, run event by event instead."""
-
-    def __init__(self, value: int | None = None):
-        self.value = value
-
-    def final_size(self, comm_type: int, size: int, n: int) -> int:
-        """Bytes each member holds after the phase (ASTRA-sim's `final_data_size`)."""
-        if comm_type == ALL_GATHER:
-            return size * n
-        if comm_type == REDUCE_SCATTER:
-            return size // n
-        return size
-
-    def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
-        return None
-
-    def only_sends(self, comm_type: int, pos: int, root: int, n: int) -> bool:
-        """True if the member at `pos` only sends (it never waits for a peer's data), e.g. the
-        root of a broadcast. Such a member does not count as waiting for peers that have not
-        joined yet; every member of a symmetric collective does."""
-        return False
-
-    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0, root: int = 0) -> list:
-        """Member state machines (see machines.py); by default, generic ones for `step_schedule`."""
-        schedule = self.step_schedule(comm_type, size, ctx.n)
-        if schedule is None:
-            raise NotImplementedError(f"algorithm '{self.name}' defines neither members() nor step_schedule()")
-        return [StepMember(ctx, pos, schedule) for pos in range(ctx.n)]
-
+from chakra_core.system.native.machines import (DirectMember, DoubleBinaryTreeMember, HalvingDoublingMember, RingMember, RootedMember, binary_tree)
 
 class Ring(CollectiveAlgorithm):
     """Ring: all-reduce 2(n-1) steps of B/n (the first n-1 reduce); reduce-scatter n-1 steps of B/n;

@@ -9,7 +9,7 @@ This is ASTRA-sim's behaviour with the roofline disabled, and what the
 from __future__ import annotations
 
 from chakra_core.et.attrs import NodeView
-from chakra_core.layers import ComputeModel, PluginConfig
+from chakra_core.contract.layers import ComputeModel, PluginConfig
 
 
 def replay_time_ns(node: NodeView) -> int:

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from chakra_core.layers import LAYERS
-from chakra_core.manifest import OutputSection, ResourcesSection, WorkloadSection
-from chakra_core.plugins import PluginHost, make_plugin_host
+from chakra_core.contract.layers import LAYERS
+from chakra_core.config.manifest import OutputSection, ResourcesSection, WorkloadSection
+from chakra_core.contract.host import PluginHost, make_plugin_host
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m chakra_core.manifest_reference -->", "<!-- END GENERATED -->"
 

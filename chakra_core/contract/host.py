@@ -23,11 +23,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import click
 import pluggy
 
-from chakra_core import hookspecs
+from chakra_core.contract import hookspecs
+from chakra_core.contract.algorithm import CollectiveAlgorithm
+from chakra_core.contract.layers import LAYERS, LayerModel
+from chakra_core.contract.registry import LayerRegistry, Registries
 from chakra_core.errors import PluginError
-from chakra_core.layers import LAYER_BASES, LAYERS, LayerModel, Registry
 
 BUILTIN_NAME = "chakra-sim (built-in)"
 
@@ -64,11 +67,12 @@ class PluginHost:
 
     pm: pluggy.PluginManager
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
-    registries: dict[str, Registry] = field(default_factory=dict)
+    registries: Registries = field(default_factory=Registries)
+    _commands_loaded: bool = False
 
     # Lookup ---------------------------------------------------------------------------
     def implementations(self, layer: str) -> list[Implementation]:
-        registry = self.registries[layer]
+        registry = self.registries.layer(layer)
         return [Implementation(layer, name, cls, self.plugins[registry.owners[name]])
                 for name, cls in sorted(registry.classes.items())]
 
@@ -77,7 +81,7 @@ class PluginHost:
 
     def get(self, layer: str, name: str) -> Implementation:
         """The implementation a manifest selects, or a PluginError that says what is installed."""
-        if layer not in self.registries:
+        if layer not in LAYERS:
             raise PluginError(f"unknown layer '{layer}'; layers are {', '.join(LAYERS)}")
         for impl in self.implementations(layer):
             if impl.name == name:
@@ -92,8 +96,33 @@ class PluginHost:
             message += " (see `chakra-sim plugins`)"
         raise PluginError(message)
 
-    def algorithms(self) -> dict[str, type]:
-        return dict(self.registries["system"].algorithms)
+    def algorithms(self) -> dict[str, type[CollectiveAlgorithm]]:
+        """The collective algorithms registered with the system registry, by name."""
+        return dict(self.registries.system.algorithms)
+
+    def astra_equivalents(self, layer: str, model: str) -> list[Implementation]:
+        """The implementations of `layer` that stand for ASTRA-sim's `model` (see AstraEquivalent)."""
+        return [impl for impl in self.implementations(layer)
+                if impl.cls.astra_sim is not None and impl.cls.astra_sim.model == model]
+
+    def commands(self, reserved: frozenset[str] = frozenset()) -> dict[str, click.Command]:
+        """Commands plugins add to `chakra-sim` (their `chakra_sim_register_commands` hooks run on
+        the first call); a plugin whose hook fails is marked failed and adds none."""
+        registry = self.registries.commands
+        if not self._commands_loaded:
+            self._commands_loaded = True
+            registry.reserved = frozenset(reserved)
+            for impl in self.pm.hook.chakra_sim_register_commands.get_hookimpls():
+                info = self.plugins.get(impl.plugin_name)
+                registry.current_owner = impl.plugin_name
+                try:
+                    impl.function(registry)
+                except Exception as exc:
+                    registry.forget(impl.plugin_name)
+                    if info is not None:
+                        detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+                        info.status, info.error = "failed", f"error while registering commands: {detail}"
+        return dict(sorted(registry.commands.items()))
 
     def owner_of_module(self, module_name: str) -> PluginInfo | None:
         """The plugin whose code lives in `module_name` (for naming a plugin that raised)."""
@@ -163,20 +192,15 @@ def _register_plugin(host: PluginHost, obj: Any, info: PluginInfo) -> None:
     try:
         for layer in LAYERS:
             hook = getattr(pm.hook, f"chakra_sim_register_{layer}")
-            registry = host.registries[layer]
+            registry: LayerRegistry[LayerModel] = host.registries.layer(layer)
             for impl in hook.get_hookimpls():
                 if impl.plugin is obj:
                     registry.current_owner = info.name
                     impl.function(registry)
     except Exception as exc:
         # Undo what the plugin registered: a half-registered plugin is not usable.
-        for registry in host.registries.values():
-            for key in [k for k, owner in registry.owners.items() if owner == info.name]:
-                registry.owners.pop(key)
-                if key.startswith("algorithm:"):
-                    registry.algorithms.pop(key.split(":", 1)[1], None)
-                else:
-                    registry.classes.pop(key, None)
+        for owned in host.registries.all():
+            owned.forget(info.name)
         pm.unregister(obj)
         detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
         info.status, info.error = "failed", f"error while registering: {detail}"
@@ -197,10 +221,10 @@ def make_plugin_host(entry_points: Iterable[metadata.EntryPoint] | None = None,
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    host = PluginHost(pm=pm, registries={layer: Registry(layer, LAYER_BASES[layer]) for layer in LAYERS})
+    host = PluginHost(pm=pm)
     if include_builtins:
         from chakra_core import builtins as builtin_plugin
-        from chakra_core import __version__
+        from chakra_core._version import __version__
         _register_plugin(host, builtin_plugin,
                          PluginInfo(BUILTIN_NAME, "chakra-sim", __version__, modules=("chakra_core",)))
     for ep in sorted(entry_points if entry_points is not None else _entry_points(), key=lambda e: e.name):

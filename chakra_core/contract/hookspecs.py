@@ -2,7 +2,7 @@
 
 This file is the plugin author's manual. A plugin is a module (or object)
 with functions named after the hooks below, decorated with
-``chakra_core.hookspecs.hookimpl``, published through an entry point in the
+``chakra_core.hookimpl``, published through an entry point in the
 ``chakra_sim`` group of its own ``pyproject.toml``::
 
     [project.entry-points.chakra_sim]
@@ -19,6 +19,8 @@ Two kinds of hooks:
   plugins load. They add implementation *classes* to a typed registry. They
   never run the simulation: the engine instantiates the selected class and
   calls its methods directly (a pluggy call costs ~4 µs, a method call ~0.2 µs).
+  ``chakra_sim_register_commands`` adds click commands to ``chakra-sim``; it is
+  called only when the command line needs them.
 - **Observer hooks** (``chakra_sim_simulation_start``/``_end``,
   ``chakra_sim_node_finished``) let statistics and tracing plugins watch a run.
   The per-node hook is dispatched only if at least one plugin implements it,
@@ -40,20 +42,24 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pluggy
 
 if TYPE_CHECKING:
+    from chakra_core.contract.registry import (CommandRegistry, ComputeRegistry, MemoryRegistry,
+                                               NetworkRegistry, SystemRegistry)
     from chakra_core.et.attrs import NodeView
-    from chakra_core.layers import Registry
 
 PROJECT = "chakra_sim"
 ENTRY_POINT_GROUP = "chakra_sim"
 OBSERVER_HOOKS = ("chakra_sim_simulation_start", "chakra_sim_simulation_end", "chakra_sim_node_finished")
+"""Hooks the engine calls during a run, one implementation at a time."""
+LAYER_HOOKS = tuple(f"chakra_sim_register_{layer}" for layer in ("system", "compute", "memory", "network"))
+"""Registration hooks called when plugins load."""
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def chakra_sim_register_compute(registry: "Registry") -> None:
-    """Register compute models (classes subclassing ``chakra_core.layers.ComputeModel``).
+def chakra_sim_register_compute(registry: "ComputeRegistry") -> None:
+    """Register compute models (classes subclassing ``chakra_core.ComputeModel``).
 
     Called once per plugin when plugins load, before any manifest is read.
 
@@ -65,8 +71,8 @@ def chakra_sim_register_compute(registry: "Registry") -> None:
 
 
 @hookspec
-def chakra_sim_register_memory(registry: "Registry") -> None:
-    """Register memory models (subclasses of ``chakra_core.layers.MemoryModel``).
+def chakra_sim_register_memory(registry: "MemoryRegistry") -> None:
+    """Register memory models (subclasses of ``chakra_core.MemoryModel``).
 
     Called once per plugin when plugins load.
 
@@ -75,29 +81,47 @@ def chakra_sim_register_memory(registry: "Registry") -> None:
 
 
 @hookspec
-def chakra_sim_register_network(registry: "Registry") -> None:
-    """Register network backends (subclasses of ``chakra_core.layers.NetworkModel``).
+def chakra_sim_register_network(registry: "NetworkRegistry") -> None:
+    """Register network backends (subclasses of ``chakra_core.NetworkModel``).
 
     Called once per plugin when plugins load. A backend whose message delay
     never depends on other traffic sets ``contention_free = True`` and
-    implements ``message_delay``; the system layer then times collectives in
-    closed form instead of message by message.
+    implements ``message_delay`` (``chakra_core.ContentionFreeNetwork``); the
+    system layer then times collectives in closed form instead of message by
+    message. ``chakra_core.ClosedFormNetwork`` is the other optional fast path.
 
-    :param registry: ``registry.add(MyNetwork)``; same rules as for compute.
+    :param registry: ``registry.add(MyNetwork)``; same rules as for compute, and
+        a class declaring ``contention_free = True`` must have ``message_delay``.
     """
 
 
 @hookspec
-def chakra_sim_register_system(registry: "Registry") -> None:
+def chakra_sim_register_system(registry: "SystemRegistry") -> None:
     """Register system layers and collective algorithms.
 
     Called once per plugin when plugins load. The built-in system layer
     (``native``) and its algorithms are registered through this same hook, so
-    a third party can add an algorithm (``registry.add_algorithm(cls)``, see
-    ``chakra_core.system.algorithms``) or replace the whole layer
+    a third party can add an algorithm (``registry.add_algorithm(cls)``, a
+    ``chakra_core.CollectiveAlgorithm``) or replace the whole layer
     (``registry.add(MySystemLayer)``).
 
-    :param registry: the system registry.
+    :param registry: the system registry; ``add`` as for compute,
+        ``add_algorithm`` refuses a name already taken.
+    """
+
+
+@hookspec
+def chakra_sim_register_commands(registry: "CommandRegistry") -> None:
+    """Add commands to the ``chakra-sim`` command line.
+
+    Called once per plugin, and only when the command line lists or looks up a
+    command that is not one of chakra-sim's own (``chakra-sim --help``, or an
+    unknown name), so a run never pays for it. Import the command's module
+    inside the hook to keep plugin loading cheap.
+
+    :param registry: ``registry.add(command)`` with a named ``click.Command`` (or
+        group); a name chakra-sim uses or another plugin took is refused
+        (``PluginError``), and the plugin is listed as failed.
     """
 
 
@@ -107,7 +131,7 @@ def chakra_sim_simulation_start(run: Mapping[str, Any]) -> None:
 
     :param run: ``{"manifest": <resolved manifest>, "num_ranks": int,
         "layers": {layer: instance}, "version": <chakra-sim version>}``, read-only:
-        a ``chakra_core.engine.simulation.ReadOnlyDict`` (a dict subclass whose
+        a ``chakra_core.engine.observers.ReadOnlyDict`` (a dict subclass whose
         changes raise ``TypeError``; nested dicts and lists are read-only too).
         The layer instances are the live ones: read their attributes, do not
         drive them.

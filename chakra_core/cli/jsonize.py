@@ -1,0 +1,41 @@
+"""`chakra-sim jsonize`: traces as JSON, one file per rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from chakra_core.cli.output import CliError
+from chakra_core.errors import ChakraSimError
+
+@click.command()
+@click.argument("trace")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="folder for the JSON files (default: next to the traces)")
+@click.option("--compact", is_flag=True, help="no indentation")
+def jsonize(trace: str, out_dir: str | None, compact: bool) -> None:
+    """Convert a trace to JSON: TRACE is a file.et or a prefix (one JSON file per rank).
+
+    \b
+    Example:
+      chakra-sim jsonize traces/all_reduce --out json/
+    """
+    from chakra_core.et.jsonize import check_one_file_per_rank, json_name, jsonize_file, trace_files
+
+    path = Path(trace)
+    files: list[tuple[int | None, Path]] = [(None, path)] if path.is_file() else list(trace_files(path))
+    if not files:
+        raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et or .et.gz")
+    try:
+        check_one_file_per_rank(files)
+    except ChakraSimError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        for _, et_path in files:
+            target_dir = Path(out_dir) if out_dir else et_path.parent
+            target = target_dir / json_name(et_path)
+            count = jsonize_file(et_path, target, indent=None if compact else 1)
+            click.echo(f"{et_path} -> {target} ({count} nodes)")
+    except ChakraSimError as exc:
+        raise CliError(str(exc)) from exc

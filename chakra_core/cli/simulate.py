@@ -1,0 +1,209 @@
+"""`chakra-sim run` and `chakra-sim validate`: a manifest, or ASTRA-sim files given directly."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, TypeVar
+
+import click
+
+from chakra_core.cli.output import CliError, err_console, fail, out_console, warn
+from chakra_core.config.spec import RunConfig
+from chakra_core.contract.host import PluginHost
+from chakra_core.errors import ChakraSimError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PluginChoice(click.Choice):
+    """The installed implementations of a layer, looked up only when needed (help, a given value),
+    so that commands not using it do not load the plugins."""
+
+    def __init__(self, layer: str):
+        self.layer = layer
+        self._names: tuple[str, ...] | None = None
+        super().__init__((), case_sensitive=True)
+
+    @property   # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        if self._names is None:
+            from chakra_core.contract.host import make_plugin_host
+
+            self._names = tuple(impl.name for impl in make_plugin_host().implementations(self.layer))
+        return self._names
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:
+        pass   # click.Choice.__init__ assigns the (empty) list it was given
+
+
+def run_inputs(command: F) -> F:
+    """The options naming a run's inputs, shared by `run` and `validate`: a manifest, or
+    ASTRA-sim files given directly, and the output folder."""
+    options = [
+        click.argument("manifest", required=False, type=click.Path(dir_okay=False)),
+        click.option("--workload", "workload", metavar="PREFIX",
+                     help="trace prefix (files PREFIX.<rank>.et or PREFIX.<rank>.et.gz)"),
+        click.option("--astra-system", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim system JSON"),
+        click.option("--astra-network", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim network YAML"),
+        click.option("--astra-memory", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim remote-memory JSON"),
+        click.option("--comm-group", type=click.Path(exists=True, dir_okay=False),
+                     help="ASTRA-sim communicator-group JSON"),
+        # No click default: it would be checked against the installed plugins on every run.
+        click.option("--network", "backend", type=PluginChoice("network"),
+                     help="network plugin with --astra-network  [default: the one standing for "
+                          "ASTRA-sim's congestion-unaware backend]"),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False),
+                     help="output folder (overrides the manifest's output.dir)"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, astra_system: str | None,
+                astra_network: str | None, astra_memory: str | None, comm_group: str | None,
+                backend: str | None, out_dir: str | None) -> RunConfig:
+    """The RunConfig of `run`'s / `validate`'s inputs (see run_inputs)."""
+    from chakra_core.run import load, load_astra
+
+    astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
+    if manifest:
+        if workload or any(astra_flags):
+            raise CliError("give either a manifest or --workload/--astra-*/--network flags, not both")
+        return load(manifest, host, out_dir=out_dir)
+    if not (workload and astra_system and astra_network):
+        raise CliError("give a manifest, or --workload, --astra-system and --astra-network")
+    return load_astra(workload, astra_system, astra_network, astra_memory, comm_group, backend,
+                          host=host, out_dir=out_dir)
+
+
+@click.command()
+@run_inputs
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table (warnings still go to stderr)")
+@click.option("--plots", is_flag=True, help="also write breakdown.png: each rank's time breakdown as a stacked bar")
+@click.option("--debug", is_flag=True, help="show tracebacks")
+def run(manifest: str | None, workload: str | None, astra_system: str | None, astra_network: str | None,
+        astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
+        quiet: bool, plots: bool, debug: bool) -> None:
+    """Simulate a manifest, or ASTRA-sim inputs given directly.
+
+    The output folder is created and checked before simulating. A rerun
+    replaces the files the previous run wrote there (and removes those it
+    does not write again, e.g. an old timeline.json); other files are left
+    alone. Ctrl-C stops the run (exit status 130) and leaves earlier results
+    as they were.
+
+    \b
+    Examples:
+      chakra-sim run examples/allreduce_8npu.yaml --plots
+      chakra-sim run --workload traces/all_reduce --astra-system sys.json \\
+                     --astra-network net.yml --out results/
+    """
+    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.report.writers import InterruptedAfterWriting, prepare_output_dir, write_run_files
+    from chakra_core.run import prepare
+
+    config = None
+    try:
+        try:
+            host = make_plugin_host()
+            config = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
+                                 comm_group, backend, out_dir)
+            prepared = prepare(config, host)
+            # After the layers accepted the inputs (no folder for a rejected run), before the run.
+            prepare_output_dir(config.output_dir)
+            result = _simulate(prepared, quiet)
+        except ChakraSimError as exc:
+            fail(exc, debug)
+        files = result.files(config.formats, plots=plots)
+        try:
+            written, output_warnings = write_run_files(config.output_dir, files)
+        except OSError as exc:
+            raise CliError(f"cannot write results to {config.output_dir}: {exc.strerror or exc}") from exc
+    except InterruptedAfterWriting:
+        assert config is not None
+        err_console.print(f"interrupted: the results were already written to {config.output_dir}",
+                          soft_wrap=True, highlight=False)
+        raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        where = f" in {config.output_dir}" if config is not None else ""
+        err_console.print(f"interrupted: nothing written; earlier results{where} are unchanged",
+                          soft_wrap=True, highlight=False)
+        raise SystemExit(130) from None
+    console = out_console()
+    results = result.results
+    if not quiet:
+        from chakra_core.report.summary import print_summary
+
+        print_summary(results, console, result.wall_s)
+    else:
+        console.print(f"finish: {results['finish_ns']} ns", highlight=False)
+        warn(results.get("warnings", []))
+    warn(output_warnings)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+
+
+def _simulate(prepared: Any, quiet: bool) -> Any:
+    """Simulate with a progress bar on a terminal (unless quiet)."""
+    show_progress = not quiet and sys.stderr.isatty()
+    if not show_progress:
+        return prepared.simulate()
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.fields[status]}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+        task = progress.add_task("run", total=None, status="")
+
+        def update(now_ns: int) -> None:
+            done, total = prepared.node_progress()
+            progress.update(task, completed=done, total=total,
+                            status=f"{done:,}/{total:,} nodes, t={now_ns / 1e6:,.3f} ms")
+
+        return prepared.simulate(progress=update)
+
+
+@click.command()
+@run_inputs
+@click.option("--debug", is_flag=True, help="show tracebacks")
+def validate(manifest: str | None, workload: str | None, astra_system: str | None, astra_network: str | None,
+             astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
+             debug: bool) -> None:
+    """Check a run's inputs without simulating; list every problem.
+
+    Takes the same inputs as `run`. Besides the manifest (every problem with its
+    key path) it checks that the network has one NPU per trace file, that every
+    trace file reads to the end with a usable dependency graph, that each
+    communicator group's k-th collectives agree in type and size across ranks
+    (in node-id order), and that the output folder can be written. Exit status 2
+    when anything is wrong.
+
+    \b
+    Examples:
+      chakra-sim validate examples/allreduce_8npu.yaml
+      chakra-sim validate --workload traces/all_reduce --astra-system sys.json \\
+                          --astra-network net.yml
+    """
+    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.run import validate as find_problems
+
+    try:
+        host = make_plugin_host()
+        config = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
+                             comm_group, backend, out_dir)
+        found = find_problems(config, host)
+    except ChakraSimError as exc:
+        fail(exc, debug)
+    warn(found.warnings)
+    if found.problems:
+        noun = "problem" if len(found.problems) == 1 else "problems"
+        raise CliError(f"{config.source}: not valid ({len(found.problems)} {noun}):\n"
+                       + "\n".join(f"  {problem}" for problem in found.problems))
+    spec = config.spec
+    layers = ", ".join(f"{layer}={choice.impl.name}" for layer, choice in spec.layers.items())
+    out_console().print(f"{config.source}: valid ({len(spec.trace_files)} rank(s); {layers})",
+                        soft_wrap=True, highlight=False)

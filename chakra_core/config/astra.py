@@ -1,0 +1,217 @@
+"""ASTRA-sim configuration files, read as they are.
+
+- network YAML: `topology`, `npus_count`, `bandwidth` (GB/s, GB = 2^30), `latency` (ns) lists;
+- system JSON: `scheduling-policy`, `endpoint-delay`, `preferred-dataset-splits`, ...,
+  plus `roofline-enabled`, `peak-perf` (TFLOP/s = 10^12) and `local-mem-bw` (GB/s = 10^9),
+  which the manifest loader also hands to the compute and memory layers;
+- remote-memory JSON: `memory-type`, `remote-mem-latency`, `remote-mem-bw`, ...;
+- communicator-group JSON: `{"<group id>": [ranks...]}`.
+
+Files are parsed into plain dicts; the plugin's pydantic Config validates
+them. Keys a plugin does not implement produce one warning each instead of
+being silently dropped.
+
+As in ASTRA-sim, a system file also speaks for compute and memory
+(`SystemFileLinks`), and a command line of ASTRA-sim files is a manifest
+(`astra_manifest`). Which plugin stands for which of ASTRA-sim's models is
+what the plugins declare (`AstraEquivalent`): this module names none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel
+
+from chakra_core.config.files import read_config_file
+from chakra_core.contract.host import Implementation, PluginHost
+from chakra_core.errors import ManifestError, PluginError
+
+ROOFLINE_KEYS = ("roofline-enabled", "peak-perf")
+"""System JSON keys that select and configure ASTRA-sim's roofline compute model."""
+SYSTEM_FILE_LINKED_KEYS = frozenset(ROOFLINE_KEYS + ("local-mem-bw",))
+"""System JSON keys other layers may read (see SystemFileLinks)."""
+NATIVE_SYSTEM = "native"
+"""The built-in system layer, which reads ASTRA-sim's system JSON."""
+
+
+def read_comm_groups(path: Path) -> dict[str, list[int]]:
+    """ASTRA-sim communicator-group JSON: {"<id>": [ranks]}."""
+    data = read_config_file(path)
+    groups: dict[str, list[int]] = {}
+    problems: list[tuple[str, str]] = []
+    for key, ranks in data.items():
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and r >= 0 for r in ranks):
+            problems.append((f"{path}: {key}", "must be a list of non-negative rank numbers"))
+            continue
+        groups[str(key)] = ranks
+    if problems:
+        raise ManifestError(problems)
+    return groups
+
+
+def field_keys(config_cls: type[BaseModel]) -> set[str]:
+    """Every key a pydantic Config accepts (field names and aliases)."""
+    keys: set[str] = set()
+    for name, info in config_cls.model_fields.items():
+        keys.add(name)
+        if info.alias:
+            keys.add(info.alias)
+    return keys
+
+
+def split_known(data: Mapping[str, Any], config_cls: type[BaseModel], source: str, layer: str, plugin: str,
+                consumed_elsewhere: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+    """Keep the keys `config_cls` implements; return (kept, warnings for the rest)."""
+    known = field_keys(config_cls)
+    kept: dict[str, Any] = {}
+    warnings: list[str] = []
+    for key, value in data.items():
+        if key in known:
+            kept[key] = value
+        elif key not in consumed_elsewhere:
+            warnings.append(f"{source}: key '{key}' is not implemented by {layer} plugin "
+                            f"'{plugin}'; ignored")
+    return kept, warnings
+
+
+@dataclass
+class Derived:
+    """Settings a layer takes from the system layer's ASTRA-sim file."""
+
+    settings: dict[str, Any]
+    where: dict[str, str]
+    """setting -> "file: key" it was read from."""
+    section_at: str | None = None
+    """Where the section itself comes from, when the manifest has none (the compute section
+    that `roofline-enabled` selects)."""
+
+
+class SystemFileLinks:
+    """What an ASTRA-sim system file says about the other layers, as ASTRA-sim reads it.
+
+    Besides the system layer's own settings, the file selects the compute model
+    (`roofline-enabled`, `peak-perf`) and gives the local memory bandwidth
+    (`local-mem-bw`, also read by the native system layer). Without a compute
+    section, `roofline-enabled: 1` selects the compute plugin that stands for
+    ASTRA-sim's roofline model, its settings filled from the file's keys it
+    declares (`AstraEquivalent.system_keys`); a memory plugin declaring
+    `local-mem-bw` gets it unless its section sets it. Keys no layer uses are
+    warnings.
+    """
+
+    def __init__(self, file: tuple[str, dict[str, Any]] | None, compute_given: bool,
+                 plugins: Mapping[str, str | None], host: PluginHost, problems: list[tuple[str, str]],
+                 warnings: list[str]):
+        """`plugins`: layer -> the plugin its manifest section selects (None: no section)."""
+        self.compute_plugin: str | None = None
+        """The compute plugin `roofline-enabled: 1` selects (when the manifest has no compute section)."""
+        self.derived: dict[str, Derived] = {}
+        self.consumed: frozenset[str] = frozenset()
+        if file is None:
+            return
+        name, data = file
+        consumed: set[str] = set()
+        roofline = [key for key in ROOFLINE_KEYS if key in data]
+        enabled = data.get("roofline-enabled", 0)
+        if compute_given:
+            if roofline:
+                warnings.append(f"{name}: {_keys(roofline)} not used: the manifest's compute section "
+                                f"selects plugin '{plugins.get('compute')}'")
+        elif enabled not in (0, 1):   # bool is an int: true/false pass too
+            problems.append((f"{name}: roofline-enabled", "must be 0 or 1"))
+        elif enabled:
+            self._roofline(name, data, host, problems)
+        elif "peak-perf" in data:
+            off = f"is {enabled}" if "roofline-enabled" in data else "is not set"
+            warnings.append(f"{name}: key 'peak-perf' not used: roofline-enabled {off}, so compute "
+                            "nodes replay their traced durations")
+        consumed.update(roofline)
+        if "compute" in self.derived:
+            consumed.update(key for key in SYSTEM_FILE_LINKED_KEYS if key in data)
+        memory = plugins.get("memory")
+        if memory is not None:
+            keys = _system_keys(host, "memory", memory)
+            settings = {keys[key]: data[key] for key in keys if key in data}
+            if settings:
+                self.derived["memory"] = Derived(settings, {keys[key]: f"{name}: {key}" for key in keys
+                                                            if key in data})
+                consumed.update(key for key in keys if key in data)
+        self.consumed = frozenset(consumed)
+
+    def _roofline(self, name: str, data: dict[str, Any], host: PluginHost, problems: list[tuple[str, str]]) -> None:
+        if "peak-perf" not in data:
+            problems.append((f"{name}: peak-perf", "required with roofline-enabled: 1 "
+                                                   "(TFLOP/s of the roofline compute model)"))
+            return
+        impl = _one(host, "compute", "roofline", f"{name}: roofline-enabled", problems)
+        if impl is None or impl.cls.astra_sim is None:
+            return
+        keys = impl.cls.astra_sim.system_keys
+        self.compute_plugin = impl.name
+        self.derived["compute"] = Derived({keys[key]: data[key] for key in keys if key in data},
+                                          {keys[key]: f"{name}: {key}" for key in keys if key in data},
+                                          f"{name}: roofline-enabled")
+
+
+def _system_keys(host: PluginHost, layer: str, plugin: str) -> Mapping[str, str]:
+    """The system-file keys an implementation declares it takes (none if it is not installed)."""
+    try:
+        impl = host.get(layer, plugin)
+    except PluginError:
+        return {}   # reported when the section is validated
+    return impl.cls.astra_sim.system_keys if impl.cls.astra_sim is not None else {}
+
+
+def _one(host: PluginHost, layer: str, model: str, where: str,
+         problems: list[tuple[str, str]]) -> Implementation | None:
+    """The one installed implementation standing for ASTRA-sim's `model`, or a problem saying why not."""
+    found = host.astra_equivalents(layer, model)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        problems.append((where, f"selects ASTRA-sim's {model} {layer} model, but no installed {layer} "
+                                "plugin implements it (see `chakra-sim plugins`)"))
+    else:
+        problems.append((where, f"selects ASTRA-sim's {model} {layer} model, which several {layer} "
+                                f"plugins implement ({', '.join(i.name for i in found)}): give a "
+                                f"`{layer}:` section naming one"))
+    return None
+
+
+def _keys(keys: list[str]) -> str:
+    return ("key " if len(keys) == 1 else "keys ") + ", ".join(f"'{k}'" for k in keys)
+
+
+def astra_manifest(host: PluginHost, workload: str, system: str, network: str, memory: str | None = None,
+                   comm_group: str | None = None, network_plugin: str | None = None) -> dict[str, Any]:
+    """A manifest equivalent to an ASTRA-sim command line (paths relative to the cwd).
+
+    The network plugin is `network_plugin`, or the one standing for ASTRA-sim's congestion-unaware
+    analytical backend. What the system file says about compute (roofline) and memory bandwidth
+    is read when the manifest is built, as for a manifest that loads the file itself.
+    """
+    problems: list[tuple[str, str]] = []
+    if network_plugin is None:
+        impl = _one(host, "network", "congestion-unaware", "command line: --astra-network", problems)
+        network_plugin = impl.name if impl is not None else None
+    manifest: dict[str, Any] = {
+        "workload": {"trace": workload},
+        "system": {"plugin": NATIVE_SYSTEM, "astra_file": system},
+        "network": {"plugin": network_plugin, "astra_file": network},
+    }
+    if comm_group:
+        manifest["workload"]["comm_groups"] = comm_group
+    if memory:
+        mem_data = read_config_file(Path(memory))
+        # NO_MEMORY_EXPANSION gives ASTRA-sim no model for memory nodes; so here too
+        # (a trace with MEM_LOAD/MEM_STORE nodes then stops with a clear error).
+        if mem_data.get("memory-type", "NO_MEMORY_EXPANSION") != "NO_MEMORY_EXPANSION":
+            impl = _one(host, "memory", "remote-memory", "command line: --astra-memory", problems)
+            if impl is not None:
+                manifest["memory"] = {"plugin": impl.name, "astra_file": memory}
+    if problems:
+        raise ManifestError(problems)
+    return manifest

@@ -1,0 +1,116 @@
+"""The YAML manifest: which plugin runs each layer, with which settings.
+
+    workload:
+      trace: traces/allreduce        # files traces/allreduce.<rank>.et
+    system:  {plugin: native, astra_file: sys.json}
+    compute: {plugin: roofline, peak_tflops: 900}
+    network: {plugin: analytical, astra_file: net.yml}
+    output:  {dir: results}
+
+Each layer section holds `plugin: <name>` and that plugin's own settings,
+validated by the plugin's pydantic `Config` (chakra_core.config.build).
+`astra_file` loads an ASTRA-sim file into the section (inline keys override
+it); a system file also speaks for compute and memory, as in ASTRA-sim (see
+chakra_core.config.astra.SystemFileLinks), so the CLI's ASTRA-sim flags and a
+manifest loading the same files build the same run. Relative paths resolve
+against the manifest's folder.
+
+This module holds the models of the core sections; docs/manifest.md is the
+reference, and tests/test_docs.py checks it against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+
+from chakra_core.feeder import DEFAULT_CACHE_NODES
+
+LAYER_DEFAULTS = {"system": "native", "compute": "replay", "memory": None, "network": None}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResourcesSection(_Strict):
+    """Operations a rank may have in flight at once (null = unlimited). Defaults are ASTRA-sim's."""
+
+    cpu: PositiveInt | None = Field(1, description="CPU compute nodes (is_cpu_op) in flight")
+    gpu: PositiveInt | None = Field(1, description="GPU compute nodes in flight")
+    comm: PositiveInt | None = Field(1, description="collectives and sends in flight")
+    memory: Union[Literal["comm"], PositiveInt, None] = Field(
+        "comm", description="memory loads/stores in flight; 'comm' shares the comm slot (ASTRA-sim)")
+
+
+class WorkloadSection(_Strict):
+    trace: str = Field(..., description="trace prefix: files <trace>.<rank>.et, or <trace>.<rank>.et.gz "
+                                        "(gzip; any file may be gzip-compressed whatever its name)")
+    ranks: PositiveInt | None = Field(None, description="number of ranks; default: count the files")
+    feeder: Literal["streaming", "memory"] = Field(
+        "streaming", description="'streaming' keeps only a compact index and a node cache in memory "
+                                 "(memory bounded by the cache, not the trace); 'memory' parses every node up front")
+    cache_nodes: PositiveInt = Field(DEFAULT_CACHE_NODES, description="streaming feeder's node cache")
+    dependencies: Literal["all", "data"] = Field(
+        "all", description="'data' ignores control dependencies, as Chakra's C++ feeder does")
+    missing_parents: Literal["ignore-control", "error"] = Field(
+        "ignore-control", description="dependencies on node ids absent from the trace: drop "
+                                      "missing control parents with a warning, or reject the trace")
+    comm_groups: Union[str, dict[str, list[int]], None] = Field(
+        None, description="communicator groups: an ASTRA-sim comm-group JSON file, or {name: [ranks]}")
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    fold: Literal["auto", "off"] = Field(
+        "auto", description="'auto': when ranks are equivalent (the same trace up to rank ids, "
+                            "equivalent places in the network), simulate one per class and give the "
+                            "others its results (exact; see docs/performance.md); 'off': simulate every rank")
+
+
+class LayerSection(BaseModel):
+    """`plugin` plus the plugin's own keys (validated by the plugin's Config)."""
+
+    model_config = ConfigDict(extra="allow")
+    plugin: str = Field(..., description="name of the implementation (see `chakra-sim plugins`)")
+    astra_file: str | None = Field(None, description="ASTRA-sim file whose keys fill this section")
+
+
+class OutputSection(_Strict):
+    dir: str = Field("results", description="folder for results.json / results.csv, created if missing; "
+                                            "a rerun replaces the files the previous run wrote there "
+                                            "and removes those it does not write again")
+    formats: list[Literal["json", "csv"]] = Field(["json", "csv"], description="files to write")
+    timeline: bool = Field(False, description="also write timeline.json (Perfetto / Chrome trace; "
+                                              "open in ui.perfetto.dev)")
+
+
+class Manifest(_Strict):
+    workload: WorkloadSection
+    system: LayerSection = Field(default_factory=lambda: LayerSection(plugin="native"))
+    compute: LayerSection = Field(default_factory=lambda: LayerSection(plugin="replay"))
+    memory: LayerSection | None = None
+    network: LayerSection | None = Field(
+        None, description="required unless the system plugin times communication itself (needs_network false)")
+    output: OutputSection = Field(default_factory=OutputSection)
+
+
+def format_loc(loc: tuple[str | int, ...]) -> str:
+    """('network', 'bandwidth', 1) -> 'network.bandwidth[1]'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def validation_problems(exc: ValidationError, prefix: tuple[str | int, ...], source: str) -> list[tuple[str, str]]:
+    """(location, reason) per error of a pydantic validation, located in `source`."""
+    problems = []
+    for error in exc.errors():
+        loc = tuple(prefix) + tuple(p for p in error["loc"] if p not in ("function-after",))
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        problems.append((f"{source}: {format_loc(loc)}", message))
+    return problems

@@ -1,0 +1,67 @@
+"""A run's configuration once read and validated: what the engine runs and where results go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from chakra_core.contract.host import Implementation
+
+
+@dataclass
+class Resources:
+    """Operations a rank may have in flight at once, per hardware resource (None: unlimited)."""
+
+    cpu: int | None = 1
+    gpu: int | None = 1
+    comm: int | None = 1
+    memory: int | None | Literal["comm"] = "comm"   # "comm": memory operations share the comm slot
+
+    def capacities(self) -> list[int | None]:
+        """Per slot (cpu, gpu, comm, memory, unlimited), as the workload driver numbers them."""
+        memory = None if self.memory == "comm" else self.memory
+        return [self.cpu, self.gpu, self.comm, memory, None]
+
+
+@dataclass
+class LayerChoice:
+    """The implementation a manifest section selects, with its validated settings."""
+
+    impl: Implementation
+    config: BaseModel
+
+
+@dataclass
+class RunSpec:
+    """Everything the engine needs for a run, resolved (paths absolute, configs validated)."""
+
+    trace_files: list[Path]
+    layers: dict[str, LayerChoice]
+    feeder: Literal["streaming", "memory"] = "streaming"
+    cache_nodes: int = 4096
+    missing_parents: Literal["ignore-control", "error"] = "ignore-control"
+    dependencies: Literal["all", "data"] = "all"
+    fold: Literal["auto", "off"] = "auto"
+    """"auto": simulate one rank per class of equivalent ranks where that is exact; "off": all."""
+    resources: Resources = field(default_factory=Resources)
+    comm_groups: dict[str, list[int]] = field(default_factory=dict)
+    base_dir: Path = Path(".")
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """The resolved manifest, echoed in results.json."""
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    """A validated manifest (or ASTRA-sim command line): the run, and where its results go."""
+
+    spec: RunSpec
+    output_dir: Path
+    formats: list[str]
+    source: str
+    """Names the input in messages: the manifest's path, "command line", a sweep point."""
+    timeline: bool = False
+    """Also write timeline.json (the run records every node's interval)."""

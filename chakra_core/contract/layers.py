@@ -1,0 +1,222 @@
+"""The interfaces plugins implement, one per layer: compute, memory, system (network: network.py).
+
+A plugin class subclasses one of `ComputeModel`, `MemoryModel`, `NetworkModel`
+or `SystemLayer` and declares three class attributes:
+
+- `name`: what users write after `plugin:` in a manifest section;
+- `fidelity`: one line telling users what the model does and does not capture;
+- `Config`: a pydantic model of the manifest section (the `plugin` key removed).
+
+The engine creates the selected class once per run, as `cls(config, context)`,
+and from then on calls its methods directly: no hook dispatch in the hot loop.
+`context` (a `LayerContext`) gives the number of ranks, the event scheduler, the
+run's inputs and the already-built layers this one may depend on (memory is
+built first, then compute, network and system), so a roofline compute model can
+read the memory layer's bandwidth instead of a copy of it.
+
+Units, everywhere: time in integer nanoseconds, sizes in bytes, bandwidth in
+GB/s as each layer documents (network: GB = 2^30 bytes, like ASTRA-sim's
+network files; memory and compute: GB = 10^9 bytes).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict
+
+from chakra_core.comm.collectives import CollectiveCall
+from chakra_core.contract.inputs import LayerContext, ValidationInputs
+from chakra_core.et.attrs import NodeView
+
+LAYERS = ("system", "compute", "memory", "network")
+"""The layers a manifest configures, in the order results list them."""
+
+LayerName = Literal["system", "compute", "memory", "network"]
+
+ProblemList = list[tuple[tuple[str | int, ...], str]]
+"""(key path, reason) pairs, e.g. ((\"all-reduce-implementation\", 1), \"unknown algorithm 'x'\")."""
+
+TerminalTable = tuple[str, list[str], list[list[str]]]
+"""(title, column names, rows of already formatted strings)."""
+
+
+class PluginConfig(BaseModel):
+    """Base for plugin Config models: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+AstraModel = Literal["roofline", "remote-memory", "congestion-unaware", "congestion-aware"]
+
+
+@dataclass(frozen=True)
+class AstraEquivalent:
+    """Which of ASTRA-sim's models an implementation stands for, so that ASTRA-sim's own inputs
+    select it (the core names no plugin):
+
+    - "roofline" (compute): a system JSON with `roofline-enabled: 1` and no compute section;
+    - "remote-memory" (memory): `--astra-memory` with a memory-type other than
+      NO_MEMORY_EXPANSION;
+    - "congestion-unaware" / "congestion-aware" (network): `--astra-network` without
+      `--network` takes the congestion-unaware one.
+
+    `system_keys` maps ASTRA-sim system JSON keys to this class's Config keys: the system file
+    fills them when the layer's own section does not (`{"peak-perf": "peak_tflops"}`).
+    """
+
+    model: AstraModel
+    system_keys: Mapping[str, str] = field(default_factory=dict)
+
+
+class LayerModel(ABC):
+    """Common part of every layer implementation."""
+
+    layer: ClassVar[str]
+    name: ClassVar[str]
+    fidelity: ClassVar[str]
+    Config: ClassVar[type[BaseModel]] = PluginConfig
+    astra_sim: ClassVar[AstraEquivalent | None] = None
+    """Set when the class implements one of ASTRA-sim's models (see `AstraEquivalent`)."""
+
+    fold_safe: bool = False
+    """True when the layer may be run for one representative of each class of equivalent ranks:
+    its answers for a rank depend only on the rank's own trace and on what the other layers tell
+    it, not on the rank's number, and its run statistics weigh each simulated rank by
+    `context.inputs.rank_weights[rank]` (ranks it stands for) when the run is folded. A layer
+    may set it per instance. Leave it False when unsure: the run then simulates every rank."""
+
+    def __init__(self, config: Any, context: LayerContext):
+        self.config = config
+        self.context = context
+
+    @classmethod
+    def config_problems(cls, config: Any, inputs: ValidationInputs) -> ProblemList:
+        """Checks that need more than the Config model (run by `chakra-sim validate` too).
+
+        Return (key path tuple, reason) pairs, e.g. (("all-reduce-implementation", 1),
+        "unknown algorithm 'x'"). `inputs` holds the manifest's folder and the registered
+        collective algorithms.
+        """
+        return []
+
+    def finish(self) -> None:
+        """Called once when the run is over, before any statistics are read (in the order the
+        layers were built: memory, compute, network, system); report leftovers with context.warn."""
+
+    def summary(self) -> dict[str, Any]:
+        """Run-level statistics for results.json (JSON-serialisable)."""
+        return {}
+
+    def rank_summary(self, rank: int) -> dict[str, Any]:
+        """Per-rank statistics, stored in that rank's entry of results.json under the plugin's `name`."""
+        return {}
+
+    def terminal_tables(self) -> list[TerminalTable]:
+        """Small tables (title, column names, rows of strings) for the terminal summary,
+        e.g. the hottest links; also kept in results.json under the layer's "highlights"."""
+        return []
+
+
+class ComputeModel(LayerModel):
+    """Times COMP nodes."""
+
+    layer = "compute"
+
+    @abstractmethod
+    def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
+        """Duration of a compute node in ns, or None to replay the trace's duration_micros."""
+
+
+class MemoryModel(LayerModel):
+    """Times MEM_LOAD/MEM_STORE nodes and tells compute models the memory bandwidth."""
+
+    layer = "memory"
+
+    @abstractmethod
+    def bandwidth_gbps(self, rank: int) -> float:
+        """Local memory bandwidth of `rank` in GB/s (10^9 bytes/s), for roofline models."""
+
+    @abstractmethod
+    def access(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a MEM_LOAD_NODE or MEM_STORE_NODE; call `done(node.id)` when it completes.
+
+        Use `context.scheduler` to complete later; accesses may overlap.
+        """
+
+    tracks_tensors: ClassVar[bool] = False
+    """Set True to be told about every node's issue and completion (`node_issued`,
+    `node_completed`), e.g. to allocate and free the tensors it produces and consumes.
+    Checked once per run; models that leave it False cost nothing per node."""
+
+    def node_issued(self, rank: int, node: NodeView, now: int) -> None:
+        """Any node starts on `rank` (only if tracks_tensors). May raise SimulationError (OOM)."""
+
+    def node_completed(self, rank: int, node: NodeView, now: int) -> None:
+        """Any node finished on `rank` (only if tracks_tensors)."""
+
+
+class SystemLayer(LayerModel):
+    """Turns communication nodes into network traffic (collective algorithms, p2p matching)."""
+
+    layer = "system"
+
+    collectives_start_waiting: ClassVar[bool] = False
+    """True if the layer calls `context.comm_waiting(rank, node_id, False)` for every collective
+    once the peers it waits for have joined. The engine then counts each collective as waiting
+    for peers from the moment it is issued, and the layer need not say so for each one."""
+
+    needs_network: ClassVar[bool] = True
+    """False if the layer times all communication itself; the manifest may then leave out `network`."""
+
+    @abstractmethod
+    def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a COMM_COLL_NODE on `rank`; call `done(node.id)` when it completes there."""
+
+    @abstractmethod
+    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Start a COMM_SEND_NODE; call `done(node.id)` when the send completes."""
+
+    @abstractmethod
+    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        """Post a COMM_RECV_NODE; call `done(node.id)` when the matching message arrived."""
+
+    @classmethod
+    def collective_call(cls, rank: int, node: NodeView, warn: Callable[[str], None]) -> CollectiveCall | None:
+        """How this layer reads a collective node (type, size, group), for `chakra-sim validate`,
+        which matches the k-th collective of each group across its members as a run would.
+        None (the default): the layer does not match collectives per group; validate skips that
+        check. Raise SimulationError for a node the layer would refuse."""
+        return None
+
+    def define_groups(self, rank: int, node: NodeView) -> None:
+        """A METADATA node may define communicator groups; default: ignore it."""
+
+    def waits(self, rank: int) -> list[str]:
+        """What `rank` still waits for (used in deadlock reports)."""
+        return []
+
+    def on_idle(self) -> bool:
+        """Called when the event queue drains with work left; return True if events were scheduled.
+
+        Lets a system layer resolve its own waits (e.g. break a scheduling cycle) before the
+        engine declares a deadlock.
+        """
+        return False
+
+    def traffic(self, rank: int) -> tuple[int, int] | None:
+        """(bytes `rank` injected into the network, bytes it received), or None if not counted.
+
+        Reported as each rank's `bytes_sent` / `bytes_received` in results.json.
+        """
+        return None
+
+
+RESERVED_NAMES = frozenset({
+    "rank", "finish_ns", "compute_ns", "comm_ns", "exposed_comm_ns", "gpu_compute_ns", "cpu_compute_ns",
+    "memory_ns", "exposed_network_ns", "waiting_ns", "idle_ns", "bytes_sent", "bytes_received",
+    "comm_bytes_by_type", "node_counts", "plugins", "layers", "ranks", "manifest", "warnings",
+})
+"""Keys of results.json a layer's name may not take: a layer's per-rank output goes under its name."""

@@ -1,0 +1,129 @@
+"""The network interface: what every network provides, and two optional fast paths.
+
+Every network backend subclasses `NetworkModel` and provides `npus_count`, `dims`
+and `send`: enough for any system layer to move every message event by event.
+
+Two optional protocols let the built-in system layer time collectives without an
+event per message; a backend implements one when its physics allow it:
+
+- `ContentionFreeNetwork` (`message_delay`): a message's delay depends only on
+  (src, dst, size), never on other traffic. With `contention_free = True` the
+  system layer times whole collective phases in closed form from it.
+- `ClosedFormNetwork` (`claim`, `transfer`, ...): links are shared, but traffic
+  whose links carry nothing else can still be timed without events; the network
+  says which by accepting a `claim`, and asks for a restart if it was wrong
+  (`LayerContext.request_restart`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
+
+from chakra_core.contract.layers import LayerModel
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One dimension of a multi-dimensional network (ASTRA-sim network YAML semantics)."""
+
+    topology: str        # "Ring", "FullyConnected" or "Switch"
+    npus: int
+    bandwidth_gbps: float  # GB/s with GB = 2^30 bytes
+    latency_ns: float
+
+
+class NetworkModel(LayerModel):
+    """Moves messages between NPUs (required of every network backend)."""
+
+    layer = "network"
+
+    contention_free: bool = False
+    """True when a message's delay depends only on (src, dst, size), never on other traffic; the
+    network then implements `ContentionFreeNetwork.message_delay`. A class attribute an instance
+    may override in `__init__` (read once, when the system layer is built)."""
+
+    npus_count: int
+    """Number of NPUs; must equal the number of ranks."""
+    dims: tuple[Dimension, ...]
+    """One entry per network dimension; the `npus` multiply to `npus_count`."""
+
+    @abstractmethod
+    def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
+        """Inject `size` bytes from `src` to `dst` now; call `on_arrival(arg)` when they arrive."""
+
+    def dim_of(self, src: int, dst: int) -> int:
+        """The dimension a src -> dst message travels in: the first where their coordinates differ.
+
+        Coordinates as ASTRA-sim numbers NPUs: dimension 0 varies fastest.
+        """
+        stride = 1
+        for index, dim in enumerate(self.dims):
+            if (src // stride) % dim.npus != (dst // stride) % dim.npus:
+                return index
+            stride *= dim.npus
+        raise ValueError(f"src and dst are the same NPU ({src})")
+
+
+@runtime_checkable
+class ContentionFreeNetwork(Protocol):
+    """Optional: the delay of one message on an idle network."""
+
+    def message_delay(self, src: int, dst: int, size: int) -> int:
+        """Delay of one `size`-byte message from `src` to `dst` on an idle network: exactly what
+        `send` takes when nothing else is in flight (always, when `contention_free`)."""
+        ...
+
+
+@runtime_checkable
+class ClosedFormNetwork(Protocol):
+    """Optional: time traffic whose links carry nothing else without events.
+
+    The system layer `claim`s the (src, dst) pairs of a collective; when the network can promise
+    that nothing else will share their links, it times the messages with `transfer` /
+    `transfer_uniform` when asked, in the order each sender sends them. Traffic the network did
+    not expect on claimed links makes it call `context.request_restart` with a hint it reads
+    back from `inputs.restart_hints` in the next attempt.
+    """
+
+    closed_form: bool
+    """True (per instance) when the network offers this protocol in this run."""
+
+    def message_delay(self, src: int, dst: int, size: int) -> int:
+        """As `ContentionFreeNetwork.message_delay`: the delay on idle links."""
+        ...
+
+    def claim(self, pairs: Iterable[tuple[int, int]]) -> object | None:
+        """Reserve the links of these pairs for closed-form messages: a token for `release`, or
+        None (nothing reserved) when some of them may carry other traffic."""
+        ...
+
+    def release(self, token: object) -> None:
+        """Every message of a claim has been timed."""
+        ...
+
+    def transfer(self, src: int, dst: int, size: int, send_time: int) -> int:
+        """Arrival time of a claimed message sent at `send_time` (>= now), as the network would
+        deliver it; the links' state and statistics change as its hops would change them."""
+        ...
+
+    def transfer_uniform(self, pairs: Sequence[tuple[int, int]], step_bytes: Sequence[int],
+                         send_times: Sequence[int]) -> bool:
+        """Every pair sends step k's message of step_bytes[k] at send_times[k]. If none of them
+        can wait anywhere (each arrives in `message_delay`), record them all and return True;
+        else change nothing and return False."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Start remembering what closed-form transfers change, for `rollback`."""
+        ...
+
+    def rollback(self) -> None:
+        """Undo every closed-form transfer since `checkpoint`."""
+        ...
+
+    def commit(self) -> None:
+        """Keep them (stop remembering)."""
+        ...
+

@@ -1,0 +1,180 @@
+"""Typed registries handed to the `chakra_sim_register_<layer>` and `_commands` hooks.
+
+One registry per layer, as tox 4 keeps one per kind of plugin: `add(cls)` checks
+the class against its layer's interface and refuses a name already taken,
+naming both providers. The system registry also takes collective algorithms
+(`add_algorithm`), and the command registry click commands a plugin adds to
+`chakra-sim` (`add`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import click
+from pydantic import BaseModel
+
+from chakra_core.contract.algorithm import CollectiveAlgorithm
+from chakra_core.contract.layers import (LAYERS, RESERVED_NAMES, ComputeModel, LayerModel, MemoryModel,
+                                         SystemLayer)
+from chakra_core.contract.network import ContentionFreeNetwork, NetworkModel
+from chakra_core.errors import PluginError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+L = TypeVar("L", bound=LayerModel)
+
+
+class _Owned:
+    """Who registered what: the plugin currently registering is `current_owner`."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, str] = {}
+        self.current_owner = "<unknown>"
+
+    def _claim(self, key: str, kind: str) -> None:
+        if key in self.owners:
+            raise PluginError(f"{kind} is registered twice: by '{self.owners[key]}' and by "
+                              f"'{self.current_owner}'")
+        self.owners[key] = self.current_owner
+
+    def forget(self, owner: str) -> None:
+        """Undo everything `owner` registered (a plugin that failed half-way is not usable)."""
+        for key in [k for k, who in self.owners.items() if who == owner]:
+            del self.owners[key]
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        raise NotImplementedError
+
+
+class LayerRegistry(_Owned, Generic[L]):
+    """Implementations of one layer, by the name a manifest selects them with."""
+
+    layer: str
+    base: type[LayerModel]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classes: dict[str, type[L]] = {}
+
+    def add(self, cls: type[L]) -> type[L]:
+        """Register an implementation class of this registry's layer; returns it."""
+        owner = self.current_owner
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise PluginError(f"plugin '{owner}' registered {cls!r} as a {self.layer} model, "
+                              f"but it does not subclass chakra_core.{self.base.__name__}")
+        for attr in ("name", "fidelity"):
+            value = getattr(cls, attr, None)
+            if not isinstance(value, str) or not value:
+                raise PluginError(f"plugin '{owner}': {cls.__qualname__} needs a non-empty "
+                                  f"string class attribute '{attr}'")
+        config = getattr(cls, "Config", None)
+        if not (isinstance(config, type) and issubclass(config, BaseModel)):
+            raise PluginError(f"plugin '{owner}': {cls.__qualname__}.Config must be a pydantic model")
+        if cls.name in RESERVED_NAMES:
+            raise PluginError(f"plugin '{owner}': {cls.__qualname__}.name '{cls.name}' is a key of "
+                              "chakra-sim's own results; choose another name")
+        self._check(cls)
+        self._claim(cls.name, f"{self.layer} model name '{cls.name}'")
+        self.classes[cls.name] = cls
+        return cls
+
+    def _check(self, cls: type[L]) -> None:
+        """Layer-specific checks of a class (nothing by default)."""
+
+    def _drop(self, key: str) -> None:
+        self.classes.pop(key, None)
+
+
+class ComputeRegistry(LayerRegistry[ComputeModel]):
+    layer, base = "compute", ComputeModel
+
+
+class MemoryRegistry(LayerRegistry[MemoryModel]):
+    layer, base = "memory", MemoryModel
+
+
+class NetworkRegistry(LayerRegistry[NetworkModel]):
+    layer, base = "network", NetworkModel
+
+    def _check(self, cls: type[NetworkModel]) -> None:
+        if cls.contention_free and not issubclass(cls, ContentionFreeNetwork):
+            raise PluginError(f"plugin '{self.current_owner}': {cls.__qualname__} sets "
+                              "contention_free but has no message_delay(src, dst, size)")
+
+
+class SystemRegistry(LayerRegistry[SystemLayer]):
+    """System layers, and the collective algorithms the built-in layer runs."""
+
+    layer, base = "system", SystemLayer
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.algorithms: dict[str, type[CollectiveAlgorithm]] = {}
+
+    def add_algorithm(self, cls: type[CollectiveAlgorithm]) -> type[CollectiveAlgorithm]:
+        """Register a collective algorithm class (see chakra_core.contract.algorithm); returns it."""
+        owner = self.current_owner
+        if not (isinstance(cls, type) and issubclass(cls, CollectiveAlgorithm)):
+            raise PluginError(f"plugin '{owner}': algorithm {cls!r} does not subclass "
+                              "chakra_core.CollectiveAlgorithm")
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin '{owner}': algorithm {cls!r} needs a 'name'")
+        self._claim("algorithm:" + name, f"collective algorithm '{name}'")
+        self.algorithms[name] = cls
+        return cls
+
+    def _drop(self, key: str) -> None:
+        if key.startswith("algorithm:"):
+            self.algorithms.pop(key.split(":", 1)[1], None)
+        else:
+            self.classes.pop(key, None)
+
+
+class CommandRegistry(_Owned):
+    """Commands plugins add to the `chakra-sim` command line."""
+
+    def __init__(self, reserved: "Mapping[str, object] | frozenset[str]" = frozenset()):
+        super().__init__()
+        self.commands: dict[str, click.Command] = {}
+        self.reserved = frozenset(reserved)
+
+    def add(self, command: click.Command) -> click.Command:
+        """Add a click command (or group) under its own name; returns it."""
+        owner = self.current_owner
+        if not isinstance(command, click.Command) or not command.name:
+            raise PluginError(f"plugin '{owner}' registered {command!r} as a command; give a named "
+                              "click.Command (@click.command(\"name\"))")
+        if command.name in self.reserved:
+            raise PluginError(f"plugin '{owner}': command '{command.name}' is one of chakra-sim's own")
+        self._claim("command:" + command.name, f"command '{command.name}'")
+        self.commands[command.name] = command
+        return command
+
+    def _drop(self, key: str) -> None:
+        self.commands.pop(key.split(":", 1)[1], None)
+
+
+@dataclass
+class Registries:
+    """Every registry of one plugin host."""
+
+    system: SystemRegistry = field(default_factory=SystemRegistry)
+    compute: ComputeRegistry = field(default_factory=ComputeRegistry)
+    memory: MemoryRegistry = field(default_factory=MemoryRegistry)
+    network: NetworkRegistry = field(default_factory=NetworkRegistry)
+    commands: CommandRegistry = field(default_factory=CommandRegistry)
+
+    def layer(self, name: str) -> LayerRegistry[Any]:
+        """The registry of a layer by name ("system", "compute", "memory", "network")."""
+        if name not in LAYERS:
+            raise KeyError(name)
+        registry: LayerRegistry[Any] = getattr(self, name)
+        return registry
+
+    def all(self) -> tuple[_Owned, ...]:
+        return (self.system, self.compute, self.memory, self.network, self.commands)

@@ -1,0 +1,144 @@
+"""The one path from a manifest (or ASTRA-sim files) to a finished run.
+
+Every caller goes through here: the `run`, `validate` and `timeline` commands,
+sweep workers, and the tests and benchmarks.
+
+    from chakra_core import run
+
+    config = run.load("examples/allreduce_8npu.yaml")        # or a mapping, or run.load_astra(...)
+    result = run.simulate(config)                             # RunResult
+    print(result.results["finish_ns"])
+
+In steps, as `chakra-sim run` does: `prepare` builds the layers (a plugin that
+refuses its settings stops here, before anything is written), then
+`PreparedRun.simulate` runs the event loop, builds the results document and
+calls the observers. `validate` finds what a run would reject without
+simulating.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from chakra_core.config.astra import astra_manifest
+from chakra_core.config.build import build_config, load_manifest
+from chakra_core.config.checks import check_traces
+from chakra_core.config.spec import RunConfig
+from chakra_core.contract.host import PluginHost, make_plugin_host
+from chakra_core.engine.driver import Interval
+from chakra_core.engine.simulation import Simulation
+from chakra_core.errors import ChakraSimError
+from chakra_core.report.results import build_results
+from chakra_core.report.writers import output_dir_problem, result_files
+
+Manifest = Mapping[str, Any]
+
+
+def load(source: str | os.PathLike[str] | Manifest, host: PluginHost | None = None, *,
+         base_dir: str | os.PathLike[str] | None = None, name: str | None = None,
+         out_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+    """Read and validate a manifest: a YAML file, or a mapping (relative paths resolve against
+    `base_dir`, default the current folder; `name` names it in messages). `out_dir` overrides
+    `output.dir`. Raises ManifestError listing every problem, PluginError for an unknown plugin."""
+    host = host if host is not None else make_plugin_host()
+    if isinstance(source, Mapping):
+        return build_config(source, host, base_dir=Path(base_dir) if base_dir is not None else Path.cwd(),
+                            source=name or "manifest", out_dir=out_dir)
+    return load_manifest(source, host, out_dir)
+
+
+def load_astra(workload: str, system: str, network: str, memory: str | None = None,
+               comm_group: str | None = None, network_plugin: str | None = None,
+               host: PluginHost | None = None, out_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+    """A run of ASTRA-sim's own inputs, as `chakra-sim run --workload --astra-*` reads them."""
+    host = host if host is not None else make_plugin_host()
+    data = astra_manifest(host, workload, system, network, memory, comm_group, network_plugin)
+    if out_dir:
+        data["output"] = {"dir": str(out_dir)}
+    return build_config(data, host, base_dir=Path.cwd(), source="command line")
+
+
+@dataclass
+class RunResult:
+    """A finished run: its results document and what else it recorded."""
+
+    results: dict[str, Any]
+    intervals: list[Interval] | None
+    """Every finished node, when the run recorded a timeline."""
+    wall_s: float
+    restarts: list[str] = field(default_factory=list)
+
+    def files(self, formats: list[str], plots: bool = False) -> dict[str, str | bytes]:
+        """The files `chakra-sim run` writes: file name -> contents (see report.writers)."""
+        return result_files(self.results, formats, self.intervals, plots=plots)
+
+
+class PreparedRun:
+    """A run whose layers are built (they accepted their settings), ready to simulate."""
+
+    def __init__(self, config: RunConfig, host: PluginHost, timeline: bool | None = None):
+        self.config, self.host = config, host
+        record = config.timeline if timeline is None else timeline
+        self.simulation = Simulation(config.spec, host, record_intervals=record)
+
+    def node_progress(self) -> tuple[int, int]:
+        """(nodes finished, nodes in the trace), for progress bars."""
+        return self.simulation.node_progress()
+
+    def simulate(self, progress: Callable[[int], None] | None = None) -> RunResult:
+        """Run to the end; the results document with every layer's statistics and the observers'
+        additions. Raises what a run raises (SimulationError, DeadlockError, PluginError)."""
+        sim = self.simulation
+        finished = sim.run(progress)
+        with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
+            results = build_results(finished)
+        sim.observe_end(results)
+        return RunResult(results, finished.intervals, finished.wall_s, finished.restarts)
+
+
+def prepare(config: RunConfig, host: PluginHost | None = None, timeline: bool | None = None) -> PreparedRun:
+    """Build the layers of a run (`timeline`: record every node; default: as the config says)."""
+    return PreparedRun(config, host if host is not None else make_plugin_host(), timeline)
+
+
+def simulate(config: RunConfig | str | os.PathLike[str] | Manifest, host: PluginHost | None = None, *,
+             timeline: bool | None = None, progress: Callable[[int], None] | None = None) -> RunResult:
+    """Load (when given a manifest), prepare and simulate a run."""
+    host = host if host is not None else make_plugin_host()
+    if not isinstance(config, RunConfig):
+        config = load(config, host)
+    return prepare(config, host, timeline).simulate(progress)
+
+
+@dataclass
+class Validation:
+    """What `validate` found: problems (a run would stop) and warnings."""
+
+    problems: list[str]
+    warnings: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def validate(config: RunConfig, host: PluginHost | None = None) -> Validation:
+    """What a run of `config` would reject, found without simulating: the layers are built as for
+    a run, the traces read through (config.checks), the output folder checked."""
+    host = host if host is not None else make_plugin_host()
+    spec = config.spec
+    problems: list[str] = []
+    warnings: list[str] = list(spec.warnings)
+    try:
+        Simulation(spec, host)
+    except ChakraSimError as exc:
+        problems.append(f"{config.source}: {exc}")
+    system = spec.layers.get("system")
+    check_traces(spec, system.impl.cls if system is not None else None, config.source, problems, warnings)
+    problem = output_dir_problem(config.output_dir)
+    if problem:
+        problems.append(problem)
+    return Validation(problems, warnings)
