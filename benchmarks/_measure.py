@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = r"""
 import hashlib, json, resource, sys, time
 from pathlib import Path
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from chakra_core.run import load, simulate
 data = json.loads(sys.argv[1])
 started = time.perf_counter()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Predicted vs measured collective times on public nccl-tests results (docs/accuracy.md).
 
-For every log in benchmarks/data/nccl-tests (sources and licences in its README), every
+For every log in plugins/system_nccl/tests/data/nccl-tests (sources and licences in its README), every
 size is simulated as a one-collective trace, exactly as `chakra-sim run` would:
 
 - `nccl`: the NCCL-aware system layer with a spec-only shipped profile (never fitted to
@@ -32,15 +32,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chakra_core.hardware import calibrate as cal  # noqa: E402
-from chakra_core.hardware.nccl_tests import load, parse_busbw_table  # noqa: E402
+from chakra_sim_system_nccl import calibrate as cal  # noqa: E402
+from chakra_sim_system_nccl.nccl_tests import load, parse_busbw_table  # noqa: E402
 from chakra_core.hardware.profiles import load_profile  # noqa: E402
-from chakra_core.contract.host import make_plugin_host  # noqa: E402
+from chakra_core.plugins import make_plugin_host  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
 from chakra_core.testing import collective, simulate, write_ranks  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
-LOGS = DATA / "nccl-tests"
+LOGS = ROOT / "plugins" / "system_nccl" / "tests" / "data" / "nccl-tests"
 ASTRA = DATA / "astra-sim"
 BEGIN, END = "<!-- accuracy:begin -->", "<!-- accuracy:end -->"
 COMM_TYPE = {"all_reduce": pb.ALL_REDUCE, "all_gather": pb.ALL_GATHER, "reduce_scatter": pb.REDUCE_SCATTER,
@@ -148,7 +148,7 @@ def main() -> int:
     args = parser.parse_args()
     host = make_plugin_host()
     started = time.perf_counter()
-    summary = ["| data (source in benchmarks/data/nccl-tests) | sizes | profile | nccl (spec-only) | "
+    summary = ["| data (source in plugins/system_nccl/tests/data/nccl-tests) | sizes | profile | nccl (spec-only) | "
                "native unaware | native aware | goal |", "| --- | --- | --- | --- | --- | --- | --- |"]
     details, calibration = [], ["| data | fitted sizes (4^k) | error on them | held-out sizes | "
                                 "error on held-out | spec-only error on held-out |",

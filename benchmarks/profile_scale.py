@@ -22,9 +22,8 @@ from pathlib import Path
 
 from scale import CONFIGS, generate, scale_manifest
 
-from chakra_core.engine.simulation import Simulation
-from chakra_core.config.build import build_config
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
+from chakra_core.run import load, simulate
 
 
 def main() -> int:
@@ -40,7 +39,7 @@ def main() -> int:
         profiler = cProfile.Profile()
         profiler.enable()
         host = make_plugin_host()
-        results = Simulation(build_config(data, host, Path.cwd(), "profile").spec, host).run()
+        results = simulate(load(data, host, base_dir=Path.cwd(), name="profile"), host).results
         profiler.disable()
     stats = pstats.Stats(profiler)
     print(f"{args.network} {args.backend} fold={args.fold}: finish {results['finish_ns']:,} ns, "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _measure import ROOT, measure
 from chakra_core.config.astra import astra_manifest
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 
 SHARED = ROOT.parent / "shared"
 CONFIGS = SHARED / "ref-results" / "configs"

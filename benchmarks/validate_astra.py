@@ -27,7 +27,7 @@ REF = SHARED / "ref-results"
 sys.path.insert(0, str(ROOT))
 
 from chakra_core.errors import ChakraSimError  # noqa: E402
-from chakra_core.contract.host import make_plugin_host  # noqa: E402
+from chakra_core.plugins import make_plugin_host  # noqa: E402
 from tests.simhelpers import run_astra_case  # noqa: E402
 
 TOLERANCE = 0.01

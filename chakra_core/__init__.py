@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from chakra_core.contract.algorithm import CollectiveAlgorithm, PhaseContext, StepSchedule
     from chakra_core.contract.folding import Folding
     from chakra_core.contract.hookspecs import hookimpl
-    from chakra_core.contract.host import PluginHost, make_plugin_host
+    from chakra_core.plugins import PluginHost, make_plugin_host
     from chakra_core.contract.inputs import LayerContext, RunInputs, Scheduler, Unfold, ValidationInputs
     from chakra_core.contract.layers import (AstraEquivalent, ComputeModel, LayerModel, MemoryModel, PluginConfig,
                                              SystemLayer)
     from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork, Dimension, NetworkModel
-    from chakra_core.engine.replay import replay_time_ns
+    from chakra_core.et.duration import replay_time_ns
     from chakra_core.errors import (AttributeTypeError, ChakraSimError, DeadlockError, ManifestError, PluginError,
                                     SimulationError, TraceFormatError, TraceGraphError)
     from chakra_core.et.attrs import NodeView
@@ -48,7 +48,7 @@ _EXPORTS = {
     "load": "chakra_core.run", "load_astra": "chakra_core.run", "prepare": "chakra_core.run",
     "simulate": "chakra_core.run", "validate": "chakra_core.run", "PreparedRun": "chakra_core.run",
     "RunResult": "chakra_core.run", "Validation": "chakra_core.run", "RunConfig": "chakra_core.config.spec",
-    "PluginHost": "chakra_core.contract.host", "make_plugin_host": "chakra_core.contract.host",
+    "PluginHost": "chakra_core.plugins", "make_plugin_host": "chakra_core.plugins",
     # the plugin contract
     "hookimpl": "chakra_core.contract.hookspecs",
     "LayerModel": "chakra_core.contract.layers", "ComputeModel": "chakra_core.contract.layers",
@@ -63,7 +63,7 @@ _EXPORTS = {
     "PhaseContext": "chakra_core.contract.algorithm",
     "MatchingSystem": "chakra_core.system.matching",
     "CollectiveCall": "chakra_core.comm.collectives", "collective_name": "chakra_core.comm.collectives",
-    "replay_time_ns": "chakra_core.engine.replay",
+    "replay_time_ns": "chakra_core.et.duration",
     # traces
     "NodeView": "chakra_core.et.attrs", "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
     "GraphFeeder": "chakra_core.feeder", "open_feeder": "chakra_core.feeder", "pb": "chakra_core.schema",

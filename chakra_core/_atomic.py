@@ -19,7 +19,7 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 
 def _umask() -> int:
@@ -43,7 +43,7 @@ def _temp_sibling(target: Path) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def _written(fd: int, tmp_name: str, mode: str, open_kwargs: dict) -> Iterator[IO]:
+def _written(fd: int, tmp_name: str, mode: str, open_kwargs: dict[str, Any]) -> Iterator[IO[Any]]:
     """Write through `fd` and flush it to disk; remove the temporary file on any failure."""
     try:
         with os.fdopen(fd, mode, **open_kwargs) as handle:
@@ -57,7 +57,7 @@ def _written(fd: int, tmp_name: str, mode: str, open_kwargs: dict) -> Iterator[I
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Iterator[IO]:
+def atomic_output(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary sibling of `path` for writing; rename it over `path` on success."""
     target = Path(path)
     fd, tmp_name = _temp_sibling(target)
@@ -71,12 +71,12 @@ def atomic_output(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> It
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     with atomic_output(path, "w", encoding="utf-8") as handle:
         handle.write(text)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     with atomic_output(path, "wb") as handle:
         handle.write(data)
 
@@ -100,13 +100,14 @@ class AtomicFiles:
         self._staged: list[tuple[str, Path]] = []
         self.interrupted = False
 
-    def write_text(self, path: str | os.PathLike, text: str) -> None:
+    def write_text(self, path: str | os.PathLike[str], text: str) -> None:
         self._stage(path, "w", {"encoding": "utf-8"}, text)
 
-    def write_bytes(self, path: str | os.PathLike, data: bytes) -> None:
+    def write_bytes(self, path: str | os.PathLike[str], data: bytes) -> None:
         self._stage(path, "wb", {}, data)
 
-    def _stage(self, path: str | os.PathLike, mode: str, open_kwargs: dict, contents: str | bytes) -> None:
+    def _stage(self, path: str | os.PathLike[str], mode: str, open_kwargs: dict[str, Any],
+               contents: str | bytes) -> None:
         target = Path(path)
         fd, tmp_name = _temp_sibling(target)
         self._staged.append((tmp_name, target))
@@ -133,7 +134,7 @@ class AtomicFiles:
     def __enter__(self) -> "AtomicFiles":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.discard()
 
 

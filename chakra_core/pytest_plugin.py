@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import pytest
 
-from chakra_core.contract.host import PluginHost
+from chakra_core.plugins import PluginHost
 from chakra_core.errors import PluginError
 from chakra_core.schema import pb
 from chakra_core.testing import simulate, testing_host, write_ranks

@@ -18,7 +18,6 @@ simulating.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -27,7 +26,8 @@ from chakra_core.config.astra import astra_manifest
 from chakra_core.config.build import build_config, load_manifest
 from chakra_core.config.checks import check_traces
 from chakra_core.config.spec import RunConfig
-from chakra_core.contract.host import PluginHost, make_plugin_host
+from chakra_core.contract.layers import SystemLayer
+from chakra_core.plugins import PluginHost, make_plugin_host
 from chakra_core.engine.driver import Interval
 from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import ChakraSimError
@@ -37,9 +37,9 @@ from chakra_core.report.writers import output_dir_problem, result_files
 Manifest = Mapping[str, Any]
 
 
-def load(source: str | os.PathLike[str] | Manifest, host: PluginHost | None = None, *,
-         base_dir: str | os.PathLike[str] | None = None, name: str | None = None,
-         out_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+def load(source: str | Path | Manifest, host: PluginHost | None = None, *,
+         base_dir: str | Path | None = None, name: str | None = None,
+         out_dir: str | Path | None = None) -> RunConfig:
     """Read and validate a manifest: a YAML file, or a mapping (relative paths resolve against
     `base_dir`, default the current folder; `name` names it in messages). `out_dir` overrides
     `output.dir`. Raises ManifestError listing every problem, PluginError for an unknown plugin."""
@@ -52,7 +52,7 @@ def load(source: str | os.PathLike[str] | Manifest, host: PluginHost | None = No
 
 def load_astra(workload: str, system: str, network: str, memory: str | None = None,
                comm_group: str | None = None, network_plugin: str | None = None,
-               host: PluginHost | None = None, out_dir: str | os.PathLike[str] | None = None) -> RunConfig:
+               host: PluginHost | None = None, out_dir: str | Path | None = None) -> RunConfig:
     """A run of ASTRA-sim's own inputs, as `chakra-sim run --workload --astra-*` reads them."""
     host = host if host is not None else make_plugin_host()
     data = astra_manifest(host, workload, system, network, memory, comm_group, network_plugin)
@@ -104,7 +104,7 @@ def prepare(config: RunConfig, host: PluginHost | None = None, timeline: bool | 
     return PreparedRun(config, host if host is not None else make_plugin_host(), timeline)
 
 
-def simulate(config: RunConfig | str | os.PathLike[str] | Manifest, host: PluginHost | None = None, *,
+def simulate(config: RunConfig | str | Path | Manifest, host: PluginHost | None = None, *,
              timeline: bool | None = None, progress: Callable[[int], None] | None = None) -> RunResult:
     """Load (when given a manifest), prepare and simulate a run."""
     host = host if host is not None else make_plugin_host()
@@ -137,7 +137,8 @@ def validate(config: RunConfig, host: PluginHost | None = None) -> Validation:
     except ChakraSimError as exc:
         problems.append(f"{config.source}: {exc}")
     system = spec.layers.get("system")
-    check_traces(spec, system.impl.cls if system is not None else None, config.source, problems, warnings)
+    system_cls = system.impl.cls if system is not None and issubclass(system.impl.cls, SystemLayer) else None
+    check_traces(spec, system_cls, config.source, problems, warnings)
     problem = output_dir_problem(config.output_dir)
     if problem:
         problems.append(problem)

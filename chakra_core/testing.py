@@ -16,6 +16,8 @@ A plugin's own test suite needs only chakra-sim installed::
 - `manifest(...)` builds a manifest mapping; `simulate(...)` validates and
   runs it with your in-process plugins (`extra_plugins=[(name, obj)]`) and
   returns the results document (what results.json would hold).
+- `EventQueue()`: the engine's scheduler, to build a layer by hand as
+  `MyModel(config, LayerContext(num_ranks, EventQueue()))` and drive it.
 - `uniform_network(n)` selects `testing_uniform`, a contention-free network
   that `simulate` always registers, so a compute or memory plugin can be
   tested without installing a network plugin.
@@ -34,11 +36,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
 from chakra_core.contract.hookspecs import hookimpl
-from chakra_core.contract.host import PluginHost, make_plugin_host
+from chakra_core.plugins import PluginHost, make_plugin_host
 from chakra_core.contract.inputs import LayerContext
 from chakra_core.contract.layers import PluginConfig
 from chakra_core.contract.network import Dimension, NetworkModel
 from chakra_core.contract.registry import NetworkRegistry
+from chakra_core.engine.events import EventQueue
 from chakra_core.et.io import write_trace
 from chakra_core.run import load
 from chakra_core.run import simulate as simulate_run
@@ -46,7 +49,7 @@ from chakra_core.schema import pb
 
 __all__ = ["make_attr", "make_node", "make_metadata", "write_et", "write_ranks", "comp", "collective",
            "send", "recv", "manifest", "simulate", "testing_host", "uniform_network", "UniformNetwork",
-           "TESTING_PLUGIN", "GIB"]
+           "TESTING_PLUGIN", "GIB", "EventQueue"]
 
 GIB = 1 << 30
 
@@ -83,12 +86,12 @@ def make_attr(name: str, value: Any) -> pb.AttributeProto:
     return attr
 
 
-def make_node(id: int, type: int | str = pb.COMP_NODE, data_deps: Iterable[int] = (),
+def make_node(id: int, type: "pb.NodeType | str" = pb.COMP_NODE, data_deps: Iterable[int] = (),
               ctrl_deps: Iterable[int] = (), attrs: Mapping[str, Any] | None = None,
               duration_micros: int = 0, name: str | None = None) -> pb.Node:
     """A Node; `type` is a NodeType value or name, `attrs` maps names to `make_attr` values."""
     node = pb.Node(id=id, name=f"node{id}" if name is None else name,
-                   type=pb.NodeType.Value(type) if isinstance(type, str) else type,
+                   type=type,   # protobuf takes a NodeType or its name
                    duration_micros=duration_micros)
     node.data_deps.extend(data_deps)
     node.ctrl_deps.extend(ctrl_deps)
@@ -105,14 +108,14 @@ def make_metadata(version: str = "0.0.4", attrs: Mapping[str, Any] | None = None
     return meta
 
 
-def write_et(path: str | os.PathLike, nodes: Iterable[pb.Node],
+def write_et(path: str | os.PathLike[str], nodes: Iterable[pb.Node],
              metadata: pb.GlobalMetadata | None = None, compress: bool = False) -> Path:
     """Write nodes (after a default GlobalMetadata) to a .et file; return the path."""
     write_trace(path, make_metadata() if metadata is None else metadata, nodes, compress=compress)
     return Path(path)
 
 
-def write_ranks(folder: str | os.PathLike, ranks: Sequence[Iterable[pb.Node]], name: str = "trace") -> str:
+def write_ranks(folder: str | os.PathLike[str], ranks: Sequence[Iterable[pb.Node]], name: str = "trace") -> str:
     """Write `<folder>/<name>.<rank>.et`, one per list of nodes in `ranks`; return the prefix
     (what a manifest's `workload.trace` takes)."""
     folder = Path(folder)
@@ -172,7 +175,8 @@ class UniformNetwork(NetworkModel):
         self._bytes_per_ns = config.bandwidth_gbps * GIB / 1e9
 
     def message_delay(self, src: int, dst: int, size: int) -> int:
-        return self.config.latency_ns + int(size / self._bytes_per_ns)
+        latency: int = self.config.latency_ns
+        return latency + int(size / self._bytes_per_ns)
 
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
         self.context.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
 from tests.helpers import REF_TRACES, SHARED_DIR, write_et
 
@@ -35,8 +33,3 @@ def et_file(tmp_path: Path):
         return write_et(tmp_path / name, nodes, metadata, compress)
     return write
 
-
-# Property tests: random exploration by default; fixed examples in CI (HYPOTHESIS_PROFILE=ci)
-# so a red CI always reproduces.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import chakra_core.tools.analyze as analyze_module
+import chakra_core.tools.analyze.job as analyze_module
 from chakra_core.cli import main
 from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.report.compare import ResultsFileError, compare_results, load_results

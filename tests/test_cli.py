@@ -9,6 +9,7 @@ import os
 import stat
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -20,6 +21,11 @@ from tests.simhelpers import MICRO, REF_RESULTS, astra_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "allreduce_8npu.yaml"
+
+
+def command(name: str) -> click.Command:
+    """A command of `chakra-sim` (they load when first used)."""
+    return main.get_command(click.Context(main), name)
 
 
 def invoke(*args: str):
@@ -181,8 +187,8 @@ def roofline_system_file(request, tmp_path):
 
 def test_a_system_file_gives_the_same_run_from_a_manifest_and_from_flags(tmp_path, monkeypatch,
                                                                           roofline_system_file):
-    from chakra_core.cli import load_inputs
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
+    from chakra_core.run import load, load_astra
 
     prefix = roofline_trace(tmp_path / "traces")
     network = tmp_path / "ring4.yml"
@@ -196,9 +202,8 @@ def test_a_system_file_gives_the_same_run_from_a_manifest_and_from_flags(tmp_pat
     flags = ["--workload", prefix, "--astra-system", roofline_system_file, "--astra-network", network]
     monkeypatch.chdir(tmp_path)   # the flags' base folder is the cwd, the manifest's its folder
     host = make_plugin_host()
-    from_manifest = load_inputs(host, str(manifest), None, None, None, None, None, None, None).spec
-    from_flags = load_inputs(host, None, prefix, str(roofline_system_file), str(network), None, None,
-                             None, str(out)).spec
+    from_manifest = load(str(manifest), host).spec
+    from_flags = load_astra(prefix, str(roofline_system_file), str(network), host=host, out_dir=str(out)).spec
     assert from_manifest == from_flags
     compute = from_manifest.layers["compute"]
     assert compute.impl.name == "roofline"
@@ -226,19 +231,19 @@ def example_manifest(tmp_path: Path, out: Path, timeline: bool = False, formats:
 def no_simulation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("simulated although the output folder is unusable")
-    monkeypatch.setattr("chakra_core.cli._simulate", refuse)
+    monkeypatch.setattr("chakra_core.cli.simulate._simulate", refuse)
 
 
 def test_the_output_folder_is_created_and_checked_before_simulating(tmp_path, monkeypatch):
     out = tmp_path / "new" / "out"
-    from chakra_core import cli
+    from chakra_core.cli import simulate as cli_simulate
 
-    real = cli._simulate
+    real = cli_simulate._simulate
 
     def simulate(*args, **kwargs):
         assert out.is_dir()
         return real(*args, **kwargs)
-    monkeypatch.setattr(cli, "_simulate", simulate)
+    monkeypatch.setattr(cli_simulate, "_simulate", simulate)
     assert invoke("run", EXAMPLE, "--out", out, "--quiet").exit_code == 0
     assert sorted(p.name for p in out.iterdir()) == [".chakra-sim-outputs.json", "results.csv", "results.json"]
 
@@ -346,7 +351,7 @@ def test_ctrl_c_while_simulating_exits_130_and_keeps_previous_results(tmp_path, 
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr("chakra_core.cli._simulate", interrupted)
+    monkeypatch.setattr("chakra_core.cli.simulate._simulate", interrupted)
     result = CliRunner().invoke(main, ["run", str(EXAMPLE), "--out", str(out)])
     assert result.exit_code == 130
     assert result.stderr == f"interrupted: nothing written; earlier results in {out} are unchanged\n"
@@ -413,17 +418,17 @@ class _WormholeNetwork:
 
 
 def test_network_choices_are_the_installed_network_plugins(monkeypatch):
-    from chakra_core import cli
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.cli.simulate import PluginChoice
+    from chakra_core.plugins import make_plugin_host
 
-    run_option, validate_option = (next(p for p in main.commands[c].params if p.name == "backend")
+    run_option, validate_option = (next(p for p in command(c).params if p.name == "backend")
                                    for c in ("run", "validate"))
-    assert isinstance(run_option.type, cli.PluginChoice) and run_option.type.layer == "network"
-    assert isinstance(validate_option.type, cli.PluginChoice)
+    assert isinstance(run_option.type, PluginChoice) and run_option.type.layer == "network"
+    assert isinstance(validate_option.type, PluginChoice)
     assert run_option.type.choices == tuple(i.name for i in make_plugin_host().implementations("network"))
     monkeypatch.setattr("chakra_core.plugins.make_plugin_host",
                         lambda: make_plugin_host(extra_plugins=[("wormhole", _WormholeNetwork)]))
-    assert "wormhole" in cli.PluginChoice("network").choices
+    assert "wormhole" in PluginChoice("network").choices
     result = CliRunner().invoke(main, ["run", "--workload", "x", "--network", "nope"])
     assert result.exit_code == 2 and "'nope' is not one of" in result.output
 

@@ -16,7 +16,7 @@ from chakra_core.contract.layers import PluginConfig
 from chakra_core.schema import pb
 from chakra_core.system.native.algorithms import (Chain, Direct, DoubleBinaryTree, HalvingDoubling, Ring, Star, resolve_algorithm)
 from chakra_core.contract.algorithm import PhaseContext
-from chakra_core.system.native.machines import binary_tree
+from chakra_core.system.native.tree_machines import binary_tree
 from chakra_core.system.native.runner import IsolatedPhase, NetworkPhase
 from tests.simhelpers import PairDelayNetwork, collective, comp, hop_ns, manifest, simulate, write_ranks
 

@@ -27,7 +27,7 @@ from chakra_core.tools.pytorch.host import HostOp, Operands
 from chakra_core.tools.pytorch.kineto import load_kineto_trace
 from chakra_core.tools.pytorch.link import link_cpu
 from chakra_core.tools.pytorch.host import load_host_trace
-from chakra_core.tools.pytorch.ops import estimate
+from chakra_core.tools.pytorch.flops import estimate
 from tests.helpers import REF_PYTORCH, REF_PYTORCH_PAIRS, drain
 from tests.simhelpers import manifest, ring_network, simulate
 

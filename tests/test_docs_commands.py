@@ -1,8 +1,9 @@
 """Every command the documentation shows runs as written.
 
 Fenced blocks tagged `sh` are examples: each page's blocks run in order, in a
-fresh folder holding a copy of the repository's `examples/` and `tests/data/`
-(the files the examples use), and every command must exit 0. Blocks tagged
+fresh folder holding a copy of the repository's `examples/`, `tests/data/`,
+`benchmarks/data/` and the nccl plugin's published logs (the files the examples
+use), and every command must exit 0. Blocks tagged
 `text` are synopses (placeholders such as `PREFIX`, `[--flag]`, `a|b`); any
 other block that shows a command is an error, so an example cannot hide from
 this test. Lines that run other programs are handled so:
@@ -92,6 +93,8 @@ def test_the_pages_examples_run_as_written(page, tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copytree(ROOT / "tests" / "data", tmp_path / "tests" / "data")
     shutil.copytree(ROOT / "benchmarks" / "data", tmp_path / "benchmarks" / "data")
+    nccl_logs = Path("plugins") / "system_nccl" / "tests" / "data"
+    shutil.copytree(ROOT / nccl_logs, tmp_path / nccl_logs)
     for lang, body in blocks(page):
         if lang != "sh":
             continue

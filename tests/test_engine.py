@@ -198,3 +198,70 @@ def test_observer_hooks_see_every_node_and_the_run(tmp_path):
 def test_without_observer_returns_there_is_no_plugins_key(tmp_path):
     prefix = write_ranks(tmp_path / "t", [[comp(1, 2)]] * 2)
     assert "plugins" not in simulate(manifest(prefix, ring_network(2)), extra_plugins=[("nodes", _NodeLog())])
+
+
+# Restarts: a layer asks, the loop stops, every layer is built again with the hint ------------------
+class _Hint:
+    pass
+
+
+class _Replanning(ComputeModel):
+    """Asks for a restart at its first kernel until the run hands it a hint; counts attempts."""
+
+    name, fidelity, Config = "replanning", "for tests", PluginConfig
+    attempts: list[tuple[int, bool]] = []
+    always = False
+
+    def __init__(self, config, context):
+        super().__init__(config, context)
+        self.hinted = bool(context.inputs.hints(_Hint))
+        type(self).attempts.append((len(context.inputs.restart_hints), context.inputs.closed_form))
+
+    def compute_time_ns(self, rank, node):
+        if not self.hinted or self.always:
+            self.context.request_restart("replanning wants another go", _Hint())
+            return 1 / 0      # whatever follows a request is thrown away, errors included
+        return 7
+
+
+class _ReplanningPlugin:
+    @hookimpl
+    def chakra_sim_register_compute(self, registry):
+        registry.add(_Replanning)
+
+
+def test_a_restart_request_stops_the_attempt_and_hands_the_hint_to_the_next(tmp_path, monkeypatch):
+    monkeypatch.setattr(_Replanning, "attempts", [])
+    prefix = write_ranks(tmp_path, [[comp(1, 5), comp(2, 5, deps=[1])]] * 2)
+    results = simulate(manifest(prefix, ring_network(2), compute={"plugin": "replanning"}, fold="off"),
+                       extra_plugins=[("replanning", _ReplanningPlugin())])
+    assert _Replanning.attempts == [(0, True), (1, True)]
+    assert results["finish_ns"] == 14
+    assert results["warnings"] == ["the run started over (1 time(s)): replanning wants another go"]
+
+
+def test_a_layer_that_always_asks_to_start_over_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(_Replanning, "attempts", [])
+    monkeypatch.setattr(_Replanning, "always", True)
+    prefix = write_ranks(tmp_path, [[comp(1, 5)]] * 2)
+    with pytest.raises(SimulationError, match="started over 9 times and a layer still asks to start over: "
+                                              "replanning wants another go"):
+        simulate(manifest(prefix, ring_network(2), compute={"plugin": "replanning"}, fold="off"),
+                 extra_plugins=[("replanning", _ReplanningPlugin())])
+    assert [closed_form for _, closed_form in _Replanning.attempts] == [True] * 8 + [False, False]
+
+
+def test_stop_ends_the_loop_after_the_running_callback():
+    queue = EventQueue()
+    seen = []
+
+    def first(_):
+        seen.append("first")
+        queue.stop()
+        queue.schedule(0, lambda _: seen.append("after stop"))
+
+    queue.schedule(5, first)
+    queue.schedule(5, lambda _: seen.append("same instant"))
+    queue.schedule(9, lambda _: seen.append("later"))
+    queue.run()
+    assert seen == ["first"] and len(queue) == 0

@@ -10,7 +10,7 @@ import pytest
 from chakra_core.errors import ManifestError
 from chakra_core.config.manifest import format_loc
 from chakra_core.config.build import load_manifest
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from tests.simhelpers import MICRO
 
 MICRO4 = MICRO / "all_reduce" / "4npus_1MB" / "all_reduce"

@@ -12,7 +12,7 @@ import pytest
 
 from chakra_core.errors import PluginError
 from chakra_core.contract.hookspecs import hookimpl
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_core.testing import collective, comp, manifest, simulate, uniform_network, write_ranks
 

@@ -12,7 +12,7 @@ from chakra_core.errors import PluginError
 from chakra_core.contract.hookspecs import hookimpl
 from chakra_core.contract.layers import ComputeModel, PluginConfig
 from chakra_core.contract.network import NetworkModel
-from chakra_core.contract.host import BUILTIN_NAME, make_plugin_host
+from chakra_core.plugins import BUILTIN_NAME, make_plugin_host
 
 
 class _Fast(ComputeModel):
@@ -90,7 +90,7 @@ def test_registry_rejects_bad_classes_and_duplicates():
     failed = {info.name: info.error for info in host.failed()}
     assert "registered twice: by 'a_first' and by 'dup'" in failed["dup"]
     assert "needs a non-empty string class attribute 'fidelity'" in failed["nofid"]
-    assert "does not subclass chakra_core.layers.NetworkModel" in failed["wrong"]
+    assert "does not subclass chakra_core.NetworkModel" in failed["wrong"]
     assert "ZeroDivisionError" in failed["raises"]
     assert host.get("compute", "fast").plugin.name == "a_first"
 
@@ -130,10 +130,10 @@ def test_network_interface_dimension_helper():
 
 
 # Extending the system layer and the memory layer through hooks -------------------------------------
+from chakra_core.comm.collectives import ALL_GATHER  # noqa: E402
+from chakra_core.contract.algorithm import CollectiveAlgorithm, StepSchedule  # noqa: E402
 from chakra_core.contract.layers import MemoryModel  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
-from chakra_core.comm.collectives import ALL_GATHER
-from chakra_core.contract.algorithm import CollectiveAlgorithm, StepSchedule  # noqa: E402
 from tests.helpers import make_node  # noqa: E402
 from tests.simhelpers import collective, hop_ns, manifest, ring_network, simulate, write_ranks  # noqa: E402
 
@@ -192,3 +192,80 @@ def test_a_memory_model_registered_by_a_plugin_times_memory_nodes(tmp_path):
                        extra_plugins=[("mem", _MemoryPlugin())])
     assert results["finish_ns"] == 200
     assert results["ranks"][0]["memory_ns"] == 200
+
+
+# Commands, network fast paths, ASTRA-sim equivalents ----------------------------------------------
+import click  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from chakra_core.cli import main  # noqa: E402
+from chakra_core.contract.layers import AstraEquivalent  # noqa: E402
+from chakra_core.errors import ManifestError  # noqa: E402
+
+
+@click.command("hello")
+@click.option("--name", default="world")
+def _hello(name):
+    """Say hello (a plugin's command)."""
+    click.echo(f"hello {name}")
+
+
+@click.command("run")
+def _another_run():
+    """Takes a name chakra-sim uses."""
+
+
+class _CommandPlugin:
+    @hookimpl
+    def chakra_sim_register_commands(self, registry):
+        registry.add(_hello)
+
+
+def test_a_plugin_adds_a_command_through_register_commands(monkeypatch):
+    _module("clash_command_mod", chakra_sim_register_commands=hookimpl(lambda registry: registry.add(_another_run)))
+    host = make_plugin_host(entry_points=[_entry_point("clash", "clash_command_mod")],
+                            extra_plugins=[("greeter", _CommandPlugin())])
+    assert host.failed() == []                      # commands register only when asked for
+    commands = host.commands(reserved=frozenset({"run"}))
+    assert list(commands) == ["hello"]
+    assert "command 'run' is one of chakra-sim's own" in {i.name: i.error for i in host.failed()}["clash"]
+    monkeypatch.setattr("chakra_core.plugins.make_plugin_host",
+                        lambda: make_plugin_host(extra_plugins=[("greeter", _CommandPlugin())]))
+    main._plugins = None   # the group caches what it found
+    try:
+        listed = CliRunner().invoke(main, ["--help"])
+        assert "hello" in listed.output and "Say hello" in listed.output
+        result = CliRunner().invoke(main, ["hello", "--name", "chakra"])
+        assert result.exit_code == 0 and result.output == "hello chakra\n"
+    finally:
+        main._plugins = None
+
+
+def test_a_contention_free_network_must_say_how_long_a_message_takes():
+    class Loose(NetworkModel):
+        name, fidelity, Config = "loose", "x", PluginConfig
+        contention_free = True
+
+        def send(self, *a):
+            pass
+
+    _module("loose_mod", chakra_sim_register_network=hookimpl(lambda registry: registry.add(Loose)))
+    host = make_plugin_host(entry_points=[_entry_point("loose", "loose_mod")])
+    assert "sets contention_free but has no message_delay" in host.failed()[0].error
+
+
+class _Roofline2(_Fast):
+    name = "roofline_two"
+    astra_sim = AstraEquivalent("roofline", {"peak-perf": "peak_tflops"})
+
+
+def test_a_system_file_selects_the_one_plugin_standing_for_astra_sims_roofline(tmp_path):
+    (tmp_path / "sys.json").write_text('{"roofline-enabled": 1, "peak-perf": 100, "local-mem-bw": 1600}')
+    prefix = write_ranks(tmp_path, [[make_node(1, pb.COMP_NODE)]] * 2)
+    data = {"workload": {"trace": prefix}, "system": {"plugin": "native", "astra_file": str(tmp_path / "sys.json")},
+            "network": ring_network(2)}
+    assert simulate(data)["layers"]["compute"]["plugin"] == "roofline"
+    with pytest.raises(ManifestError, match="roofline-enabled: selects ASTRA-sim's roofline compute model, "
+                                            "which several compute plugins implement .roofline, roofline_two."):
+        simulate(data, extra_plugins=[("second", _module("second_roofline_mod", chakra_sim_register_compute=hookimpl(
+            lambda registry: registry.add(_Roofline2))))])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from tests.simhelpers import REF_RESULTS, astra_cases, run_astra_case
 
 BREAKDOWN = ("gpu_compute_ns", "cpu_compute_ns", "memory_ns", "exposed_network_ns", "waiting_ns", "idle_ns")

@@ -13,7 +13,7 @@ from chakra_core.contract.hookspecs import hookimpl
 from chakra_core.contract.layers import ComputeModel, PluginConfig
 from chakra_core.system.native.layer import NativeSystem
 from chakra_core.run import load, prepare
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_core.testing import TESTING_PLUGIN, collective, comp, manifest, uniform_network, write_ranks
 

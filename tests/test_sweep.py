@@ -19,7 +19,8 @@ from chakra_core.errors import ManifestError
 from chakra_core.config.manifest import format_loc
 from chakra_core.sweep import load_sweep, parse_key_path, run_sweep, set_key_path
 from chakra_core.sweep.run import WALL_COLUMN, SweepError, run_local
-from chakra_core.sweep.spec import KeyPathError, Metric, build_sweep
+from chakra_core.sweep.paths import KeyPathError, Metric
+from chakra_core.sweep.spec import build_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "examples" / "allreduce_8npu.yaml"

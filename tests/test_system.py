@@ -237,6 +237,6 @@ def test_native_runs_every_collective_type_the_layers_accept():
     """matching.COLLECTIVE_TYPES (what read_collective accepts) is what native has an algorithm
     field for or runs as another type."""
     from chakra_core.comm.collectives import COLLECTIVE_TYPES
-    from chakra_core.system.native.layer import _IMPL_FIELD, _RUNS_AS
+    from chakra_core.system.native.config import IMPL_FIELD, RUNS_AS
 
-    assert set(_IMPL_FIELD) | set(_RUNS_AS) == COLLECTIVE_TYPES
+    assert set(IMPL_FIELD) | set(RUNS_AS) == COLLECTIVE_TYPES

@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace
-from chakra_core.run import load, simulate
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.run import load as load_config
+from chakra_core.run import simulate as simulate_run
+from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_core.tools.generate import write_microbenchmark
 from chakra_core.tools.text import (TextWorkloadError, convert_text, convert_text_workload,
@@ -61,7 +62,7 @@ def intervals_of(prefix: str, npus: int, system: dict | None = None) -> tuple[di
     """Simulate with replay compute on a ring; return results and {(rank, name): (start, end)}."""
     host = make_plugin_host()
     data = manifest(prefix, ring_network(npus), system=system or {})
-    result = simulate(load(data, host, name="test"), host, timeline=True)
+    result = simulate_run(load_config(data, host, name="test"), host, timeline=True)
     return result.results, {(row[0], row[2]): (row[5], row[6]) for row in result.intervals or []}
 
 

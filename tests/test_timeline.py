@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.run import load, simulate
-from chakra_core.contract.host import make_plugin_host
+from chakra_core.plugins import make_plugin_host
 from chakra_core.cli.timeline import timeline
 from chakra_core.report.timeline import COUNTER_NAME, build_timeline, timeline_json, write_timeline
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -147,7 +148,7 @@ def test_unknown_collective_type_and_memory_nodes_without_a_memory_layer(tmp_pat
     assert problem_lines(validate(manifest(tmp_path, prefix, 2))) == [
         f"{prefix}.0.et (rank 0), node 1 ('node1'): unknown collective type 99",
         f"{prefix}.0.et (rank 0), node 2: memory loads/stores need a memory layer (a `memory:` "
-        "section, e.g. plugin: hbm)"]
+        "section; `chakra-sim plugins --layer memory` lists them)"]
 
 
 def test_an_output_folder_that_cannot_be_created(tmp_path):
@@ -166,8 +167,9 @@ def test_every_problem_at_once_and_flags_are_shared_with_run(tmp_path):
     lines = problem_lines(result)
     assert "the trace has 2 rank(s)" in lines[0] and "has 8 NPUs" in lines[0]
     assert "collective #1 in all ranks is ALL_GATHER of 64 B" in lines[1]
-    run_params = {p.name for p in main.commands["run"].params}
-    validate_params = {p.name for p in main.commands["validate"].params}
+    context = click.Context(main)
+    run_params = {p.name for p in main.get_command(context, "run").params}
+    validate_params = {p.name for p in main.get_command(context, "validate").params}
     assert run_params - validate_params == {"quiet", "plots"}    # how run shows results, not inputs
 
 

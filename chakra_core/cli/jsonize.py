@@ -24,15 +24,19 @@ def jsonize(trace: str, out_dir: str | None, compact: bool) -> None:
     from chakra_core.et.jsonize import check_one_file_per_rank, json_name, jsonize_file, trace_files
 
     path = Path(trace)
-    files: list[tuple[int | None, Path]] = [(None, path)] if path.is_file() else list(trace_files(path))
+    if path.is_file():
+        files = [path]
+    else:
+        ranks = trace_files(path)
+        try:
+            check_one_file_per_rank(ranks)
+        except ChakraSimError as exc:
+            raise CliError(str(exc)) from None
+        files = [et_path for _, et_path in ranks]
     if not files:
         raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et or .et.gz")
     try:
-        check_one_file_per_rank(files)
-    except ChakraSimError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        for _, et_path in files:
+        for et_path in files:
             target_dir = Path(out_dir) if out_dir else et_path.parent
             target = target_dir / json_name(et_path)
             count = jsonize_file(et_path, target, indent=None if compact else 1)

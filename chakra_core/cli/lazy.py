@@ -26,7 +26,7 @@ class LazyGroup(click.Group):
         if self._plugins is None:
             self._plugins = {}
             if self.plugin_commands:
-                from chakra_core.contract.host import make_plugin_host
+                from chakra_core.plugins import make_plugin_host
 
                 self._plugins = make_plugin_host().commands(reserved=self._own())
         return self._plugins

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import click
 from pydantic import BaseModel
 from rich.markup import escape
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from chakra_core.hardware.profiles import Profile, Sourced, builtin_profiles, load_profile
@@ -70,8 +71,10 @@ def _rows(value: Any, path: str) -> Iterator[tuple[str, Any, Sourced | None]]:
 
 def _listing_table() -> Table:
     table = Table(title="chakra-sim hardware profiles", title_justify="left")
-    for header, justify in (("name", "left"), ("GPU", "left"), ("GPUs/node", "right"), ("fabric", "left"),
-                            ("bf16 TFLOP/s", "right"), ("HBM GB/s", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("name", "left"), ("GPU", "left"), ("GPUs/node", "right"), ("fabric", "left"),
+        ("bf16 TFLOP/s", "right"), ("HBM GB/s", "right"))
+    for header, justify in columns:
         table.add_column(header, justify=justify)
     for name in builtin_profiles():
         line = summary(load_profile(name))
@@ -103,7 +106,7 @@ def _profile_table(profile: Profile) -> Table:
 @click.command("profiles")
 @click.argument("name_or_path", required=False, metavar="[NAME_OR_PATH]")
 @click.option("--json", "as_json", is_flag=True, help="print the resolved profile (or the list) as JSON")
-def profiles(name_or_path, as_json) -> None:
+def profiles(name_or_path: str | None, as_json: bool) -> None:
     """List the shipped hardware profiles, or show one with the source of every value.
 
     NAME_OR_PATH is a shipped profile's name (`chakra-sim profiles` lists them) or

@@ -9,13 +9,13 @@ import click
 
 from chakra_core.cli.output import CliError, err_console, fail, out_console, warn
 from chakra_core.config.spec import RunConfig
-from chakra_core.contract.host import PluginHost
+from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class PluginChoice(click.Choice):
+class PluginChoice(click.Choice):  # type: ignore[type-arg]  # generic in newer click, not at runtime in 8.1
     """The installed implementations of a layer, looked up only when needed (help, a given value),
     so that commands not using it do not load the plugins."""
 
@@ -24,10 +24,10 @@ class PluginChoice(click.Choice):
         self._names: tuple[str, ...] | None = None
         super().__init__((), case_sensitive=True)
 
-    @property   # type: ignore[override]
+    @property
     def choices(self) -> tuple[str, ...]:
         if self._names is None:
-            from chakra_core.contract.host import make_plugin_host
+            from chakra_core.plugins import make_plugin_host
 
             self._names = tuple(impl.name for impl in make_plugin_host().implementations(self.layer))
         return self._names
@@ -103,7 +103,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
       chakra-sim run --workload traces/all_reduce --astra-system sys.json \\
                      --astra-network net.yml --out results/
     """
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
     from chakra_core.report.writers import InterruptedAfterWriting, prepare_output_dir, write_run_files
     from chakra_core.run import prepare
 
@@ -188,7 +188,7 @@ def validate(manifest: str | None, workload: str | None, astra_system: str | Non
       chakra-sim validate --workload traces/all_reduce --astra-system sys.json \\
                           --astra-network net.yml
     """
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
     from chakra_core.run import validate as find_problems
 
     try:

@@ -30,7 +30,7 @@ def timeline(manifest: str, out_file: str | None, max_flows: int, debug: bool) -
     Example:
       chakra-sim timeline examples/allreduce_8npu.yaml --out allreduce.json
     """
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
     from chakra_core.report.writers import prepare_output_dir, result_files, write_run_files
     from chakra_core.run import load, prepare
 

@@ -10,7 +10,7 @@ runs among all ranks, as in ASTRA-sim.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
@@ -22,7 +22,7 @@ WORLD = ""
 class GroupRegistry:
     """Group name -> sorted tuple of ranks."""
 
-    def __init__(self, num_ranks: int, groups: dict[str, list[int]] | None = None):
+    def __init__(self, num_ranks: int, groups: Mapping[str, Sequence[int]] | None = None):
         self.num_ranks = num_ranks
         self.world = tuple(range(num_ranks))
         self._groups: dict[str, tuple[int, ...]] = {}
@@ -30,7 +30,7 @@ class GroupRegistry:
         for name, ranks in (groups or {}).items():
             self.define(str(name), ranks, "the communicator-group file")
 
-    def define(self, name: str, ranks, source: str) -> None:
+    def define(self, name: str, ranks: Iterable[int | str] | None, source: str) -> None:
         members = tuple(sorted(int(r) for r in ranks)) if ranks else self.world
         bad = [r for r in members if not 0 <= r < self.num_ranks]
         if bad:

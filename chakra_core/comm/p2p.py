@@ -41,6 +41,10 @@ class P2PScheduler(Protocol):
 
 RENDEZVOUS_BYTES = 8192
 
+Key = tuple[int, int, int]
+"""(src, dst, tag): sends and receives with the same key match in order."""
+Done = Callable[[int], None]
+
 
 class PointToPoint:
     """Sends and receives of every rank, matched by (src, dst, tag) (see the module docstring)."""
@@ -56,16 +60,16 @@ class PointToPoint:
         self.waiting = waiting or (lambda rank, node_id, flag: None)
         # (src, dst, tag) -> sends issued that no receive has claimed yet (negative: receives
         # posted that no send has claimed), and the nodes waiting for their peer, in order.
-        self._balance: dict[tuple[int, int, int], int] = {}
-        self._blocked: dict[tuple[int, int, int], deque] = {}
+        self._balance: dict[Key, int] = {}
+        self._blocked: dict[Key, deque[tuple[int, int]]] = {}
         self.rendezvous = rendezvous
-        # rendezvous: (src, dst, tag) -> deque of control messages arrived at the sender / sends waiting
-        self._clear_to_send: dict[tuple[int, int, int], int] = {}
-        self._held: dict[tuple[int, int, int], deque] = {}
-        # (src, dst, tag) -> deque of arrived messages [(size, send node id)]
-        self._arrived: dict[tuple[int, int, int], deque] = {}
-        # (src, dst, tag) -> deque of posted receives [(node id, size, done)]
-        self._posted: dict[tuple[int, int, int], deque] = {}
+        # rendezvous: (src, dst, tag) -> control messages arrived at the sender / sends waiting
+        self._clear_to_send: dict[Key, int] = {}
+        self._held: dict[Key, deque[tuple[int, int, Done]]] = {}
+        # (src, dst, tag) -> arrived messages [(size, send node id)]
+        self._arrived: dict[Key, deque[tuple[int, int]]] = {}
+        # (src, dst, tag) -> posted receives [(node id, size, done)]
+        self._posted: dict[Key, deque[tuple[int, int, Done]]] = {}
 
     @staticmethod
     def _endpoints(rank: int, node: NodeView, sending: bool) -> tuple[int, int, int, int]:
@@ -100,13 +104,13 @@ class PointToPoint:
             self._clear_to_send[key] = cleared - 1
         self._inject(key, size, node.id, done, src, dst)
 
-    def _inject(self, key, size: int, send_id: int, done, src: int | None = None,
+    def _inject(self, key: Key, size: int, send_id: int, done: Done, src: int | None = None,
                 dst: int | None = None) -> None:
         src = key[0] if src is None else src
         self.bytes_sent[src] += size
         self.network.send(src, key[1] if dst is None else dst, size, self._arrive, (key, size, send_id, done))
 
-    def _control_arrived(self, key) -> None:
+    def _control_arrived(self, key: Key) -> None:
         self.bytes_received[key[0]] += RENDEZVOUS_BYTES
         held = self._held.get(key)
         if held:
@@ -115,7 +119,7 @@ class PointToPoint:
         else:
             self._clear_to_send[key] = self._clear_to_send.get(key, 0) + 1
 
-    def _arrive(self, arg) -> None:
+    def _arrive(self, arg: tuple[Key, int, int, Done]) -> None:
         key, size, send_id, done = arg
         self.bytes_received[key[1]] += size
         done(send_id)
@@ -143,7 +147,7 @@ class PointToPoint:
         else:
             self._posted.setdefault(key, deque()).append((node.id, size, done))
 
-    def _pair_up(self, key, side: int, rank: int, node_id: int) -> None:
+    def _pair_up(self, key: Key, side: int, rank: int, node_id: int) -> None:
         """Time breakdown: release the oldest peer waiting on the other side, or wait (a receive,
         or a rendezvous send) until the other side is issued. `side` is +1 for a send, -1 for a
         receive."""
@@ -158,7 +162,7 @@ class PointToPoint:
             self.waiting(rank, node_id, True)
         self._balance[key] = balance + side
 
-    def _check_size(self, key, sent: int, expected: int, recv_id: int) -> None:
+    def _check_size(self, key: Key, sent: int, expected: int, recv_id: int) -> None:
         if sent != expected:
             src, dst, tag = key
             self.warn(f"rank {dst}, COMM_RECV node {recv_id}: expects {expected} B from rank {src} "
@@ -184,7 +188,7 @@ class PointToPoint:
             self.warn(f"rank {row['rank']}: COMM_SEND node {row['node']} of {row['size']} B "
                       f"to rank {row['peer']} (tag {row['tag']}) was never received")
 
-    def unmatched_sends(self) -> list[dict]:
+    def unmatched_sends(self) -> list[dict[str, int]]:
         rows = []
         for (src, dst, tag), arrived in sorted(self._arrived.items()):
             for size, send_id in arrived:

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel
 
 from chakra_core.config.files import read_config_file
-from chakra_core.contract.host import Implementation, PluginHost
+from chakra_core.plugins import Implementation, PluginHost
 from chakra_core.errors import ManifestError, PluginError
 
 ROOFLINE_KEYS = ("roofline-enabled", "peak-perf")

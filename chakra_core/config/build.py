@@ -22,8 +22,9 @@ from chakra_core.config.files import read_config_file
 from chakra_core.config.manifest import (LAYER_DEFAULTS, LayerSection, Manifest, WorkloadSection, format_loc,
                                          validation_problems)
 from chakra_core.config.spec import LayerChoice, Resources, RunConfig, RunSpec
-from chakra_core.contract.host import PluginHost
+from chakra_core.plugins import PluginHost
 from chakra_core.contract.inputs import ValidationInputs
+from chakra_core.contract.layers import SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.jsonize import duplicate_ranks, trace_files
 
@@ -81,7 +82,8 @@ def build_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, sour
             choices[layer] = result
             echo[layer] = {"plugin": result.impl.name, **result.config.model_dump(mode="json")}
     system = choices.get("system")
-    if sections["network"] is None and system is not None and system.impl.cls.needs_network:
+    if (sections["network"] is None and system is not None and issubclass(system.impl.cls, SystemLayer)
+            and system.impl.cls.needs_network):
         installed = ", ".join(impl.name for impl in host.implementations("network")) or "none"
         problems.append((f"{source}: network", f"required: system plugin '{system.impl.name}' sends its "
                          f"traffic through a network layer (installed network plugins: {installed})"))
@@ -129,8 +131,12 @@ def _resolve(base_dir: Path, value: str) -> Path:
     return path if path.is_absolute() else (base_dir / path)
 
 
+Problems = list[tuple[str, str]]
+"""(location, reason) pairs, as ManifestError lists them."""
+
+
 def _read_astra_file(layer: str, section: LayerSection, base_dir: Path, source: str,
-                     problems: list) -> tuple[str, dict[str, Any]] | None:
+                     problems: Problems) -> tuple[str, dict[str, Any]] | None:
     """(file name, contents) of a section's `astra_file`; None when there is none or it is unreadable
     (a problem is recorded)."""
     if not section.astra_file:
@@ -144,7 +150,7 @@ def _read_astra_file(layer: str, section: LayerSection, base_dir: Path, source: 
 
 
 def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source: str,
-                    problems: list, warnings: list, file: tuple[str, dict[str, Any]] | None,
+                    problems: Problems, warnings: list[str], file: tuple[str, dict[str, Any]] | None,
                     derived: Derived | None = None,
                     consumed: frozenset[str] = frozenset(), base_dir: Path = Path(".")) -> LayerChoice | None:
     """Validate one layer section with its plugin's Config; errors point at the key's origin.
@@ -160,7 +166,8 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source:
         return None
     config_cls = impl.cls.Config
     inline = dict(section.model_extra or {})
-    file_name, file_settings = None, {}
+    file_name: str | None = None
+    file_settings: dict[str, Any] = {}
     if file is not None:
         file_name = file[0]
         file_settings, file_warnings = split_known(file[1], config_cls, file_name, layer, impl.name,
@@ -169,14 +176,14 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source:
     settings = dict(derived.settings) if derived is not None else {}
     for key, value in settings.items():
         chosen = inline.get(key, file_settings.get(key, value))
-        if chosen != value:
+        if chosen != value and derived is not None:
             set_in = f"{source}: {layer}.{key}" if key in inline else f"{file_name}: {key}"
             warnings.append(f"{derived.where[key]} ({value}) not used for {layer}.{key}: "
                             f"{set_in} sets it to {chosen}")
     settings.update(file_settings)
     settings.update(inline)
 
-    def origin(loc: tuple) -> str:
+    def origin(loc: tuple[str | int, ...]) -> str:
         """Where the setting at `loc` was written: the manifest, or an ASTRA-sim file."""
         key = loc[0] if loc else None
         if key in inline:
@@ -204,7 +211,7 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source:
 
 
 def _resolve_traces(workload: WorkloadSection, base_dir: Path, source: str,
-                    problems: list) -> list[Path]:
+                    problems: Problems) -> list[Path]:
     prefix = _resolve(base_dir, workload.trace)
     found = trace_files(prefix)
     if not found:

@@ -1,6 +1,6 @@
 """Render the manifest reference (docs/manifest.md) from the pydantic models.
 
-    python -m chakra_core.manifest_reference --write docs/manifest.md
+    python -m chakra_core.config.reference --write docs/manifest.md
 
 The tables between the GENERATED markers of docs/manifest.md come from here:
 the core sections (workload, output) and the Config of every installed plugin.
@@ -19,9 +19,9 @@ from pydantic import BaseModel
 
 from chakra_core.contract.layers import LAYERS
 from chakra_core.config.manifest import OutputSection, ResourcesSection, WorkloadSection
-from chakra_core.contract.host import PluginHost, make_plugin_host
+from chakra_core.plugins import PluginHost, make_plugin_host
 
-BEGIN, END = "<!-- BEGIN GENERATED: python -m chakra_core.manifest_reference -->", "<!-- END GENERATED -->"
+BEGIN, END = "<!-- BEGIN GENERATED: python -m chakra_core.config.reference -->", "<!-- END GENERATED -->"
 
 
 def _type_name(schema: dict[str, Any]) -> str:
@@ -38,8 +38,8 @@ def _type_name(schema: dict[str, Any]) -> str:
         return "mapping"
     if "$ref" in schema:
         return "section"
-    return {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "null": "null"}.get(
-        kind, kind or "any")
+    names = {"integer": "int", "number": "float", "string": "str", "boolean": "bool", "null": "null"}
+    return names.get(str(kind), str(kind or "any"))
 
 
 def _bounds(schema: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from chakra_core.contract.host import Implementation
+from chakra_core.plugins import Implementation
 
 
 @dataclass

@@ -9,7 +9,7 @@ Everything a plugin author needs is re-exported here and from `chakra_core` itse
 - what a layer receives: `LayerContext`, `RunInputs`, `Scheduler`, `Folding`;
 - the registries the hooks fill, and the collective algorithm interface.
 
-The plugin host (`chakra_core.contract.host`) discovers plugins and answers lookups.
+The plugin host (`chakra_core.plugins`) discovers plugins and answers lookups.
 """
 
 from chakra_core.contract.algorithm import CollectiveAlgorithm, PhaseContext, PhaseIO, PhaseMember, StepSchedule

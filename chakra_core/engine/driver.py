@@ -32,7 +32,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Callable
 
-from chakra_core.engine.replay import replay_time_ns
+from chakra_core.et.duration import replay_time_ns
 from chakra_core.errors import SimulationError
 from chakra_core.feeder.base import CPU_FLAG, GraphFeeder
 from chakra_core.schema import pb
@@ -106,7 +106,7 @@ class RankDriver:
         self.remaining = feeder.num_nodes
         self.finish_ns: int | None = None if self.remaining else 0
         self._pumping = False
-        self._observer: Callable | None = sim.node_observer
+        self._observer: Callable[..., None] | None = sim.node_observer
         self._intervals: list[Interval] | None = sim.intervals
         memory = sim.memory
         self._tensor_tracker = memory if memory is not None and memory.tracks_tensors else None

@@ -48,7 +48,7 @@ class EventQueue:
                                   f"(from {getattr(callback, '__qualname__', callback)})")
         self._push(time, callback, arg)
 
-    def _push(self, time: int, callback, arg) -> None:
+    def _push(self, time: int, callback: Callable[[Any], None], arg: Any) -> None:
         bucket = self._buckets.get(time)
         if bucket is None:
             self._buckets[time] = bucket = []

@@ -33,9 +33,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from chakra_core.comm.collectives import ROOT_ATTRS
 from chakra_core.comm.groups import group_shape, parse_pg_list
@@ -69,7 +69,16 @@ def _pg_list(text: str) -> list[dict[str, Any]]:
     return parse_pg_list(text) or []
 
 
-def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int, ...]], view: dict) -> bytes:
+@dataclass
+class _Seen:
+    """What `_canonical` notes while it reads a rank's nodes."""
+
+    offsets: set[int] = field(default_factory=set)
+    groups: set[tuple[int, ...]] = field(default_factory=set)
+    foldable: bool = True
+
+
+def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int, ...]], view: _Seen) -> bytes:
     """The node with the rank ids it names written relative to `rank`."""
     copy = pb.Node()
     copy.CopyFrom(node)
@@ -78,12 +87,12 @@ def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int
     if copy.type == pb.METADATA_NODE and "pg_name" in text:
         shapes = []
         for entry in _pg_list(text):
-            members = tuple(sorted(int(r) for r in entry.get("ranks") or []))
-            groups[str(entry["pg_name"])] = members
-            if rank in members:
-                shapes.append(repr(group_shape(members, rank)))
+            defined = tuple(sorted(int(r) for r in entry.get("ranks") or []))
+            groups[str(entry["pg_name"])] = defined
+            if rank in defined:
+                shapes.append(repr(group_shape(defined, rank)))
         copy.inputs.values = ";".join(sorted(shapes))
-    members = None
+    members: tuple[int, ...] | None = None
     for attr in copy.attr:
         if attr.name == "pg_name":
             name = attr.string_val if attr.WhichOneof("value") == "string_val" else str(attr)
@@ -91,15 +100,15 @@ def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int
                 continue
             members = groups.get(name)
             if members is None or rank not in members:
-                view["foldable"] = False
+                view.foldable = False
                 continue
-            view["groups"].add(members)
+            view.groups.add(members)
             attr.string_val = repr(group_shape(members, rank))
     for attr in copy.attr:
         which = attr.WhichOneof("value")
         if attr.name in PEER_ATTRS and which and which.endswith("_val") and which != "string_val":
             offset = (int(getattr(attr, which)) - rank) % ranks   # ranks are a ring: wrap around
-            view["offsets"].add(offset)
+            view.offsets.add(offset)
             attr.ClearField(which)
             attr.int64_val = offset
         elif attr.name in ROOT_ATTRS and which and which.endswith("_val") and which != "string_val":
@@ -113,11 +122,11 @@ def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int
     return copy.SerializeToString(deterministic=True)
 
 
-def rank_view(path: str, rank: int, ranks: int, comm_groups: dict[str, list[int]]) -> _RankView:
+def rank_view(path: str, rank: int, ranks: int, comm_groups: Mapping[str, Sequence[int]]) -> _RankView:
     """Read one rank's trace into its signature (see module docstring)."""
     data = read_file_bytes(path) if is_gzip(path) else Path(path).read_bytes()
     groups = {name: tuple(sorted(members)) for name, members in comm_groups.items()}
-    view = {"offsets": set(), "groups": set(), "foldable": True}
+    view = _Seen()
     digest = hashlib.blake2b()
     # Where a rank id may be named; frames without one are hashed as they are, in stretches.
     marks = [m.start() for m in _MARKER_RE.finditer(data)]
@@ -151,11 +160,11 @@ def rank_view(path: str, rank: int, ranks: int, comm_groups: dict[str, list[int]
     if stretch is not None:
         digest.update(data[stretch:])
     # Groups in the order of their shapes, which equivalent ranks share (their members differ).
-    used = sorted(view["groups"], key=lambda members: repr(group_shape(members, rank)))
-    return _RankView(digest.digest(), tuple(sorted(view["offsets"])), tuple(used), view["foldable"])
+    used = sorted(view.groups, key=lambda members: repr(group_shape(members, rank)))
+    return _RankView(digest.digest(), tuple(sorted(view.offsets)), tuple(used), view.foldable)
 
 
-def _views(paths: list[str], comm_groups: dict[str, list[int]], workers: int) -> list[_RankView]:
+def _views(paths: list[str], comm_groups: Mapping[str, Sequence[int]], workers: int) -> list[_RankView]:
     if workers <= 1 or len(paths) < 64:
         return [rank_view(p, r, len(paths), comm_groups) for r, p in enumerate(paths)]
     from concurrent.futures import ProcessPoolExecutor
@@ -166,17 +175,17 @@ def _views(paths: list[str], comm_groups: dict[str, list[int]], workers: int) ->
                              chunksize=max(1, len(paths) // (8 * workers))))
 
 
-def find_folding(paths: list[str | os.PathLike], comm_groups: dict[str, list[int]] | None = None,
+def find_folding(paths: Sequence[str | os.PathLike[str]], comm_groups: Mapping[str, Sequence[int]] | None = None,
                  workers: int | None = None) -> tuple[Folding | None, str]:
     """The classes of equivalent ranks, or None and why not."""
-    paths = [str(p) for p in paths]
-    ranks = len(paths)
+    files = [str(p) for p in paths]
+    ranks = len(files)
     if ranks < 2:
         return None, "one rank"
-    views = _views(paths, comm_groups or {}, workers if workers is not None else (os.cpu_count() or 1))
+    views = _views(files, comm_groups or {}, workers if workers is not None else (os.cpu_count() or 1))
     # Initial classes: equal signatures (unfoldable ranks each alone).
     keys: dict[object, int] = {}
-    label = []
+    label: list[int] = []
     for rank, view in enumerate(views):
         key = view.digest if view.foldable else ("alone", rank)
         label.append(keys.setdefault(key, len(keys)))
@@ -185,7 +194,7 @@ def find_folding(paths: list[str | os.PathLike], comm_groups: dict[str, list[int
         keys = {}
         refined = []
         for rank, view in enumerate(views):
-            around = []
+            around: list[object] = []
             for offset in view.offsets:
                 around.append(label[(rank + offset) % ranks])
             for members in view.groups:

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
-from chakra_core.contract.host import PluginHost
+from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError, PluginError, SimulationError
 
 ObserverCall = tuple[str, Callable[..., Any], tuple[str, ...]]
@@ -151,7 +151,7 @@ class ReadOnlyDict(dict[Any, Any]):
                         "chakra_sim_simulation_end returns what it wants stored in the results "
                         "(copy.deepcopy() gives a mutable copy)")
 
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
 
     def __copy__(self) -> dict[Any, Any]:
         return dict(self)
@@ -171,7 +171,7 @@ class ReadOnlyList(list[Any]):
 
     _refuse = ReadOnlyDict._refuse
     __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = \
-        clear = sort = reverse = _refuse  # type: ignore[assignment]
+        clear = sort = reverse = _refuse
 
     def __copy__(self) -> list[Any]:
         return list(self)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Iterator
 from chakra_core._version import __version__
 from chakra_core.config.spec import RunSpec
 from chakra_core.contract.folding import Folding
-from chakra_core.contract.host import PluginHost
+from chakra_core.plugins import PluginHost
 from chakra_core.contract.inputs import LayerContext, RestartRequest, RunInputs, Unfold
 from chakra_core.contract.layers import ComputeModel, LayerModel, MemoryModel, SystemLayer
 from chakra_core.contract.network import NetworkModel
@@ -249,6 +249,9 @@ class Simulation:
                     self.wall_s = time.perf_counter() - started
                 if restart is None:
                     break
+                if len(hints) > MAX_RESTARTS:    # the last attempt was to time everything by events
+                    raise SimulationError(f"the run started over {len(hints)} times and a layer still asks to "
+                                          f"start over: {restart.reason}")
                 hints.append(restart.hint)
                 self.restarts.append(restart.reason)
                 self._close_feeders()

@@ -10,12 +10,14 @@ decimal strings (some converters write numbers as text), and raises
 
 from __future__ import annotations
 
-from typing import Any
+import builtins
+from typing import Any, Callable, TypeVar, overload
 
 from chakra_core.errors import AttributeTypeError
 from chakra_core.schema import pb
 
 _MISSING = object()
+_D = TypeVar("_D")  # the type of a typed reader's default
 
 INT_FIELDS = frozenset({
     "int32_val", "int64_val", "uint32_val", "uint64_val", "sint32_val", "sint64_val",
@@ -43,7 +45,8 @@ def attr_map(node: pb.Node) -> dict[str, pb.AttributeProto]:
 def _as_int(attr: pb.AttributeProto, node_id: int, name: str) -> int:
     which = attr.WhichOneof("value")
     if which in INT_FIELDS:
-        return getattr(attr, which)
+        number: int = getattr(attr, which)
+        return number
     if which == "bool_val":
         return int(attr.bool_val)
     if which in FLOAT_FIELDS:
@@ -104,10 +107,10 @@ class NodeView:
     def __init__(self, node: pb.Node):
         self.pb = node
         self._attrs: dict[str, pb.AttributeProto] | None = None
-        self._memo: dict | None = None
+        self._memo: dict[Any, Any] | None = None
 
     @property
-    def memo(self) -> dict:
+    def memo(self) -> dict[Any, Any]:
         """A scratch dict for values derived from this node's own content, e.g. a compute
         model's duration when it depends on nothing else. Ranks whose trace files are identical
         share their NodeViews, so what one computes the others reuse; the view, and its memo,
@@ -152,7 +155,7 @@ class NodeView:
         attr = self._index().get(name)
         return default if attr is None else attr_value(attr)
 
-    def _typed(self, name: str, default: Any, convert) -> Any:
+    def _typed(self, name: str, default: Any, convert: Callable[[pb.AttributeProto, int, str], object]) -> Any:
         attr = self._index().get(name)
         if attr is None:
             if default is _MISSING:
@@ -160,20 +163,42 @@ class NodeView:
             return default
         return convert(attr, self.pb.id, name)
 
-    def int(self, name: str, default: Any = _MISSING) -> int:
+    # The typed readers return `default` as given when the attribute is absent, hence the overloads;
+    # once `int` is defined in this class, annotations spell the builtins as `builtins.`.
+    @overload
+    def int(self, name: str) -> int: ...
+    @overload
+    def int(self, name: str, default: _D) -> builtins.int | _D: ...
+
+    def int(self, name: str, default: Any = _MISSING) -> Any:
         """Integer attribute, from any integer variant (or an integral float / decimal string)."""
         return self._typed(name, default, _as_int)
 
-    def float(self, name: str, default: Any = _MISSING) -> float:
+    @overload
+    def float(self, name: builtins.str) -> builtins.float: ...
+    @overload
+    def float(self, name: builtins.str, default: _D) -> builtins.float | _D: ...
+
+    def float(self, name: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(name, default, _as_float)
 
-    def bool(self, name: str, default: Any = _MISSING) -> bool:
+    @overload
+    def bool(self, name: builtins.str) -> builtins.bool: ...
+    @overload
+    def bool(self, name: builtins.str, default: _D) -> builtins.bool | _D: ...
+
+    def bool(self, name: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(name, default, _as_bool)
 
-    def str(self, name: str, default: Any = _MISSING) -> str:
+    @overload
+    def str(self, name: builtins.str) -> builtins.str: ...
+    @overload
+    def str(self, name: builtins.str, default: _D) -> builtins.str | _D: ...
+
+    def str(self, name: builtins.str, default: Any = _MISSING) -> Any:
         return self._typed(name, default, _as_str)
 
-    def bool_list(self, name: str) -> list[bool] | None:
+    def bool_list(self, name: builtins.str) -> list[builtins.bool] | None:
         value = self.raw(name)
         if value is None:
             return None
@@ -183,8 +208,8 @@ class NodeView:
 
     # Common Chakra attributes ---------------------------------------------------------
     @property
-    def is_cpu_op(self) -> bool:
+    def is_cpu_op(self) -> builtins.bool:
         return self.bool("is_cpu_op", False)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> builtins.str:
         return f"NodeView(id={self.pb.id}, name={self.pb.name!r}, type={self.type_name})"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from chakra_core._atomic import atomic_output
 from chakra_core.errors import TraceFormatError
@@ -39,7 +39,7 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def decode_varint(buf: bytes | memoryview, pos: int, path: str = "<buffer>") -> tuple[int, int]:
+def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<buffer>") -> tuple[int, int]:
     """Decode the varint at `pos`; return (value, position after it)."""
     result = shift = 0
     start = pos
@@ -72,12 +72,12 @@ def iter_frames(buf: bytes | memoryview, path: str = "<buffer>") -> Iterator[tup
         pos += length
 
 
-def is_gzip(path: str | os.PathLike) -> bool:
+def is_gzip(path: str | os.PathLike[str]) -> bool:
     with open(path, "rb") as handle:
         return handle.read(2) == GZIP_MAGIC
 
 
-def read_file_bytes(path: str | os.PathLike) -> bytes:
+def read_file_bytes(path: str | os.PathLike[str]) -> bytes:
     """The decompressed contents of a .et file (plain or gzip)."""
     data = Path(path).read_bytes()
     if data[:2] == GZIP_MAGIC:
@@ -114,7 +114,7 @@ class Trace:
     nodes: list[pb.Node] = field(default_factory=list)
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
+def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read a whole .et file (plain or gzip) into memory."""
     spath = str(path)
     data = read_file_bytes(path)
@@ -179,14 +179,14 @@ class FrameReader:
             yield frame, body
 
 
-def open_stream(path: str | os.PathLike) -> BinaryIO:
+def open_stream(path: str | os.PathLike[str]) -> BinaryIO:
     """A binary stream of the decompressed file contents."""
     if is_gzip(path):
         return gzip.open(path, "rb")  # type: ignore[return-value]
     return open(path, "rb")
 
 
-def iter_trace(path: str | os.PathLike) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, pb.Node]]]:
+def iter_trace(path: str | os.PathLike[str]) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, pb.Node]]]:
     """Stream a trace: return its metadata and an iterator of (byte offset, Node)."""
     spath = str(path)
     stream = open_stream(path)
@@ -208,12 +208,12 @@ def iter_trace(path: str | os.PathLike) -> tuple[pb.GlobalMetadata, Iterator[tup
     return meta, nodes()
 
 
-def encode_message(message) -> bytes:
+def encode_message(message: Message) -> bytes:
     body = message.SerializeToString()
     return encode_varint(len(body)) + body
 
 
-def write_trace(path: str | os.PathLike, metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node],
+def write_trace(path: str | os.PathLike[str], metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node],
                 compress: bool = False) -> None:
     """Write a .et file atomically (optionally gzip-compressed)."""
     with atomic_output(path, "wb") as handle:

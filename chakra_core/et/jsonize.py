@@ -11,19 +11,22 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
 
 from chakra_core._atomic import atomic_output
 from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import iter_trace
 
 
-def message_dict(message) -> dict:
+def message_dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
-def jsonize_file(et_path: str | os.PathLike, json_path: str | os.PathLike, indent: int | None = 1) -> int:
+def jsonize_file(et_path: str | os.PathLike[str], json_path: str | os.PathLike[str],
+                 indent: int | None = 1) -> int:
     """Write `et_path` as JSON to `json_path`; return the number of nodes written."""
     metadata, nodes = iter_trace(et_path)
     count = 0
@@ -46,7 +49,7 @@ TRACE_SUFFIXES = (".et", ".et.gz")
 magic bytes, whatever the name)."""
 
 
-def trace_files(prefix: str | os.PathLike) -> list[tuple[int, Path]]:
+def trace_files(prefix: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """(rank, path) of every `<prefix>.<rank>.et` or `<prefix>.<rank>.et.gz` file, sorted by rank
     (a rank with both files appears twice: see `duplicate_ranks`)."""
     prefix = Path(prefix)
@@ -83,7 +86,7 @@ def check_one_file_per_rank(found: list[tuple[int, Path]]) -> None:
                              "keep one")
 
 
-def rank_files(prefix: str | os.PathLike) -> list[Path]:
+def rank_files(prefix: str | os.PathLike[str]) -> list[Path]:
     """The trace file of every rank 0..N-1 of `prefix`; ChakraSimError when there is none, when a
     rank has two files, or when a rank is missing."""
     found = trace_files(prefix)

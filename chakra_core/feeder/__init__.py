@@ -11,7 +11,7 @@ from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, StreamingFeeder
 FEEDER_KINDS = ("memory", "streaming")
 
 
-def open_feeder(path: str | os.PathLike, kind: str = "memory",
+def open_feeder(path: str | os.PathLike[str], kind: str = "memory",
                 cache_nodes: int = DEFAULT_CACHE_NODES,
                 missing_parents: str = "ignore-control", dependencies: str = "all") -> GraphFeeder:
     """Open one rank's trace with the named feeder implementation."""

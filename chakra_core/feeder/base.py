@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Callable, Iterable
 
 from chakra_core.errors import TraceGraphError
 from chakra_core.et.attrs import NodeView
@@ -95,7 +95,7 @@ A missing *data* parent is always an error. `error`: both are errors.
 """
 
 
-def split_missing(node: pb.Node, known, use_ctrl: bool = True) -> tuple[list[int], list[int]]:
+def split_missing(node: pb.Node, known: Callable[[int], bool], use_ctrl: bool = True) -> tuple[list[int], list[int]]:
     """(missing data parents, missing control parents) of a node; `known(id)` tells existence."""
     node_id = node.id
     data = [d for d in node.data_deps if d != node_id and not known(d)]
@@ -106,7 +106,8 @@ def split_missing(node: pb.Node, known, use_ctrl: bool = True) -> tuple[list[int
 
 
 def missing_parent_problem(path: str, policy: str, missing_data: list[tuple[int, int]],
-                           missing_ctrl: list[tuple[int, int]], names) -> tuple[TraceGraphError | None, str | None]:
+                           missing_ctrl: list[tuple[int, int]],
+                           names: Callable[[int], str]) -> tuple[TraceGraphError | None, str | None]:
     """Turn missing-parent findings into (error to raise, warning to record) per policy.
 
     `missing_*` are (node id, parent id) pairs; `names(node_id)` gives a node's name.
@@ -184,9 +185,9 @@ class GraphFeeder(ABC):
     def pop_ready(self) -> list[tuple[int, int]]:
         """(kind, id) of every issuable node not handed out yet, which are then handed out
         (as repeated next_issuable_node() calls would, but in no particular order)."""
-        out = []
+        out: list[tuple[int, int]] = []
         while self.has_nodes_to_issue():
-            node_id = self.next_issuable_node()
+            node_id: int = self.next_issuable_node()  # type: ignore[assignment]  # not None: has_nodes_to_issue()
             out.append((self.node_kind(node_id), node_id))
         return out
 
@@ -256,7 +257,7 @@ def topological_positions(parents: list[tuple[int, ...]]) -> tuple[list[int], li
     return order, [i for i, count in enumerate(waiting) if count]
 
 
-def find_cycle(candidates: Iterable[int], parents) -> list[int]:
+def find_cycle(candidates: Iterable[int], parents: Callable[[int], Iterable[int]]) -> list[int]:
     """Return one dependency cycle among `candidates` (ids left over by Kahn's algorithm).
 
     `parents(node_id)` gives a node's parent ids. Every leftover node has a

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
@@ -26,12 +27,17 @@ from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, StreamingFeeder, T
 T = TypeVar("T")
 
 
-def file_digest(path: str | os.PathLike) -> bytes:
+def file_digest(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "blake2b").digest()
+        if sys.version_info >= (3, 11):
+            return hashlib.file_digest(handle, "blake2b").digest()
+        digest = hashlib.blake2b()   # Python 3.10 has no hashlib.file_digest: the same digest by hand
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+        return digest.digest()
 
 
-def same_bytes(a: str | os.PathLike, b: str | os.PathLike, block: int = 1 << 20) -> bool:
+def same_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str], block: int = 1 << 20) -> bool:
     """Whether two files of equal size hold the same bytes (read block by block: memory stays small)."""
     with open(a, "rb") as first, open(b, "rb") as second:
         while True:
@@ -55,7 +61,7 @@ class IdenticalFiles(Generic[T]):
         self._hashed_sizes: set[int] = set()
         self._by_digest: dict[tuple[int, bytes], T] = {}
 
-    def get_or_make(self, path: str | os.PathLike, make: Callable[[], T]) -> T:
+    def get_or_make(self, path: str | os.PathLike[str], make: Callable[[], T]) -> T:
         path = Path(path)
         size = path.stat().st_size
         if size not in self._hashed_sizes:
@@ -72,10 +78,10 @@ class IdenticalFiles(Generic[T]):
             self._hashed_sizes.add(size)
             self._by_digest[size, file_digest(other)] = value
         key = (size, file_digest(path))
-        value = self._by_digest.get(key)
-        if value is None:
-            value = self._by_digest[key] = make()
-        return value
+        found = self._by_digest.get(key)
+        if found is None:
+            found = self._by_digest[key] = make()
+        return found
 
 
 class TraceLibrary:
@@ -93,6 +99,6 @@ class TraceLibrary:
         self.distinct += 1
         return index
 
-    def open(self, path: str | os.PathLike) -> GraphFeeder:
+    def open(self, path: str | os.PathLike[str]) -> GraphFeeder:
         path = Path(path)
         return StreamingFeeder(path, index=self._indexes.get_or_make(path, lambda: self._index(path)))

@@ -38,7 +38,7 @@ class InMemoryFeeder(GraphFeeder):
         self._build(nodes)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, missing_parents: str = "ignore-control",
+    def from_file(cls, path: str | os.PathLike[str], missing_parents: str = "ignore-control",
                   dependencies: str = "all") -> "InMemoryFeeder":
         trace = read_trace(path)
         return cls(trace.nodes, trace.metadata, str(path), missing_parents, dependencies)
@@ -139,5 +139,5 @@ class InMemoryFeeder(GraphFeeder):
                 ready.append(child)
         return ready
 
-    def pending_nodes(self):
+    def pending_nodes(self) -> list[int]:
         return [n for n in self._kind if n not in self._finished]

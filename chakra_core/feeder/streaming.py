@@ -24,6 +24,7 @@ import shutil
 import tempfile
 from array import array
 from collections import OrderedDict
+from typing import BinaryIO
 
 from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.attrs import NodeView
@@ -39,7 +40,12 @@ DEFAULT_CACHE_NODES = 4096
 class TraceIndex:
     """What a trace file says, indexed once and shared by every rank that reads the same bytes."""
 
-    def __init__(self, path: str | os.PathLike, cache_nodes: int = DEFAULT_CACHE_NODES,
+    # id -> position (see _build_id_map): `_sparse` is set exactly when `_dense` is None.
+    _base: int
+    _dense: array[int] | None
+    _sparse: dict[int, int] | None
+
+    def __init__(self, path: str | os.PathLike[str], cache_nodes: int = DEFAULT_CACHE_NODES,
                  missing_parents: str = "ignore-control", dependencies: str = "all"):
         if cache_nodes < 1:
             raise ValueError("cache_nodes must be at least 1")
@@ -49,7 +55,7 @@ class TraceIndex:
         self.warnings: list[str] = []
         self.cache_nodes = cache_nodes
         self._tmp_dir: str | None = None
-        self._file = None
+        self._file: BinaryIO | None = None
         self._cache: OrderedDict[int, NodeView] = OrderedDict()
         self.users = 0
         try:
@@ -129,7 +135,7 @@ class TraceIndex:
         """Ids of the nodes with no parent, smallest first (a valid heap)."""
         self._file = open(source, "rb")
 
-    def _build_id_map(self, ids: array) -> None:
+    def _build_id_map(self, ids: array[int]) -> None:
         """id -> position: a dense array when ids are (nearly) contiguous, else a dict.
 
         Duplicate ids are detected while filling it (no set of all ids is built).
@@ -168,10 +174,10 @@ class TraceIndex:
                 if position >= 0:
                     return position
             return -1
-        return self._sparse.get(node_id, -1)
+        return self._sparse.get(node_id, -1)  # type: ignore[union-attr]  # set when _dense is None
 
-    def _resolve_parents(self, edge_parent: array, edge_child: array,
-                         edge_is_ctrl: bytearray) -> tuple[array, array]:
+    def _resolve_parents(self, edge_parent: array[int], edge_child: array[int],
+                         edge_is_ctrl: bytearray) -> tuple[array[int], array[int]]:
         """Map parent ids to positions; apply the missing-parent policy."""
         positions = array("I")
         kept_children = array("I")
@@ -287,7 +293,7 @@ class StreamingFeeder(GraphFeeder):
                  "_issuable", "_ready", "pending", "_added", "_added_kind", "_added_remaining",
                  "_added_children", "_finished_added", "_closed")
 
-    def __init__(self, path: str | os.PathLike | None = None, cache_nodes: int = DEFAULT_CACHE_NODES,
+    def __init__(self, path: str | os.PathLike[str] | None = None, cache_nodes: int = DEFAULT_CACHE_NODES,
                  missing_parents: str = "ignore-control", dependencies: str = "all",
                  index: TraceIndex | None = None):
         if index is None:
@@ -351,7 +357,7 @@ class StreamingFeeder(GraphFeeder):
         out = [(kinds[p], ids[p]) for p in self._ready]
         self._ready = []
         while issuable:      # pushed back, or added with add_node()
-            node_id = issuable.pop()
+            node_id: int = issuable.pop()  # type: ignore[assignment]  # not None: the heap is not empty
             out.append((self.node_kind(node_id), node_id))
         return out
 
@@ -362,7 +368,7 @@ class StreamingFeeder(GraphFeeder):
             index = node_id - trace._base
             position = dense[index] if 0 <= index < len(dense) else -1
         else:
-            position = trace._sparse.get(node_id, -1)
+            position = trace._sparse.get(node_id, -1)  # type: ignore[union-attr]  # set when _dense is None
         if position < 0 or self._added_children:
             self.free_children(node_id)
             self.remove_node(node_id)
@@ -427,7 +433,7 @@ class StreamingFeeder(GraphFeeder):
             index = node_id - trace._base
             position = dense[index] if 0 <= index < len(dense) else -1
         else:
-            position = trace._sparse.get(node_id, -1)
+            position = trace._sparse.get(node_id, -1)  # type: ignore[union-attr]  # set when _dense is None
         if position < 0:
             return self._added[node_id]
         view = trace._cache.get(position)
@@ -464,7 +470,7 @@ class StreamingFeeder(GraphFeeder):
             self.pending = True
         return ready
 
-    def pending_nodes(self):
+    def pending_nodes(self) -> list[int]:
         ids = self._trace._ids
         pending = [ids[p] for p in range(len(ids)) if not self._finished[p]]
         pending.extend(n for n in self._added_kind if n not in self._finished_added)
@@ -483,7 +489,7 @@ class StreamingFeeder(GraphFeeder):
             self._trace.close()
 
 
-_NONE: list = []
+_NONE: list[tuple[int, int]] = []
 """An empty result shared by every call that has nothing to return (never appended to)."""
 
 

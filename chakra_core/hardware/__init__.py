@@ -1,1 +1,1 @@
-"""Hardware descriptions (profiles) and the NCCL cost model that reads them."""
+"""Hardware profiles: GPUs, nodes and networks as data, every value with its public source."""

@@ -158,7 +158,7 @@ def builtin_profiles() -> list[str]:
     return sorted(path.stem for path in BUILTIN_DIR.glob("*.yaml"))
 
 
-def _merge(base: dict, override: dict) -> dict:
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -220,7 +220,7 @@ def load_profile(name: str | Path, base_dir: Path = Path(".")) -> Profile:
     return _load(_path_of(name, base_dir).resolve())
 
 
-def profile_problems(name: str | Path, base_dir: Path) -> list[tuple[tuple, str]]:
+def profile_problems(name: str | Path, base_dir: Path) -> list[tuple[tuple[str | int, ...], str]]:
     """For a plugin's `config_problems`: why the profile a manifest names cannot be loaded
     (as `(("profile",), reason)`), or nothing."""
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from statistics import median_low
-from typing import Any
+from typing import Any, Iterable
 
 from rich.console import Console
 from rich.markup import escape
@@ -39,7 +39,7 @@ def format_time(ns: int, unit: tuple[str, int] | None = None) -> str:
     return f"{text} {name}" if unit is None else text
 
 
-def format_bytes(value: int) -> str:
+def format_bytes(value: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.2f} {unit}"
@@ -47,7 +47,7 @@ def format_bytes(value: int) -> str:
     return str(value)
 
 
-def compact_ranks(ranks) -> str:
+def compact_ranks(ranks: Iterable[int]) -> str:
     """Rank numbers in few characters: [0, 1, 2, 5] -> '0-2, 5'; [0, 8, 16, 24] -> '0-24 step 8'."""
     ordered = sorted(set(ranks))
     if len(ordered) >= 3:

@@ -62,7 +62,7 @@ def _lane_of(slot: str) -> tuple[int, str]:
     return LANES.get(slot, (6, slot))
 
 
-def build_timeline(intervals: Iterable[Sequence], results: dict[str, Any],
+def build_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any],
                    max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
     """The Chrome-trace document (a dict ready for json.dumps); see the module docstring."""
     rows = sorted((int(r[0]), int(r[5]), int(r[6]), int(r[1]), str(r[2]), str(r[3]), str(r[4]),
@@ -173,9 +173,10 @@ def timeline_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":")) + "\n"
 
 
-def write_timeline(intervals: Iterable[Sequence], results: dict[str, Any], path: str | os.PathLike,
+def write_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any], path: str | os.PathLike[str],
                    max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
     """Build the timeline and write it atomically to `path`; return the document's metadata."""
     doc = build_timeline(intervals, results, max_flows)
     atomic_write_text(path, timeline_json(doc))
-    return doc["metadata"]
+    metadata: dict[str, Any] = doc["metadata"]
+    return metadata

@@ -19,7 +19,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from chakra_core._atomic import AtomicFiles, atomic_write_text
 from chakra_core.engine.driver import BREAKDOWN
@@ -71,7 +71,7 @@ def results_csv(results: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
-def result_files(results: dict[str, Any], formats: list[str], intervals: list | None = None,
+def result_files(results: dict[str, Any], formats: list[str], intervals: Sequence[Sequence[Any]] | None = None,
                  plots: bool = False) -> dict[str, str | bytes]:
     """The results files of the requested formats: file name -> contents; with `intervals`
     (what a Simulation built with record_intervals recorded), timeline.json too; with `plots`,

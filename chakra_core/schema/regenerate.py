@@ -1,4 +1,4 @@
-"""Regenerate et_def_pb2.py from et_def.proto (needs grpcio-tools).
+"""Regenerate et_def_pb2.py and its typed stub et_def_pb2.pyi from et_def.proto (needs grpcio-tools).
 
     python -m chakra_core.schema.regenerate [--check]
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import re
 import subprocess
 import sys
@@ -19,16 +20,23 @@ from pathlib import Path
 SCHEMA_DIR = Path(__file__).resolve().parent
 PROTO = SCHEMA_DIR / "et_def.proto"
 MODULE = SCHEMA_DIR / "et_def_pb2.py"
+STUB = SCHEMA_DIR / "et_def_pb2.pyi"
+# protoc's stub annotates message constructors with a bare `Mapping`, which --strict rejects;
+# the header keeps the rest of the stub strict without editing protoc's output.
+STUB_HEADER = "# mypy: disallow-any-generics=False\n"
 
 
 def generate(out_dir: Path) -> Path:
-    """Run protoc on et_def.proto into out_dir and return the generated module path."""
+    """Run protoc on et_def.proto into out_dir and return the generated module path.
+
+    The typed stub (et_def_pb2.pyi) is written beside it.
+    """
     try:
-        import grpc_tools  # noqa: F401
+        importlib.import_module("grpc_tools")  # import_module: grpcio-tools ships no type information
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise SystemExit("grpcio-tools is needed: pip install grpcio-tools") from exc
     cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{SCHEMA_DIR}",
-           f"--python_out={out_dir}", str(PROTO)]
+           f"--python_out={out_dir}", f"--pyi_out={out_dir}", str(PROTO)]
     subprocess.run(cmd, check=True)
     return out_dir / "et_def_pb2.py"
 
@@ -39,7 +47,8 @@ def serialized_descriptor(module_path: Path) -> bytes:
     match = re.search(r"AddSerializedFile\((b'.*?')\)\n", text, re.S)
     if not match:
         raise ValueError(f"{module_path}: no serialized descriptor found")
-    return ast.literal_eval(match.group(1))
+    descriptor: bytes = ast.literal_eval(match.group(1))
+    return descriptor
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                   "et_def_pb2.py is stale: run python -m chakra_core.schema.regenerate")
             return 0 if same else 1
         MODULE.write_text(fresh.read_text())
-    print(f"wrote {MODULE}")
+        STUB.write_text(STUB_HEADER + fresh.with_suffix(".pyi").read_text())
+    print(f"wrote {MODULE} and {STUB.name}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -10,8 +11,11 @@ from rich.table import Table
 
 from chakra_core.cli.output import CliError, err_console, fail, out_console, warn
 from chakra_core.errors import ChakraSimError
-from chakra_core.sweep.run import EXECUTORS, WALL_COLUMN, PointReport, run_sweep
-from chakra_core.sweep.spec import load_sweep
+from chakra_core.sweep.run import EXECUTORS, WALL_COLUMN, PointReport, SweepResult, run_sweep
+from chakra_core.sweep.spec import Sweep, load_sweep
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SHOWN_ROWS = 40
 """Rows printed after the sweep; the table file has them all."""
@@ -30,7 +34,8 @@ SHOWN_ROWS = 40
 @click.option("--force", is_flag=True, help="rerun every point, finished ones included")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no table (warnings still go to stderr)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
-def sweep(sweep_file, executor, workers, address, out_dir, force, quiet, debug) -> None:
+def sweep(sweep_file: str, executor: str, workers: int | None, address: str | None, out_dir: str | None,
+          force: bool, quiet: bool, debug: bool) -> None:
     """Run a manifest over a grid or list of overrides; write one table and a plot.
 
     SWEEP.yaml names a base manifest and the values to set on key paths
@@ -83,7 +88,7 @@ def sweep(sweep_file, executor, workers, address, out_dir, force, quiet, debug) 
         raise SystemExit(1)
 
 
-def _print_table(console, spec, result) -> None:
+def _print_table(console: Console, spec: Sweep, result: SweepResult) -> None:
     table = Table(title=f"sweep {spec.name}", title_justify="left")
     shown = ["point", *spec.keys, "status", spec.metric.text, WALL_COLUMN]
     for column in shown:
@@ -156,7 +161,7 @@ class _Progress:
             self.bar.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.bar is not None:
             self.bar.stop()
         elif not self.quiet:

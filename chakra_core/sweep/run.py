@@ -26,17 +26,21 @@ import signal
 import time
 import traceback
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from chakra_core._version import __version__
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
-from chakra_core.sweep.spec import KeyPathError, Metric, Point, Sweep
+from chakra_core.sweep.paths import KeyPathError, Metric
+from chakra_core.sweep.spec import Point, Sweep
+
+if TYPE_CHECKING:
+    from chakra_core.plugins import PluginHost
 
 EXECUTORS = ("local", "ray")
 POINT_RECORD = "point.json"
@@ -60,14 +64,14 @@ class SweepError(ChakraSimError):
 
 
 # The worker --------------------------------------------------------------------------------------
-_HOST = None
+_HOST: PluginHost | None = None
 
 
-def _plugin_host():
+def _plugin_host() -> PluginHost:
     """One plugin host per worker process: discovering plugins once, not once per point."""
     global _HOST
     if _HOST is None:
-        from chakra_core.contract.host import make_plugin_host
+        from chakra_core.plugins import make_plugin_host
 
         _HOST = make_plugin_host()
     return _HOST
@@ -120,8 +124,8 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_local(tasks: list[dict], workers: int, on_outcome: Callable[[dict], None],
-              function: Callable[[dict], dict] = run_point) -> None:
+def run_local(tasks: list[dict[str, Any]], workers: int, on_outcome: Callable[[dict[str, Any]], None],
+              function: Callable[[dict[str, Any]], dict[str, Any]] = run_point) -> None:
     """Run `function` (`run_point`) on each task in a pool of `workers` fresh processes;
     call `on_outcome` as each ends.
 
@@ -134,7 +138,7 @@ def run_local(tasks: list[dict], workers: int, on_outcome: Callable[[dict], None
     context = multiprocessing.get_context("spawn")
     while pending:
         pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_sigint)
-        in_flight: dict = {}
+        in_flight: dict[Future[dict[str, Any]], dict[str, Any]] = {}
         try:
             while pending or in_flight:
                 while pending and len(in_flight) < workers:
@@ -172,8 +176,8 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def run_ray(tasks: list[dict], workers: int | None, address: str | None,
-            on_outcome: Callable[[dict], None]) -> None:
+def run_ray(tasks: list[dict[str, Any]], workers: int | None, address: str | None,
+            on_outcome: Callable[[dict[str, Any]], None]) -> None:
     """Run `tasks` as Ray tasks (one CPU each); call `on_outcome` as each ends.
 
     Uses the Ray instance this process is connected to if there is one; else connects to
@@ -187,7 +191,7 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
         raise SweepError(f"--executor ray needs Ray, which is not installed: {RAY_INSTALL}") from None
     started_here = False
     if not ray.is_initialized():
-        quiet = {"logging_level": logging.WARNING}
+        quiet: dict[str, Any] = {"logging_level": logging.WARNING}
         where = address or os.environ.get("RAY_ADDRESS")
         try:
             if where:
@@ -202,7 +206,7 @@ def run_ray(tasks: list[dict], workers: int | None, address: str | None,
     remote = ray.remote(num_cpus=1)(run_point)
     pending = deque(tasks)
     limit = workers or len(tasks)
-    in_flight: dict = {}
+    in_flight: dict[ray.ObjectRef[dict[str, Any]], dict[str, Any]] = {}
     try:
         while pending or in_flight:
             while pending and len(in_flight) < limit:
@@ -312,7 +316,7 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
 
 
 def _record(sweep: Sweep, point: Point, outcome: dict[str, Any], warnings: list[str],
-            metric_misses: list) -> dict[str, Any]:
+            metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
     """Write a finished point's folder; return its row."""
     folder = sweep.point_dir(point)
     status, error = outcome["status"], outcome["error"]
@@ -330,7 +334,7 @@ def _record(sweep: Sweep, point: Point, outcome: dict[str, Any], warnings: list[
     return _row(sweep, point, status, error, results, record["wall_s"], metric_misses)
 
 
-def _finished_row(sweep: Sweep, point: Point, metric_misses: list) -> dict[str, Any] | None:
+def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str]]) -> dict[str, Any] | None:
     """The row of a point finished by an earlier run of the sweep, or None to run it."""
     folder = sweep.point_dir(point)
     try:
@@ -344,7 +348,7 @@ def _finished_row(sweep: Sweep, point: Point, metric_misses: list) -> dict[str, 
 
 
 def _row(sweep: Sweep, point: Point, status: str, error: str | None, results: dict[str, Any] | None,
-         wall_s: float | None, metric_misses: list) -> dict[str, Any]:
+         wall_s: float | None, metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
     row: dict[str, Any] = {"point": point.index, "id": point.id}
     row.update({key: point.overrides.get(key) for key in sweep.keys})
     row.update(status=status, error=error)

@@ -26,79 +26,20 @@ import copy
 import hashlib
 import itertools
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from chakra_core._version import __version__
 from chakra_core.config.files import read_config_file
-from chakra_core.errors import ManifestError
 from chakra_core.config.manifest import Manifest, format_loc
+from chakra_core.errors import ManifestError
+from chakra_core.sweep.paths import KeyPath, KeyPathError, Metric, describe, parse_key_path, set_key_path
 
-KeyPath = tuple  # ('network', 'bandwidth', 0): the parts format_loc joins into 'network.bandwidth[0]'
+_Problem = Callable[[str, str], None]  # problem(where, why): records one problem of the sweep file
 
 TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output")
-AGGREGATES = ("max", "min", "mean", "sum")
 POINTS_DIR = "points"
-
-# Names are what manifest keys are made of (ASTRA-sim's have hyphens); an index is a
-# non-negative integer.
-_NAME = r"[\w-]+"
-_PATH = re.compile(rf"{_NAME}(\[\d+\])*(\.{_NAME}(\[\d+\])*)*")
-_PART = re.compile(rf"({_NAME})|\[(\d+)\]")
-_AGGREGATE = re.compile(r"(\w+)\((.*)\)")
-
-
-class KeyPathError(ValueError):
-    """A key path that cannot be parsed, or that does not fit the mapping it is applied to."""
-
-
-def parse_key_path(text: Any) -> KeyPath:
-    """'network.bandwidth[0]' -> ('network', 'bandwidth', 0), the inverse of `format_loc`."""
-    if not isinstance(text, str) or not _PATH.fullmatch(text):
-        raise KeyPathError(f"not a key path: {text!r} (expected names of letters, digits, _ and - "
-                           "joined by '.', each optionally followed by [index], e.g. network.bandwidth[0])")
-    return tuple(int(index) if index else name for name, index in _PART.findall(text))
-
-
-def set_key_path(data: dict[str, Any], path: KeyPath, value: Any) -> None:
-    """Set `path` in `data` to `value`, creating missing mapping keys on the way.
-
-    A list index must exist: what a new item would hold in between is anyone's guess,
-    so growing a list is done by setting the whole list.
-    """
-    node: Any = data
-    for depth, part in enumerate(path):
-        last = depth == len(path) - 1
-        here = format_loc(path[:depth]) if depth else "the manifest"
-        if isinstance(part, int):
-            if not isinstance(node, list):
-                raise KeyPathError(f"{here} is {_describe(node)}, not a list: [{part}] cannot index it")
-            if part >= len(node):
-                items = f"{len(node)} item" + ("" if len(node) == 1 else "s")
-                raise KeyPathError(f"index {part} out of range: {here} has {items}; "
-                                   f"set the whole list ({format_loc(path[:depth])}: [...]) instead")
-        elif not isinstance(node, dict):
-            raise KeyPathError(f"{here} is {_describe(node)}, not a mapping: it has no key '{part}'")
-        elif not last and part not in node:
-            if isinstance(path[depth + 1], int):
-                raise KeyPathError(f"{format_loc(path[:depth + 1])} is not in the base manifest, so "
-                                   f"[{path[depth + 1]}] cannot index it; set the whole list instead")
-            node[part] = {}
-        if last:
-            node[part] = copy.deepcopy(value)
-        else:
-            node = node[part]
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, (dict, list)):
-        return f"a {'mapping' if isinstance(value, dict) else 'list'}"
-    kind = type(value).__name__
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({value!r})"
 
 
 def canonical_json(value: Any) -> str:
@@ -108,64 +49,6 @@ def canonical_json(value: Any) -> str:
 
 def _digest(value: Any, length: int = 64) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:length]
-
-
-# The metric ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Metric:
-    """A number taken from a point's results.json: a path into it, or an aggregate over ranks."""
-
-    text: str
-    path: KeyPath
-    aggregate: str | None = None
-    """max, min, mean or sum of `path` in every entry of `ranks`; None: `path` from the top level."""
-
-    @classmethod
-    def parse(cls, text: Any) -> "Metric":
-        if not isinstance(text, str):
-            raise KeyPathError(f"expected a string such as finish_ns or max(exposed_comm_ns), "
-                               f"found {_describe(text)}")
-        text = text.strip()
-        call = _AGGREGATE.fullmatch(text)
-        if call is None:
-            return cls(text, parse_key_path(text))
-        if call.group(1) not in AGGREGATES:
-            raise KeyPathError(f"unknown aggregate {call.group(1)!r} (use {', '.join(AGGREGATES)})")
-        return cls(text, parse_key_path(call.group(2).strip()), call.group(1))
-
-    def value(self, results: dict[str, Any]) -> int | float:
-        """The metric in `results`; KeyPathError saying why when it is missing or not a number."""
-        if self.aggregate is None:
-            return _number_at(results, self.path)
-        values = [_number_at(rank, self.path, f"ranks[{i}].") for i, rank in enumerate(results["ranks"])]
-        if not values:
-            raise KeyPathError("the results have no ranks")
-        if self.aggregate == "mean":
-            return sum(values) / len(values)
-        return {"max": max, "min": min, "sum": sum}[self.aggregate](values)
-
-    @property
-    def unit(self) -> str | None:
-        """'ns' or 'bytes' when the key's name says so (for the plot's axis)."""
-        name = str(next((p for p in reversed(self.path) if isinstance(p, str)), ""))
-        if name.endswith("_ns"):
-            return "ns"
-        if "bytes" in name:
-            return "bytes"
-        return None
-
-
-def _number_at(data: Any, path: KeyPath, prefix: str = "") -> int | float:
-    node = data
-    for depth, part in enumerate(path):
-        missing = (isinstance(part, int) and not (isinstance(node, list) and part < len(node))) or \
-                  (isinstance(part, str) and not (isinstance(node, dict) and part in node))
-        if missing:
-            raise KeyPathError(f"the results have no {prefix}{format_loc(path[:depth + 1])}")
-        node = node[part]
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        raise KeyPathError(f"{prefix}{format_loc(path)} in the results is {_describe(node)}, not a number")
-    return node
 
 
 # The sweep -------------------------------------------------------------------------------------
@@ -259,14 +142,15 @@ def build_sweep(data: dict[str, Any], sweep_dir: Path, source: str, out_dir: str
                  metric=metric, plot=plot, output_dir=output_dir, name=name)
 
 
-def _load_base(value: Any, sweep_dir: Path, source: str, problem) -> tuple[dict | None, Path, str]:
+def _load_base(value: Any, sweep_dir: Path, source: str,
+               problem: _Problem) -> tuple[dict[str, Any] | None, Path, str]:
     """The base manifest mapping (None when unusable), the folder its relative paths resolve
     against, its name."""
     if isinstance(value, dict):
         return value, sweep_dir, f"{source}: base"
     if not isinstance(value, str) or not value:
         problem("base", "required: a manifest file (relative to the sweep file) or a manifest mapping"
-                if value is None else f"expected a file name or a mapping, found {_describe(value)}")
+                if value is None else f"expected a file name or a mapping, found {describe(value)}")
         return None, sweep_dir, f"{source}: base"
     file = Path(value).expanduser()
     file = file if file.is_absolute() else sweep_dir / file
@@ -278,7 +162,7 @@ def _load_base(value: Any, sweep_dir: Path, source: str, problem) -> tuple[dict 
         return None, sweep_dir, value
 
 
-def _check_key(key: Any, where: str, problem) -> KeyPath | None:
+def _check_key(key: Any, where: str, problem: _Problem) -> KeyPath | None:
     try:
         path = parse_key_path(key)
     except KeyPathError as exc:
@@ -295,7 +179,7 @@ def _check_key(key: Any, where: str, problem) -> KeyPath | None:
     return path
 
 
-def _check_value(value: Any, where: str, problem) -> bool:
+def _check_value(value: Any, where: str, problem: _Problem) -> bool:
     try:
         canonical_json(value)
     except (TypeError, ValueError) as exc:
@@ -304,18 +188,18 @@ def _check_value(value: Any, where: str, problem) -> bool:
     return True
 
 
-def _read_grid(value: Any, problem) -> dict[str, list]:
+def _read_grid(value: Any, problem: _Problem) -> dict[str, list[Any]]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        problem("grid", f"expected a mapping of key paths to lists of values, found {_describe(value)}")
+        problem("grid", f"expected a mapping of key paths to lists of values, found {describe(value)}")
         return {}
     grid = {}
     for key, values in value.items():
         if _check_key(key, "grid", problem) is None:
             continue
         if not isinstance(values, list):
-            problem(f"grid: {key}", f"expected a list of values, found {_describe(values)} "
+            problem(f"grid: {key}", f"expected a list of values, found {describe(values)} "
                                     f"(for a single value write [{json.dumps(values, default=str)}])")
             continue
         if not values:
@@ -331,18 +215,18 @@ def _read_grid(value: Any, problem) -> dict[str, list]:
     return grid
 
 
-def _read_points(value: Any, problem) -> list[dict[str, Any]]:
+def _read_points(value: Any, problem: _Problem) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list) or not value:
         problem("points", f"expected a non-empty list of mappings of key paths to values, "
-                          f"found {_describe(value) if value != [] else 'an empty list'}")
+                          f"found {describe(value) if value != [] else 'an empty list'}")
         return []
     points = []
     for i, point in enumerate(value):
         if not isinstance(point, dict) or not point:
             problem(f"points[{i}]", f"expected a non-empty mapping of key paths to values, "
-                                    f"found {_describe(point)}")
+                                    f"found {describe(point)}")
             continue
         ok = [key for key in point if _check_key(key, f"points[{i}]", problem) is not None
               and _check_value(point[key], f"points[{i}]: {key}", problem)]
@@ -350,7 +234,7 @@ def _read_points(value: Any, problem) -> list[dict[str, Any]]:
     return points
 
 
-def _read_metric(value: Any, problem) -> Metric:
+def _read_metric(value: Any, problem: _Problem) -> Metric:
     try:
         return Metric.parse(value)
     except KeyPathError as exc:
@@ -358,12 +242,12 @@ def _read_metric(value: Any, problem) -> Metric:
         return Metric("finish_ns", ("finish_ns",))
 
 
-def _read_plot(value: Any, keys: list[str], problem) -> PlotSpec:
+def _read_plot(value: Any, keys: list[str], problem: _Problem) -> PlotSpec:
     default_x = keys[0] if keys else ""
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        problem("plot", f"expected a mapping (x, series, x_unit, logx, logy), found {_describe(value)}")
+        problem("plot", f"expected a mapping (x, series, x_unit, logx, logy), found {describe(value)}")
         return PlotSpec(default_x, keys[1:])
     for key in value:
         if key not in ("x", "series", "x_unit", "logx", "logy"):
@@ -394,10 +278,10 @@ def _read_plot(value: Any, keys: list[str], problem) -> PlotSpec:
     return PlotSpec(x, series, x_unit, bool(value.get("logx", False)), bool(value.get("logy", False)))
 
 
-def _read_output(value: Any, sweep_dir: Path, out_dir: str | Path | None, name: str, problem) -> Path:
+def _read_output(value: Any, sweep_dir: Path, out_dir: str | Path | None, name: str, problem: _Problem) -> Path:
     value = {} if value is None else value
     if not isinstance(value, dict):
-        problem("output", f"expected a mapping (dir), found {_describe(value)}")
+        problem("output", f"expected a mapping (dir), found {describe(value)}")
         value = {}
     for key in value:
         if key != "dir":
@@ -412,8 +296,8 @@ def _read_output(value: Any, sweep_dir: Path, out_dir: str | Path | None, name: 
     return path if path.is_absolute() else (sweep_dir / path)
 
 
-def _expand(base: dict[str, Any], grid: dict[str, list], points: list[dict[str, Any]], base_dir: Path,
-            problem) -> list[Point]:
+def _expand(base: dict[str, Any], grid: dict[str, list[Any]], points: list[dict[str, Any]], base_dir: Path,
+            problem: _Problem) -> list[Point]:
     """Every point in order: each listed point (or one empty point) times the grid's product.
 
     A point's own keys are applied first, then the grid's, each in the order written, so a

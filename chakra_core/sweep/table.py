@@ -136,13 +136,13 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
     drawn = [row for row in rows if row["status"] == "ok" and row.get(metric) is not None]
     if not drawn:
         return None
-    x_values = [row.get(spec.x) for row in drawn]
+    x_values: list[Any] = [row.get(spec.x) for row in drawn]   # JSON values: numbers when numeric_x
     numeric_x = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
     # A categorical axis keeps the sweep's order of values.
     categories = list(dict.fromkeys(json.dumps(v, sort_keys=True) for v in x_values))
     divisor, unit = readable_unit([row[metric] for row in drawn], sweep.metric.unit)
 
-    lines: dict[tuple, list[tuple[Any, float]]] = {}
+    lines: dict[tuple[str, ...], list[tuple[Any, float]]] = {}
     for row in drawn:
         series = tuple(json.dumps(row.get(k), sort_keys=True) for k in spec.series)
         x = row.get(spec.x)
@@ -153,7 +153,7 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
     # and marker and the others the colour: lines that coincide (two backends agreeing) stay
     # visible, an 'x' inside an 'o'.
     styled = len(spec.series) >= 2 and len({key[-1] for key in lines}) <= len(_STYLES)
-    colour_of: dict[tuple, int] = {}
+    colour_of: dict[tuple[str, ...], int] = {}
     style_of: dict[str, int] = {}
     figure = Figure(figsize=(9 if len(lines) > 4 else 8, 5), dpi=110, layout="constrained")
     FigureCanvasAgg(figure)

@@ -1,9 +1,10 @@
 """Trace tools behind `chakra-sim convert`, `generate`, `visualize`, `analyze`,
 `synthesize` and `obfuscate`.
 
-Each tool is a module holding the logic as plain functions (usable from Python
-and tests) and one click command object that `chakra_core.cli` wires in (`tool_errors` and
-`CliError` from chakra_core.cli.output report their failures):
+Each tool is a module, or a package of one-job modules with a `cli` module, holding the
+logic as plain functions (usable from Python and tests) and one click command object that
+`chakra_core.cli` wires in (`tool_errors` and `CliError` from chakra_core.cli.output report
+their failures); a package re-exports its public names:
 
     chakra_core.tools.pytorch.cli:convert_pytorch  chakra-sim convert pytorch ...
     chakra_core.tools.text:convert_text        chakra-sim convert text ...

@@ -86,7 +86,7 @@ class Stream:
         self.root_deps: list[int] = []
 
     # Raw nodes --------------------------------------------------------------------------
-    def add(self, node_type: int, name: str, deps: Iterable[int] = (), ctrl: Iterable[int] = (),
+    def add(self, node_type: pb.NodeType, name: str, deps: Iterable[int] = (), ctrl: Iterable[int] = (),
             duration_micros: int = 0, attrs: Iterable[pb.AttributeProto] = ()) -> int:
         node_id = len(self.nodes)
         node = pb.Node(id=node_id, name=name, type=node_type, duration_micros=duration_micros)
@@ -110,7 +110,7 @@ class Stream:
         return node_id
 
     # Stream operations -------------------------------------------------------------------
-    def step(self, node_type: int, name: str, duration_micros: int = 0,
+    def step(self, node_type: pb.NodeType, name: str, duration_micros: int = 0,
              attrs: Iterable[pb.AttributeProto] = ()) -> int:
         """An operation of the stream: it waits for the frontier and becomes the frontier."""
         node_id = self.add(node_type, name, deps=self.frontier, duration_micros=duration_micros,
@@ -118,7 +118,7 @@ class Stream:
         self.frontier = [node_id]
         return node_id
 
-    def launch(self, node_type: int, name: str, duration_micros: int = 0,
+    def launch(self, node_type: pb.NodeType, name: str, duration_micros: int = 0,
                attrs: Iterable[pb.AttributeProto] = (), after: Sequence[int] | None = None) -> int:
         """An asynchronous operation started after the frontier (or `after`); the frontier stays."""
         deps = self.frontier if after is None else after
@@ -141,11 +141,11 @@ def _unique(ids: Iterable[int]) -> list[int]:
     return out
 
 
-def rank_path(prefix: str | os.PathLike, rank: int) -> Path:
+def rank_path(prefix: str | os.PathLike[str], rank: int) -> Path:
     return Path(f"{os.fspath(prefix)}.{rank}.et")
 
 
-def write_rank_files(prefix: str | os.PathLike, ranks: Iterable[Sequence[pb.Node]],
+def write_rank_files(prefix: str | os.PathLike[str], ranks: Iterable[Sequence[pb.Node]],
                      meta: pb.GlobalMetadata, compress: bool = False) -> list[Path]:
     """Write PREFIX.<rank>.et for every rank (taken one at a time); return the paths."""
     paths = []

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chakra_core._atomic import atomic_write_text
 from chakra_core.errors import ChakraSimError
 from chakra_core.et.attrs import INT_FIELDS, NodeView, attr_map, attr_value
-from chakra_core.et.io import read_trace, write_trace
-from chakra_core.schema import pb
-from chakra_core.comm.groups import WORLD, parse_pg_list
 from chakra_core.cli.output import CliError, tool_errors
+from chakra_core.comm.groups import WORLD, parse_pg_list
+from chakra_core.et.io import read_trace, write_trace
+from chakra_core.et.jsonize import rank_files
+from chakra_core.schema import pb
 
 DEFAULT_TOLERANCE = 0.05
 SIZE_ATTRIBUTES = ("num_ops", "tensor_size")
@@ -41,13 +42,13 @@ KEPT_ATTRIBUTES = ("is_cpu_op", "comm_type", "comm_size", "comm_src", "comm_dst"
 """What the simulator reads; every other attribute is dropped."""
 
 
-def _unit(seed: int, key: tuple) -> float:
+def _unit(seed: int, key: tuple[object, ...]) -> float:
     """A number in [0, 1) fixed by (seed, key): the same on every machine and run."""
     digest = hashlib.sha256(repr((seed, *key)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def perturbed(seed: int, tolerance: float, *key) -> float:
+def perturbed(seed: int, tolerance: float, *key: object) -> float:
     """A factor in [1 - tolerance, 1 + tolerance] fixed by the seed and key."""
     return 1.0 + tolerance * (2.0 * _unit(seed, key) - 1.0)
 
@@ -80,7 +81,7 @@ class GroupNames:
 def source_strings(metadata: pb.GlobalMetadata | None, nodes: list[pb.Node]) -> set[str]:
     """Every string a trace carries (names, string attributes, inputs/outputs, metadata)."""
     found: set[str] = set()
-    messages = list(nodes)
+    messages: list[pb.Node | pb.GlobalMetadata] = list(nodes)
     for node in nodes:
         found.add(node.name)
         for info in (node.inputs, node.outputs):
@@ -100,7 +101,7 @@ def source_strings(metadata: pb.GlobalMetadata | None, nodes: list[pb.Node]) -> 
 
 
 def _defined_groups(nodes: list[pb.Node]) -> list[tuple[str, list[int]]]:
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for node in nodes:
         if node.type == pb.METADATA_NODE and "pg_name" in node.inputs.values:
             parsed = parse_pg_list(node.inputs.values.strip()) or []
@@ -126,8 +127,8 @@ def obfuscate_node(node: pb.Node, new_id: int, renumber: dict[int, int], groups:
             continue
         which = attr.WhichOneof("value")
         if name == "pg_name":
-            value = view.str(name)
-            kept = value if value == "0" and value not in defined else groups.rename(value)
+            group = view.str(name)
+            kept = group if group == "0" and group not in defined else groups.rename(group)
             out.attr.append(pb.AttributeProto(name=name, string_val=kept))
         elif name == "is_cpu_op":
             out.attr.append(pb.AttributeProto(name=name, bool_val=view.bool(name)))
@@ -149,13 +150,11 @@ def obfuscate_node(node: pb.Node, new_id: int, renumber: dict[int, int], groups:
 
 
 def obfuscate_traces(prefix: str, out_prefix: str, seed: int = 0, tolerance: float = DEFAULT_TOLERANCE,
-                     comm_groups: dict[str, list[int]] | None = None) -> dict:
+                     comm_groups: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Write the obfuscated copy of every rank of `prefix` to `out_prefix`; return a report."""
-    from chakra_core.tools.synthesis.fit import source_ranks
-
     if not 0 <= tolerance < 1:
         raise ChakraSimError(f"the tolerance must be in [0, 1), got {tolerance}")
-    files = [paths[0] for paths in source_ranks([prefix])]
+    files = rank_files(prefix)
     outputs = [Path(f"{out_prefix}.{rank}.et") for rank in range(len(files))]
     for source, target in zip(files, outputs):
         if target.exists() and target.resolve() == source.resolve():
@@ -209,7 +208,8 @@ def read_comm_groups(path: str | None) -> dict[str, list[int]] | None:
 @click.option("--comm-group", "comm_group", type=click.Path(dir_okay=False),
               help="communicator-group JSON of the source (written renamed to OUTPREFIX.comm-groups.json)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
-def obfuscate(prefix, out_prefix, seed, tolerance, comm_group, debug) -> None:
+def obfuscate(prefix: str, out_prefix: str, seed: int, tolerance: float, comm_group: str | None,
+              debug: bool) -> None:
     """Copy a trace with every name, string and shape removed and its values perturbed.
 
     \b

@@ -25,6 +25,7 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Generator, cast
 
 import click
 
@@ -34,6 +35,9 @@ from chakra_core.et.attrs import attr_value
 from chakra_core.et.io import iter_trace
 from chakra_core.schema import pb
 from chakra_core.cli.output import CliError, tool_errors
+
+if TYPE_CHECKING:
+    import networkx as nx  # no stubs (types-networkx is not a dependency): see [tool.mypy] in pyproject.toml
 
 DEFAULT_MAX_NODES = 2000
 
@@ -96,7 +100,7 @@ def parse_range(text: str) -> tuple[int | None, int | None]:
 
 
 def _graph_node(node: pb.Node) -> GraphNode:
-    attrs = {}
+    attrs: dict[str, object] = {}
     for attr in node.attr:
         if attr.name in SHOWN_ATTRS:
             value = attr_value(attr)
@@ -109,7 +113,7 @@ def _graph_node(node: pb.Node) -> GraphNode:
     return GraphNode(node.id, node.name, type_name, node.duration_micros, attrs)
 
 
-def select(path: str | os.PathLike, id_range: tuple[int | None, int | None] | None = None,
+def select(path: str | os.PathLike[str], id_range: tuple[int | None, int | None] | None = None,
            around: int | None = None, depth: int = 1, max_nodes: int = DEFAULT_MAX_NODES) -> Selection:
     """Read a trace and pick the nodes to draw (see the module docstring)."""
     if around is not None and id_range is not None:
@@ -126,7 +130,8 @@ def select(path: str | os.PathLike, id_range: tuple[int | None, int | None] | No
         deps[node.id] = (tuple(node.data_deps), tuple(node.ctrl_deps))
         if around is None and (start is None or node.id >= start) and (end is None or node.id < end):
             if len(kept) >= max_nodes:
-                stream.close()
+                # iter_trace's iterator is a generator: closing it closes the file
+                cast("Generator[tuple[int, pb.Node], None, None]", stream).close()
                 raise _too_many(path, total, max_nodes, id_range)
             kept[node.id] = _graph_node(node)
     if around is not None:
@@ -168,7 +173,8 @@ def select(path: str | os.PathLike, id_range: tuple[int | None, int | None] | No
     return Selection([kept[i] for i in sorted(kept)], edges, cut, missing, total, description)
 
 
-def _too_many(path, total: int, max_nodes: int, id_range) -> VisualizeError:
+def _too_many(path: str | os.PathLike[str], total: int, max_nodes: int,
+              id_range: tuple[int | None, int | None] | None) -> VisualizeError:
     where = "the selected range" if id_range is not None else "the trace"
     return VisualizeError(
         f"{path}: {where} has more than --max-nodes {max_nodes} nodes (read {total:,} so far); "
@@ -244,7 +250,7 @@ def _caption(selection: Selection, title: str) -> str:
     return text
 
 
-def to_networkx(selection: Selection, title: str):
+def to_networkx(selection: Selection, title: str) -> nx.DiGraph:
     import networkx as nx
 
     graph = nx.DiGraph(name=title, description=_caption(selection, title))
@@ -261,7 +267,7 @@ def to_networkx(selection: Selection, title: str):
     return graph
 
 
-def write_graph(selection: Selection, fmt: str, output: str | os.PathLike, title: str) -> None:
+def write_graph(selection: Selection, fmt: str, output: str | os.PathLike[str], title: str) -> None:
     if fmt == "dot":
         atomic_write_text(output, to_dot(selection, title))
     elif fmt == "graphml":
@@ -285,7 +291,8 @@ def write_graph(selection: Selection, fmt: str, output: str | os.PathLike, title
               help="hops around --around (parents and children)")
 @click.option("--max-nodes", default=DEFAULT_MAX_NODES, show_default=True, type=click.IntRange(min=1),
               help="refuse larger selections")
-def visualize(trace, fmt, output, id_range, around, depth, max_nodes) -> None:
+def visualize(trace: str, fmt: str | None, output: str, id_range: str | None, around: int | None, depth: int,
+              max_nodes: int) -> None:
     """Draw one rank's dependency graph as Graphviz DOT or GraphML.
 
     Nodes are coloured by type; data dependencies are solid edges, control

@@ -22,13 +22,16 @@ registered with ``registry.add_algorithm(cls)`` from a
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import ClassVar, Mapping
 
 from chakra_core.comm.collectives import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, ROOTED,
                                           SYMMETRIC, collective_name)
-from chakra_core.contract.algorithm import CollectiveAlgorithm, StepSchedule
+from chakra_core.contract.algorithm import CollectiveAlgorithm, PhaseContext, StepSchedule
 from chakra_core.schema import pb
-from chakra_core.system.native.machines import (DirectMember, DoubleBinaryTreeMember, HalvingDoublingMember, RingMember, RootedMember, binary_tree)
+from chakra_core.system.native.machines import DirectMember, HalvingDoublingMember, RingMember
+from chakra_core.system.native.rooted_machines import RootedMember
+from chakra_core.system.native.tree_machines import DoubleBinaryTreeMember, binary_tree
+
 
 class Ring(CollectiveAlgorithm):
     """Ring: all-reduce 2(n-1) steps of B/n (the first n-1 reduce); reduce-scatter n-1 steps of B/n;
@@ -55,7 +58,8 @@ class Ring(CollectiveAlgorithm):
             raise ValueError(f"ring does not implement {collective_name(comm_type)}")
         return StepSchedule(n, (msg,) * steps, reduces, lambda pos, step: ((pos + 1) % n,), uniform=True)
 
-    def members(self, ctx, comm_type, size, variant=0, root=0):
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
+                root: int = 0) -> list[RingMember]:
         return [RingMember(ctx, pos, comm_type, size) for pos in range(ctx.n)]
 
 
@@ -75,7 +79,8 @@ class Direct(CollectiveAlgorithm):
     parameter = "window"
     rotation_symmetric = True
 
-    def members(self, ctx, comm_type, size, variant=0, root=0):
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
+                root: int = 0) -> list[DirectMember]:
         window = -1 if self.value is None else self.value
         return [DirectMember(ctx, pos, comm_type, size, window) for pos in range(ctx.n)]
 
@@ -93,7 +98,8 @@ class HalvingDoubling(CollectiveAlgorithm):
     supports = frozenset({ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER})
     powers_of_two = True
 
-    def members(self, ctx, comm_type, size, variant=0, root=0):
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
+                root: int = 0) -> list[HalvingDoublingMember]:
         return [HalvingDoublingMember(ctx, pos, comm_type, size) for pos in range(ctx.n)]
 
 
@@ -113,7 +119,8 @@ class DoubleBinaryTree(CollectiveAlgorithm):
     def final_size(self, comm_type: int, size: int, n: int) -> int:
         return size
 
-    def members(self, ctx, comm_type, size, variant=0, root=0):
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
+                root: int = 0) -> list[DoubleBinaryTreeMember]:
         tree = binary_tree(ctx.n, root_max=variant % 2 == 0)
         return [DoubleBinaryTreeMember(ctx, pos, size, *tree[pos]) for pos in range(ctx.n)]
 
@@ -126,7 +133,8 @@ class Chain(CollectiveAlgorithm):
     causal = False
     star: ClassVar[bool] = False
 
-    def members(self, ctx, comm_type, size, variant=0, root=0):
+    def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
+                root: int = 0) -> list[RootedMember]:
         return [RootedMember(ctx, pos, comm_type, size, root, star=self.star) for pos in range(ctx.n)]
 
     def only_sends(self, comm_type: int, pos: int, root: int, n: int) -> bool:
@@ -150,7 +158,7 @@ BUILTIN_ALGORITHMS: tuple[type[CollectiveAlgorithm], ...] = (
 _PARAMETERISED = re.compile(r"^(?P<base>.*?)(?P<value>\d+)$")
 
 
-def resolve_algorithm(name: str, available: dict[str, type[CollectiveAlgorithm]]) -> CollectiveAlgorithm | None:
+def resolve_algorithm(name: str, available: Mapping[str, type[CollectiveAlgorithm]]) -> CollectiveAlgorithm | None:
     """An algorithm instance for a configured name (`ring`, `direct`, `direct8`), or None."""
     cls = available.get(name)
     if cls is not None:

@@ -59,7 +59,7 @@ class NativeSystemConfig(PluginConfig):
                     "as ASTRA-sim's --rendezvous-protocol")
 
 
-IMPL_FIELD = {
+IMPL_FIELD: dict[int, str] = {
     ALL_REDUCE: "all_reduce_implementation",
     ALL_GATHER: "all_gather_implementation",
     REDUCE_SCATTER: "reduce_scatter_implementation",
@@ -70,4 +70,4 @@ IMPL_FIELD = {
     pb.SCATTER: "scatter_implementation",
 }
 # Collective types that run as another one.
-RUNS_AS = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}
+RUNS_AS: dict[int, int] = {pb.REDUCE_SCATTER_BLOCK: REDUCE_SCATTER, pb.BARRIER: ALL_REDUCE}

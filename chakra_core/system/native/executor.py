@@ -22,10 +22,14 @@ from typing import Callable, Sequence
 
 from chakra_core.contract.algorithm import StepSchedule
 
+UniformCache = dict[tuple[int, int, int], tuple[Sequence[int], StepSchedule, int | None]]
+"""`closed_form_finishes`' cache: (id(members), id(schedule), endpoint delay) -> (members,
+schedule, duration of the run when all start together, None when its hops differ)."""
+
 
 def closed_form_finishes(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],
                          delay: Callable[[int, int, int], int], endpoint_delay: int,
-                         reduce_delay: Callable[[int], int], cache: dict | None = None) -> list[int]:
+                         reduce_delay: Callable[[int], int], cache: UniformCache | None = None) -> list[int]:
     """Finish time of each member (aligned with `members`) on a contention-free network.
 
     `cache` (a dict the caller keeps for the whole run) remembers which rings have one delay

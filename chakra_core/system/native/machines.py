@@ -1,4 +1,6 @@
-"""Member state machines of ASTRA-sim's native collective algorithms.
+"""Member state machines of ASTRA-sim's native collective algorithms: the ring family
+(ring, direct, halving-doubling, which share `RingMember`'s packet pipeline) and the
+generic `StepMember` that runs any `StepSchedule`.
 
 Each class reproduces, behaviourally, one algorithm of ASTRA-sim's system
 layer (astra-sim/system/astraccl/native_collectives, MIT licence): its step
@@ -11,15 +13,17 @@ where a rule comes from.
 A member talks only to its `PhaseIO` (runner.py). `ctx` holds what all
 members of a phase share: the I/O, the number of members, the endpoint delay
 (`E`) and the reduction delay function.
+
+The double binary tree is in tree_machines.py, the rooted collectives (which
+ASTRA-sim does not run) in rooted_machines.py.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from math import log2
-from typing import Any, Callable
 
-from chakra_core.contract.algorithm import PhaseContext
+from chakra_core.contract.algorithm import PhaseContext, StepSchedule
 from chakra_core.schema import pb
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL = (
@@ -42,7 +46,7 @@ class StepMember:
     define `step_schedule` run with these members on any network.
     """
 
-    def __init__(self, ctx: PhaseContext, pos: int, schedule):
+    def __init__(self, ctx: PhaseContext, pos: int, schedule: StepSchedule):
         self.ctx, self.io, self.pos, self.schedule = ctx, ctx.io, pos, schedule
         n, steps = schedule.n, schedule.steps
         # incoming[k]: the member sending each message this member receives in step k
@@ -82,7 +86,7 @@ class StepMember:
         else:
             self.io.after(wait, self._finish)
 
-    def _finish(self, _arg=None) -> None:
+    def _finish(self, _arg: object = None) -> None:
         self.io.finish(self.pos)
 
 
@@ -135,11 +139,11 @@ class RingMember:
         for _ in range(self.parallel_reduce):
             self.insert_packet()
 
-    def on_receive(self, _arg=None) -> None:
+    def on_receive(self, _arg: object = None) -> None:
         self.total_received += 1
         self.insert_packet()
 
-    def on_general(self, _arg=None) -> None:
+    def on_general(self, _arg: object = None) -> None:
         self.free_packets += 1
         self.ready()
         self.iteratable()
@@ -169,7 +173,7 @@ class RingMember:
         """PacketBundle: the endpoint (memory bus) delay, then the reduction if any, then General."""
         self.io.after(self.ctx.endpoint_delay, self._bundle, (processed, size))
 
-    def _bundle(self, arg) -> None:
+    def _bundle(self, arg: tuple[bool, int]) -> None:
         processed, size = arg
         if processed:
             self.io.after(self.ctx.reduce_delay(size), self.on_general)
@@ -230,7 +234,7 @@ class DirectMember(RingMember):
         if self.curr_sender == self.pos:
             self.curr_sender = self.sender(self.curr_sender)
 
-    def on_general(self, _arg=None) -> None:
+    def on_general(self, _arg: object = None) -> None:
         self.free_packets += 1
         if self.comm_type == ALL_REDUCE and self.stream_count <= self.middle_point:
             if self.total_received < self.middle_point:
@@ -248,6 +252,10 @@ class HalvingDoublingMember(RingMember):
     Reduce-scatter halves the message each step; all-gather starts at distance
     n/2 with the whole chunk and doubles it; all-reduce does both.
     """
+
+    rank_offset: float
+    """Distance to the partner: an int until multiplied by `multiplier` (then a float)."""
+    multiplier: float
 
     def __init__(self, ctx: PhaseContext, pos: int, comm_type: int, data_size: int):
         if comm_type == ALL_TO_ALL:
@@ -287,242 +295,3 @@ class HalvingDoublingMember(RingMember):
 
     def send_size(self, packet: _Packet) -> int:
         return packet.size
-
-
-class DoubleBinaryTreeMember:
-    """ASTRA-sim's double-binary-tree all-reduce: reduce up a binary tree, broadcast down.
-
-    Chunks alternate between two trees (root = highest id, root = lowest id).
-    Every message carries the whole chunk. ASTRA-sim runs this algorithm for
-    any collective type (its all-reduce timing); so do we, for compatibility.
-    """
-
-    LEAF, INTERMEDIATE, ROOT = range(3)
-
-    def __init__(self, ctx: PhaseContext, pos: int, data_size: int, parent: int,
-                 left: int, right: int):
-        self.ctx, self.io, self.pos = ctx, ctx.io, pos
-        self.size = data_size
-        self.parent, self.left, self.right = parent, left, right
-        if parent < 0:
-            self.kind = self.ROOT
-        elif left < 0 and right < 0:
-            self.kind = self.LEAF
-        else:
-            self.kind = self.INTERMEDIATE
-        self.state = "begin"
-        self.reductions = 0
-
-    def _bundle(self, processed: bool) -> None:
-        self.io.after(self.ctx.endpoint_delay, self._bundle_done, processed)
-
-    def _bundle_done(self, processed: bool) -> None:
-        if processed:
-            self.io.after(self.ctx.reduce_delay(self.size), self.run, "general")
-        else:
-            self.run("general")
-
-    def start(self) -> None:
-        self.run("init")
-
-    def _received(self, _arg=None) -> None:
-        self.run("received")
-
-    def run(self, event: str) -> None:
-        io, kind, state = self.io, self.kind, self.state
-        if kind == self.LEAF:
-            if state == "begin":
-                self._bundle(False)
-                self.state = "sending_to_parent"
-            elif state == "sending_to_parent":
-                io.send(self.pos, self.parent, self.size)
-                io.recv(self.pos, self.parent, self._received, None)
-                self.state = "waiting_parent"
-            elif state == "waiting_parent":
-                self._bundle(False)
-                self.state = "end"
-            elif state == "end":
-                io.finish(self.pos)
-                self.state = "done"
-        elif kind == self.INTERMEDIATE:
-            if state == "begin":
-                self.state = "waiting_two"
-                io.recv(self.pos, self.left, self._received, None)
-                io.recv(self.pos, self.right, self._received, None)
-            elif state == "waiting_two" and event == "received":
-                self._bundle(True)
-                self.state = "waiting_one"
-            elif state == "waiting_one" and event == "received":
-                self._bundle(True)
-                self.state = "sending_to_parent"
-            elif self.reductions < 1 and event == "general":
-                self.reductions += 1
-            elif state == "sending_to_parent":
-                self.state = "waiting_parent"
-                io.send(self.pos, self.parent, self.size)
-                io.recv(self.pos, self.parent, self._received, None)
-            elif state == "waiting_parent" and event == "received":
-                self._bundle(True)
-                self.state = "sending_to_children"
-            elif state == "sending_to_children":
-                io.send(self.pos, self.left, self.size)
-                io.send(self.pos, self.right, self.size)
-                io.finish(self.pos)
-                self.state = "done"
-        else:  # root: one child
-            child = self.left if self.left >= 0 else self.right
-            if state == "begin":
-                self.state = "waiting_one"
-                io.recv(self.pos, child, self._received, None)
-            elif state == "waiting_one":
-                self._bundle(True)
-                self.state = "sending_to_children"
-            elif state == "sending_to_children":
-                io.send(self.pos, child, self.size)
-                io.finish(self.pos)
-                self.state = "done"
-
-
-def binary_tree(count: int, root_max: bool) -> dict[int, tuple[int, int, int]]:
-    """ASTRA-sim's BinaryTree over positions 0..count-1: {pos: (parent, left, right)}, -1 = none.
-
-    A full tree of depth d-1 hangs off a root that has one child; positions are
-    assigned in-order, so the root gets the highest position (root_max) or the lowest.
-    """
-    depth, tmp = 1, count
-    while tmp > 1:
-        depth += 1
-        tmp //= 2
-    nodes: list[list[int]] = []   # [parent, left, right] by node index
-
-    def make(parent: int, levels: int) -> int:
-        index = len(nodes)
-        nodes.append([parent, -1, -1])
-        if levels > 1:
-            nodes[index][1] = make(index, levels - 1)
-            nodes[index][2] = make(index, levels - 1)
-        return index
-
-    root = len(nodes)
-    nodes.append([-1, -1, -1])
-    child = make(root, depth - 1)
-    nodes[root][2 if not root_max else 1] = child
-    position: dict[int, int] = {}
-    counter = 0
-
-    def in_order(index: int) -> None:
-        nonlocal counter
-        _, left, right = nodes[index]
-        if left >= 0:
-            in_order(left)
-        position[index] = counter
-        counter += 1
-        if right >= 0:
-            in_order(right)
-
-    in_order(root)
-    tree = {}
-    for index, (parent, left, right) in enumerate(nodes):
-        tree[position[index]] = (position[parent] if parent >= 0 else -1,
-                                 position[left] if left >= 0 else -1,
-                                 position[right] if right >= 0 else -1)
-    return tree
-
-
-class RootedMember:
-    """Rooted collectives (broadcast, reduce, gather, scatter), which ASTRA-sim does not run.
-
-    `chain` passes data along the ring from (broadcast, scatter) or towards
-    (reduce, gather) the root; `star` sends directly between the root and
-    every member. Same cost rules as the other algorithms: a message costs
-    the endpoint delay at each end, and a reduced one the reduction delay.
-    Sizes: broadcast and reduce move the whole buffer; gather and scatter move
-    `piece` bytes per member (accumulated or split along a chain).
-
-    A member's part ends when its last message has been delivered, not when
-    it was posted: otherwise the next chunk (or the next collective) would put
-    its bytes on the same link at once, and on a contention-free network N
-    back-to-back broadcasts would cost hardly more than one.
-    """
-
-    def __init__(self, ctx: PhaseContext, pos: int, comm_type: int, piece: int, root: int, star: bool):
-        self.ctx, self.io, self.pos = ctx, ctx.io, pos
-        self.comm_type, self.piece, self.root, self.star = comm_type, piece, root, star
-        n = ctx.n
-        self.rel = (pos - root) % n            # distance from the root along the ring
-        self.outward = comm_type in (pb.BROADCAST, pb.SCATTER)
-        self.reduces = comm_type == pb.REDUCE
-        self.pending = 0
-
-    def _member(self, rel: int) -> int:
-        return (self.root + rel) % self.ctx.n
-
-    def _size(self, rel_sender: int) -> int:
-        """Bytes a chain message sent by the member at distance rel_sender carries."""
-        n = self.ctx.n
-        if self.comm_type == pb.GATHER:
-            return self.piece * (n - rel_sender)
-        if self.comm_type == pb.SCATTER:
-            return self.piece * (n - 1 - rel_sender)
-        return self.piece
-
-    def start(self) -> None:
-        n, io, E = self.ctx.n, self.io, self.ctx.endpoint_delay
-        if self.star:
-            if self.rel == 0:
-                if self.outward:
-                    io.after(E, self._star_send)
-                else:
-                    self.pending = n - 1
-                    for rel in range(1, n):
-                        io.recv(self.pos, self._member(rel), self._processed, None)
-            elif self.outward:
-                io.recv(self.pos, self.root, self._processed, None)
-                self.pending = 1
-            else:
-                io.after(E, self._send_and_finish, self.root)
-            return
-        if self.outward:
-            if self.rel == 0:
-                io.after(E, self._send_and_finish, self._member(1))
-            else:
-                self.pending = 1
-                io.recv(self.pos, self._member(self.rel - 1), self._processed, None)
-        else:
-            if self.rel == n - 1:
-                io.after(E, self._send_and_finish, self._member(n - 2))
-            else:
-                self.pending = 1
-                io.recv(self.pos, self._member(self.rel + 1), self._processed, None)
-
-    def _star_send(self, _arg=None) -> None:
-        self.pending = self.ctx.n - 1
-        for rel in range(1, self.ctx.n):
-            self.io.send(self.pos, self._member(rel), self.piece, self._delivered)
-
-    def _send_and_finish(self, dst: int) -> None:
-        self.pending = 1
-        self.io.send(self.pos, dst, self.piece if self.star else self._size(self.rel), self._delivered)
-
-    def _delivered(self, _arg=None) -> None:
-        self.pending -= 1
-        if not self.pending:
-            self.io.finish(self.pos)
-
-    def _processed(self, _arg=None) -> None:
-        delay = self.ctx.endpoint_delay
-        if self.reduces:
-            delay += self.ctx.reduce_delay(self.piece)
-        self.io.after(delay, self._after_receive)
-
-    def _after_receive(self, _arg=None) -> None:
-        self.pending -= 1
-        if self.pending:
-            return
-        n = self.ctx.n
-        if self.star or (self.outward and self.rel == n - 1) or (not self.outward and self.rel == 0):
-            self.io.finish(self.pos)
-        elif self.outward:
-            self._send_and_finish(self._member(self.rel + 1))
-        else:
-            self._send_and_finish(self._member(self.rel - 1))

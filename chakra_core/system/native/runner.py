@@ -1,6 +1,7 @@
 """Running one phase's member state machines: in isolation, or on the real network.
 
-An algorithm's members (see `chakra_core.system.native.machines`) talk to the world
+An algorithm's members (see `chakra_core.system.native.machines`,
+`tree_machines` and `rooted_machines`) talk to the world
 through a `PhaseIO`: send a message, post a receive, wait, finish. Two
 implementations:
 
@@ -25,6 +26,11 @@ from heapq import heappop, heappush
 from itertools import count
 from typing import Any, Callable, Sequence
 
+from chakra_core.contract.inputs import Scheduler
+from chakra_core.contract.network import NetworkModel
+
+_Callback = Callable[[Any], None]
+
 
 class PhaseIO:
     """What a member state machine may do. `pos` is a member's position in the phase.
@@ -35,8 +41,7 @@ class PhaseIO:
     receives, and counting bytes sent and received per member, are shared.
     """
 
-    now: int
-    _mail: "_Mailboxes"
+    _mail: _Mailboxes
     bytes_sent: list[int]
     bytes_received: list[int]
 
@@ -81,9 +86,9 @@ class _Mailboxes:
 
     def __init__(self) -> None:
         self.arrived: dict[tuple[int, int], int] = {}
-        self.posted: dict[tuple[int, int], list] = {}
+        self.posted: dict[tuple[int, int], list[tuple[_Callback, Any]]] = {}
 
-    def on_arrival(self, key: tuple[int, int]) -> tuple[Callable, Any] | None:
+    def on_arrival(self, key: tuple[int, int]) -> tuple[_Callback, Any] | None:
         waiting = self.posted.get(key)
         if waiting:
             entry = waiting.pop(0)
@@ -93,7 +98,7 @@ class _Mailboxes:
         self.arrived[key] = self.arrived.get(key, 0) + 1
         return None
 
-    def on_post(self, key: tuple[int, int], callback: Callable, arg: Any) -> bool:
+    def on_post(self, key: tuple[int, int], callback: _Callback, arg: Any) -> bool:
         """True if a message was already there (the receive completes now)."""
         waiting = self.arrived.get(key, 0)
         if waiting:
@@ -102,11 +107,11 @@ class _Mailboxes:
             else:
                 self.arrived[key] = waiting - 1
             return True
-        waiting = self.posted.get(key)
-        if waiting is None:
+        posted = self.posted.get(key)
+        if posted is None:
             self.posted[key] = [(callback, arg)]
         else:
-            waiting.append((callback, arg))
+            posted.append((callback, arg))
         return False
 
 
@@ -120,17 +125,17 @@ class IsolatedPhase(PhaseIO):
         self.pairs: set[tuple[int, int]] | None = set() if record_pairs else None
         """(sender, receiver) positions of every message, with record_pairs."""
         self.now = 0
-        self._heap: list = []
+        self._heap: list[tuple[int, int, _Callback, Any]] = []
         self._seq = count()
         self._mail = _Mailboxes()
         self.finishes: dict[int, int] = {}
         self.bytes_sent = [0] * len(ranks)
         self.bytes_received = [0] * len(ranks)
 
-    def after(self, delay: int, callback, arg=None) -> None:
+    def after(self, delay: int, callback: _Callback, arg: Any = None) -> None:
         heappush(self._heap, (self.now + delay, next(self._seq), callback, arg))
 
-    def send(self, src: int, dst: int, size: int, delivered=None) -> None:
+    def send(self, src: int, dst: int, size: int, delivered: _Callback | None = None) -> None:
         self.bytes_sent[src] += size
         if self.pairs is not None:
             self.pairs.add((src, dst))
@@ -163,7 +168,8 @@ class IsolatedPhase(PhaseIO):
 class NetworkPhase(PhaseIO):
     """Run a phase on the global scheduler through the network backend."""
 
-    def __init__(self, ranks: Sequence[int], network, scheduler, on_finish: Callable[[int], None]):
+    def __init__(self, ranks: Sequence[int], network: NetworkModel, scheduler: Scheduler,
+                 on_finish: Callable[[int], None]):
         self.ranks, self.network, self.scheduler = ranks, network, scheduler
         self._on_finish = on_finish
         self._mail = _Mailboxes()
@@ -171,13 +177,13 @@ class NetworkPhase(PhaseIO):
         self.bytes_received = [0] * len(ranks)
 
     @property
-    def now(self) -> int:  # type: ignore[override]
+    def now(self) -> int:
         return self.scheduler.now
 
-    def after(self, delay: int, callback, arg=None) -> None:
+    def after(self, delay: int, callback: _Callback, arg: Any = None) -> None:
         self.scheduler.schedule(delay, callback, arg)
 
-    def send(self, src: int, dst: int, size: int, delivered=None) -> None:
+    def send(self, src: int, dst: int, size: int, delivered: _Callback | None = None) -> None:
         self.bytes_sent[src] += size
         if delivered is None:
             self.network.send(self.ranks[src], self.ranks[dst], size, self._arrive, (src, dst, size))

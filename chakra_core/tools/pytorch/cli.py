@@ -12,7 +12,8 @@ from __future__ import annotations
 import click
 
 from chakra_core.cli.output import tool_errors
-from chakra_core.tools.pytorch.convert import Summary, convert
+from chakra_core.tools.pytorch.convert import convert
+from chakra_core.tools.pytorch.result import Summary
 
 MAX_WARNINGS_SHOWN = 20
 
@@ -27,7 +28,7 @@ MAX_WARNINGS_SHOWN = 20
               help="this trace's rank: required when the traces do not record it (unless it has no "
                    "communication: rank 0); an error when it contradicts them")
 @click.option("--debug", is_flag=True, hidden=True, help="show tracebacks")
-def convert_pytorch(host, kineto, prefix, rank, debug) -> None:
+def convert_pytorch(host: str, kineto: str | None, prefix: str, rank: int | None, debug: bool) -> None:
     """Convert a PyTorch execution trace (and its Kineto trace) to a Chakra .et file.
 
     \b

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from chakra_core.schema import pb
 from chakra_core.tools.pytorch.host import HostOp
@@ -93,7 +93,7 @@ def comm_kind(op: HostOp) -> int | str | None:
     return None
 
 
-def node_type_of(kind: int | str) -> int:
+def node_type_of(kind: int | str) -> pb.NodeType:
     if kind == SEND:
         return pb.COMM_SEND_NODE
     if kind == RECV:
@@ -129,6 +129,7 @@ def comm_size(info: CommInfo, group_size: int | None) -> tuple[int, str | None]:
         return 0, None
     if kind not in (pb.SCATTER, pb.REDUCE_SCATTER, pb.ALL_GATHER, pb.GATHER):
         return ins or outs, None   # input and output are the same size (the backend's is the input)
+    derive: Callable[[int], int]      # group size -> the wanted size
     if kind == pb.SCATTER:   # the piece each rank receives; the root's input is N pieces
         wanted, other, known, derive = outs, ins, "input", lambda n: ins // n
     elif kind == pb.REDUCE_SCATTER:   # the full input; each rank's output is 1/N of it
@@ -216,12 +217,12 @@ def _rpc_facts(info: CommInfo, rpc: HostOp, backend_ids: dict[int, str]) -> None
         else:
             info.rank = before
     start, stride, size = attrs.get("global_rank_start"), attrs.get("global_rank_stride"), attrs.get("pg_size")
-    if all(isinstance(v, int) for v in (start, stride, size)) and size > 0 and stride > 0:
+    if isinstance(start, int) and isinstance(stride, int) and isinstance(size, int) and size > 0 and stride > 0:
         info.group_ranks = [start + i * stride for i in range(size)]
     info.group_size = _rpc_group_size(attrs, values, types, name_at)
 
 
-def _rpc_group_size(attrs: dict, values: list, types: list, name_at: int | None) -> int | None:
+def _rpc_group_size(attrs: dict[str, Any], values: list[Any], types: list[Any], name_at: int | None) -> int | None:
     """`pg_size`, else the trailing world-size operand (schemas 1.0.2+: name, in splits, out splits,
     [rank start, stride,] world size), else the length of a non-empty split-size list (1.0.1)."""
     size = attrs.get("pg_size")

@@ -40,9 +40,9 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 class Operands:
     """An operator's inputs or outputs: parallel lists of values, shapes and type strings."""
 
-    values: list = field(default_factory=list)
-    shapes: list = field(default_factory=list)
-    types: list = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    shapes: list[Any] = field(default_factory=list)
+    types: list[Any] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ class HostTrace:
     warnings: list[str]
 
 
-def load_host_trace(path: str | os.PathLike) -> HostTrace:
+def load_host_trace(path: str | os.PathLike[str]) -> HostTrace:
     doc = load_json(path, "host execution trace")
     spath = str(path)
     if not isinstance(doc, dict):
@@ -190,7 +190,7 @@ def _new_operands(raw: Any, which: str, label: str, warnings: list[str]) -> Oper
     return _checked(raw.get("values"), raw.get("shapes"), raw.get("types"), which, label, warnings)
 
 
-def _old_operands(raw: dict, which: str, label: str, warnings: list[str]) -> Operands:
+def _old_operands(raw: dict[str, Any], which: str, label: str, warnings: list[str]) -> Operands:
     values_key, shapes_key, types_key = _OLD_OPERAND_KEYS[which]
     return _checked(raw.get(values_key), raw.get(shapes_key), raw.get(types_key), which, label, warnings)
 

@@ -13,7 +13,7 @@ from chakra_core.et.io import GZIP_MAGIC
 from chakra_core.tools.pytorch.errors import ConversionError
 
 
-def load_json(path: str | os.PathLike, what: str) -> Any:
+def load_json(path: str | os.PathLike[str], what: str) -> Any:
     """The decoded document; `what` names the kind of file in error messages."""
     try:
         data = Path(path).read_bytes()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from chakra_core.tools.pytorch.errors import ConversionError
 from chakra_core.tools.pytorch.jsonfile import load_json
@@ -45,7 +45,7 @@ class Event:
     rf_id: int | None = None
     correlation: int | None = None
     stream: int | None = None
-    args: dict = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def end(self) -> float:
@@ -92,14 +92,16 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def load_kineto_trace(path: str | os.PathLike) -> KinetoTrace:
+def load_kineto_trace(path: str | os.PathLike[str]) -> KinetoTrace:
     doc = load_json(path, "Kineto trace")
     spath = str(path)
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise ConversionError(f"{spath}: not a Kineto trace: expected a JSON object with a "
                               "'traceEvents' list")
-    cpu, runtime, gpu = [], [], []
+    cpu: list[Event] = []
+    runtime: list[Event] = []
+    gpu: list[Event] = []
     malformed = 0
     for index, raw in enumerate(events):
         if not isinstance(raw, dict) or raw.get("ph") != "X":
@@ -117,7 +119,8 @@ def load_kineto_trace(path: str | os.PathLike) -> KinetoTrace:
         if ts is None or dur is None or dur < 0:
             malformed += 1
             continue
-        args = raw.get("args") if isinstance(raw.get("args"), dict) else {}
+        # mypy does not narrow a call's result: the isinstance check makes it a dict
+        args = cast("dict[str, Any]", raw.get("args")) if isinstance(raw.get("args"), dict) else {}
         stream = _int(args.get("stream"))
         tid = raw.get("tid")
         bucket.append(Event(index, str(raw.get("name", "")), category, str(tid), ts, dur,

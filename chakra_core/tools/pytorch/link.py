@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import difflib
 from dataclasses import dataclass, field
+from typing import cast
 
 from chakra_core.tools.pytorch.host import HostOp, HostTrace
 from chakra_core.tools.pytorch.kineto import ASYNC_COPY_CALLS, SYNC_CALLS, Event, KinetoTrace
@@ -109,7 +110,7 @@ def link_cpu(host: HostTrace, kineto: KinetoTrace) -> CpuLinks:
     return links
 
 
-def _start_order(event: Event) -> tuple:
+def _start_order(event: Event) -> tuple[float, float, int, int]:
     """Start time, enclosing scopes first, then creation order."""
     return event.ts, -event.dur, event.ext_id if event.ext_id is not None else 0, event.index
 
@@ -197,8 +198,8 @@ def link_gpu(kineto: KinetoTrace, cpu: CpuLinks) -> GpuLinks:
     for event in kineto.cpu:
         by_thread.setdefault(event.tid, []).append(event)
     calls: dict[str, list[Event]] = {}
-    for call in kineto.runtime:
-        calls.setdefault(call.tid, []).append(call)
+    for runtime_call in kineto.runtime:
+        calls.setdefault(runtime_call.tid, []).append(runtime_call)
     launcher: dict[int, int | None] = {}      # runtime event index -> host id
     for tid in sorted(set(by_thread) | set(calls)):
         _attribute_calls(by_thread.get(tid, []), calls.get(tid, []), host_of, launcher)
@@ -213,7 +214,8 @@ def link_gpu(kineto: KinetoTrace, cpu: CpuLinks) -> GpuLinks:
         owner = by_ext.get(gpu.ext_id) if gpu.ext_id is not None else None
         launches.append(Launch(gpu, host_of.get(owner.index) if owner else None, gpu.ts))
     ends = sorted(gpu.end for gpu in kineto.gpu)
-    blocking = [Blocking(launcher[call.index], call.ts, call.name, device_wait(call, ends))
+    # launcher[call.index] is an int: the condition keeps only those
+    blocking = [Blocking(cast(int, launcher[call.index]), call.ts, call.name, device_wait(call, ends))
                 for call in blocking_calls(kineto) if launcher.get(call.index) is not None]
     return GpuLinks(launches, sorted(blocking, key=lambda b: (b.host_id, b.ts)))
 

@@ -29,8 +29,9 @@ import re
 from dataclasses import dataclass, field
 
 from chakra_core.tools.pytorch.comms import comm_kind, is_backend_op
+from chakra_core.tools.pytorch.flops import FLOP_OPS
 from chakra_core.tools.pytorch.host import HostOp, HostTrace
-from chakra_core.tools.pytorch.ops import FLOP_OPS, is_trivial
+from chakra_core.tools.pytorch.ops import is_trivial
 
 WRAPPER = re.compile(r"^\[pytorch\|profiler\|execution_(trace|graph)\|(process|thread)\]$")
 PG_INIT = "## process_group:init ##"
@@ -93,7 +94,7 @@ def select_units(trace: HostTrace) -> Selection:
     pg_inits: list[HostOp] = []
     process_ops: list[HostOp] = []
     visited: set[int] = set()
-    stack = [(root, None) for root in sorted(roots, reverse=True)]
+    stack: list[tuple[int, int | None]] = [(root, None) for root in sorted(roots, reverse=True)]
     while stack:
         node_id, thread = stack.pop()
         visited.add(node_id)
@@ -169,7 +170,8 @@ def _pair_shadows(ops: dict[int, HostOp], children: dict[int, list[int]]) -> dic
     return shadows
 
 
-def _splice_out(node_id: int, children, parent, roots) -> None:
+def _splice_out(node_id: int, children: dict[int, list[int]], parent: dict[int, int | None],
+                roots: list[int]) -> None:
     """Remove a scope from the tree; its children take its place under its parent."""
     up = parent.get(node_id)
     kids = children.pop(node_id, [])
@@ -183,7 +185,8 @@ def _splice_out(node_id: int, children, parent, roots) -> None:
     parent[node_id] = None
 
 
-def _subtree_facts(ops, children, roots) -> tuple[dict[int, bool], dict[int, bool]]:
+def _subtree_facts(ops: dict[int, HostOp], children: dict[int, list[int]],
+                   roots: list[int]) -> tuple[dict[int, bool], dict[int, bool]]:
     """Per scope: is there a FLOP-formula operator strictly below it; is its whole subtree
     made of view/allocation operators."""
     flops_below: dict[int, bool] = {}
@@ -208,7 +211,7 @@ def _subtree_facts(ops, children, roots) -> tuple[dict[int, bool], dict[int, boo
     return flops_below, trivial
 
 
-def _descendants(node_id: int, children) -> list[int]:
+def _descendants(node_id: int, children: dict[int, list[int]]) -> list[int]:
     found, stack = [], list(children.get(node_id, ()))
     while stack:
         current = stack.pop()
@@ -217,7 +220,7 @@ def _descendants(node_id: int, children) -> list[int]:
     return sorted(found)
 
 
-def _absorb_comm(node_id: int, ops, children, unit: Unit) -> list[int]:
+def _absorb_comm(node_id: int, ops: dict[int, HostOp], children: dict[int, list[int]], unit: Unit) -> list[int]:
     """Absorb the communication scopes and view/allocation operators under a communication
     operator into its unit; return the other children (visited as ordinary scopes)."""
     rest, stack = [], list(children.get(node_id, ()))

@@ -26,8 +26,9 @@ from chakra_core.tools.obfuscation import DEFAULT_TOLERANCE, read_comm_groups
 @click.option("--dependencies", type=click.Choice(["all", "data"]), default="all", show_default=True,
               help="dependencies of the source to honour (data: as Chakra's C++ feeder)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
-def synthesize(sources, ranks, out_prefix, seed, length, obfuscate, tolerance, model_path, comm_group,
-               dependencies, debug) -> None:
+def synthesize(sources: tuple[str, ...], ranks: int | None, out_prefix: str | None, seed: int, length: int | None,
+               obfuscate: bool, tolerance: float, model_path: str | None, comm_group: str | None, dependencies: str,
+               debug: bool) -> None:
     """Fit a statistical model of traces and sample new traces from it.
 
     \b
@@ -63,6 +64,7 @@ def synthesize(sources, ranks, out_prefix, seed, length, obfuscate, tolerance, m
                 click.echo(f"note: {model.unmodelled_dependencies:,} dependencies of the source are not "
                            "modelled (parents missing from the trace, or more than 64 back in their lane)")
         else:
+            assert model_path is not None       # without --from, --model is required (checked above)
             model = load_model(model_path)
     if out_prefix:
         with tool_errors(f"{out_prefix}.<rank>.et", debug):

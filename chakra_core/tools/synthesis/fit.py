@@ -17,7 +17,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, cast
 
 from chakra_core.errors import TraceGraphError
 from chakra_core.et.attrs import NodeView
@@ -76,6 +76,9 @@ def is_anchor(node: pb.Node, lane: str) -> bool:
 
 Value = tuple[int, Optional[int], Optional[int], str]
 """One source node's (duration ns, num_ops, tensor_size, name)."""
+Pattern = tuple[str, int, str, tuple[tuple[str, int], ...]]
+"""A node's dependency pattern: (class before, position after the last anchor, that anchor's class,
+parents as (lane, recency))."""
 
 
 @dataclass
@@ -83,18 +86,18 @@ class _RankFit:
     """What one source rank contributes."""
 
     anchors: list[Anchor] = field(default_factory=list)
-    gaps: list[list[Counter]] = field(default_factory=lambda: [[Counter()]])
-    gap_ns: list[list[Counter]] = field(default_factory=lambda: [[Counter()]])
-    transitions: Counter = field(default_factory=Counter)
+    gaps: list[list[Counter[str]]] = field(default_factory=lambda: [[Counter()]])
+    gap_ns: list[list[Counter[str]]] = field(default_factory=lambda: [[Counter()]])
+    transitions: Counter[tuple[str, str]] = field(default_factory=Counter)
     values: dict[str, list[Value]] = field(default_factory=dict)
     exact_ns: set[str] = field(default_factory=set)
-    patterns: dict[str, Counter] = field(default_factory=dict)
+    patterns: dict[str, Counter[Pattern]] = field(default_factory=dict)
     slots: list[Optional[tuple[int, ...]]] = field(default_factory=list)
     nodes: int = 0
     dropped_parents: int = 0
     previous: str = START
 
-    def signature(self) -> tuple:
+    def signature(self) -> tuple[tuple[object, ...], ...]:
         return tuple((a.cls, a.comm_type, a.size, a.slot, a.peer, a.tag,
                       tuple(a.involved_dim) if a.involved_dim else None) for a in self.anchors)
 
@@ -150,7 +153,7 @@ def _fit_rank(rank: int, num_ranks: int, paths: list[Path], groups: GroupRegistr
         order, parents, missing = dependency_order(spath, trace.nodes, use_ctrl)
         fit.dropped_parents += missing
         fit.nodes += len(order)
-        lane_count: Counter = Counter()
+        lane_count: Counter[str] = Counter()
         where: dict[int, tuple[str, int]] = {}      # node id -> (lane, position in the lane)
         anchor_at: dict[int, tuple[Anchor, int]] = {}   # anchor node id -> (anchor, position)
         position = 0
@@ -163,7 +166,7 @@ def _fit_rank(rank: int, num_ranks: int, paths: list[Path], groups: GroupRegistr
             if node.type == pb.METADATA_NODE and groups.define_from_metadata(rank, view):
                 continue     # a process-group definition: the sampler writes its own
             anchor = is_anchor(node, lane)
-            pattern = []
+            pattern: list[tuple[str, int]] = []
             for parent in parents[node.id]:
                 if parent not in where:
                     continue
@@ -210,8 +213,8 @@ def _fit_rank(rank: int, num_ranks: int, paths: list[Path], groups: GroupRegistr
     return fit
 
 
-def _anchor(rank: int, num_ranks: int, view: NodeView, cls: str, duration: int, pattern: list,
-            groups: GroupRegistry, group_index: dict, fit: _RankFit) -> Anchor:
+def _anchor(rank: int, num_ranks: int, view: NodeView, cls: str, duration: int, pattern: list[tuple[str, int]],
+            groups: GroupRegistry, group_index: dict[Optional[tuple[int, ...]], int], fit: _RankFit) -> Anchor:
     node = view.pb
     anchor = Anchor(cls=cls, duration_ns=duration, parents=pattern,
                     size=view.int("comm_size") if view.has("comm_size") else None,
@@ -246,7 +249,7 @@ def fit_model(prefixes: list[str], comm_groups: dict[str, list[int]] | None = No
     group_index: dict[Optional[tuple[int, ...]], int] = {}
     fits = [_fit_rank(rank, num_ranks, paths, groups, group_index, use_ctrl)
             for rank, paths in enumerate(files)]
-    roles_of: dict[tuple, list[int]] = {}
+    roles_of: dict[tuple[tuple[object, ...], ...], list[int]] = {}
     members: list[list[_RankFit]] = []
     entries = []
     for fit in fits:
@@ -309,7 +312,7 @@ def _pool(role: int, fits: list[_RankFit], obfuscate: bool, tolerance: float, se
     classes = {}
     for cls in sorted({cls for fit in fits for cls in fit.values}):
         values = [v for fit in fits for v in fit.values.get(cls, ())]
-        patterns: Counter = Counter()
+        patterns: Counter[Pattern] = Counter()
         for fit in fits:
             patterns.update(fit.patterns.get(cls, {}))
         bins = value_bins(values, keep_names=not obfuscate)
@@ -327,15 +330,15 @@ def _pool(role: int, fits: list[_RankFit], obfuscate: bool, tolerance: float, se
                 classes=classes)
 
 
-def _mean_windows(windows_of: list[list[Counter]]) -> list[dict[str, float]]:
+def _mean_windows(windows_of: list[list[Counter[str]]]) -> list[dict[str, float]]:
     """Window by window, the mean over the pooled ranks (a rank with fewer windows counts as empty)."""
     longest = max(len(windows) for windows in windows_of)
     return [_mean_counts([windows[i] if i < len(windows) else Counter() for windows in windows_of])
             for i in range(longest)]
 
 
-def _mean_counts(counters: list[Counter]) -> dict[str, float]:
-    total: Counter = Counter()
+def _mean_counts(counters: list[Counter[str]]) -> dict[str, float]:
+    total: Counter[str] = Counter()
     for counter in counters:
         total.update(counter)
     return {cls: value / len(counters) for cls, value in sorted(total.items())}
@@ -347,7 +350,7 @@ def value_bins(values: list[Value], max_bins: int = MAX_BINS, keep_names: bool =
     sorted values; each with its count, mean values (None where no node of the bin had the
     attribute) and most common name."""
     ordered = sorted(values, key=_value_key)
-    distinct: dict[tuple, list[Value]] = {}
+    distinct: dict[tuple[int, int, int], list[Value]] = {}
     for value in ordered:
         distinct.setdefault(_value_key(value), []).append(value)
     if len(distinct) <= max_bins:
@@ -366,7 +369,8 @@ def value_bins(values: list[Value], max_bins: int = MAX_BINS, keep_names: bool =
 
 
 def _value_key(value: Value) -> tuple[int, int, int]:
-    return tuple(-1 if v is None else v for v in value[:3])
+    # value[:3] is (duration, num_ops, tensor_size): three ints once None is -1
+    return cast("tuple[int, int, int]", tuple(-1 if v is None else v for v in value[:3]))
 
 
 def _mean(values: Iterable[Optional[int]]) -> Optional[float]:

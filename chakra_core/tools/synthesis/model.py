@@ -172,11 +172,11 @@ class SynthesisModel(_Strict):
         return len(self.ranks)
 
 
-def save_model(model: SynthesisModel, path: str | os.PathLike) -> None:
+def save_model(model: SynthesisModel, path: str | os.PathLike[str]) -> None:
     atomic_write_text(path, model.model_dump_json(exclude_none=True) + "\n")
 
 
-def load_model(path: str | os.PathLike) -> SynthesisModel:
+def load_model(path: str | os.PathLike[str]) -> SynthesisModel:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)

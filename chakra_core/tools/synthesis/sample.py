@@ -35,14 +35,15 @@ import heapq
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from pathlib import Path
+from typing import Iterator, Optional, cast
 
 from chakra_core.feeder.base import CPU_FLAG
 from chakra_core.schema import pb
 from chakra_core.tools._build import (TRACE_VERSION, bool_attr, read_collective, micros_from_ns, p2p_attrs,
                                       process_group_json, uint_attr, write_rank_files)
 from chakra_core.tools.synthesis.fit import MAX_SINCE_ANCHOR, class_lane
-from chakra_core.tools.synthesis.model import Anchor, Role, SynthesisError, SynthesisModel, class_kind
+from chakra_core.tools.synthesis.model import Anchor, Bin, Role, SynthesisError, SynthesisModel, class_kind
 
 @dataclass
 class _Item:
@@ -180,7 +181,8 @@ def _assign_values(items: list[_Item], role: Role, targets: list[dict[str, float
                 heapq.heappush(heap, (-need[gap] / len(open_slots[gap]), gap))
 
 
-def _stratified_values(bins, count: int, rng: random.Random) -> list[tuple[int, Optional[int], Optional[int], str]]:
+def _stratified_values(bins: list[Bin], count: int,
+                       rng: random.Random) -> list[tuple[int, Optional[int], Optional[int], str]]:
     """`count` values from the bins, each bin in proportion to its count (largest remainder); a
     bin's durations are rounded so they sum to its mean times their number."""
     total = sum(b.count for b in bins)
@@ -189,7 +191,7 @@ def _stratified_values(bins, count: int, rng: random.Random) -> list[tuple[int, 
     order = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - shares[i]), i))
     for i in order[:count - sum(shares)]:
         shares[i] += 1
-    values = []
+    values: list[tuple[int, Optional[int], Optional[int], str]] = []
     for b, share in zip(bins, shares):
         if not share:
             continue
@@ -255,7 +257,9 @@ def rank_nodes(model: SynthesisModel, place: Layout, rank: int, program: list[_I
         nodes.append(meta)
         offset = 1
     for position, item in enumerate(program):
-        node = pb.Node(id=position + offset, name=item.name, type=class_kind(item.cls) & ~CPU_FLAG,
+        # a NodeType value (or one this schema does not name, kept as the source had it)
+        node_type = cast("pb.NodeType", class_kind(item.cls) & ~CPU_FLAG)
+        node = pb.Node(id=position + offset, name=item.name, type=node_type,
                        duration_micros=micros_from_ns(item.duration))
         if item.parents:
             node.data_deps.extend(p + offset for p in item.parents)
@@ -300,8 +304,8 @@ def sample_traces(model: SynthesisModel, ranks: Optional[int] = None, length: Op
         yield rank_nodes(model, place, rank, programs[role])
 
 
-def write_synthetic(model: SynthesisModel, out_prefix: str | os.PathLike, ranks: Optional[int] = None,
-                    length: Optional[int] = None, seed: int = 0) -> list:
+def write_synthetic(model: SynthesisModel, out_prefix: str | os.PathLike[str], ranks: Optional[int] = None,
+                    length: Optional[int] = None, seed: int = 0) -> list[Path]:
     """Write OUT.<rank>.et for every synthetic rank; return the paths."""
     return write_rank_files(out_prefix, sample_traces(model, ranks, length, seed),
                             pb.GlobalMetadata(version=TRACE_VERSION))

@@ -8,14 +8,16 @@ how a node's data type is found).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, ValidationError, field_validator,
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from chakra_core import (AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, SimulationError,
-                         ValidationInputs)
+from chakra_core import (
+    AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, SimulationError,
+    ValidationInputs,
+)
 from chakra_core.et.dtypes import node_dtype
 from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
 
@@ -110,7 +112,9 @@ class RooflineCompute(ComputeModel):
             return []
         return profile_problems(config.profile, inputs.base_dir)
 
-    def __init__(self, config: RooflineConfig, context: LayerContext):
+    config: RooflineConfig
+
+    def __init__(self, config: RooflineConfig, context: LayerContext) -> None:
         super().__init__(config, context)
         self.memory = context.memory
         self.profile: Profile | None = None
@@ -119,11 +123,14 @@ class RooflineCompute(ComputeModel):
         self._fallen_back: set[str] = set()      # data types warned about
         self._unknown_attrs: set[str] = set()
         if config.profile is None:
+            assert config.peak_tflops is not None       # the config's validator: one of the two is set
             self.peak = config.peak_tflops * 1e12        # FLOP/s, as ASTRA-sim scales peak-perf
         else:
             self._use_profile(config, context)
+            assert self.dtype is not None                # _use_profile sets it
             self.peak = self._peaks[self.dtype]
         profile_bw = None if self.profile is None else self.profile.gpu.memory_bandwidth_gbps.value
+        self._fixed_bw: float | None
         if config.memory_bandwidth_gbps is not None:
             self._fixed_bw = config.memory_bandwidth_gbps * 1e9
         elif self.memory is not None:
@@ -146,6 +153,7 @@ class RooflineCompute(ComputeModel):
 
     def _use_profile(self, config: RooflineConfig, context: LayerContext) -> None:
         # a profile that cannot be read was reported when the manifest was validated (config_problems)
+        assert config.profile is not None                # called only with a profile
         profile = self.profile = load_profile(config.profile, context.base_dir)
         self._peaks = {dtype: sourced.value * 1e12 for dtype, sourced in profile.gpu.peak_tflops.items()
                        if sourced.value > 0}
@@ -164,7 +172,8 @@ class RooflineCompute(ComputeModel):
     def _note_memory_default(self, profile_bw: float) -> None:
         """The memory layer's bandwidth wins over the profile's; say so when the memory layer only
         has its own default (its section sets no bandwidth_gbps) and the two differ."""
-        config = getattr(self.memory, "config", None)
+        assert self.memory is not None and self.profile is not None   # called only with both
+        config: Any = getattr(self.memory, "config", None)
         fields = getattr(type(config), "model_fields", {})
         if "bandwidth_gbps" not in fields or "bandwidth_gbps" in config.model_fields_set:
             return
@@ -179,6 +188,7 @@ class RooflineCompute(ComputeModel):
         """Bytes per second for `rank`: the configured value (or the profile's), else the memory layer's."""
         if self._fixed_bw is not None:
             return self._fixed_bw
+        assert self.memory is not None                   # no fixed bandwidth: there is a memory layer
         return self.memory.bandwidth_gbps(rank) * 1e9
 
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
@@ -189,7 +199,9 @@ class RooflineCompute(ComputeModel):
             work = memo.get(self)
             if work is None:
                 work = memo[self] = self._work(node)
-            duration, bound, slot = self._roof(work, self.memory.bandwidth_gbps(rank) * 1e9)
+            # no fixed bandwidth: there is a memory layer (not narrowed at run time: a hot path)
+            duration, bound, slot = self._roof(
+                work, self.memory.bandwidth_gbps(rank) * 1e9)  # type: ignore[union-attr]  # memory is set
         else:
             cached = memo.get(self)
             if cached is None:
@@ -202,7 +214,7 @@ class RooflineCompute(ComputeModel):
             else:
                 self.compute_bound += weight
             if slot is not None:
-                self._by_dtype[slot] += weight
+                self._by_dtype[slot] += weight  # type: ignore[index]  # a slot only with a profile: a list
         return duration
 
     def _work(self, node: NodeView) -> tuple[float | None, float | None, float, int | None]:
@@ -228,20 +240,22 @@ class RooflineCompute(ComputeModel):
                               f"{unknown_attr!r}, not a data type with a peak ({', '.join(DTYPES)}); "
                               "such nodes are timed by their input types, else compute.dtype")
         if dtype is None:
-            return self.dtype, self.peak
+            return cast(str, self.dtype), self.peak      # set with a profile, the only case that gets here
         peak = self._peaks.get(dtype)
         if peak is None:
             if dtype not in self._fallen_back:
                 self._fallen_back.add(dtype)
+                assert self.profile is not None          # once per data type
                 self.context.warn(f"roofline: profile '{self.profile.name}' has no {dtype} peak; {dtype} "
                                   f"nodes are timed at the {self.dtype} peak (compute.dtype)")
-            return self.dtype, self.peak
+            return cast(str, self.dtype), self.peak
         if dtype == "fp32" and self.config.fp32_as_tf32:
             dtype = "tf32"
         return dtype, peak
 
     @staticmethod
-    def _roof(work: tuple, bandwidth: float) -> tuple[int | None, int, int | None]:
+    def _roof(work: tuple[float | None, float | None, float, int | None],
+              bandwidth: float) -> tuple[int | None, int, int | None]:
         """(duration in ns or None to replay, which roof bounds it, data type slot)."""
         num_ops, intensity, peak, slot = work
         if num_ops is None:
@@ -257,7 +271,7 @@ class RooflineCompute(ComputeModel):
             return 0, bound, slot
         return int(num_ops / perf * 1e9), bound, slot
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"memory_bound_nodes": self.memory_bound,
                                "compute_bound_nodes": self.compute_bound}
         if self._by_dtype is not None:   # with a profile: nodes timed (memory- or compute-bound) per type

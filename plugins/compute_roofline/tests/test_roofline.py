@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.contract.layers import MemoryModel
-from chakra_core.schema import pb
+from chakra_core import LayerContext, MemoryModel, NodeView, SimulationError, pb
+from chakra_core.testing import EventQueue
 from chakra_sim_compute_roofline import RooflineCompute, RooflineConfig
 
 MiB = 1 << 20

@@ -7,15 +7,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ManifestError, SimulationError
-from chakra_core.et.attrs import NodeView
+from chakra_core import LayerContext, ManifestError, MemoryModel, NodeView, SimulationError, pb
+from chakra_core.testing import EventQueue, comp, manifest, simulate, uniform_network, write_ranks
 from chakra_core.hardware.profiles import BUILTIN_DIR, builtin_profiles, load_profile
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.contract.layers import MemoryModel
-from chakra_core.schema import pb
 from test_roofline import FakeMemory   # same folder (pytest puts it on sys.path)
-from chakra_core.testing import comp, manifest, simulate, uniform_network, write_ranks
 from chakra_sim_compute_roofline import RooflineCompute, RooflineConfig
 from chakra_core.et.dtypes import canonical, input_dtype, node_dtype
 
@@ -28,7 +23,7 @@ MEMORY_BOUND = {"num_ops": 10**9, "tensor_size": 10**9}     # 1 FLOP/B: below an
 
 @pytest.fixture(autouse=True)
 def _needs_the_installed_plugin():
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
 
     try:
         make_plugin_host().get("compute", "roofline")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chakra_core.schema import pb
+from chakra_core import pb
 from chakra_core.testing import make_node, manifest, uniform_network, simulate, write_ranks
 
 PEAK_TFLOPS = 100.0
@@ -14,7 +14,7 @@ COMPUTE_BOUND = {"num_ops": 10**12, "tensor_size": 10**6}    # 10^6 FLOP/B: the 
 
 @pytest.fixture(autouse=True)
 def _needs_installed_plugins():
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
 
     try:
         host = make_plugin_host()

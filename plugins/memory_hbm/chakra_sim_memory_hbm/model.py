@@ -22,19 +22,21 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Final, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from chakra_core import (AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, PluginConfig,
-                         SimulationError, pb)
+from chakra_core import (
+    AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, PluginConfig,
+    SimulationError, pb,
+)
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import TensorTracker
 
-NO_EXPANSION = "NO_MEMORY_EXPANSION"
-PER_NODE = "PER_NODE_MEMORY_EXPANSION"
-PER_NPU = "PER_NPU_MEMORY_EXPANSION"
-POOL = "MEMORY_POOL"
+NO_EXPANSION: Final = "NO_MEMORY_EXPANSION"
+PER_NODE: Final = "PER_NODE_MEMORY_EXPANSION"
+PER_NPU: Final = "PER_NPU_MEMORY_EXPANSION"
+POOL: Final = "MEMORY_POOL"
 MemoryType = Literal["NO_MEMORY_EXPANSION", "PER_NODE_MEMORY_EXPANSION", "PER_NPU_MEMORY_EXPANSION",
                      "MEMORY_POOL"]
 
@@ -102,7 +104,7 @@ class HBMConfig(PluginConfig):
                                 "(max-preserving bucketing beyond it)")
 
     @model_validator(mode="after")
-    def _remote_keys(self):
+    def _remote_keys(self) -> "HBMConfig":
         if self.memory_type != NO_EXPANSION and self.remote_mem_bw is None:
             raise ValueError(f"memory-type {self.memory_type} needs remote-mem-bw (bytes per ns)")
         if self.memory_type == PER_NODE and self.num_npus_per_node is None:
@@ -116,7 +118,7 @@ class _Access:
     __slots__ = ("node_id", "done", "link", "size", "issued", "latency_frac", "alone_ns", "remote")
 
     def __init__(self, node_id: int, done: Callable[[int], None], link: SharedBandwidth, size: int,
-                 issued: int, latency_frac: Fraction, alone_ns: int, remote: bool):
+                 issued: int, latency_frac: Fraction, alone_ns: int, remote: bool) -> None:
         self.node_id, self.done, self.link, self.size = node_id, done, link, size
         self.issued, self.latency_frac, self.alone_ns, self.remote = issued, latency_frac, alone_ns, remote
 
@@ -131,7 +133,9 @@ class HBMMemory(MemoryModel):
     # ASTRA-sim's remote memory (--astra-memory); a system file's local-mem-bw is the HBM bandwidth.
     astra_sim = AstraEquivalent("remote-memory", {"local-mem-bw": "bandwidth_gbps"})
 
-    def __init__(self, config: HBMConfig, context: LayerContext):
+    config: HBMConfig
+
+    def __init__(self, config: HBMConfig, context: LayerContext) -> None:
         super().__init__(config, context)
         self._scheduler = context.scheduler
         self._bw = config.bandwidth_gbps                    # bytes per ns
@@ -168,13 +172,14 @@ class HBMMemory(MemoryModel):
         self.tensors: TensorTracker | None = None
         # The engine reads `tracks_tensors` once per run and then calls node_issued /
         # node_completed for every node: bind them straight to the tracker's methods.
-        self.tracks_tensors = config.track_tensors
+        # (MemoryModel declares tracks_tensors a ClassVar; this layer sets it per instance, from its config.)
+        self.tracks_tensors = config.track_tensors  # type: ignore[misc]  # per instance on purpose
         if config.track_tensors:
             self.tensors = TensorTracker(context.num_ranks, config.lifetime, config.count_host_tensors,
                                          self.capacity_bytes, config.series_points, self._trace_file,
                                          self._out_of_memory, config.tensor_nodes)
-            self.node_issued = self.tensors.issued            # type: ignore[method-assign]
-            self.node_completed = self.tensors.completed      # type: ignore[method-assign]
+            self.node_issued = self.tensors.issued            # type: ignore[method-assign]  # see above
+            self.node_completed = self.tensors.completed      # type: ignore[method-assign]  # see above
         elif config.capacity_gib is not None:
             context.warn("memory plugin 'hbm': capacity_gib is set but track_tensors is false, so "
                          "nothing is checked against it")
@@ -225,8 +230,11 @@ class HBMMemory(MemoryModel):
         self.remote_accesses += 1
         queue = self._queue_of(rank)
         if self._fair:
-            link = self._shared_remote.get(queue)
+            # fair: _queue_of gives every rank a queue (not narrowed at run time: a hot path)
+            link = self._shared_remote.get(queue)  # type: ignore[arg-type]  # fair: never None
             if link is None:
+                # once per queue; remote accesses need an expansion, which needs remote-mem-bw
+                assert queue is not None and self._remote_exact is not None
                 link = self._shared_remote[queue] = SharedBandwidth(scheduler, self._remote_exact)
             alone = self._remote_latency + int(link.alone_ns(size))
             self._shared(_Access(node.id, done, link, size, scheduler.now, Fraction(0), alone, True),

@@ -36,7 +36,7 @@ from fractions import Fraction
 from heapq import heappop, heappush
 from typing import Any, Callable
 
-from chakra_core.contract.inputs import Scheduler
+from chakra_core import Scheduler
 
 
 def exact(value: float | int, what: str) -> Fraction:

@@ -43,8 +43,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
+from chakra_core import NodeView, SimulationError
 from chakra_core.et.io import iter_trace
 
 _QUOTED = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from chakra_core.plugins import PluginHost
+
 
 @pytest.fixture
-def installed_plugins():
-    """A plugin host with hbm and analytical installed; skips the test when they are not."""
-    from chakra_core.contract.host import make_plugin_host
-
-    try:
-        host = make_plugin_host()
-        host.get("memory", "hbm")
-        host.get("network", "analytical")
-    except Exception as exc:  # a plugin not installed
-        pytest.skip(str(exc))
-    return host
+def installed_plugins(chakra_installed) -> PluginHost:
+    """A plugin host with hbm and analytical installed (and chakra-sim's testing network); skips
+    the test when they are not."""
+    chakra_installed("memory", "hbm")
+    return chakra_installed("network", "analytical")

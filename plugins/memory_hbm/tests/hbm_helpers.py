@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.et.attrs import NodeView
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.schema import pb
+from chakra_core import LayerContext, NodeView, pb
+from chakra_core.testing import EventQueue
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 
 MiB = 1 << 20

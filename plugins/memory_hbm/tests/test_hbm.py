@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import SimulationError
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.schema import pb
+from chakra_core import LayerContext, SimulationError, pb
+from chakra_core.testing import EventQueue
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 from hbm_helpers import REMOTE, REMOTE_NS, SIZE, make, mem_node, run
 
@@ -217,7 +215,7 @@ def test_registered_through_the_hook():
     """The installed entry point (pip install -e plugins/memory_hbm) provides `hbm`."""
     import importlib.metadata
 
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
 
     try:
         importlib.metadata.distribution("chakra-sim-memory-hbm")
@@ -233,7 +231,7 @@ def test_registered_through_the_hook():
 def test_hook_registers_in_process():
     """Without relying on the installed entry point: the module itself is a valid plugin."""
     import chakra_sim_memory_hbm
-    from chakra_core.contract.host import make_plugin_host
+    from chakra_core.plugins import make_plugin_host
 
     host = make_plugin_host(entry_points=[], extra_plugins=[("hbm-test", chakra_sim_memory_hbm)])
     assert host.get("memory", "hbm").cls is HBMMemory
@@ -244,7 +242,9 @@ def test_end_to_end_with_an_astra_remote_memory_file(tmp_path, installed_plugins
     """A manifest loads ASTRA-sim's remote-memory JSON as is; both ranks' loads queue in the pool."""
     import json
 
-    from chakra_core import load, simulate, write_trace
+    from chakra_core import write_trace
+    from chakra_core.run import load as load_config
+    from chakra_core.run import simulate
 
     host = installed_plugins
     for rank in range(2):
@@ -261,7 +261,7 @@ def test_end_to_end_with_an_astra_remote_memory_file(tmp_path, installed_plugins
         "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [2],
                     "bandwidth": [50.0], "latency": [500.0]},
     }
-    results = simulate(load(manifest, host, base_dir=tmp_path, name="test.yml"), host).results
+    results = simulate(load_config(manifest, host, base_dir=tmp_path, name="test.yml"), host).results
     local_ns = int(SIZE / 1000.0)
     assert [r["finish_ns"] for r in results["ranks"]] == [REMOTE_NS + local_ns, 2 * REMOTE_NS + local_ns]
     assert results["ranks"][1]["hbm"]["memory_bytes_loaded"] == SIZE

@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.schema import pb
+from chakra_core import pb
+from chakra_core.testing import EventQueue
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from hbm_helpers import REMOTE, REMOTE_NS, SIZE, make, mem_node, run
 

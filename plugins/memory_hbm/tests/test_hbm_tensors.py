@@ -9,12 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import SimulationError
-from chakra_core.et.attrs import NodeView
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.schema import pb
-from chakra_core.testing import make_node, manifest, uniform_network, simulate, write_ranks
+from chakra_core import LayerContext, NodeView, RunInputs, SimulationError, pb
+from chakra_core.testing import EventQueue, make_node, manifest, simulate, uniform_network, write_ranks
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
 from chakra_sim_memory_hbm.tensors import MemorySeries, parse_tensors, reference_counts, storages_of
 from hbm_helpers import MiB
@@ -381,7 +377,8 @@ def test_without_trace_files_the_issued_rule_applies_with_a_warning():
 def test_trace_files_from_context_extras(tmp_path):
     """When the core passes `trace_files` in LayerContext.extras the model uses them directly."""
     prefix = write_ranks(tmp_path, [model_trace()])
-    context = LayerContext(num_ranks=1, scheduler=EventQueue(), extras={"trace_files": [prefix + ".0.et"]})
+    context = LayerContext(num_ranks=1, scheduler=EventQueue(),
+                           inputs=RunInputs(trace_files=(Path(prefix + ".0.et"),)))
     model = HBMMemory(HBMConfig(), context)
     nodes = [NodeView(n) for n in model_trace()]
     model.node_issued(0, nodes[0], 0)

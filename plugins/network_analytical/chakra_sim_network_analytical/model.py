@@ -23,7 +23,7 @@ class AnalyticalNetworkConfig(PluginConfig):
     latency: list[NonNegativeFloat] = Field(..., min_length=1, description="ns per hop, per dimension")
 
     @model_validator(mode="after")
-    def _same_lengths(self):
+    def _same_lengths(self) -> "AnalyticalNetworkConfig":
         lengths = {"topology": len(self.topology), "npus_count": len(self.npus_count),
                    "bandwidth": len(self.bandwidth), "latency": len(self.latency)}
         if len(set(lengths.values())) != 1:
@@ -51,7 +51,7 @@ class AnalyticalNetwork(NetworkModel):
     fold_safe = True    # a message's delay depends on its endpoints and size only
     astra_sim = AstraEquivalent("congestion-unaware")   # --astra-network without --network
 
-    def __init__(self, config: AnalyticalNetworkConfig, context: LayerContext):
+    def __init__(self, config: AnalyticalNetworkConfig, context: LayerContext) -> None:
         super().__init__(config, context)
         self.dims = tuple(Dimension(t, n, b, lat) for t, n, b, lat in
                           zip(config.topology, config.npus_count, config.bandwidth, config.latency))
@@ -60,7 +60,7 @@ class AnalyticalNetwork(NetworkModel):
             self.npus_count *= dim.npus
         # bytes per ns; computed like ASTRA-sim (bw * 2^30 / 1e9) for identical rounding
         self._bw_bpns = [dim.bandwidth_gbps * GIB / 1_000_000_000 for dim in self.dims]
-        self._strides = []
+        self._strides: list[int] = []
         stride = 1
         for dim in self.dims:
             self._strides.append(stride)
@@ -89,7 +89,7 @@ class AnalyticalNetwork(NetworkModel):
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
         self._scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"dimensions": [
             {"topology": d.topology, "npus": d.npus, "bandwidth_gbps": d.bandwidth_gbps,
              "latency_ns": d.latency_ns} for d in self.dims]}

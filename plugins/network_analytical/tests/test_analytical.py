@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.contract.inputs import LayerContext
+from chakra_core import LayerContext
+from chakra_core.testing import EventQueue
 from chakra_sim_network_analytical import AnalyticalNetwork, AnalyticalNetworkConfig
 
 GIB = 2 ** 30

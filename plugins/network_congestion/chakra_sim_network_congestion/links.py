@@ -31,14 +31,17 @@ messages.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from chakra_core import Scheduler
 
 
 
 class LinkStats:
     __slots__ = ("bytes", "busy", "peak", "messages")
 
-    def __init__(self, count: int):
+    def __init__(self, count: int) -> None:
         self.bytes = [0] * count
         self.busy = [0.0] * count
         self.peak = [0] * count
@@ -48,7 +51,7 @@ class LinkStats:
 class _Chunk:
     __slots__ = ("route", "index", "size", "on_arrival", "arg")
 
-    def __init__(self, route, size, on_arrival, arg):
+    def __init__(self, route: tuple[int, ...], size: int, on_arrival: Callable[[Any], None], arg: Any) -> None:
         self.route, self.index, self.size, self.on_arrival, self.arg = route, 0, size, on_arrival, arg
 
 
@@ -60,8 +63,8 @@ class FifoLinks:
     served in arrival order, without link-free events.
     """
 
-    def __init__(self, bandwidth: list[float], latency: list[float], scheduler,
-                 shared: Iterable[int] = (), on_shared: Callable[[frozenset[int]], None] | None = None):
+    def __init__(self, bandwidth: list[float], latency: list[float], scheduler: Scheduler,
+                 shared: Iterable[int] = (), on_shared: Callable[[frozenset[int]], None] | None = None) -> None:
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
         self.on_shared = on_shared or (lambda links: None)
         """Told when closed-form traffic was timed on links that turn out to carry other traffic
@@ -259,7 +262,7 @@ FREE, SHARED = -1, -2
 class SharedLinkHint:
     """What a restarted run learned: these links carry more than one sender's traffic."""
 
-    def __init__(self, links: frozenset[int]):
+    def __init__(self, links: frozenset[int]) -> None:
         self.links = links
 
 
@@ -267,12 +270,13 @@ class _Flow:
     __slots__ = ("seq", "route", "size", "remaining", "rate", "start", "latency", "version", "finish",
                  "on_arrival", "arg")
 
-    def __init__(self, seq, route, size, latency, start, on_arrival, arg):
+    def __init__(self, seq: int, route: tuple[int, ...], size: int, latency: float, start: int,
+                 on_arrival: Callable[[Any], None], arg: Any) -> None:
         self.seq, self.route, self.size, self.latency, self.start = seq, route, size, latency, start
         self.remaining = float(size)
         self.rate = 0.0
         self.version = 0
-        self.finish = None
+        self.finish: float | None = None
         self.on_arrival, self.arg = on_arrival, arg
 
 
@@ -283,7 +287,7 @@ class FairLinks:
     iteration order, and hence the run, is deterministic.
     """
 
-    def __init__(self, bandwidth: list[float], latency: list[float], scheduler):
+    def __init__(self, bandwidth: list[float], latency: list[float], scheduler: Scheduler) -> None:
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
         self.on_link: list[dict[int, _Flow]] = [dict() for _ in bandwidth]
         self.flows: dict[int, _Flow] = {}
@@ -333,7 +337,7 @@ class FairLinks:
             self.pending_recompute = True
             self.scheduler.schedule(0, self._recompute)
 
-    def _recompute(self, _arg=None) -> None:
+    def _recompute(self, _arg: object = None) -> None:
         self.pending_recompute = False
         now = self.scheduler.now
         self._advance(now)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -70,7 +70,7 @@ class CongestionConfig(PluginConfig):
                           "(same results, much faster); false forces message by message")
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> "CongestionConfig":
         lists = [self.topology, self.npus_count, self.bandwidth, self.latency]
         given = sum(1 for x in (self.topology, self.generator, self.topology_file) if x is not None)
         if given != 1:
@@ -79,7 +79,7 @@ class CongestionConfig(PluginConfig):
         if self.topology is not None:
             if any(x is None for x in lists):
                 raise ValueError("topology, npus_count, bandwidth and latency go together")
-            lengths = {len(x) for x in lists}
+            lengths = {len(x) for x in lists if x is not None}   # (none is None: checked above)
             if len(lengths) != 1:
                 raise ValueError("topology, npus_count, bandwidth and latency need one entry per dimension")
         return self
@@ -93,11 +93,14 @@ class CongestionNetwork(NetworkModel):
     contention_free = False
     astra_sim = AstraEquivalent("congestion-aware")
 
-    def __init__(self, config: CongestionConfig, context: LayerContext):
+    config: CongestionConfig
+
+    def __init__(self, config: CongestionConfig, context: LayerContext) -> None:
         super().__init__(config, context)
         topo = self._build(config, context.base_dir)
         self.topo = topo
         self.npus_count = topo.npus
+        self.router: DimensionOrderRouter | ShortestPathRouter
         if topo.dims:
             self.dims = tuple(Dimension(k, n, bw, lat) for k, n, bw, lat in topo.dims)
             self.router = DimensionOrderRouter(topo)
@@ -112,24 +115,30 @@ class CongestionNetwork(NetworkModel):
             self.links = FifoLinks(topo.link_bw, topo.link_latency, context.scheduler, shared,
                                    on_shared=self._shared)
         else:
-            self.links = FairLinks(topo.link_bw, topo.link_latency, context.scheduler)
+            # typed as FifoLinks: FairLinks has the same send/bw/lat/stats, and the closed-form
+            # methods (FifoLinks only) run only when closed_form, i.e. in fifo mode
+            self.links = FairLinks(topo.link_bw, topo.link_latency,  # type: ignore[assignment]  # see above
+                                   context.scheduler)
         self.closed_form = (config.mode == "fifo" and config.closed_form and not config.trace_messages
                             and isinstance(self.router, DimensionOrderRouter)
                             and context.inputs.closed_form)
         self.flows = 0
         self.flow_bytes = 0
         self.closed_form_messages = 0
-        self.traced: list[dict] = []
+        self.traced: list[dict[str, Any]] = []
         self._saved: tuple[int, int, int] | None = None
 
     @staticmethod
     def _build(config: CongestionConfig, base_dir: Path) -> Topology:
         if config.topology is not None:
+            # the config's validator: the four lists come together
+            assert config.npus_count is not None and config.bandwidth is not None and config.latency is not None
             return from_dims(config.topology, config.npus_count, config.bandwidth, config.latency)
         if config.topology_file is not None:
             path = Path(config.topology_file)
             return from_file(path if path.is_absolute() else base_dir / path)
         gen = config.generator
+        assert gen is not None   # the config's validator: exactly one source
         try:
             if gen.kind == "fat_tree":
                 return fat_tree(gen.k, gen.bandwidth_gbps, gen.latency_ns, gen.oversubscription)
@@ -166,11 +175,11 @@ class CongestionNetwork(NetworkModel):
         return sum(int(links.lat[link] + size / links.bw[link]) for link in self.router.route(src, dst))
 
     # Closed form (see links.FifoLinks) -------------------------------------------------------------
-    def claim(self, pairs):
+    def claim(self, pairs: Iterable[tuple[int, int]]) -> list[int] | None:
         route = self.router.route
         return self.links.claim((src, route(src, dst)) for src, dst in pairs)
 
-    def release(self, token) -> None:
+    def release(self, token: list[int]) -> None:
         self.links.release(token)
 
     def transfer(self, src: int, dst: int, size: int, send_time: int) -> int:
@@ -179,7 +188,8 @@ class CongestionNetwork(NetworkModel):
         self.closed_form_messages += 1
         return self.links.transfer(self.router.route(src, dst), size, send_time)
 
-    def transfer_uniform(self, pairs, step_bytes, send_times) -> bool:
+    def transfer_uniform(self, pairs: Sequence[tuple[int, int]], step_bytes: Sequence[int],
+                         send_times: Sequence[int]) -> bool:
         route = self.router.route
         if not self.links.transfer_uniform([route(src, dst) for src, dst in pairs], step_bytes, send_times):
             return False
@@ -211,13 +221,13 @@ class CongestionNetwork(NetworkModel):
                                      "traffic and other traffic; they are timed message by message",
                                      SharedLinkHint(links))
 
-    def _traced_arrival(self, arg) -> None:
+    def _traced_arrival(self, arg: tuple[dict[str, Any], Callable[[Any], None], Any]) -> None:
         record, on_arrival, inner = arg
         record["arrived_ns"] = self.context.scheduler.now
         on_arrival(inner)
 
     # Statistics ---------------------------------------------------------------------------------
-    def link_rows(self) -> list[dict]:
+    def link_rows(self) -> list[dict[str, Any]]:
         stats, topo = self.links.stats, self.topo
         makespan = max(self.context.scheduler.now, 1)
         rows = []
@@ -229,7 +239,7 @@ class CongestionNetwork(NetworkModel):
             })
         return rows
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         rows = self.link_rows()
         rows.sort(key=lambda r: (-r["bytes"], r["index"]))
         summary = {"mode": self.config.mode, "topology": self.topo.source, "devices": self.topo.devices,

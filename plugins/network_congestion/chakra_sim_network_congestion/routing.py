@@ -40,7 +40,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 
-from chakra_core.errors import SimulationError
+from chakra_core import SimulationError
 from chakra_sim_network_congestion.topology import Topology
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
-from chakra_core.errors import ManifestError
+from chakra_core import ManifestError
 
 GIB = 1 << 30
 
@@ -76,8 +77,8 @@ class Topology:
         return f"{self.names[self.link_src[link]]}->{self.names[self.link_dst[link]]}"
 
 
-def from_dims(topologies: list[str], npus_count: list[int], bandwidth: list[float],
-              latency: list[float]) -> Topology:
+def from_dims(topologies: Sequence[str], npus_count: Sequence[int], bandwidth: Sequence[float],
+              latency: Sequence[float]) -> Topology:
     """Expand ASTRA-sim's multi-dimensional spec (bandwidth in GB/s, GB = 2^30)."""
     total = 1
     for size in npus_count:
@@ -273,10 +274,10 @@ def _from_edge_list(path: Path) -> Topology:
     return _finish(path, edges)
 
 
-def _declared_graphml_nodes(path: Path) -> set[str]:
+def _declared_graphml_nodes(path: Path) -> set[str | None]:
     import xml.etree.ElementTree as ET
 
-    nodes = set()
+    nodes: set[str | None] = set()   # None: a <node> without an id
     for element in ET.parse(path).getroot().iter():
         if element.tag.endswith("}node") or element.tag == "node":
             nodes.add(element.get("id"))

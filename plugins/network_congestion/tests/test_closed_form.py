@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chakra_core.schema import pb
+from chakra_core import pb
 from chakra_core.testing import collective, comp, manifest, recv, send, simulate, write_ranks
 
 AR, AG, RS, A2A = pb.ALL_REDUCE, pb.ALL_GATHER, pb.REDUCE_SCATTER, pb.ALL_TO_ALL

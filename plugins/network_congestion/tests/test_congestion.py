@@ -8,11 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ManifestError, SimulationError
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.schema import pb
-from chakra_core.testing import collective, manifest, simulate, write_ranks
+from chakra_core import LayerContext, ManifestError, RunInputs, SimulationError, pb
+from chakra_core.testing import EventQueue, collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
 from chakra_sim_network_congestion.topology import fat_tree, from_dims
 from chakra_sim_network_analytical.model import AnalyticalNetwork, AnalyticalNetworkConfig
@@ -27,7 +24,7 @@ GIB = 1 << 30
 
 def build(tmp_path=None, **settings_) -> tuple[CongestionNetwork, EventQueue]:
     queue = EventQueue()
-    context = LayerContext(num_ranks=0, scheduler=queue, base_dir=tmp_path or Path("."))
+    context = LayerContext(num_ranks=0, scheduler=queue, inputs=RunInputs(base_dir=tmp_path or Path(".")))
     network = CongestionNetwork(CongestionConfig.model_validate(settings_), context)
     context.num_ranks = network.npus_count
     return network, queue

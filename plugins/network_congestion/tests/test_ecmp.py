@@ -11,14 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import SimulationError
-from chakra_core.contract.inputs import LayerContext
-from chakra_core.schema import pb
+from chakra_core import LayerContext, SimulationError, pb
+from chakra_core.testing import EventQueue, collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
 from chakra_sim_network_congestion.routing import ShortestPathRouter
 from chakra_sim_network_congestion.topology import Topology, dragonfly, fat_tree, from_file
-from chakra_core.testing import collective, manifest, simulate, write_ranks
 
 TIERS = [("npu", "edge"), ("edge", "agg"), ("agg", "core"), ("core", "agg"), ("agg", "edge"), ("edge", "npu")]
 
@@ -43,7 +40,7 @@ def shortest_paths(topo: Topology, src: int, dst: int) -> set[tuple[int, ...]]:
 
 
 def network(generator: dict) -> CongestionNetwork:
-    context = LayerContext(num_ranks=0, scheduler=EventQueue(), base_dir=Path("."))
+    context = LayerContext(num_ranks=0, scheduler=EventQueue())
     return CongestionNetwork(CongestionConfig.model_validate({"generator": generator}), context)
 
 

@@ -1,13 +1,22 @@
-"""NCCL-aware system layer (`plugin: nccl`)."""
+"""NCCL-aware system layer (`plugin: nccl`), its cost model, the nccl-tests reader, and the
+`chakra-sim calibrate` command."""
 
 from __future__ import annotations
 
 from chakra_core import hookimpl
+from chakra_core.contract.registry import CommandRegistry, SystemRegistry
 from chakra_sim_system_nccl.layer import NcclSystem, NcclSystemConfig
 
 __all__ = ["NcclSystem", "NcclSystemConfig"]
 
 
 @hookimpl
-def chakra_sim_register_system(registry):
+def chakra_sim_register_system(registry: SystemRegistry) -> None:
     registry.add(NcclSystem)
+
+
+@hookimpl
+def chakra_sim_register_commands(registry: CommandRegistry) -> None:
+    from chakra_sim_system_nccl.cli import calibrate   # click, rich and scipy only when asked for
+
+    registry.add(calibrate)

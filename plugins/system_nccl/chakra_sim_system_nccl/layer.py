@@ -3,7 +3,7 @@
 Collectives match as in the built-in layer (the k-th collective a rank issues in a group
 matches the k-th of every other member; type and size must agree). Once the last member has
 issued it, the collective runs with the algorithm and protocol NCCL would pick for its size,
-rank count and node count (chakra_core.hardware.nccl), and every member finishes that long
+rank count and node count (chakra_sim_system_nccl.model), and every member finishes that long
 after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a node.
 
 Sends and receives match by (src, dst, tag) as in the built-in layer; a message takes one NCCL
@@ -21,14 +21,16 @@ from typing import Any, Callable
 
 from pydantic import Field, PositiveInt
 
-from chakra_core import (LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, ValidationInputs,
-                         collective_name, pb)
+from chakra_core import (
+    LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, ValidationInputs,
+    collective_name, pb,
+)
 from chakra_core.comm.collectives import collective_wait, read_collective
 from chakra_core.comm.matcher import OpenCollective
-from chakra_core.hardware import nccl
 from chakra_core.hardware.profiles import load_profile, profile_problems
+from chakra_sim_system_nccl import model as nccl
 
-_NCCL_NAME = {
+_NCCL_NAME: dict[int, str] = {
     pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
     pb.REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, pb.ALL_TO_ALL: nccl.ALL_TO_ALL,
     pb.BROADCAST: nccl.BROADCAST, pb.REDUCE: nccl.REDUCE, pb.BARRIER: nccl.ALL_REDUCE,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from chakra_core.errors import ManifestError, SimulationError
-from chakra_core.hardware import nccl
+from chakra_core import ManifestError, SimulationError, pb
+from chakra_sim_system_nccl import model as nccl
 from chakra_core.hardware.profiles import load_profile
-from chakra_core.schema import pb
 from chakra_core.testing import collective, comp, recv, send, simulate, write_ranks
 
 H100, NDR = "h100-sxm-hgx", "h100-hgx-ndr400"
@@ -143,10 +142,14 @@ def test_bytes_conserved_time_adds_up_and_nothing_beats_its_links(tmp_path_facto
     assert sum(r["bytes_sent"] for r in ranks) == sum(r["bytes_received"] for r in ranks)
     for r in ranks:
         assert sum(r[key] for key in BREAKDOWN) == r["finish_ns"] and min(r[key] for key in BREAKDOWN) >= 0
-    # each rank's traffic over its NVLinks (450 GB/s each way) and its NIC share takes at least that long
+    # each rank's traffic over its NVLinks (450 GB/s each way) and its NIC share takes at least that long.
+    # Bytes are counted by nccl-tests' bus convention, 2(n-1)/n of an all-reduce's size; NVLS reduces in
+    # the switch, so a GPU puts only the size itself on its NVLinks: 8/14 of the bus count for 8 GPUs.
+    nvls = any(choice["algorithm"].startswith("nvls") for choice in results["layers"]["system"]["summary"]["choices"])
+    link_share = 8 / 14 if nvls else 1.0
     nvlink_bytes_per_ns = 450.0
     for r in ranks:
-        assert r["finish_ns"] * nvlink_bytes_per_ns >= r["bytes_sent"] * 0.999
+        assert r["finish_ns"] * nvlink_bytes_per_ns >= r["bytes_sent"] * link_share * 0.999
 
 
 def test_gather_times_the_roots_links(tmp_path):

@@ -1,4 +1,4 @@
-"""NCCL's cost model (chakra_core.hardware.nccl): NCCL's published tuning numbers, its choices,
+"""NCCL's cost model (chakra_sim_system_nccl.model): NCCL's published tuning numbers, its choices,
 and physics: no collective beats the bandwidth of the links it must cross."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from chakra_core.hardware import nccl
+from chakra_sim_system_nccl import model as nccl
 from chakra_core.hardware.profiles import builtin_profiles, load_profile
 
 H100 = "h100-sxm-hgx"

@@ -1,5 +1,7 @@
 """`chakra-sim calibrate LOG... --profile BASE --out PROFILE.yaml`: fit a hardware profile's NCCL
-latency and bandwidth factors to your own nccl-tests output (chakra_core.hardware.calibrate)."""
+latency and bandwidth factors to your own nccl-tests output (chakra_sim_system_nccl.calibrate).
+
+The plugin adds the command to `chakra-sim` through `chakra_sim_register_commands`."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import yaml
 from rich.table import Table
 
 from chakra_core._atomic import atomic_write_text
-from chakra_core.hardware import calibrate as cal
-from chakra_core.hardware.nccl_tests import load
-from chakra_core.hardware.profiles import load_profile
-from chakra_core.cli.output import CliError, tool_errors
+from chakra_core.cli.output import CliError, out_console, tool_errors
+from chakra_core.hardware.profiles import Profile, load_profile
+from chakra_sim_system_nccl import calibrate as cal
+from chakra_sim_system_nccl.nccl_tests import load
 
 
 def _pct(error: float) -> str:
@@ -35,7 +37,8 @@ def _pct(error: float) -> str:
 @click.option("--holdout", type=click.Choice(["none", "odd-powers"]), default="none", show_default=True,
               help="odd-powers: fit on sizes 4^k only and report the error on the other powers of two, "
                    "to see how well the fit predicts sizes it has not seen")
-def calibrate(logs, base, out, name, in_place, min_bytes, max_bytes, holdout) -> None:
+def calibrate(logs: tuple[Path, ...], base: str, out: Path | None, name: str | None, in_place: bool,
+              min_bytes: int, max_bytes: int | None, holdout: str) -> None:
     """Fit a profile's NCCL latency and bandwidth factors to nccl-tests output.
 
     LOG... are outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf or
@@ -68,9 +71,7 @@ def calibrate(logs, base, out, name, in_place, min_bytes, max_bytes, holdout) ->
             click.echo(f"wrote {out}")
 
 
-def _report(spec, fitted, fit_on, held) -> None:
-    from chakra_core.cli.output import out_console
-
+def _report(spec: Profile, fitted: Profile, fit_on: list[cal.Observation], held: list[cal.Observation]) -> None:
     console = out_console()
     for title, points in (("fitted sizes", fit_on), ("held-out sizes", held)):
         if not points:
@@ -90,6 +91,7 @@ def _report(spec, fitted, fit_on, held) -> None:
         console.print(f"{title}: geomean error {100 * cal.geomean_error(fit_errors):.1f}% calibrated, "
                       f"{100 * cal.geomean_error(spec_errors):.1f}% with the spec-only profile")
     calibration = fitted.calibration
+    assert calibration is not None   # cal.fit always sets one
     console.print("factors: latency " + ", ".join(f"{k} x{v:.3f}" for k, v in calibration.latency_scale.items())
                   + "; bandwidth " + ", ".join(f"{k} x{v:.3f}" for k, v in calibration.bandwidth_scale.items())
                   + "".join(f", NVLS {k // 1024} KiB chunks x{v:.3f}"

@@ -63,7 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chakra_core.errors import ManifestError
+from chakra_core import ManifestError
 
 __all__ = [
     "Row", "NcclTestsLog", "parse", "load", "parse_busbw_table",
@@ -252,8 +252,9 @@ class _RawRow:
 
 
 class _Problems:
-    def __init__(self, path: str):
-        self.path, self.items = path, []
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.items: list[tuple[str, str]] = []
 
     def add(self, line: int, reason: str) -> None:
         self.items.append((f"{self.path}:{line}", reason))

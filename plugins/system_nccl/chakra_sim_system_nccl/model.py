@@ -34,15 +34,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final, Iterator, Literal, cast
 
-from chakra_core.hardware.profiles import Profile
+from chakra_core.hardware.profiles import Profile, Sourced
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL)
-PROTOCOLS = ("LL", "LL128", "Simple")
+ProtocolName = Literal["LL", "LL128", "Simple"]
+"""NCCL's protocols (the keys of a calibration's latency_scale)."""
+AlgorithmName = Literal["ring", "tree", "nvls", "nvls_tree"]
+"""The algorithms modelled (the keys of a calibration's bandwidth_scale)."""
+PROTOCOLS: tuple[ProtocolName, ProtocolName, ProtocolName] = ("LL", "LL128", "Simple")
 LL, LL128, SIMPLE = PROTOCOLS
-RING, TREE, NVLS, NVLS_TREE = "ring", "tree", "nvls", "nvls_tree"
+RING: Final = "ring"
+TREE: Final = "tree"
+NVLS: Final = "nvls"
+NVLS_TREE: Final = "nvls_tree"
 
 # cost_model.cc: latencies in microseconds, per protocol (LL, LL128, Simple)
 BASE_LATENCY = {TREE: (6.8, 14.0, 8.4), RING: (6.6, 14.0, 8.4), NVLS: (0.0, 0.0, 0.0), NVLS_TREE: (0.0, 0.0, 0.0)}
@@ -99,8 +107,8 @@ class Choice:
 
 @dataclass(frozen=True)
 class _Pair:
-    algorithm: str
-    protocol: str
+    algorithm: AlgorithmName
+    protocol: ProtocolName
     latency_us: float
     bandwidth_gbps: float   # algorithm bandwidth, all channels, NCCL's caps applied
     channels: int           # channels NCCL starts from (comm->nChannels, or NVLS channels)
@@ -114,7 +122,7 @@ def _log2i(n: int) -> int:
 class NcclModel:
     """NCCL's algorithm and protocol choice and time for one hardware profile."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile) -> None:
         self.profile = profile
         self._tables: dict[tuple[str, int, int, bool], tuple[_Pair, ...]] = {}
         self.time_us = lru_cache(maxsize=4096)(self._time_us)
@@ -129,6 +137,7 @@ class NcclModel:
         spec = self.profile.nccl
         network = self.profile.network
         if algorithm in (NVLS, NVLS_TREE):
+            assert spec.nvls_bus_bw_gbps is not None   # NVLS only when the profile gives it (_algorithms)
             channels = self.profile.gpus_per_node
             bw_intra = spec.nvls_bus_bw_gbps.value / channels
             bw_inter = spec.nvls_inter_bw_gbps.value if spec.nvls_inter_bw_gbps else bw_intra
@@ -157,11 +166,11 @@ class NcclModel:
             table = self._tables[key] = tuple(self._build(collective, nranks, nodes, priced))
         return table
 
-    def _algorithms(self, collective: str, nodes: int) -> list[str]:
+    def _algorithms(self, collective: str, nodes: int) -> list[AlgorithmName]:
         spec = self.profile.nccl
         nvls = self.profile.node.nvls and spec.nvls_channels is not None and spec.nvls_bus_bw_gbps is not None
         if collective == ALL_REDUCE:
-            algorithms = [TREE, RING]
+            algorithms: list[AlgorithmName] = [TREE, RING]
             if nvls:
                 algorithms.append(NVLS if nodes == 1 else NVLS_TREE)
             return algorithms
@@ -169,7 +178,7 @@ class NcclModel:
             return [RING, NVLS]
         return [RING]
 
-    def _build(self, collective: str, nranks: int, nodes: int, priced: bool):
+    def _build(self, collective: str, nranks: int, nodes: int, priced: bool) -> Iterator[_Pair]:
         arch = _ARCH[self.profile.gpu.architecture]
         index2 = min(nodes, 3) - 1
         cpu = self.profile.node.cpu_vendor
@@ -235,8 +244,9 @@ class NcclModel:
                         latency = intra + (inter if nodes > 1 else 0.0)
                     else:
                         latency += intra + 2 * _log2i(nodes) * inter
-                channels = int(self.profile.nccl.nvls_channels.value) if algorithm in (NVLS, NVLS_TREE) \
-                    else int(self.profile.nccl.channels.value)
+                # NVLS only when the profile gives nvls_channels (_algorithms)
+                channels = int(cast(Sourced, self.profile.nccl.nvls_channels).value) \
+                    if algorithm in (NVLS, NVLS_TREE) else int(self.profile.nccl.channels.value)
                 yield _Pair(algorithm, protocol, latency, algbw, channels, per_channel)
 
     # -- one collective ---------------------------------------------------------------------------
@@ -315,8 +325,9 @@ class NcclModel:
         network = self.profile.network
         remote = not same_node and network is not None
         latency = BASE_LATENCY[RING][2] + HW_LATENCY["net" if remote else "nvlink"][RING][2]
-        if remote and network.extra_latency_us is not None:
-            latency += network.extra_latency_us.value
+        # remote: network is not None (not narrowed at run time: once per message)
+        if remote and network.extra_latency_us is not None:  # type: ignore[union-attr]  # see above
+            latency += network.extra_latency_us.value  # type: ignore[union-attr]  # see above
         if self.profile.calibration is not None:
             latency *= self.profile.calibration.latency_scale.get(SIMPLE, 1.0)
         return latency

@@ -9,11 +9,11 @@ import yaml
 from click.testing import CliRunner
 
 from chakra_core.cli import main
-from chakra_core.hardware import calibrate as cal
-from chakra_core.hardware import nccl
-from chakra_core.hardware.nccl_tests import busbw_factor
+from chakra_sim_system_nccl import calibrate as cal
+from chakra_sim_system_nccl import model as nccl
+from chakra_sim_system_nccl.nccl_tests import busbw_factor
 from chakra_core.hardware.profiles import Calibration, load_profile
-from tests.test_nccl_tests_parser import result_line
+from nccl_logs import result_line
 
 H100 = "h100-sxm-hgx"
 SIZES = [2**k for k in range(10, 34)]

@@ -1,6 +1,6 @@
 """Fit a profile's NCCL latency and bandwidth factors to measured nccl-tests results.
 
-The fitted parameters are factors on NCCL's own model (chakra_core.hardware.nccl), so a
+The fitted parameters are factors on NCCL's own model (chakra_sim_system_nccl.model), so a
 calibrated profile keeps NCCL's algorithm and protocol logic and only corrects its numbers:
 
 - one latency factor per protocol (LL, LL128, Simple);
@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from chakra_core.hardware import nccl
-from chakra_core.hardware.nccl_tests import NcclTestsLog
 from chakra_core.hardware.profiles import Calibration, Profile
+from chakra_sim_system_nccl import model as nccl
+from chakra_sim_system_nccl.nccl_tests import NcclTestsLog
 
 ROBUST_SCALE = 0.05
 """Log error where the fit's loss turns from quadratic to linear (about 5%)."""
@@ -65,7 +65,8 @@ def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: boo
 
 def split_odd_powers(points: Sequence[Observation]) -> tuple[list[Observation], list[Observation]]:
     """(the sizes 4^k, the rest): fit on the first, judge the fit on the others."""
-    fit_on, held = [], []
+    fit_on: list[Observation] = []
+    held: list[Observation] = []
     for point in points:
         size = point.nbytes
         even_power = size & (size - 1) == 0 and (size.bit_length() - 1) % 2 == 0
@@ -106,7 +107,9 @@ def _parameters(profile: Profile, points: Sequence[Observation]) -> list[tuple[s
 
 
 def _calibration(parameters: Sequence[tuple[str, object]], values: Sequence[float], source: str) -> Calibration:
-    latency, bandwidth, chunk = {}, {}, {}
+    latency: dict[object, float] = {}
+    bandwidth: dict[object, float] = {}
+    chunk: dict[object, float] = {}
     for (kind, key), value in zip(parameters, values):
         factor = round(math.exp(value), 6)
         {"latency": latency, "bandwidth": bandwidth, "nvls_chunk": chunk}[kind][key] = factor
@@ -123,10 +126,10 @@ def fit(profile: Profile, points: Sequence[Observation], source: str) -> Profile
     base = profile.model_copy(update={"calibration": None})
     parameters = _parameters(base, points)
 
-    def calibrated(values) -> Profile:
+    def calibrated(values: Sequence[float]) -> Profile:
         return base.model_copy(update={"calibration": _calibration(parameters, values, source)})
 
-    def objective(values) -> float:
+    def objective(values: Sequence[float]) -> float:
         # pseudo-Huber on the log errors: quadratic within ~5%, linear beyond, so one noisy size
         # (nccl-tests prints the odd outlier) cannot drag a whole protocol's latency; a little
         # weight on the factors' size keeps those the points barely see near 1

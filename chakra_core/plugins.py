@@ -138,7 +138,7 @@ class PluginHost:
     # Listing --------------------------------------------------------------------------
     def listing(self, include_builtins: bool = True) -> list[dict[str, Any]]:
         """Rows for `chakra-sim plugins`: one per implementation, plus one per failed plugin."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         for layer in LAYERS:
             for impl in self.implementations(layer):
                 if not include_builtins and impl.plugin.name == BUILTIN_NAME:
