@@ -20,6 +20,8 @@ from chakra_core.contract.layers import SystemLayer
 from chakra_core.et.attrs import NodeView
 
 C = TypeVar("C", bound=OpenCollective)
+_CALL = object()
+"""NodeView.memo key of a collective node's CollectiveCall."""
 
 
 class MatchingSystem(SystemLayer, Generic[C]):
@@ -45,6 +47,15 @@ class MatchingSystem(SystemLayer, Generic[C]):
     def collective_call(cls, rank: int, node: NodeView, warn: Callable[[str], None]) -> CollectiveCall:
         """How a collective node is read (what `chakra-sim validate` matches)."""
         return read_collective(rank, node, warn)
+
+    def _join(self, rank: int, node: NodeView) -> C:
+        """`rank` issues collective `node`: the collective it matches (its reading kept in the
+        node's memo, which ranks with identical traces share)."""
+        memo = node.memo
+        call = memo.get(_CALL)
+        if call is None:
+            call = memo[_CALL] = read_collective(rank, node, self.context.warn)
+        return self.matcher.join(rank, node, call)
 
     def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         self.p2p.send(rank, node, done)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from chakra_core.comm.collectives import ROOTED, collective_name, collective_wait, read_collective
+from chakra_core.comm.collectives import ROOTED, collective_name, collective_wait
 from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.inputs import LayerContext, ValidationInputs
 from chakra_core.contract.layers import ProblemList
@@ -37,9 +37,6 @@ from chakra_core.system.native.fold_guard import FoldGuard
 from chakra_core.system.native.planner import Collective, CollectivePlanner
 from chakra_core.system.native.queues import ChunkQueues
 from chakra_core.system.native.solver import CollectiveSolver
-
-_COLLECTIVE = object()
-"""NodeView.memo key of a collective node's checked (comm_type, comm_size, group)."""
 
 
 class NativeSystem(MatchingSystem[Collective]):
@@ -135,11 +132,7 @@ class NativeSystem(MatchingSystem[Collective]):
 
     # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        memo = node.memo
-        call = memo.get(_COLLECTIVE)
-        if call is None:
-            call = memo[_COLLECTIVE] = read_collective(rank, node, self.context.warn)
-        coll = self.matcher.join(rank, node, call)
+        coll = self._join(rank, node)
         if len(coll.nodes) == 1:   # the first member to issue it: plan it
             coll.set_plans(self.planner.plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans

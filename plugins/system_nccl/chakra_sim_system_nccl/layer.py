@@ -25,7 +25,7 @@ from chakra_core import (
     LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, ValidationInputs,
     collective_name, pb,
 )
-from chakra_core.comm.collectives import collective_wait, read_collective
+from chakra_core.comm.collectives import collective_wait
 from chakra_core.comm.matcher import OpenCollective
 from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
@@ -35,7 +35,6 @@ _NCCL_NAME: dict[int, str] = {
     pb.REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, pb.ALL_TO_ALL: nccl.ALL_TO_ALL,
     pb.BROADCAST: nccl.BROADCAST, pb.REDUCE: nccl.REDUCE, pb.BARRIER: nccl.ALL_REDUCE,
 }
-_ATTRS = object()   # node.memo key: (comm_type, comm_size, group), read once per node body
 BARRIER_BYTES = 4
 """PyTorch's NCCL barrier is an all-reduce of one float."""
 
@@ -100,11 +99,7 @@ class NcclSystem(MatchingSystem[_Pending]):
 
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        memo = node.memo
-        call = memo.get(_ATTRS)
-        if call is None:
-            call = memo[_ATTRS] = read_collective(rank, node, self.context.warn)
-        coll = self.matcher.join(rank, node, call)
+        coll = self._join(rank, node)
         coll.done[rank] = done
         self.open[rank][node.id] = coll
         if len(coll.nodes) == len(coll.members):
