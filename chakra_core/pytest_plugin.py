@@ -20,20 +20,21 @@ conftest and nothing from this repository.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import pytest
 
-from chakra_core.plugins import PluginHost
-from chakra_core.errors import PluginError
-from chakra_core.schema import pb
-from chakra_core.testing import simulate, testing_host, write_ranks
+if TYPE_CHECKING:   # the fixtures import chakra-sim when used: loading this plugin costs any suite nothing
+    from chakra_core.plugins import PluginHost
+    from chakra_core.schema import pb
 
 
 @pytest.fixture
 def chakra_trace(tmp_path: Path) -> Callable[..., str]:
     """Factory: `chakra_trace([nodes of rank 0, nodes of rank 1, ...], name="trace")` -> prefix."""
     def write(ranks: Sequence[Iterable[pb.Node]], name: str = "trace") -> str:
+        from chakra_core.testing import write_ranks
+
         return write_ranks(tmp_path, ranks, name)
     return write
 
@@ -41,6 +42,8 @@ def chakra_trace(tmp_path: Path) -> Callable[..., str]:
 @pytest.fixture
 def chakra_host() -> Callable[..., PluginHost]:
     """Factory: `chakra_host(extra_plugins=[(name, plugin)])` -> a fresh plugin host."""
+    from chakra_core.testing import testing_host
+
     return testing_host
 
 
@@ -49,6 +52,8 @@ def chakra_run(tmp_path: Path) -> Callable[..., dict[str, Any]]:
     """Factory: `chakra_run(manifest_mapping, extra_plugins=(), host=None)` -> results document."""
     def run(data: dict[str, Any], extra_plugins: Iterable[tuple[str, Any]] = (),
             host: PluginHost | None = None) -> dict[str, Any]:
+        from chakra_core.testing import simulate
+
         return simulate(data, base_dir=tmp_path, extra_plugins=extra_plugins, host=host)
     return run
 
@@ -57,6 +62,9 @@ def chakra_run(tmp_path: Path) -> Callable[..., dict[str, Any]]:
 def chakra_installed() -> Callable[[str, str], PluginHost]:
     """Factory: `chakra_installed("network", "analytical")` skips the test unless it is installed;
     returns the plugin host that has it."""
+    from chakra_core.errors import PluginError
+    from chakra_core.testing import testing_host
+
     host = testing_host()
 
     def need(layer: str, name: str) -> PluginHost:

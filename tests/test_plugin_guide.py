@@ -92,7 +92,7 @@ def test_every_block_of_the_plugin_guide_runs(tmp_path):
 
     listing = outputs["chakra-sim plugins --layer network"]
     assert "fixed" in listing and "acme-fixed-network" in listing and "2.1.0" in listing
-    assert "2 passed" in outputs["python -m pytest -q acme-fixed-network/tests"]
+    assert "3 passed" in outputs["python -m pytest -q acme-fixed-network/tests"]
     results = json.loads((tmp_path / "results" / "results.json").read_text())
     assert results["finish_ns"] == 6000
     assert results["layers"]["network"]["plugin"] == "fixed"

@@ -160,8 +160,3 @@ class LayerContext:
             self.restart = RestartRequest(reason, hint)
             if self.stop is not None:
                 self.stop()
-
-    @property
-    def restarting(self) -> bool:
-        """True once a restart was requested in this attempt (later work is thrown away)."""
-        return self.restart is not None

@@ -10,7 +10,7 @@ naming both providers. The system registry also takes collective algorithms
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Iterable, TypeVar
 
 import click
 from pydantic import BaseModel
@@ -20,9 +20,6 @@ from chakra_core.contract.layers import (LAYERS, RESERVED_NAMES, ComputeModel, L
                                          SystemLayer)
 from chakra_core.contract.network import ContentionFreeNetwork, NetworkModel
 from chakra_core.errors import PluginError
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 L = TypeVar("L", bound=LayerModel)
 
@@ -138,7 +135,7 @@ class SystemRegistry(LayerRegistry[SystemLayer]):
 class CommandRegistry(_Owned):
     """Commands plugins add to the `chakra-sim` command line."""
 
-    def __init__(self, reserved: "Mapping[str, object] | frozenset[str]" = frozenset()):
+    def __init__(self, reserved: Iterable[str] = ()):
         super().__init__()
         self.commands: dict[str, click.Command] = {}
         self.reserved = frozenset(reserved)

@@ -1,4 +1,5 @@
-"""Folded runs (chakra_core.fold): when collectives are ready, and whether folding holds.
+"""Folded runs: when collectives are ready, and whether folding holds (the classes of
+equivalent ranks are found by chakra_core.engine.folding).
 
 Only one rank per class of equivalent ranks issues its nodes. A collective
 then stands for one per equivalent group: it is ready once, for every class

@@ -374,8 +374,8 @@ def test_without_trace_files_the_issued_rule_applies_with_a_warning():
     assert any("'issued' rule" in w for w in context.warnings)
 
 
-def test_trace_files_from_context_extras(tmp_path):
-    """When the core passes `trace_files` in LayerContext.extras the model uses them directly."""
+def test_trace_files_from_the_run_inputs(tmp_path):
+    """When the run inputs name the trace files (`LayerContext.inputs.trace_files`) the model uses them."""
     prefix = write_ranks(tmp_path, [model_trace()])
     context = LayerContext(num_ranks=1, scheduler=EventQueue(),
                            inputs=RunInputs(trace_files=(Path(prefix + ".0.et"),)))

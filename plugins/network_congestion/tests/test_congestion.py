@@ -12,7 +12,6 @@ from chakra_core import LayerContext, ManifestError, RunInputs, SimulationError,
 from chakra_core.testing import EventQueue, collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
 from chakra_sim_network_congestion.topology import fat_tree, from_dims
-from chakra_sim_network_analytical.model import AnalyticalNetwork, AnalyticalNetworkConfig
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 """The chakra-sim checkout holding this plugin; the tests of its data skip without it."""
@@ -157,6 +156,9 @@ def test_config_needs_exactly_one_source():
 
 # Timing properties -------------------------------------------------------------------------------------
 def analytical_delay(kind, n, bw, lat, src, dst, size):
+    """The analytical backend's delay: the reference of an idle path (skips without that plugin)."""
+    analytical = pytest.importorskip("chakra_sim_network_analytical.model")
+    AnalyticalNetwork, AnalyticalNetworkConfig = analytical.AnalyticalNetwork, analytical.AnalyticalNetworkConfig
     queue = EventQueue()
     context = LayerContext(num_ranks=n, scheduler=queue)
     config = AnalyticalNetworkConfig(topology=[kind], npus_count=[n], bandwidth=[bw], latency=[lat])
