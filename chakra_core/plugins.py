@@ -120,8 +120,7 @@ class PluginHost:
                 except Exception as exc:
                     registry.forget(impl.plugin_name)
                     if info is not None:
-                        detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-                        info.status, info.error = "failed", f"error while registering commands: {detail}"
+                        info.status, info.error = "failed", f"error while registering commands: {_detail(exc)}"
         return dict(sorted(registry.commands.items()))
 
     def owner_of_module(self, module_name: str) -> PluginInfo | None:
@@ -136,8 +135,11 @@ class PluginHost:
         return bool(getattr(self.pm.hook, hook_name).get_hookimpls())
 
     # Listing --------------------------------------------------------------------------
-    def listing(self, include_builtins: bool = True) -> list[dict[str, Any]]:
-        """Rows for `chakra-sim plugins`: one per implementation, plus one per failed plugin."""
+    def listing(self, include_builtins: bool = True,
+                reserved_commands: frozenset[str] | None = None) -> list[dict[str, Any]]:
+        """Rows for `chakra-sim plugins`: one per implementation, one per command plugins add (when
+        `reserved_commands`, chakra-sim's own, is given), then one per failed plugin."""
+        commands = self.commands(reserved_commands) if reserved_commands is not None else {}
         rows: list[dict[str, Any]] = []
         for layer in LAYERS:
             for impl in self.implementations(layer):
@@ -149,6 +151,11 @@ class PluginHost:
                     "fidelity": impl.fidelity, "status": "ok",
                     "config_schema": impl.cls.Config.model_json_schema(),
                 })
+        for name, command in commands.items():   # registered first: a plugin may fail doing so
+            info = self.plugins[self.registries.commands.owner(name)]
+            rows.append({"layer": "command", "name": name, "plugin": info.name, "distribution": info.distribution,
+                         "version": info.version, "fidelity": command.get_short_help_str(80), "status": "ok",
+                         "config_schema": None})
         for info in self.failed():
             rows.append({
                 "layer": "?", "name": info.name, "plugin": info.name,
@@ -156,6 +163,11 @@ class PluginHost:
                 "fidelity": "", "status": "FAILED", "error": info.error, "config_schema": None,
             })
         return rows
+
+
+def _detail(exc: Exception) -> str:
+    """What a plugin's failure to register says: our own message, or the exception's type and text."""
+    return str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
 
 
 def _module_names(obj: Any) -> tuple[str, ...]:
@@ -202,8 +214,7 @@ def _register_plugin(host: PluginHost, obj: Any, info: PluginInfo) -> None:
         for owned in host.registries.all():
             owned.forget(info.name)
         pm.unregister(obj)
-        detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-        info.status, info.error = "failed", f"error while registering: {detail}"
+        info.status, info.error = "failed", f"error while registering: {_detail(exc)}"
 
 
 def _entry_points() -> Iterable[metadata.EntryPoint]:

@@ -34,10 +34,11 @@ from chakra_core.errors import ChakraSimError
 from chakra_core.report.results import build_results
 from chakra_core.report.writers import output_dir_problem, result_files
 
-Manifest = Mapping[str, Any]
+ManifestData = Mapping[str, Any]
+"""A manifest as a mapping (what a YAML manifest file reads as)."""
 
 
-def load(source: str | Path | Manifest, host: PluginHost | None = None, *,
+def load(source: str | Path | ManifestData, host: PluginHost | None = None, *,
          base_dir: str | Path | None = None, name: str | None = None,
          out_dir: str | Path | None = None) -> RunConfig:
     """Read and validate a manifest: a YAML file, or a mapping (relative paths resolve against
@@ -104,7 +105,7 @@ def prepare(config: RunConfig, host: PluginHost | None = None, timeline: bool | 
     return PreparedRun(config, host if host is not None else make_plugin_host(), timeline)
 
 
-def simulate(config: RunConfig | str | Path | Manifest, host: PluginHost | None = None, *,
+def simulate(config: RunConfig | str | Path | ManifestData, host: PluginHost | None = None, *,
              timeline: bool | None = None, progress: Callable[[int], None] | None = None) -> RunResult:
     """Load (when given a manifest), prepare and simulate a run."""
     host = host if host is not None else make_plugin_host()

@@ -19,18 +19,11 @@ from chakra_core.contract.layers import LAYERS
 def plugins(as_json: bool, layer: str | None, show_all: bool) -> None:
     """List installed plugins by layer (name, distribution, version, fidelity, status), and the
     commands plugins add to chakra-sim."""
+    from chakra_core.cli import COMMANDS
     from chakra_core.plugins import make_plugin_host
 
-    from chakra_core.cli import COMMANDS
-
     host = make_plugin_host()
-    commands = host.commands(reserved=frozenset(COMMANDS))   # first: a plugin may fail registering them
-    rows = host.listing(include_builtins=show_all or not as_json)
-    for name, command in commands.items():
-        info = host.plugins[host.registries.commands.owners["command:" + name]]
-        rows.append({"layer": "command", "name": name, "plugin": info.name, "distribution": info.distribution,
-                     "version": info.version, "fidelity": command.get_short_help_str(80), "status": "ok",
-                     "config_schema": None})
+    rows = host.listing(include_builtins=show_all or not as_json, reserved_commands=frozenset(COMMANDS))
     if layer:
         rows = [r for r in rows if r["layer"] in (layer, "?")]
     if as_json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
@@ -11,6 +11,9 @@ from chakra_core.cli.output import CliError, err_console, fail, out_console, war
 from chakra_core.config.spec import RunConfig
 from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError
+
+if TYPE_CHECKING:   # the run path loads when a command runs, not when the command line starts
+    from chakra_core.run import PreparedRun, RunResult
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -148,7 +151,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
         console.print(f"wrote {path}", highlight=False)
 
 
-def _simulate(prepared: Any, quiet: bool) -> Any:
+def _simulate(prepared: PreparedRun, quiet: bool) -> RunResult:
     """Simulate with a progress bar on a terminal (unless quiet)."""
     show_progress = not quiet and sys.stderr.isatty()
     if not show_progress:

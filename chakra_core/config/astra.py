@@ -87,6 +87,16 @@ class Derived:
     section_at: str | None = None
     """Where the section itself comes from, when the manifest has none (the compute section
     that `roofline-enabled` selects)."""
+    read: frozenset[str] = frozenset()
+    """The system-file keys these settings come from."""
+
+    @classmethod
+    def of(cls, name: str, data: Mapping[str, Any], keys: Mapping[str, str],
+           section_at: str | None = None) -> "Derived":
+        """The settings `keys` (system-file key -> Config key) take from file `name`'s `data`."""
+        present = [key for key in keys if key in data]
+        return cls({keys[key]: data[key] for key in present}, {keys[key]: f"{name}: {key}" for key in present},
+                   section_at, frozenset(present))
 
 
 class SystemFileLinks:
@@ -129,16 +139,13 @@ class SystemFileLinks:
             warnings.append(f"{name}: key 'peak-perf' not used: roofline-enabled {off}, so compute "
                             "nodes replay their traced durations")
         consumed.update(roofline)
-        if "compute" in self.derived:
-            consumed.update(key for key in SYSTEM_FILE_LINKED_KEYS if key in data)
         memory = plugins.get("memory")
         if memory is not None:
-            keys = _system_keys(host, "memory", memory)
-            settings = {keys[key]: data[key] for key in keys if key in data}
-            if settings:
-                self.derived["memory"] = Derived(settings, {keys[key]: f"{name}: {key}" for key in keys
-                                                            if key in data})
-                consumed.update(key for key in keys if key in data)
+            derived = Derived.of(name, data, _system_keys(host, "memory", memory))
+            if derived.settings:
+                self.derived["memory"] = derived
+        for derived in self.derived.values():
+            consumed.update(derived.read)
         self.consumed = frozenset(consumed)
 
     def _roofline(self, name: str, data: dict[str, Any], host: PluginHost, problems: list[tuple[str, str]]) -> None:
@@ -149,11 +156,9 @@ class SystemFileLinks:
         impl = _one(host, "compute", "roofline", f"{name}: roofline-enabled", problems)
         if impl is None or impl.cls.astra_sim is None:
             return
-        keys = impl.cls.astra_sim.system_keys
         self.compute_plugin = impl.name
-        self.derived["compute"] = Derived({keys[key]: data[key] for key in keys if key in data},
-                                          {keys[key]: f"{name}: {key}" for key in keys if key in data},
-                                          f"{name}: roofline-enabled")
+        self.derived["compute"] = Derived.of(name, data, impl.cls.astra_sim.system_keys,
+                                             f"{name}: roofline-enabled")
 
 
 def _system_keys(host: PluginHost, layer: str, plugin: str) -> Mapping[str, str]:

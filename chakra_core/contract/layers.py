@@ -146,10 +146,11 @@ class MemoryModel(LayerModel):
         Use `context.scheduler` to complete later; accesses may overlap.
         """
 
-    tracks_tensors: ClassVar[bool] = False
+    tracks_tensors: bool = False
     """Set True to be told about every node's issue and completion (`node_issued`,
-    `node_completed`), e.g. to allocate and free the tensors it produces and consumes.
-    Checked once per run; models that leave it False cost nothing per node."""
+    `node_completed`), e.g. to allocate and free the tensors it produces and consumes. A class
+    attribute an instance may override in `__init__`; checked once per run, so models that leave
+    it False cost nothing per node."""
 
     def node_issued(self, rank: int, node: NodeView, now: int) -> None:
         """Any node starts on `rank` (only if tracks_tensors). May raise SimulationError (OOM)."""

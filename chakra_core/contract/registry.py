@@ -152,6 +152,10 @@ class CommandRegistry(_Owned):
         self.commands[command.name] = command
         return command
 
+    def owner(self, name: str) -> str:
+        """The plugin that added command `name`."""
+        return self.owners["command:" + name]
+
     def _drop(self, key: str) -> None:
         self.commands.pop(key.split(":", 1)[1], None)
 

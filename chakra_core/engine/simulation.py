@@ -90,8 +90,7 @@ class Simulation:
         self.num_ranks = len(spec.trace_files)
         self.restarts: list[str] = []
         """Why the run started over (restart requests' reasons), oldest first."""
-        self.queue = EventQueue()
-        self.observers = Observers(host, lambda: self.queue.now)
+        self.observers = Observers(host, lambda: self.queue.now)   # _setup builds the queue
         self.node_observer: Callable[..., None] | None = self.observers.node_observer()
         self.drivers: list[RankDriver] = []
         self.driver_of: dict[int, RankDriver] = {}
@@ -104,7 +103,7 @@ class Simulation:
         """Build the clock, the context and the layers (again, on a restart, with its hints; or
         to simulate one rank per class of `folding`)."""
         spec = self.spec
-        self.queue = EventQueue()
+        self.queue: EventQueue = EventQueue()
         self.folding = folding
         if folding is not None:
             self.fold_note = folding.describe()

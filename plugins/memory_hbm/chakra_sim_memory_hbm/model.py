@@ -172,8 +172,7 @@ class HBMMemory(MemoryModel):
         self.tensors: TensorTracker | None = None
         # The engine reads `tracks_tensors` once per run and then calls node_issued /
         # node_completed for every node: bind them straight to the tracker's methods.
-        # (MemoryModel declares tracks_tensors a ClassVar; this layer sets it per instance, from its config.)
-        self.tracks_tensors = config.track_tensors  # type: ignore[misc]  # per instance on purpose
+        self.tracks_tensors = config.track_tensors
         if config.track_tensors:
             self.tensors = TensorTracker(context.num_ranks, config.lifetime, config.count_host_tensors,
                                          self.capacity_bytes, config.series_points, self._trace_file,
