@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from chakra_core.config.astra import astra_manifest
-from chakra_core.config.build import build_config, load_manifest
+from chakra_core.config.build import build_config
+from chakra_core.config.files import read_config_file
 from chakra_core.config.checks import check_traces
 from chakra_core.config.spec import RunConfig
 from chakra_core.contract.layers import SystemLayer
@@ -31,6 +32,10 @@ from chakra_core.plugins import PluginHost, make_plugin_host
 from chakra_core.engine.driver import Interval
 from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import ChakraSimError
+from chakra_core.hardware.devices import device_mismatch
+from chakra_core.hardware.profiles import load_profile
+from chakra_core.jobs.expand import is_job, job_config
+from chakra_core.jobs.report import training_section
 from chakra_core.report.results import build_results
 from chakra_core.report.writers import output_dir_problem, result_files
 
@@ -46,9 +51,15 @@ def load(source: str | Path | ManifestData, host: PluginHost | None = None, *,
     `output.dir`. Raises ManifestError listing every problem, PluginError for an unknown plugin."""
     host = host if host is not None else make_plugin_host()
     if isinstance(source, Mapping):
-        return build_config(source, host, base_dir=Path(base_dir) if base_dir is not None else Path.cwd(),
-                            source=name or "manifest", out_dir=out_dir)
-    return load_manifest(source, host, out_dir)
+        folder = Path(base_dir) if base_dir is not None else Path.cwd()
+        if is_job(source):   # a training job: its traces are generated first
+            return job_config(source, host, folder, name or "manifest", out_dir)
+        return build_config(source, host, base_dir=folder, source=name or "manifest", out_dir=out_dir)
+    path = Path(source)
+    data = read_config_file(path)
+    if is_job(data):
+        return job_config(data, host, path.resolve().parent, str(path), out_dir)
+    return build_config(data, host, base_dir=path.resolve().parent, source=str(path), out_dir=out_dir)
 
 
 def load_astra(workload: str, system: str, network: str, memory: str | None = None,
@@ -83,6 +94,7 @@ class PreparedRun:
     def __init__(self, config: RunConfig, host: PluginHost, timeline: bool | None = None):
         self.config, self.host = config, host
         record = config.timeline if timeline is None else timeline
+        _warn_replayed_device(config)
         self.simulation = Simulation(config.spec, host, record_intervals=record)
 
     def node_progress(self) -> tuple[int, int]:
@@ -96,8 +108,31 @@ class PreparedRun:
         finished = sim.run(progress)
         with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
             results = build_results(finished)
+        if finished.spec.training is not None:
+            results["training"] = training_section(finished)
         sim.observe_end(results)
         return RunResult(results, finished.intervals, finished.wall_s, finished.restarts)
+
+
+def _warn_replayed_device(config: RunConfig) -> None:
+    """Replayed durations keep the device they were traced (or estimated) for: say so when the
+    run's hardware profile (a layer's `profile` setting) names another GPU than the trace."""
+    spec = config.spec
+    compute = spec.layers.get("compute")
+    if compute is None or compute.impl.name != "replay" or not spec.trace_files:
+        return
+    for choice in spec.layers.values():
+        name = getattr(choice.config, "profile", None)
+        if isinstance(name, str):
+            try:
+                profile = load_profile(name, spec.base_dir)
+            except ChakraSimError:
+                continue   # the layer reports its own profile problems
+            message = device_mismatch(spec.trace_files[0], profile)
+            if message is not None and message not in spec.warnings:
+                spec.warnings.append(f"{message}; a compute layer with a model (chakra-sim plugins "
+                                     "--layer compute) times kernels for the profile's GPU")
+            return
 
 
 def prepare(config: RunConfig, host: PluginHost | None = None, timeline: bool | None = None) -> PreparedRun:

@@ -210,3 +210,18 @@ def validate(manifest: str | None, workload: str | None, astra_system: str | Non
     layers = ", ".join(f"{layer}={choice.impl.name}" for layer, choice in spec.layers.items())
     out_console().print(f"{config.source}: valid ({len(spec.trace_files)} rank(s); {layers})",
                         soft_wrap=True, highlight=False)
+    if spec.training is not None:
+        _print_placement(spec.training)
+
+
+def _print_placement(training: dict[str, Any]) -> None:
+    """Where a job's communicator groups land (GPUs per node, fabric)."""
+    from rich.table import Table
+
+    table = Table(title=f"{training['model']} on {training['gpus']:,} GPUs ({training['gpus_per_node']} per node, "
+                        f"profile {training['profile']}): where each group lands", title_justify="left")
+    for column in ("group", "ranks", "nodes", "GPUs per node", "fabric"):
+        table.add_column(column, justify="left" if column in ("group", "fabric") else "right")
+    for row in training["placement"]:
+        table.add_row(row["group"], str(row["ranks"]), str(row["nodes"]), str(row["gpus_per_node"]), row["fabric"])
+    out_console().print(table)

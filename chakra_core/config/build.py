@@ -37,8 +37,9 @@ def load_manifest(path: str | Path, host: PluginHost, out_dir: str | Path | None
 
 
 def build_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source: str,
-                 out_dir: str | Path | None = None) -> RunConfig:
-    """Validate a manifest mapping (from a file or built by the CLI from ASTRA-sim flags)."""
+                 out_dir: str | Path | None = None, traces: list[Path] | None = None) -> RunConfig:
+    """Validate a manifest mapping (from a file or built by the CLI from ASTRA-sim flags);
+    `traces` replaces workload.trace's files (a generated job's: chakra_core.jobs.expand)."""
     problems: list[tuple[str, str]] = []
     warnings: list[str] = []
     try:
@@ -89,7 +90,7 @@ def build_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, sour
                          f"traffic through a network layer (installed network plugins: {installed})"))
 
     workload = manifest.workload
-    trace_paths = _resolve_traces(workload, base_dir, source, problems)
+    trace_paths = traces if traces is not None else _resolve_traces(workload, base_dir, source, problems)
     comm_groups: dict[str, list[int]] = {}
     if isinstance(workload.comm_groups, str):
         try:

@@ -62,7 +62,11 @@ def check_traces(spec: RunSpec, system: type[SystemLayer] | None, source: str, p
         if not any(str(exc) in problem for problem in problems):   # the system layer may have said it
             problems.append(f"{source}: workload.comm_groups: {exc}")
     scans = []
-    for rank, path in enumerate(spec.trace_files):
+    # A generated job's classes are known: only representatives have traces of their own, and
+    # their collectives match those of the ranks they stand for by construction.
+    ranks = spec.folding.representatives if spec.folding is not None else range(len(spec.trace_files))
+    for rank in ranks:
+        path = spec.trace_files[rank]
         scan = _scan(rank, path, spec, system, registry, problems, warnings)
         if scan is not None:
             scans.append(scan)

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from chakra_core.contract.folding import Folding
 from chakra_core.plugins import Implementation
 
 
@@ -52,6 +53,13 @@ class RunSpec:
     manifest: dict[str, Any] = field(default_factory=dict)
     """The resolved manifest, echoed in results.json."""
     warnings: list[str] = field(default_factory=list)
+    folding: Folding | None = None
+    """Classes of equivalent ranks known by construction (a generated job): the engine folds by
+    them instead of comparing traces, and only representatives' trace files need exist."""
+    step_parts: bool = False
+    """Split each rank's time by its nodes' `step_part` attribute too (RankRecord.parts)."""
+    training: dict[str, Any] | None = None
+    """A generated job's description, for the training section of the results (jobs.report)."""
 
 
 @dataclass

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 
 from chakra_core.et.duration import replay_time_ns
 from chakra_core.errors import SimulationError
+from chakra_core.et.attrs import NodeView
 from chakra_core.feeder.base import CPU_FLAG, GraphFeeder
 from chakra_core.schema import pb
 
@@ -55,6 +56,23 @@ CAT_NONE, CAT_GPU, CAT_CPU, CAT_MEM, CAT_NET, CAT_WAIT = range(6)
 BREAKDOWN = ("gpu_compute_ns", "cpu_compute_ns", "memory_ns", "exposed_network_ns", "waiting_ns",
              "idle_ns")
 """Per-rank time categories, in priority order; they sum to the rank's finish time."""
+
+STEP_PARTS = ("forward", "backward", "recompute", "optimizer", "tp", "cp", "dp", "pp", "other")
+"""Values of a node's `step_part` attribute (generated jobs write it; absent or unknown: other).
+With RunSpec.step_parts, each breakdown category is split by the step part of the first
+active node's part in this order."""
+_PART_INDEX = {name: index for index, name in enumerate(STEP_PARTS)}
+_OTHER_PART = len(STEP_PARTS) - 1
+_PART_MEMO = object()
+
+
+def _part_of(node: NodeView) -> int:
+    memo = node.memo
+    part = memo.get(_PART_MEMO)
+    if part is None:
+        part = memo[_PART_MEMO] = _PART_INDEX.get(node.str("step_part", "other"), _OTHER_PART)
+    return int(part)
+
 
 _SKIPPED_TYPES = {pb.INVALID_NODE, pb.STORAGE_NODE, pb.BATCH_NODE, pb.CHECKPOINT_NODE}
 
@@ -87,7 +105,7 @@ class RankDriver:
                  "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
                  "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
                  "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
-                 "replayed_host_collectives")
+                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time")
 
     def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
                  capacities: list[int | None], slots: dict[int, int]):
@@ -122,6 +140,9 @@ class RankDriver:
         self._type_counts: dict[int, int] = {}
         self.comm_bytes: dict[str, int] = {}
         self.replayed_host_collectives = 0
+        self._parts_on = sim.spec.step_parts
+        self._part_active = [[0] * len(STEP_PARTS) for _ in range(6)]   # per category, per part
+        self._part_time = [[0] * len(STEP_PARTS) for _ in range(6)]
 
     # Issue -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -147,7 +168,16 @@ class RankDriver:
                     if heap and in_use[slot] < limit[slot] and (best < 0 or heap[0] < best_id):
                         best, best_id = slot, heap[0]
                 if best < 0:
-                    return
+                    # A feeder whose finish() leaves freed children for pop_ready (the memory
+                    # feeder) has more for us when a node completed at once inside this loop.
+                    if not feeder.pending:
+                        return
+                    fresh = feeder.pop_ready()
+                    if not fresh:
+                        return
+                    for kind, node_id in fresh:
+                        heappush(ready[slots[kind]], node_id)
+                    continue
                 heappop(ready[best])
                 self._issue(best_id, best)
         finally:
@@ -164,6 +194,10 @@ class RankDriver:
             for category in (CAT_GPU, CAT_CPU, CAT_MEM, CAT_NET, CAT_WAIT):
                 if active[category]:
                     self.time[category - 1] += elapsed
+                    if self._parts_on:
+                        parts = self._part_active[category]
+                        first = next((i for i, n in enumerate(parts) if n), _OTHER_PART)
+                        self._part_time[category][first] += elapsed
                     break
             else:
                 self.time[5] += elapsed
@@ -180,10 +214,21 @@ class RankDriver:
             self._active[entry[1]] -= 1
             self._active[category] += 1
             self.inflight[node_id] = (entry[0], category, entry[2])
+            if self._parts_on:
+                part = _part_of(self.feeder.lookup_node(node_id))
+                self._part_active[entry[1]][part] -= 1
+                self._part_active[category][part] += 1
 
     def breakdown(self) -> dict[str, int]:
         """The six exclusive time categories (they sum to finish_ns)."""
         return dict(zip(BREAKDOWN, self.time))
+
+    def parts(self) -> dict[str, dict[str, int]] | None:
+        """With step parts on: each category of `breakdown` split by step part (idle is not)."""
+        if not self._parts_on:
+            return None
+        return {BREAKDOWN[category - 1]: {STEP_PARTS[i]: t for i, t in enumerate(times) if t}
+                for category, times in enumerate(self._part_time) if category}
 
     def _issue(self, node_id: int, slot: int) -> None:
         node = self.feeder.lookup_node(node_id)
@@ -217,7 +262,12 @@ class RankDriver:
             self._active[category] += 1
             # The engine itself completes compute nodes: their bookkeeping rides on the event
             # instead of the in-flight table that layers' completions go through.
-            self.queue.schedule(duration, self._computed, (node_id, slot, category, now))
+            if self._parts_on:
+                part = _part_of(node)
+                self._part_active[category][part] += 1
+                self.queue.schedule(duration, self._computed_part, (node_id, slot, category, now, part))
+            else:
+                self.queue.schedule(duration, self._computed, (node_id, slot, category, now))
         elif node_type == _COLL:
             self._begin(node_id, slot, self._collective_category, now)
             memo = node.memo
@@ -261,6 +311,8 @@ class RankDriver:
             if now != self._last:
                 self._account()
             self._active[category] += 1
+            if self._parts_on:
+                self._part_active[category][_part_of(self.feeder.lookup_node(node_id))] += 1
         self.inflight[node_id] = (slot, category, now)
 
     # Completion -------------------------------------------------------------------------------
@@ -271,7 +323,19 @@ class RankDriver:
         except KeyError:
             raise SimulationError(f"rank {self.rank}: node {node_id} completed twice or was never "
                                   "issued (a layer called its completion callback wrongly)") from None
+        if self._parts_on and category:
+            if self.queue.now != self._last:
+                self._account()
+            self._part_active[category][_part_of(self.feeder.lookup_node(node_id))] -= 1
         self._computed((node_id, slot, category, start))
+
+    def _computed_part(self, arg: tuple[int, int, int, int, int]) -> None:
+        """A compute node of a run split by step part finished (time so far is accounted to the
+        parts in flight before it leaves them)."""
+        if self.queue.now != self._last:
+            self._account()
+        self._part_active[arg[2]][arg[4]] -= 1
+        self._computed(arg[:4])
 
     def _computed(self, arg: tuple[int, int, int, int]) -> None:
         """A node finished (the engine completes compute nodes here directly)."""

@@ -58,6 +58,8 @@ class RankRecord:
     comm_ns: int
     comm_bytes: dict[str, int]
     node_counts: dict[str, int]
+    parts: dict[str, dict[str, int]] | None = None
+    """With RunSpec.step_parts: each breakdown category split by the nodes' step_part."""
 
 
 @dataclass
@@ -155,6 +157,9 @@ class Simulation:
 
     def _fold(self) -> None:
         """Find classes of equivalent ranks; if there are some, rebuild the layers for them."""
+        if self.spec.folding is not None:   # known by construction
+            self._setup([], self.spec.folding)
+            return
         from chakra_core.engine.folding import find_folding
 
         folding, note = find_folding(list(self.spec.trace_files), self.spec.comm_groups)
@@ -229,6 +234,9 @@ class Simulation:
         try:
             if self.folding is None and not self.fold_note:
                 self._fold()
+            elif self.folding is None and self.spec.folding is not None:
+                raise SimulationError(f"the traces were generated for a folded run (one rank per class) but "
+                                      f"this run cannot fold: {self.fold_note}; set workload.fold: off")
             self._open_feeders()
             self.run_info = ReadOnlyDict.of(self.describe())
             self.observers.start(self.run_info)
@@ -251,6 +259,9 @@ class Simulation:
                 if len(hints) > MAX_RESTARTS:    # the last attempt was to time everything by events
                     raise SimulationError(f"the run started over {len(hints)} times and a layer still asks to "
                                           f"start over: {restart.reason}")
+                if isinstance(restart.hint, Unfold) and self.spec.folding is not None:
+                    raise SimulationError(f"{restart.reason}, but the traces were generated for a folded run "
+                                          "(one rank per class); set workload.fold: off to simulate every rank")
                 hints.append(restart.hint)
                 self.restarts.append(restart.reason)
                 self._close_feeders()
@@ -310,7 +321,8 @@ class Simulation:
         for driver in self.drivers:
             assert driver.finish_ns is not None
             ranks.append(RankRecord(driver.rank, driver.finish_ns, driver.breakdown(), driver.compute_ns,
-                                    driver.comm_ns, dict(driver.comm_bytes), driver.node_counts))
+                                    driver.comm_ns, dict(driver.comm_bytes), driver.node_counts,
+                                    driver.parts()))
         return FinishedRun(self.spec, self.num_ranks, ranks, dict(self.layers), self.folding, self.fold_note,
                            self.queue.executed, self.context.warnings, self.intervals, list(self.restarts),
                            self.wall_s)

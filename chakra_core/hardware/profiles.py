@@ -51,6 +51,8 @@ class GpuSpec(_Strict):
     memory_gib: Sourced
     nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
     nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
+    achievable: AchievableSpec | None = Field(
+        None, description="achievable (not peak) rates, for the `achievable` compute model")
 
     @field_validator("peak_tflops")
     @classmethod
@@ -60,6 +62,71 @@ class GpuSpec(_Strict):
             raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
         if not value:
             raise ValueError("needs at least one data type")
+        return value
+
+    @model_validator(mode="after")
+    def _achievable_below_peak(self) -> "GpuSpec":
+        """Achieved <= achievable <= peak: an achievable rate above the datasheet is a typo."""
+        ach = self.achievable
+        if ach is None:
+            return self
+        # a data type without a peak is not checked here; the compute model ignores its rates
+        for dtype, rate in ach.matmul_tflops.items():
+            peak = self.peak_tflops.get(dtype)
+            if peak is not None and rate.value > peak.value:
+                raise ValueError(f"achievable.matmul_tflops.{dtype} ({rate.value:g}) is above the "
+                                 f"{dtype} peak ({peak.value:g})")
+        if ach.hbm_gbps.value > self.memory_bandwidth_gbps.value:
+            raise ValueError(f"achievable.hbm_gbps ({ach.hbm_gbps.value:g}) is above "
+                             f"memory_bandwidth_gbps ({self.memory_bandwidth_gbps.value:g})")
+        for dtype, passes in ach.attention.items():
+            peak = self.peak_tflops.get(dtype)
+            for name, curve in passes.items():
+                if peak is not None and max(curve.tflops) > peak.value:
+                    raise ValueError(f"achievable.attention.{dtype}.{name}: above the {dtype} peak "
+                                     f"({peak.value:g})")
+        return self
+
+
+class AttentionCurve(_Strict):
+    """Achieved attention-kernel throughput against sequence length, as a paper's figure gives it."""
+
+    seq_len: list[int] = Field(..., min_length=1, description="sequence lengths of the points, ascending")
+    tflops: list[float] = Field(..., min_length=1, description="achieved TFLOP/s at each sequence length")
+    head_dim: int = Field(..., gt=0, description="the head dimension the figure measured")
+    source: str = Field(..., min_length=1)
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _points(self) -> "AttentionCurve":
+        if len(self.seq_len) != len(self.tflops):
+            raise ValueError("seq_len and tflops need one entry each per point")
+        if any(b <= a for a, b in zip(self.seq_len, self.seq_len[1:])) or self.seq_len[0] <= 0:
+            raise ValueError("seq_len must be positive and strictly ascending")
+        if any(value <= 0 for value in self.tflops):
+            raise ValueError("tflops must be positive")
+        return self
+
+
+class AchievableSpec(_Strict):
+    """What kernels reach in practice (vendor or public micro-benchmark measurements of kernels,
+    never of training steps): below the datasheet peaks they refine."""
+
+    matmul_tflops: dict[str, Sourced] = Field(
+        ..., description="maximum achievable matmul FLOP/s (MAMF) per data type, TFLOP/s")
+    hbm_gbps: Sourced = Field(..., description="achievable HBM bandwidth (STREAM-like kernel), GB/s (10^9 B/s)")
+    sm_count: Sourced = Field(..., description="streaming multiprocessors: the width of one wave of CTAs")
+    kernel_gap_us: Sourced = Field(..., description="GPU idle time between back-to-back kernels on a stream, µs")
+    attention: dict[str, dict[Literal["forward", "forward_causal", "backward"], AttentionCurve]] = Field(
+        default_factory=dict, description="fused attention throughput per data type and pass "
+                                          "(forward_causal: the causal forward kernel; else forward)")
+
+    @field_validator("matmul_tflops", "attention")
+    @classmethod
+    def _known_dtypes(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(DTYPES))
+        if unknown:
+            raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
         return value
 
 

@@ -96,6 +96,21 @@ def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Ta
     return table
 
 
+def training_table(training: dict[str, Any]) -> Table:
+    """A job's step: where its time went (the slowest rank's exclusive split) and its rates."""
+    step = training["step_time_s"]
+    table = Table(title=f"training step: {training['model']} on {training['gpus']:,} GPUs — {step:.4g} s, "
+                        f"{training['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {training['mfu']:.1%}, "
+                        f"{training['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU", title_justify="left")
+    table.add_column("part of the step (rank " + str(training["breakdown_rank"]) + ")")
+    table.add_column("s", justify="right")
+    table.add_column("share", justify="right")
+    for part, seconds in training["breakdown_s"].items():
+        if seconds:
+            table.add_row(part.replace("_", " "), f"{seconds:.4f}", f"{seconds / step:.1%}" if step else "-")
+    return table
+
+
 def print_summary(results: dict[str, Any], console: Console, wall_s: float | None = None) -> None:
     console.print(rank_table(results))
     for layer, info in results["layers"].items():
@@ -108,6 +123,8 @@ def print_summary(results: dict[str, Any], console: Console, wall_s: float | Non
             for row in block["rows"]:
                 table.add_row(*row)
             console.print(table)
+    if "training" in results:
+        console.print(training_table(results["training"]))
     finish = results["finish_ns"]
     layers = ", ".join(f"{layer}={info['plugin']}" for layer, info in results["layers"].items())
     shown = f"{finish:,} ns" if finish < 10_000 else f"{format_time(finish)} ({finish:,} ns)"

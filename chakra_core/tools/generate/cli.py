@@ -1,10 +1,11 @@
-"""The `chakra-sim generate` command group: `microbenchmark` and `transformer`."""
+"""The `chakra-sim generate` command group: `microbenchmark`, `transformer` and `job`."""
 
 from __future__ import annotations
 
 import click
 
 from chakra_core.cli.output import tool_errors
+from chakra_core.tools.generate.job import job
 from chakra_core.tools.generate.microbenchmark import COLLECTIVES, P2P_PATTERNS, write_microbenchmark
 from chakra_core.tools.generate.transformer import write_transformer
 from chakra_core.tools.generate.transformer_config import DTYPE_BYTES, TransformerConfig
@@ -12,7 +13,10 @@ from chakra_core.tools.generate.transformer_config import DTYPE_BYTES, Transform
 
 @click.group("generate")
 def generate() -> None:
-    """Generate synthetic Chakra traces (collective microbenchmarks, transformer training)."""
+    """Generate synthetic Chakra traces (collective microbenchmarks, transformer training, training jobs)."""
+
+
+generate.add_command(job)
 
 
 @generate.command("microbenchmark")

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from chakra_core.schema import pb
-from chakra_core.tools._build import (Stream, read_collective, int_attr, metadata, p2p_attrs,
+from chakra_core.et.build import (Stream, read_collective, int_attr, metadata, p2p_attrs,
                                       write_rank_files)
 from chakra_core.tools.generate.errors import GeneratorError
 

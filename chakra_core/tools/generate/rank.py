@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from chakra_core.schema import pb
-from chakra_core.tools._build import Stream, bool_attr, read_collective, p2p_attrs, str_attr, uint_attr
+from chakra_core.et.build import Stream, bool_attr, read_collective, p2p_attrs, str_attr, uint_attr
 from chakra_core.tools.generate.transformer_config import (ADAM_STATES, DEVICE, DTYPE_BYTES, TENSOR_TYPES,
                                                            TransformerConfig)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from chakra_core.schema import pb
-from chakra_core.tools._build import metadata, write_rank_files
+from chakra_core.et.build import metadata, write_rank_files
 from chakra_core.tools.generate.rank import P2POps, RankBuilder
 from chakra_core.tools.generate.transformer_config import (OPTIMIZER_FP32_STATE_BYTES, OPTIMIZER_OPS_PER_PARAM,
                                                            TransformerConfig)
@@ -285,6 +285,8 @@ def transformer_metadata(cfg: TransformerConfig) -> pb.GlobalMetadata:
     attrs: dict[str, object] = {"generator": "chakra-sim generate transformer"}
     attrs.update({name: getattr(cfg, name) for name in fields})
     attrs.update({"microbatches": cfg.m, "ffn_hidden": cfg.f, "grad_dtype": cfg.grad_dtype or cfg.dtype})
+    # the nominal device of duration_micros: a run that replays them on another GPU warns
+    attrs.update({"peak_tflops": f"{cfg.peak_tflops:g}", "mem_bw_gbps": f"{cfg.mem_bw_gbps:g}"})
     return metadata(attrs)
 
 

@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from chakra_core.schema import pb
-from chakra_core.tools._build import metadata
+from chakra_core.et.build import metadata
 from chakra_core.tools.pytorch import comms
 from chakra_core.tools.pytorch.host import HostTrace, load_host_trace
 from chakra_core.tools.pytorch.kineto import KinetoTrace, load_kineto_trace

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 from chakra_core.et.attrs import attr_value
 from chakra_core.et.dtypes import operands_dtype
 from chakra_core.schema import pb
-from chakra_core.tools._build import bool_attr, int_attr, process_group_json, str_attr, uint_attr
+from chakra_core.et.build import bool_attr, int_attr, process_group_json, str_attr, uint_attr
 from chakra_core.tools.pytorch import comms
 from chakra_core.tools.pytorch.comms import CommInfo, ProcessGroups
 from chakra_core.tools.pytorch.deps import Dependencies

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from chakra_core.et.io import write_trace
 from chakra_core.schema import pb
-from chakra_core.tools._build import rank_path
+from chakra_core.et.build import rank_path
 
 
 @dataclass

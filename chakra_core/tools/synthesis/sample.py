@@ -40,7 +40,7 @@ from typing import Iterator, Optional, cast
 
 from chakra_core.feeder.base import CPU_FLAG
 from chakra_core.schema import pb
-from chakra_core.tools._build import (TRACE_VERSION, bool_attr, read_collective, micros_from_ns, p2p_attrs,
+from chakra_core.et.build import (TRACE_VERSION, bool_attr, read_collective, micros_from_ns, p2p_attrs,
                                       process_group_json, uint_attr, write_rank_files)
 from chakra_core.tools.synthesis.fit import MAX_SINCE_ANCHOR, class_lane
 from chakra_core.tools.synthesis.model import Anchor, Bin, Role, SynthesisError, SynthesisModel, class_kind

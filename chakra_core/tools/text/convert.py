@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from chakra_core.tools._build import metadata, write_rank_files
+from chakra_core.et.build import metadata, write_rank_files
 from chakra_core.tools.text.parse import PHASES, TRANSFORMERS, TextWorkload, TextWorkloadError
 from chakra_core.tools.text.program import GroupLayout, RankProgram, default_first_dim
 

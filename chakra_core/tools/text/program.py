@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from chakra_core.schema import pb
-from chakra_core.tools._build import Stream, bool_attr, read_collective, micros_from_ns, uint_attr
+from chakra_core.et.build import Stream, bool_attr, read_collective, micros_from_ns, uint_attr
 from chakra_core.tools.text.parse import COMM_TYPES, DLRMS, PHASE_NAMES, TRANSFORMERS, LayerSpec, TextWorkload
 
 # Where each policy runs each phase's collective (ASTRA-sim's decode_involved_dimensions):

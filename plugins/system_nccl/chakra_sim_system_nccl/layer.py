@@ -1,17 +1,26 @@
-"""The `nccl` system layer: each collective takes the time NCCL's own cost model gives it.
+"""The `nccl` system layer: each collective takes the time NCCL's own cost model gives it, on
+its communicator's share of the node's fabrics.
 
 Collectives match as in the built-in layer (the k-th collective a rank issues in a group
 matches the k-th of every other member; type and size must agree). Once the last member has
 issued it, the collective runs with the algorithm and protocol NCCL would pick for its size,
-rank count and node count (chakra_sim_system_nccl.model), and every member finishes that long
-after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a node.
+rank count, node count and NIC share (chakra_sim_system_nccl.model), and every member finishes
+that long after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a
+node.
 
 Sends and receives match by (src, dst, tag) as in the built-in layer; a message takes one NCCL
 step's latency plus its size over the sender's NVLinks (same node) or NIC share (other node).
 
-Not modelled: contention between collectives that overlap, or with point-to-point traffic
-(each runs as if alone, as NCCL's own model assumes), and the network layer, which this layer
-does not use.
+Sharing (chakra_sim_system_nccl.sharing): a communicator reaches the NICs of its own GPUs'
+rails only, and collectives and messages in flight at once on NVLink or on the NICs divide
+that fabric's bandwidth (a static share fixed when each starts).
+
+Folding (chakra_sim_system_nccl.folded): with `RunInputs.folding` only representatives issue
+nodes; a collective is ready when every member's representative has issued its counterpart,
+and times and bytes are those of the unfolded run.
+
+Not modelled: the network layer, which this layer does not use; shares revised as operations
+start and finish.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from chakra_core.comm.collectives import collective_wait
 from chakra_core.comm.matcher import OpenCollective
 from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
+from chakra_sim_system_nccl.folded import Fact, FoldedMatching
+from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
 
 _NCCL_NAME: dict[int, str] = {
     pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
@@ -49,7 +60,13 @@ class NcclSystemConfig(PluginConfig):
 class _Pending(OpenCollective):
     """One collective, from its first member's issue until its last member's."""
 
-    __slots__ = ()
+    __slots__ = ("needs",)
+
+    def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
+                 first_rank: int, root: int):
+        super().__init__(group, seq, comm_type, size, members, first_rank, root)
+        self.needs: set[Fact] | None = None
+        """Folded runs: the representatives' issues it still waits for (FoldedMatching)."""
 
 
 class _P2PTiming:
@@ -61,8 +78,19 @@ class _P2PTiming:
 
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
         system = self.system
-        same_node = src // system.gpus_per_node == dst // system.gpus_per_node
-        system.context.scheduler.schedule(_ns(system.model.p2p_time_us(size, same_node)), on_arrival, arg)
+        same_node = system.same_node(src, dst)
+        model = system.model
+        latency = model.p2p_latency_us(same_node)
+        transfer = size / (1000 * model.p2p_bandwidth_gbps(same_node))
+        # both ends' fabric (by their representatives in folded runs: src is one)
+        ends = (src, system.representative[dst])
+        fabric = NVLINK if same_node else NIC
+        scheduler = system.context.scheduler
+        now = scheduler.now
+        sharing = 1 + system.load.others(fabric, ends, now)
+        delay = _ns(latency + transfer * sharing)
+        system.load.add(fabric, ends, now, now + delay)
+        scheduler.schedule(delay, on_arrival, arg)
 
 
 def _ns(time_us: float) -> int:
@@ -72,11 +100,14 @@ def _ns(time_us: float) -> int:
 class NcclSystem(MatchingSystem[_Pending]):
     name = "nccl"
     fidelity = ("NCCL's own cost model per collective (algorithm ring/tree/NVLS/NVLS-tree, protocol "
-                "LL/LL128/Simple, channels) from a hardware profile; overlapping collectives and "
-                "point-to-point traffic do not slow each other down; the network layer is not used")
+                "LL/LL128/Simple, channels) from a hardware profile; each communicator drives its own "
+                "GPUs' share of the NICs; collectives and point-to-point messages in flight together "
+                "share NVLink or the NICs (a fair share fixed when each starts); the network layer "
+                "is not used")
     Config = NcclSystemConfig
     collectives_start_waiting = True
     needs_network = False
+    fold_safe = True
 
     def __init__(self, config: NcclSystemConfig, context: LayerContext):
         super().__init__(config, context)
@@ -91,7 +122,34 @@ class NcclSystem(MatchingSystem[_Pending]):
                 "(chakra-sim profiles lists them) or set gpus-per-node")
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
+        self.load = FabricLoad(n)
+        self._shapes: dict[int, tuple[tuple[int, ...], GroupShape, tuple[int, ...], tuple[int, ...]]] = {}
         self._setup_matching(context, _P2PTiming(self), _Pending)
+        self.folding = context.inputs.folding
+        self.representative: list[int] | range = range(n)
+        self.folded: FoldedMatching | None = None
+        if self.folding is not None:
+            self.representative = self.folding.representative
+            self.folded = FoldedMatching(self.folding, n, self.shape, self.same_node,
+                                         context.request_restart, self._ready)
+            self.p2p.fold = self.folded.fold_p2p
+
+    def same_node(self, a: int, b: int) -> bool:
+        return a // self.gpus_per_node == b // self.gpus_per_node
+
+    def shape(self, members: tuple[int, ...]) -> GroupShape:
+        return self._group(members)[1]
+
+    def _group(self, members: tuple[int, ...]) -> tuple[tuple[int, ...], GroupShape, tuple[int, ...], tuple[int, ...]]:
+        """(members, their shape, the representatives to look up in-flight operations at, the
+        members that are representatives: where this group's operations are recorded)."""
+        hit = self._shapes.get(id(members))
+        if hit is None or hit[0] is not members:
+            rep = self.representative
+            hit = self._shapes[id(members)] = (
+                members, group_shape(members, self.gpus_per_node), tuple(sorted({rep[m] for m in members})),
+                tuple(m for m in members if rep[m] == m))
+        return hit
 
     @classmethod
     def config_problems(cls, config: NcclSystemConfig, inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
@@ -102,25 +160,35 @@ class NcclSystem(MatchingSystem[_Pending]):
         coll = self._join(rank, node)
         coll.done[rank] = done
         self.open[rank][node.id] = coll
-        if len(coll.nodes) == len(coll.members):
-            self.matcher.close(coll)
-            self._run(coll)
+        if self.folded is not None:
+            self.folded.issue(rank, coll)
+        elif len(coll.nodes) == len(coll.members):
+            self._ready(coll)
 
-    def _run(self, coll: _Pending) -> None:
-        n = len(coll.members)
-        time_ns, per_rank_bytes = self._cost(coll, n)
-        self.context.comm_released(coll.nodes.items())
+    def _ready(self, coll: _Pending) -> None:
+        """Every member has issued it (folded: every member's representative its counterpart)."""
+        self.matcher.close(coll)
+        _, shape, look_up, record = self._group(coll.members)
         scheduler = self.context.scheduler
-        for rank in coll.members:
+        now = scheduler.now
+        others = self.load.others(shape.fabric, look_up, now)
+        weight = 1 if self.folded is None else self.folded.weight(coll.members)
+        time_ns, per_rank_bytes = self._cost(coll, len(coll.members), shape, others, weight)
+        self.load.add(shape.fabric, record, now, now + time_ns)
+        self.context.comm_released(coll.nodes.items())
+        simulated = coll.members if self.folded is None else [m for m in coll.members if m in coll.nodes]
+        for rank in simulated:    # folded: the representatives among the members
             self.bytes_sent[rank] += per_rank_bytes
             self.bytes_received[rank] += per_rank_bytes
             scheduler.schedule(time_ns, self._finished, (rank, coll))
 
-    def _cost(self, coll: _Pending, n: int) -> tuple[int, int]:
-        """(duration in ns, bytes each member sends and receives, by nccl-tests' bus convention)."""
+    def _cost(self, coll: _Pending, n: int, shape: GroupShape, others: int, weight: int) -> tuple[int, int]:
+        """(duration in ns sharing its fabric with `others` operations in flight, bytes each member
+        sends and receives, by nccl-tests' bus convention); counted in the choices `weight` times
+        (the groups a folded collective stands for)."""
         if n < 2:
             return 0, 0
-        nodes = len({rank // self.gpus_per_node for rank in coll.members})
+        nodes = shape.nodes
         comm_type, size = coll.comm_type, coll.size
         if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
             root_node = coll.root // self.gpus_per_node
@@ -134,13 +202,15 @@ class NcclSystem(MatchingSystem[_Pending]):
                 nbytes = size * n     # NCCL counts an all-gather by its output
             if nbytes == 0:
                 return 0, 0
-            choice = self.model.time_us(name, nbytes, n, nodes)
+            choice = self.model.time_us(name, nbytes, n, nodes, shape.nic_share)
             moved = {nccl.ALL_REDUCE: 2 * (n - 1) * nbytes // n, nccl.BROADCAST: nbytes,
                      nccl.REDUCE: nbytes}.get(name, (n - 1) * nbytes // n)
         key = (name, choice.algorithm, choice.protocol)
         time_ns = _ns(choice.time_us)
-        self.choices[key] += 1
-        self.choice_ns[key] += time_ns
+        if others:   # the bandwidth term, at its share of the fabric
+            time_ns = _ns(choice.latency_us + (choice.time_us - choice.latency_us) * (1 + others))
+        self.choices[key] += weight
+        self.choice_ns[key] += time_ns * weight
         return time_ns, moved
 
     def _finished(self, arg: tuple[int, _Pending]) -> None:
@@ -154,7 +224,10 @@ class NcclSystem(MatchingSystem[_Pending]):
     def waits(self, rank: int) -> list[str]:
         out = []
         for node_id, coll in self.open[rank].items():
-            missing = [r for r in coll.members if r not in coll.nodes]
+            if coll.needs is not None:   # folded: the representatives whose side is missing
+                missing = sorted({fact[0] for fact in coll.needs})
+            else:
+                missing = [r for r in coll.members if r not in coll.nodes]
             out.append(collective_wait(node_id, f"{collective_name(coll.comm_type)} of {coll.size} B", missing))
         out.extend(self.p2p.waits(rank))
         return out
@@ -163,7 +236,18 @@ class NcclSystem(MatchingSystem[_Pending]):
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
                 "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
                              "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],
-                "unmatched_sends": self.p2p.unmatched_sends()}
+                "unmatched_sends": self._unmatched()}
+
+    def _unmatched(self) -> list[dict[str, int]]:
+        """Sends nobody received; in folded runs each representative's stands for its class's."""
+        unmatched = self.p2p.unmatched_sends()
+        if self.folding is None:
+            return unmatched
+        members, representative = self.folding.members, self.folding.representative
+        ranks = len(representative)
+        return sorted(({**row, "rank": mate, "peer": (row["peer"] + mate - row["rank"]) % ranks}
+                       for row in unmatched for mate in members[representative[row["rank"]]]),
+                      key=lambda row: (row["rank"], row["peer"], row["tag"], row["node"]))
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         if not self.choices:

@@ -76,6 +76,8 @@ NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}   # getNetOverhead: proxy post cost
 # enqueue.h / device.h: bytes per thread before NCCL adds a channel, and threads per channel
 THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}
 MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}
+NVLS_MIN_LOCAL_GPUS = 2
+"""ncclNvlsInit (src/transport/nvls.cc): `if (... gpuCount <= 2) return` leaves NVLS off."""
 NVLS_CHUNK_SIZES = (16384, 32768, 65536, 131072)
 """calcCollChunking (enqueue.cc): NVLS moves 128 KiB chunks, fewer bytes for smaller messages."""
 
@@ -124,16 +126,18 @@ class NcclModel:
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
-        self._tables: dict[tuple[str, int, int, bool], tuple[_Pair, ...]] = {}
+        self._tables: dict[tuple[str, int, int, bool, float], tuple[_Pair, ...]] = {}
         self.time_us = lru_cache(maxsize=4096)(self._time_us)
 
     # -- the tuning table ------------------------------------------------------------------------
-    def _graph(self, algorithm: str, nodes: int, priced: bool) -> tuple[int, float, float, float]:
+    def _graph(self, algorithm: str, nodes: int, priced: bool, nic_share: float) -> tuple[int, float, float, float]:
         """(channels of the search graph, bwIntra, bwInter, inter-node latency) as NCCL's topology
         search finds them: within a node the NVLink rings; the NVLS graph with one channel (head)
         per GPU; across nodes one channel per NIC at the NIC's rate (capped by what NVLink gives
-        that channel), NVLS heads sharing the node's NICs. The latency is what the network
-        plugin reports to NCCL, or with `priced` what a network step really costs."""
+        that channel), NVLS heads sharing the node's NICs. A communicator reaches `nic_share` of
+        a node's NICs (its GPUs' rails, chakra_sim_system_nccl.sharing): its channels share
+        that bandwidth. The latency is what the network plugin reports to NCCL, or with `priced`
+        what a network step really costs."""
         spec = self.profile.nccl
         network = self.profile.network
         if algorithm in (NVLS, NVLS_TREE):
@@ -151,24 +155,29 @@ class NcclModel:
             latency = network.reported_latency_us.value
         nic_gbps = network.nic_gbits.value / 8
         if algorithm == NVLS_TREE:
-            return channels, bw_intra, network.nics_per_node.value * nic_gbps / channels, latency
+            return channels, bw_intra, network.nics_per_node.value * nic_share * nic_gbps / channels, latency
         nics = int(network.nics_per_node.value)
-        bw = min(nic_gbps, channels * bw_intra / nics)
+        # one channel per NIC of the node; with part of the node, each gets its part of a NIC
+        bw = min(nic_gbps * nic_share, channels * bw_intra / nics)
         return nics, bw, bw, latency
 
-    def pairs(self, collective: str, nranks: int, nodes: int, priced: bool = False) -> tuple[_Pair, ...]:
+    def pairs(self, collective: str, nranks: int, nodes: int, priced: bool = False,
+              nic_share: float = 1.0) -> tuple[_Pair, ...]:
         """Every (algorithm, protocol) NCCL considers, with its latency and bandwidth (uncalibrated):
         as NCCL estimates them to choose, or with `priced` as the hardware runs them (where the
-        network plugin reports NCCL another latency than a step costs)."""
-        key = (collective, nranks, nodes, priced)
+        network plugin reports NCCL another latency than a step costs). `nic_share`: the
+        fraction of each node's NICs the communicator's GPUs drive (1: the whole node)."""
+        key = (collective, nranks, nodes, priced, nic_share)
         table = self._tables.get(key)
         if table is None:
-            table = self._tables[key] = tuple(self._build(collective, nranks, nodes, priced))
+            table = self._tables[key] = tuple(self._build(collective, nranks, nodes, priced, nic_share))
         return table
 
-    def _algorithms(self, collective: str, nodes: int) -> list[AlgorithmName]:
+    def _algorithms(self, collective: str, nodes: int, local: int) -> list[AlgorithmName]:
         spec = self.profile.nccl
         nvls = self.profile.node.nvls and spec.nvls_channels is not None and spec.nvls_bus_bw_gbps is not None
+        # ncclNvlsInit (src/transport/nvls.cc): no NVLS for a communicator of 2 or fewer GPUs on a node
+        nvls = nvls and local > NVLS_MIN_LOCAL_GPUS
         if collective == ALL_REDUCE:
             algorithms: list[AlgorithmName] = [TREE, RING]
             if nvls:
@@ -178,7 +187,7 @@ class NcclModel:
             return [RING, NVLS]
         return [RING]
 
-    def _build(self, collective: str, nranks: int, nodes: int, priced: bool) -> Iterator[_Pair]:
+    def _build(self, collective: str, nranks: int, nodes: int, priced: bool, nic_share: float) -> Iterator[_Pair]:
         arch = _ARCH[self.profile.gpu.architecture]
         index2 = min(nodes, 3) - 1
         cpu = self.profile.node.cpu_vendor
@@ -191,8 +200,8 @@ class NcclModel:
         network = self.profile.network
         allowed = PROTOCOLS if nodes == 1 or network is None or network.protocols is None else network.protocols
         flush = not priced or network is None or network.gdr_flush
-        for algorithm in self._algorithms(collective, nodes):
-            graph_channels, bw_intra, bw_inter, latency_inter = self._graph(algorithm, nodes, priced)
+        for algorithm in self._algorithms(collective, nodes, local):
+            graph_channels, bw_intra, bw_inter, latency_inter = self._graph(algorithm, nodes, priced, nic_share)
             for p, protocol in enumerate(PROTOCOLS):
                 if (algorithm in (NVLS, NVLS_TREE) and protocol != SIMPLE) or protocol not in allowed:
                     continue
@@ -250,7 +259,9 @@ class NcclModel:
                 yield _Pair(algorithm, protocol, latency, algbw, channels, per_channel)
 
     # -- one collective ---------------------------------------------------------------------------
-    def _time_us(self, collective: str, nbytes: int, nranks: int, nodes: int) -> Choice:
+    def _time_us(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float = 1.0) -> Choice:
+        """How NCCL runs a collective of `nbytes` among `nranks` GPUs on `nodes` nodes whose
+        GPUs drive `nic_share` of each node's NICs, and how long it takes alone."""
         if collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
         if nranks <= 1 or nbytes <= 0:
@@ -258,7 +269,7 @@ class NcclModel:
         if collective == ALL_TO_ALL:
             return self._all_to_all(nbytes, nranks, nodes)
         best: tuple[float, _Pair, float, float] | None = None
-        for pair in self.pairs(collective, nranks, nodes):
+        for pair in self.pairs(collective, nranks, nodes, nic_share=nic_share):
             latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
             estimate = latency + nbytes / (1000 * bw)
             if best is None or estimate < best[0]:
@@ -266,7 +277,7 @@ class NcclModel:
         assert best is not None
         _, pair, latency, bw = best
         if self.profile.network is not None and nodes > 1:   # priced as the hardware runs it
-            pair = next(p for p in self.pairs(collective, nranks, nodes, priced=True)
+            pair = next(p for p in self.pairs(collective, nranks, nodes, True, nic_share)
                         if (p.algorithm, p.protocol) == (pair.algorithm, pair.protocol))
             latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
         channels = self._running_channels(pair, nbytes, nranks)

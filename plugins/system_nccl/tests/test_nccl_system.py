@@ -59,7 +59,8 @@ def test_groups_spanning_nodes_are_slower(tmp_path):
     slow = run(tmp_path / "across", traces, NDR, comm_groups=across)["finish_ns"]
     model = nccl.NcclModel(load_profile(NDR))
     assert fast == ns(model.time_us(nccl.ALL_REDUCE, size, 8, 1).time_us)
-    assert slow == ns(model.time_us(nccl.ALL_REDUCE, size, 8, 2).time_us)
+    # 4 GPUs per node in each group: each drives its GPUs' 4 of the node's 8 NICs
+    assert slow == ns(model.time_us(nccl.ALL_REDUCE, size, 8, 2, 0.5).time_us)
     assert slow > fast
 
 

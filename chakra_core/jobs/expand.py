@@ -1,0 +1,178 @@
+"""A job manifest (`job:` instead of `workload.trace`) -> the traces and settings of a run.
+
+The traces are generated into `<output dir>/traces/` (reused while the job is unchanged). Ranks
+of one pipeline stage run the same program up to rank ids, so with `workload.fold: auto` only
+one rank per stage is generated and simulated, the classes known by construction
+(Placement.representative); `fold: off` generates and simulates every rank. The compute and
+system layers default to the cluster's profile: `achievable` compute and the `nccl` system.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from chakra_core.config.build import build_config
+from chakra_core.config.manifest import LAYER_DEFAULTS, validation_problems
+from chakra_core.config.spec import RunConfig
+from chakra_core.contract.folding import Folding
+from chakra_core.errors import ManifestError
+from chakra_core.plugins import PluginHost
+from chakra_core.hardware.profiles import load_profile
+from chakra_core.jobs.flops import model_flops
+from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.spec import JobSpec
+from chakra_core.et.build import metadata, rank_path
+from chakra_core.et.io import write_trace
+
+GENERATOR = "chakra-sim job"
+
+
+@dataclass
+class JobRun:
+    """What a job manifest becomes: a plain manifest, its traces and what the report needs."""
+
+    manifest: dict[str, Any]
+    traces: list[Path]
+    folding: Folding | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def read_job(data: Any, source: str) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(validation_problems(exc, ("job",), source)) from None
+
+
+def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None) -> JobRun:
+    raw = data.get("job")
+    if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
+        raw = {**raw, "cluster": data["cluster"]}
+    job = read_job(raw, source)
+    try:
+        profile = load_profile(job.cluster.profile, base_dir)
+    except ManifestError as exc:
+        raise ManifestError([(f"{source}: job.cluster.profile", str(exc))]) from None
+    gpn = job.cluster.gpus_per_node or profile.gpus_per_node
+    placement = Placement(job, gpn)
+    output = dict(data.get("output") or {})
+    if out_dir is not None:
+        output["dir"] = str(out_dir)
+    folder = Path(output.get("dir", "results"))
+    folder = folder if folder.is_absolute() else base_dir / folder
+    workload = dict(data.get("workload") or {})
+    unknown = sorted(set(workload) - {"fold", "feeder", "cache_nodes"})
+    if unknown:
+        raise ManifestError([(f"{source}: workload.{unknown[0]}", "a job generates its traces; workload takes "
+                              "only fold, feeder and cache_nodes")])
+    folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
+    ranks = placement.representatives if folded else list(range(placement.world))
+    try:
+        traces = _generate(job, placement, folder / "traces", ranks)
+    except OSError as exc:
+        raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
+                              f"{exc.strerror or exc}")]) from None
+    representative = [placement.representative(r) for r in range(placement.world)]
+    path_of = {rank: rank_path(folder / "traces" / job.name, rank) for rank in ranks}
+    trace_files = [path_of.get(rank, path_of.get(representative[rank], traces[0])) for rank in range(placement.world)]
+    folding = None
+    if folded and placement.world > len(ranks):
+        groups_of = [tuple(placement.groups(r).values()) for r in range(placement.world)]
+        folding = Folding.of(representative, groups_of)
+    manifest: dict[str, Any] = {
+        "workload": {"trace": str(folder / "traces" / job.name), "ranks": placement.world,
+                     "resources": {"comm": None}, **workload},
+        "output": output,
+    }
+    for layer in LAYER_DEFAULTS:
+        if data.get(layer) is not None:
+            manifest[layer] = data[layer]
+    info = {"job": job.model_dump(mode="json"), "model": job.shape.name or "inline",
+            "gpus": placement.world, "gpus_per_node": gpn, "dp": job.dp,
+            "microbatches": job.microbatches, "tokens_per_step": job.training.global_batch * job.training.seq,
+            "model_flops": model_flops(job, "nemo"), "placement": placement.where(),
+            "peak_tflops": profile.peak_flops(job.training.precision) / 1e12, "profile": profile.name,
+            "profile_name": job.cluster.profile}
+    return JobRun(manifest, trace_files, folding, info)
+
+
+def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]) -> list[Path]:
+    """Write the ranks' traces unless the folder holds them for this very job already."""
+    digest = hashlib.sha256(json.dumps([GENERATOR, job.model_dump(mode="json"), placement.gpus_per_node, ranks],
+                                       sort_keys=True).encode()).hexdigest()
+    stamp = folder / f"{job.name}.job.sha256"
+    paths = [rank_path(folder / job.name, rank) for rank in ranks]
+    if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in paths):
+        return paths
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    write_job(job, placement, folder / job.name, ranks)
+    stamp.write_text(digest)
+    return paths
+
+
+def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None) -> list[Path]:
+    """Write PREFIX.<rank>.et for `ranks` (default every rank), removing rank files of an
+    earlier, larger job under the same prefix."""
+    ranks = list(range(placement.world)) if ranks is None else ranks
+    for old in prefix.parent.glob(f"{prefix.name}.*.et"):
+        suffix = old.name[len(prefix.name) + 1:-3]
+        if suffix.isdigit():
+            old.unlink()
+    meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
+                     "device": "none: compute nodes are timed from num_ops and shapes"})
+    paths = []
+    for rank in ranks:
+        path = rank_path(prefix, rank)
+        write_trace(path, meta, RankProgram(job, placement, rank).build())
+        paths.append(path)
+    return paths
+
+
+def is_job(data: Mapping[str, Any]) -> bool:
+    return isinstance(data, Mapping) and "job" in data
+
+
+def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source: str,
+               out_dir: str | Path | None = None) -> RunConfig:
+    """Validate a job manifest, generate its traces, and return the run's configuration."""
+    unknown = sorted(set(data) - {"job", "cluster", "workload", "output", *LAYER_DEFAULTS})
+    if unknown:
+        raise ManifestError([(f"{source}: {unknown[0]}", "unknown section of a job manifest (known: job, "
+                              f"cluster, workload, output, {', '.join(LAYER_DEFAULTS)})")])
+    missing = [layer for layer in ("compute", "system") if not isinstance(data.get(layer), Mapping)]
+    if missing:
+        raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
+                              "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
+    job = expand_job(data, base_dir, source, out_dir)
+    _cluster_defaults(job, host)
+    config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
+    config.spec.folding = job.folding
+    config.spec.step_parts = True
+    config.spec.training = job.info
+    config.spec.manifest["job"] = job.info["job"]
+    return config
+
+
+def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
+    """Layers that need a hardware profile, or take GPUs per node, get the cluster's unless they say."""
+    defaults = {"profile": job.info["profile_name"], "gpus-per-node": job.info["gpus_per_node"]}
+    for layer in LAYER_DEFAULTS:
+        section = job.manifest.get(layer)
+        if not isinstance(section, Mapping) or not isinstance(section.get("plugin"), str):
+            continue
+        try:
+            config_cls = host.get(layer, section["plugin"]).cls.Config
+        except Exception:
+            continue   # an unknown plugin: build_config reports it, listing the installed ones
+        # a required profile, and the GPUs per node wherever a layer takes them
+        keys = {field.alias or name for name, field in config_cls.model_fields.items()
+                if field.is_required() or (field.alias or name) == "gpus-per-node"}
+        job.manifest[layer] = {**{k: v for k, v in defaults.items() if k in keys and k not in section}, **section}

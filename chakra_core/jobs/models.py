@@ -1,0 +1,90 @@
+"""Model shapes: named presets (presets/models.yaml, each with its source) or given inline."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+PRESETS = Path(__file__).with_name("presets") / "models.yaml"
+VOCAB_DIVISOR = 128
+"""Megatron pads the vocabulary to a multiple of 128 x TP (--make-vocab-size-divisible-by 128,
+megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
+
+
+class ModelSpec(BaseModel):
+    """A dense decoder-only transformer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layers: PositiveInt
+    hidden: PositiveInt
+    ffn_hidden: PositiveInt = Field(..., description="MLP hidden size (per branch for SwiGLU)")
+    heads: PositiveInt
+    kv_heads: PositiveInt | None = Field(None, description="key/value heads (query groups); "
+                                                             "default heads (no GQA); 1 is MQA")
+    vocab: PositiveInt = Field(..., description="the tokenizer's size, before Megatron's padding")
+    max_seq: PositiveInt | None = None
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    position: Literal["rope", "learned"] = "rope"
+    tied_embeddings: bool = False
+    bias: bool = False
+    source: str = Field("", description="where the shape comes from")
+    name: str = ""
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ModelSpec":
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.groups:
+            raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.groups}")
+        return self
+
+    @property
+    def groups(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def padded_vocab(self, tp: int) -> int:
+        multiple = VOCAB_DIVISOR * tp
+        return -(-self.vocab // multiple) * multiple
+
+    def layer_params(self) -> int:
+        """Parameters of one layer: attention (QKV with its query groups, output projection),
+        MLP (two up-projections for SwiGLU), two norms, biases when the model has them."""
+        h, f, d = self.hidden, self.ffn_hidden, self.head_dim
+        qkv = h * (self.heads + 2 * self.groups) * d
+        up = (2 if self.mlp == "swiglu" else 1) * h * f
+        params = qkv + h * h + up + f * h
+        norms = (2 if self.norm == "layernorm" else 1) * 2 * h
+        biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0
+        return params + norms + biases
+
+    def params(self, tp: int = 1) -> int:
+        """All parameters (embedding and output layer counted separately unless tied)."""
+        v = self.padded_vocab(tp)
+        embeddings = v * self.hidden * (1 if self.tied_embeddings else 2)
+        learned = (self.max_seq or 0) * self.hidden if self.position == "learned" else 0
+        final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden
+        return self.layers * self.layer_params() + embeddings + learned + final_norm
+
+
+@lru_cache(maxsize=1)
+def presets() -> dict[str, ModelSpec]:
+    data = yaml.safe_load(PRESETS.read_text(encoding="utf-8")) or {}
+    return {name: ModelSpec.model_validate({**fields, "name": name}) for name, fields in data.items()}
+
+
+def preset(name: str) -> ModelSpec:
+    known = presets()
+    if name not in known:
+        raise ValueError(f"no model preset '{name}'; presets: {', '.join(sorted(known))} "
+                         "(or give the shape inline: layers, hidden, ffn_hidden, heads, ...)")
+    return known[name]

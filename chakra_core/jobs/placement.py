@@ -1,0 +1,111 @@
+"""Ranks on machines, in Megatron's order, and the communicator groups each rank belongs to.
+
+Megatron numbers ranks with tensor parallelism fastest, then context, data and pipeline
+parallelism (megatron/core/parallel_state.py, order "tp-cp-ep-dp-pp"), and launchers fill a
+node's GPUs with consecutive ranks; so TP and CP groups stay inside a node when tp x cp fits
+in it, while data and pipeline parallel peers sit on other nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from chakra_core.jobs.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Coord:
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+class Placement:
+    """Where rank r sits (`coord`, `node`) and the groups it uses (`groups`)."""
+
+    def __init__(self, job: JobSpec, gpus_per_node: int):
+        self.job = job
+        p = job.parallel
+        self.tp, self.cp, self.dp, self.pp = p.tp, p.cp, job.dp, p.pp
+        self.world = job.cluster.gpus
+        self.gpus_per_node = gpus_per_node
+
+    def rank(self, c: Coord) -> int:
+        return c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+
+    def coord(self, rank: int) -> Coord:
+        tp_i, rest = rank % self.tp, rank // self.tp
+        cp_i, rest = rest % self.cp, rest // self.cp
+        dp_i, pp_i = rest % self.dp, rest // self.dp
+        return Coord(tp_i, cp_i, dp_i, pp_i)
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def _members(self, rank: int, axis: str) -> tuple[int, ...]:
+        c = self.coord(rank)
+        size = getattr(self, axis)
+        return tuple(self.rank(Coord(**{**c.__dict__, axis: i})) for i in range(size))
+
+    def groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """The rank's communicators of more than one rank, by role, in a fixed order (folding
+        pairs equivalent ranks' groups by this order):
+        tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
+        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp)."""
+        c = self.coord(rank)
+        out: dict[str, tuple[int, ...]] = {}
+        if self.tp > 1:
+            out["tp"] = self._members(rank, "tp")
+        if self.cp > 1:
+            out["cp"] = self._members(rank, "cp")
+        if self.dp * self.cp > 1:
+            out["dp_cp"] = tuple(sorted(self.rank(Coord(c.tp, i, j, c.pp))
+                                        for j in range(self.dp) for i in range(self.cp)))
+        if self.pp > 1 and self.job.shape.tied_embeddings and c.pp in (0, self.pp - 1):
+            out["emb"] = (self.rank(Coord(c.tp, c.cp, c.dp, 0)), self.rank(Coord(c.tp, c.cp, c.dp, self.pp - 1)))
+        if self.job.training.precision == "fp8" and self.tp * self.cp * self.dp > 1:
+            base = c.pp * self.tp * self.cp * self.dp
+            out["amax"] = tuple(range(base, base + self.tp * self.cp * self.dp))
+        return out
+
+    @staticmethod
+    def group_name(role: str, members: tuple[int, ...]) -> str:
+        return f"{role}{members[0]}"
+
+    def peer(self, rank: int, stage_step: int) -> int:
+        """The rank `stage_step` pipeline stages away (wrapping, as interleaved chunks do)."""
+        c = self.coord(rank)
+        return self.rank(Coord(c.tp, c.cp, c.dp, (c.pp + stage_step) % self.pp))
+
+    # Folding ------------------------------------------------------------------------------------
+    def representative(self, rank: int) -> int:
+        """Ranks of one pipeline stage run the same program up to rank ids; the stage's rank with
+        tp, cp and dp index 0 stands for them (so representatives' pipeline peers are
+        representatives)."""
+        return self.rank(Coord(0, 0, 0, self.coord(rank).pp))
+
+    @cached_property
+    def representatives(self) -> list[int]:
+        return [self.rank(Coord(0, 0, 0, stage)) for stage in range(self.pp)]
+
+    def where(self) -> list[dict[str, object]]:
+        """Per role: group size, GPUs of a group per node, nodes a group spans (every group of a
+        role has the same shape), for `chakra-sim validate` and results."""
+        rows = []
+        sample = self.groups(0) if self.pp == 1 else {**self.groups(self.representatives[-1]),
+                                                      **self.groups(0)}
+        for role, members in sample.items():
+            nodes = {self.node(r) for r in members}
+            per_node = max(sum(1 for r in members if self.node(r) == n) for n in nodes)
+            rows.append({"group": role, "ranks": len(members), "nodes": len(nodes), "gpus_per_node": per_node,
+                         "fabric": "NVLink" if len(nodes) == 1 else "network"})
+        if self.pp > 1:
+            a, b = self.representatives[0], self.representatives[1]
+            same = self.node(a) == self.node(b)
+            rows.append({"group": "pp", "ranks": self.pp, "nodes": len({self.node(r) for r in self.representatives}),
+                         "gpus_per_node": 1 if not same else sum(1 for r in self.representatives
+                                                                 if self.node(r) == self.node(a)),
+                         "fabric": "NVLink" if same else "network"})
+        return rows

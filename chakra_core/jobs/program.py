@@ -1,0 +1,221 @@
+"""One rank's training step as a Chakra trace: its stage's layers for every micro-batch in the
+pipeline schedule's order, the gradient reduction and the optimizer step.
+
+Compute nodes carry what a compute model needs to time them: `num_ops` (FLOPs), `tensor_size`
+(bytes moved), `kernel` (gemm, attention, elementwise, ...), GEMM shapes (`gemm_m/n/k/batch`)
+or attention shapes (`attn_*`), and `dtype`. Every node says which part of the step it belongs
+to (`step_part`: forward, backward, recompute, optimizer, or the communicator role tp, cp, dp,
+pp, other), so a run can split the step (jobs.report). docs/training.md lists the kernels and
+their FLOP and byte formulas; `comm_size` follows docs/collectives.md (an all-gather's size is
+one rank's input, a reduce-scatter's and an all-reduce's the whole buffer).
+
+Not modelled: dropout (the presets train without it), the gradient-norm all-reduce of gradient
+clipping (a few bytes), the loss all-reduce, and tensors' lifetimes (no operand lists).
+"""
+
+from __future__ import annotations
+
+from chakra_core.et.build import p2p_attrs, str_attr
+from chakra_core.jobs.kernels import LayerKernels
+from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.schedule import stage_schedule
+from chakra_core.jobs.spec import JobSpec
+from chakra_core.schema import pb
+
+ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + 4 + 2
+"""Adam step per parameter: read and write the fp32 master weight and both moments, read the
+fp32 main gradient, write the bf16 weight."""
+ADAM_OPS_PER_PARAM = 10
+"""Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
+
+
+class RankProgram(LayerKernels):
+    """Builds the node list of one rank (`build`)."""
+
+    def __init__(self, job: JobSpec, placement: Placement, rank: int):
+        super().__init__(job, placement, rank)
+        self.pending_grads: list[int] = []
+        self.param_gather: dict[int, int] = {}           # unit -> its bucket's all-gather
+
+    # Gradients and parameters -----------------------------------------------------------------------
+    def _grad_ready(self, layer: int) -> None:
+        """In the last backward of a chunk, launch the reduction of every bucket now complete."""
+        if self._last_backward and layer in self.bucket_end:
+            self._reduce_bucket(self.bucket_end[layer])
+
+    def _reduce_bucket(self, params: int) -> None:
+        if self.dp_group is None:
+            return
+        dist = self.job.training.distributed_optimizer
+        kind, what = (pb.REDUCE_SCATTER, "reduce_scatter") if dist else (pb.ALL_REDUCE, "all_reduce")
+        node = self.collective(f"grads.dp_{what}.{len(self.pending_grads)}", "dp_cp", kind, params * self.ge, "dp")
+        if node is not None:
+            if self.job.training.overlap_grad_reduce:
+                self.pending_grads.append(node)
+            else:
+                self.s_.wait(node)
+
+    def _await_params(self, layer: int) -> None:
+        node = self.param_gather.pop(layer, None)
+        self.s_.wait(node)
+
+    # Buckets --------------------------------------------------------------------------------------
+    def chunk_layers(self, chunk: int) -> list[int]:
+        return self.job.chunk_layers(self.stage, chunk)
+
+    def has_embedding(self, chunk: int) -> bool:
+        return self.stage == 0 and chunk == 0
+
+    def has_head(self, chunk: int) -> bool:
+        return self.stage == self.pp - 1 and chunk == self.vp - 1
+
+    def unit_params(self, unit: int) -> int:
+        """Parameters this rank holds for a layer (>= 0), the embedding (-1) or the head (-2)."""
+        m, h = self.job.shape, self.h
+        if unit >= 0:
+            return m.layer_params() // self.tp
+        if unit == -1:
+            return self.vocab * h + (self.s * h if m.position == "learned" else 0)
+        shared = m.tied_embeddings and self.pp == 1   # the head multiplies by the embedding itself
+        return (0 if shared else self.vocab * h) + h
+
+    def backward_units(self, chunk: int) -> list[int]:
+        units = ([-2] if self.has_head(chunk) else []) + self.chunk_layers(chunk)[::-1]
+        return units + ([-1] if self.has_embedding(chunk) else [])
+
+    def plan_buckets(self) -> list[list[int]]:
+        """Megatron's buckets: parameters in backward order, cut when a bucket reaches
+        bucket_params; one set per model chunk. Returns each bucket's units; sets bucket_end."""
+        self.bucket_end: dict[int, int] = {}
+        buckets = []
+        for chunk in range(self.vp):
+            units, size = [], 0
+            for unit in self.backward_units(chunk):
+                units.append(unit)
+                size += self.unit_params(unit)
+                if size >= self.job.bucket_params:
+                    self.bucket_end[unit] = size
+                    buckets.append(units)
+                    units, size = [], 0
+            if units:
+                self.bucket_end[units[-1]] = size
+                buckets.append(units)
+        return buckets
+
+    # The step -------------------------------------------------------------------------------------
+    def build(self) -> list[pb.Node]:
+        job, t = self.job, self.job.training
+        m = job.microbatches
+        buckets = self.plan_buckets()
+        stage_params = sum(self.unit_params(u) for chunk in range(self.vp) for u in self.backward_units(chunk))
+        shards = len(self.groups.get("dp_cp", (0,)))
+        dist = t.distributed_optimizer and self.dp_group is not None
+        gather_early = dist and t.overlap_param_gather
+        if gather_early:   # parameters updated by the previous step arrive bucket by bucket
+            self.part = "dp"
+            for units in reversed(buckets):
+                size = sum(self.unit_params(u) for u in units)
+                node = self.collective(f"params.dp_all_gather.{len(self.param_gather)}", "dp_cp",
+                                       pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
+                if node is not None:
+                    self.param_gather[units[-1]] = node
+        seen_forward: set[int] = set()
+        for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
+            if kind == "F":
+                self.part = "forward"
+                self._first_forward = chunk not in seen_forward
+                seen_forward.add(chunk)
+                self._receive("fwd", mb, chunk)
+                if self.has_embedding(chunk):
+                    self.embedding_forward(mb)
+                for layer in self.chunk_layers(chunk):
+                    self._fp8_weights(layer)
+                    self.layer_forward(mb, layer)
+                if self.has_head(chunk):
+                    self.head_forward(mb)
+                self._send("fwd", mb, chunk)
+                if self.fp8:   # delayed scaling: amax histories reduced once per forward
+                    self.blocking(f"mb{mb}.c{chunk}.amax_all_reduce", "amax", pb.ALL_REDUCE,
+                                  4 * 3 * 4 * len(self.chunk_layers(chunk)), "other")
+            else:
+                self._last_backward = mb == m - 1
+                self._receive("bwd", mb, chunk)
+                self.part = "backward"
+                if self.has_head(chunk):
+                    self.head_backward(mb)
+                layers = self.chunk_layers(chunk)
+                recomputed = set(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else set()
+                for layer in reversed(layers):
+                    if layer in recomputed:
+                        self.part = "recompute"
+                        self.layer_forward(mb, layer)
+                        self.part = "backward"
+                    self.layer_backward(mb, layer)
+                if self.has_embedding(chunk):
+                    self.embedding_backward(mb)
+                self._send("bwd", mb, chunk)
+        self._optimizer(stage_params, shards, dist, buckets)
+        return self.s_.nodes
+
+    _first_forward = True
+    _last_backward = False
+
+    def _fp8_weights(self, layer: int) -> None:
+        """fp8: each weight is cast (and transposed for the backward) once per step."""
+        if self.fp8 and self._first_forward:
+            params = self.unit_params(layer)
+            self.elementwise(f"L{layer}.weights.cast_fp8", params, params * (self.e + 2))
+
+    def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[list[int]]) -> None:
+        t = self.job.training
+        if not t.overlap_grad_reduce:
+            self.part = "dp"
+            for units in buckets:
+                self._reduce_bucket(sum(self.unit_params(u) for u in units))
+        self.s_.wait(*self.pending_grads)
+        if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
+            self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
+        self.part = "optimizer"
+        updated = -(-stage_params // shards) if dist else stage_params
+        self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
+                         dtype="fp32")
+        if dist and not t.overlap_param_gather:
+            for i, units in enumerate(buckets):
+                size = sum(self.unit_params(u) for u in units)
+                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
+
+    # Pipeline ---------------------------------------------------------------------------------------
+    def _receive(self, direction: str, mb: int, chunk: int) -> None:
+        if self.pp == 1:
+            return
+        s, last = self.stage, self.pp - 1
+        if direction == "fwd":
+            if s == 0 and chunk == 0:
+                return
+            sender_chunk, peer, tag_dir = (chunk if s > 0 else chunk - 1), self.place.peer(self.rank, -1), 0
+        else:
+            if s == last and chunk == self.vp - 1:
+                return
+            sender_chunk, peer, tag_dir = (chunk if s < last else chunk + 1), self.place.peer(self.rank, 1), 1
+        tag = (mb * self.vp + sender_chunk) * 2 + tag_dir
+        attrs = [*p2p_attrs(peer, self.rank, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
+        self.s_.wait(self.s_.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs))
+
+    def _send(self, direction: str, mb: int, chunk: int) -> None:
+        if self.pp == 1:
+            return
+        s, last = self.stage, self.pp - 1
+        if direction == "fwd":
+            if s == last and chunk == self.vp - 1:
+                return
+            peer, tag_dir = self.place.peer(self.rank, 1), 0
+        else:
+            if s == 0 and chunk == 0:
+                return
+            peer, tag_dir = self.place.peer(self.rank, -1), 1
+        tag = (mb * self.vp + chunk) * 2 + tag_dir
+        attrs = [*p2p_attrs(self.rank, peer, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
+        self.s_.launch(pb.COMM_SEND_NODE, f"send.{direction}.mb{mb}.c{chunk}", attrs=attrs)
+
+    def _p2p_bytes(self) -> int:
+        return self.nl * self.h * self.e

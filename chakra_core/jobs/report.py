@@ -1,0 +1,76 @@
+"""Where a training step's time went: the `training` section of a job's results.
+
+Each rank's time is split exclusively (it sums to the rank's finish): compute by part of the
+step (forward, backward, recompute, optimizer, other), communication exposed by communicator
+role (tp, cp, dp, pp, other: a collective or message in flight or waiting for peers while no
+kernel runs) and the pipeline bubble (waiting for a pipeline neighbour's activations or
+gradients, or nothing in flight at all). The step takes as long as its slowest rank; its
+split is reported, and one per pipeline stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chakra_core.engine.simulation import FinishedRun, RankRecord
+from chakra_core.jobs.flops import FORMULAS
+
+COMPUTE = ("forward", "backward", "recompute", "optimizer")
+ROLES = ("tp", "cp", "dp", "pp", "other")
+
+
+def split(record: RankRecord) -> dict[str, int]:
+    """A rank's finish time split into the categories of the module docstring (ns)."""
+    out = {f"compute_{p}": 0 for p in (*COMPUTE, "other")}
+    out.update({f"exposed_{r}": 0 for r in ROLES})
+    out["bubble"] = record.breakdown["idle_ns"]
+    parts = record.parts or {}
+    for part, ns in parts.get("gpu_compute_ns", {}).items():
+        out[f"compute_{part if part in COMPUTE else 'other'}"] += ns
+    out["compute_other"] += record.breakdown["cpu_compute_ns"] + record.breakdown["memory_ns"]
+    for category in ("exposed_network_ns", "waiting_ns"):
+        for part, ns in parts.get(category, {}).items():
+            if category == "waiting_ns" and part == "pp":
+                out["bubble"] += ns
+            else:
+                out[f"exposed_{part if part in ROLES else 'other'}"] += ns
+    assert sum(out.values()) == record.finish_ns, (out, record.finish_ns)
+    return out
+
+
+def training_section(run: FinishedRun) -> dict[str, Any]:
+    info = dict(run.spec.training or {})
+    job = info.pop("job")
+    slowest = max(run.ranks, key=lambda r: (r.finish_ns, -r.rank))
+    step_s = slowest.finish_ns / 1e9
+    gpus = info["gpus"]
+    flops = info.pop("model_flops")
+    achieved = flops / step_s / gpus / 1e12 if step_s else 0.0
+    peak = info["peak_tflops"]
+    precision = job["training"]["precision"]
+    # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
+    pp = job["parallel"]["pp"]
+    records = {record.rank: record for record in run.ranks}
+    stages = {str(stage): _seconds(split(records[stage * (gpus // pp)])) for stage in range(pp)}
+    return {
+        "model": info["model"], "gpus": gpus, "profile": info["profile"],
+        "layout": {**job["parallel"], "dp": info["dp"], "micro_batch": job["training"]["micro_batch"],
+                   "global_batch": job["training"]["global_batch"], "microbatches": info["microbatches"]},
+        "step_time_s": step_s,
+        "tokens_per_s_per_gpu": info["tokens_per_step"] / step_s / gpus if step_s else 0.0,
+        "model_tflops_per_step": flops / 1e12,
+        "tflops_per_gpu": achieved,
+        "mfu": achieved / peak if peak else 0.0,
+        "flops_formula": ("NeMo's: forward and backward without recomputation, 6 FLOPs per parameter and "
+                          "token in every linear layer plus 12 s h per token and layer for attention "
+                          f"(NeMo's Llama formula); MFU against the GPU's dense {precision} peak of "
+                          f"{peak:g} TFLOP/s (chakra_core.jobs.flops: {', '.join(FORMULAS)})"),
+        "breakdown_s": _seconds(split(slowest)),
+        "breakdown_rank": slowest.rank,
+        "breakdown_by_stage_s": stages,
+        "placement": info["placement"],
+    }
+
+
+def _seconds(parts: dict[str, int]) -> dict[str, float]:
+    return {name: ns / 1e9 for name, ns in parts.items()}

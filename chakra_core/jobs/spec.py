@@ -1,0 +1,167 @@
+"""A training job: model, parallel layout, training settings and the cluster it runs on.
+
+Field names follow Megatron-LM's arguments where one exists (docs/training.md maps them).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+from chakra_core.jobs.models import ModelSpec, preset
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Parallel(_Strict):
+    tp: PositiveInt = Field(1, description="tensor parallel size (--tensor-model-parallel-size)")
+    pp: PositiveInt = Field(1, description="pipeline stages (--pipeline-model-parallel-size)")
+    vp: PositiveInt | None = Field(None, description="model chunks per pipeline stage: interleaved 1F1B "
+                                                     "(--num-layers-per-virtual-pipeline-stage = layers/pp/vp)")
+    cp: PositiveInt = Field(1, description="context parallel size: ring attention over the sequence")
+    sp: bool | None = Field(None, description="sequence parallelism with TP; default: on when tp > 1")
+    account_for_embedding_and_loss: bool = Field(
+        False, description="the pipeline split counts the embedding and the loss as one layer each "
+                           "(Megatron's account_for_embedding/loss_in_pipeline_split), so the first and "
+                           "last chunk hold one layer fewer")
+    tp_comm_overlap: bool = Field(False, description="TP all-gathers / reduce-scatters overlap the GEMMs "
+                                                     "they feed (Transformer Engine userbuffers)")
+
+
+class Training(_Strict):
+    seq: PositiveInt = Field(..., description="sequence length")
+    global_batch: PositiveInt = Field(..., description="sequences per step (GBS)")
+    micro_batch: PositiveInt = Field(1, description="sequences per micro-batch (MBS)")
+    precision: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="GEMM precision; fp8 as Transformer "
+                                                                  "Engine's delayed scaling (casts, amax)")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="activation recomputation: 'selective' recomputes core attention (free with "
+                            "flash attention, which recomputes it anyway), 'full' re-runs each layer's "
+                            "forward before its backward")
+    attention: Literal["flash", "unfused"] = Field(
+        "flash", description="'flash': FlashAttention kernels; 'unfused': batched GEMMs around a fused "
+                             "softmax over the s x s scores in memory (Megatron-LM before FlashAttention)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="hidden and attention dropout probability (the "
+                                                        "masks' memory traffic; 0: no dropout kernels)")
+    recompute_layers: PositiveInt | None = Field(
+        None, description="with full: layers per stage chunk recomputed (--recompute-num-layers, "
+                          "block method); default all")
+    distributed_optimizer: bool = Field(True, description="shard optimizer state over data parallel ranks "
+                                                          "(--use-distributed-optimizer): gradients "
+                                                          "reduce-scattered, parameters all-gathered")
+    overlap_grad_reduce: bool = Field(True, description="reduce gradients bucket by bucket during the "
+                                                        "backward of the last micro-batch")
+    overlap_param_gather: bool = Field(True, description="all-gather parameters bucket by bucket during "
+                                                         "the forward (distributed optimizer only)")
+    bucket_params: PositiveInt | None = Field(
+        None, description="parameters per gradient bucket; default Megatron's max(40M, 1M x dp)")
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
+                            "gradients in fp32 unless told otherwise)")
+
+
+class Cluster(_Strict):
+    gpus: PositiveInt = Field(..., description="GPUs in the job")
+    profile: str = Field(..., description="hardware profile of the nodes and network (chakra-sim profiles)")
+    gpus_per_node: PositiveInt | None = Field(None, description="default: the profile's")
+
+
+class JobSpec(_Strict):
+    """`job:` in a manifest (see docs/training.md)."""
+
+    name: str = Field("job", pattern=r"^[A-Za-z0-9_.-]+$", description="names the generated traces")
+    model: Union[str, ModelSpec] = Field(..., description="a preset (chakra-sim generate job --list-models) "
+                                                          "or the shape inline")
+    parallel: Parallel = Field(default_factory=Parallel)
+    training: Training
+    cluster: Cluster
+
+    @field_validator("model")
+    @classmethod
+    def _preset(cls, value: Union[str, ModelSpec]) -> ModelSpec:
+        return preset(value) if isinstance(value, str) else value
+
+    @property
+    def shape(self) -> ModelSpec:
+        assert isinstance(self.model, ModelSpec)   # the validator resolves presets
+        return self.model
+
+    @property
+    def sp(self) -> bool:
+        p = self.parallel
+        return (p.tp > 1) if p.sp is None else (p.sp and p.tp > 1)
+
+    @property
+    def vp(self) -> int:
+        return self.parallel.vp or 1
+
+    @property
+    def dp(self) -> int:
+        p = self.parallel
+        return self.cluster.gpus // (p.tp * p.pp * p.cp)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per data-parallel replica and step."""
+        t = self.training
+        return t.global_batch // (self.dp * t.micro_batch)
+
+    @property
+    def pipeline_slots(self) -> int:
+        """Layers the pipeline split divides (the embedding and loss counted when asked)."""
+        return self.shape.layers + (2 if self.parallel.account_for_embedding_and_loss else 0)
+
+    def chunk_layers(self, stage: int, chunk: int) -> list[int]:
+        """The layers of a stage's model chunk: virtual stage chunk x pp + stage, as Megatron assigns them."""
+        per = self.pipeline_slots // (self.parallel.pp * self.vp)
+        skip = 1 if self.parallel.account_for_embedding_and_loss else 0
+        first = (chunk * self.parallel.pp + stage) * per - skip
+        return [layer for layer in range(first, first + per) if 0 <= layer < self.shape.layers]
+
+    @property
+    def bucket_params(self) -> int:
+        # megatron/core/distributed/distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp)
+        return self.training.bucket_params or max(40_000_000, 1_000_000 * self.dp * self.parallel.cp)
+
+    @model_validator(mode="after")
+    def _layout(self) -> "JobSpec":
+        m, p, t, c = self.shape, self.parallel, self.training, self.cluster
+        problems = []
+        if c.gpus % (p.tp * p.pp * p.cp):
+            problems.append(f"cluster.gpus {c.gpus} is not divisible by tp x pp x cp = {p.tp * p.pp * p.cp}")
+        if m.heads % p.tp or m.groups % p.tp:
+            problems.append(f"tp {p.tp} must divide the attention heads ({m.heads}) and key/value heads "
+                            f"({m.groups})")
+        if m.ffn_hidden % p.tp:
+            problems.append(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden}")
+        vp = p.vp or 1
+        if self.pipeline_slots % (p.pp * vp):
+            extra = " + 2 (embedding and loss)" if p.account_for_embedding_and_loss else ""
+            problems.append(f"layers {m.layers}{extra} are not divisible by pp x vp = {p.pp * vp}")
+        if t.seq % (2 * p.cp) and p.cp > 1:
+            problems.append(f"seq {t.seq} must be divisible by 2 x cp = {2 * p.cp} (load-balanced ring "
+                            "attention splits it in 2 x cp chunks)")
+        if self.sp and (t.seq // p.cp) % p.tp:
+            problems.append(f"sequence parallelism needs seq / cp = {t.seq // p.cp} divisible by tp {p.tp}")
+        if not problems:
+            dp = self.dp
+            if t.global_batch % (dp * t.micro_batch):
+                problems.append(f"training.global_batch {t.global_batch} is not divisible by dp {dp} x "
+                                f"micro_batch {t.micro_batch}")
+            elif vp > 1 and self.microbatches % p.pp:
+                problems.append(f"interleaved pipelining needs the micro-batches per replica "
+                                f"({self.microbatches}) to be a multiple of pp {p.pp}")
+            if p.vp is not None and p.pp == 1:
+                problems.append("parallel.vp needs pp > 1")
+        if t.attention == "unfused" and p.cp > 1:
+            problems.append("context parallelism needs training.attention: flash (ring attention)")
+        if t.recompute_layers is not None and t.recompute != "full":
+            problems.append("training.recompute_layers needs recompute: full")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,102 @@
+"""`chakra-sim generate job`: a training job's traces, every rank, from a job file or options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from chakra_core._atomic import atomic_write_text
+from chakra_core.cli.output import CliError, tool_errors
+from chakra_core.config.files import read_config_file
+from chakra_core.errors import ManifestError
+from chakra_core.hardware.profiles import load_profile
+from chakra_core.jobs.expand import read_job, write_job
+from chakra_core.jobs.flops import model_flops
+from chakra_core.jobs.models import presets
+from chakra_core.jobs.placement import Placement
+
+
+@click.command("job")
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", help="a model preset (--list-models)")
+@click.option("--list-models", is_flag=True, help="list the model presets with their sources and exit")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs in the job")
+@click.option("--profile", help="hardware profile of the cluster (chakra-sim profiles)")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="default: the profile's")
+@click.option("--tp", type=click.IntRange(min=1), help="tensor parallel size")
+@click.option("--pp", type=click.IntRange(min=1), help="pipeline stages")
+@click.option("--vp", type=click.IntRange(min=1), help="model chunks per stage (interleaved 1F1B)")
+@click.option("--cp", type=click.IntRange(min=1), help="context parallel size")
+@click.option("--seq", type=click.IntRange(min=1), help="sequence length")
+@click.option("--global-batch", type=click.IntRange(min=1), help="sequences per step")
+@click.option("--micro-batch", type=click.IntRange(min=1), help="sequences per micro-batch")
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]))
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]))
+@click.option("--output", metavar="PREFIX", help="writes PREFIX.<rank>.et")
+@click.option("--save-job", type=click.Path(dir_okay=False, path_type=Path),
+              help="also write the job description (YAML, a `job:` section for chakra-sim run)")
+def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int | None, profile: str | None,
+        gpus_per_node: int | None, tp: int | None, pp: int | None, vp: int | None, cp: int | None,
+        seq: int | None, global_batch: int | None, micro_batch: int | None, precision: str | None,
+        recompute: str | None, output: str | None, save_job: Path | None) -> None:
+    """A Megatron-LM training step, one trace per rank (docs/training.md).
+
+    Give a job file (its `job:` section, as `chakra-sim run` reads it) and/or options; options
+    override the file. To simulate a job, `chakra-sim run` a job manifest instead: it generates
+    one rank per pipeline stage only.
+
+    \b
+    Example (Llama 3 70B on 64 H100: TP 4, PP 4, VP 5, CP 2, FP8):
+      chakra-sim generate job --model llama3-70b --gpus 64 --profile h100-hgx-ndr400 \\
+          --tp 4 --pp 4 --vp 5 --cp 2 --seq 8192 --global-batch 128 --precision fp8 \\
+          --output traces/llama3-70b
+    """
+    if list_models:
+        for name, shape in sorted(presets().items()):
+            click.echo(f"{name}: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads "
+                       f"({shape.groups} kv), {shape.params():,} parameters; {shape.source}")
+        return
+    data: dict[str, Any] = {}
+    if job_file is not None:
+        with tool_errors(str(job_file)):
+            raw = read_config_file(job_file)
+        data = dict(raw.get("job", raw))
+    _override(data, None, "model", model)
+    for section, key, value in (("parallel", "tp", tp), ("parallel", "pp", pp), ("parallel", "vp", vp),
+                                ("parallel", "cp", cp), ("training", "seq", seq),
+                                ("training", "global_batch", global_batch), ("training", "micro_batch", micro_batch),
+                                ("training", "precision", precision), ("training", "recompute", recompute),
+                                ("cluster", "gpus", gpus), ("cluster", "profile", profile),
+                                ("cluster", "gpus_per_node", gpus_per_node)):
+        _override(data, section, key, value)
+    if output is None and save_job is None:
+        raise CliError("give --output PREFIX (traces) and/or --save-job FILE (the job description)")
+    try:
+        spec = read_job(data, str(job_file or "options"))
+        gpn = spec.cluster.gpus_per_node or load_profile(spec.cluster.profile).gpus_per_node
+    except ManifestError as exc:
+        raise CliError(str(exc)) from None
+    placement = Placement(spec, gpn)
+    if save_job is not None:
+        atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
+        click.echo(f"wrote {save_job}")
+    if output is not None:
+        with tool_errors(f"{output}.<rank>.et"):
+            files = write_job(spec, placement, Path(output))
+        click.echo(f"{placement.world} ranks (tp {spec.parallel.tp} x cp {spec.parallel.cp} x dp {spec.dp} x pp "
+                   f"{spec.parallel.pp}, vp {spec.vp}), {spec.microbatches} micro-batch(es) per replica; "
+                   f"{model_flops(spec, 'nemo'):.4g} model FLOPs per step")
+        for row in placement.where():
+            click.echo(f"  {row['group']}: {row['ranks']} ranks on {row['nodes']} node(s), "
+                       f"{row['gpus_per_node']} per node ({row['fabric']})")
+        click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
+
+
+def _override(data: dict[str, Any], section: str | None, key: str, value: object) -> None:
+    if value is None:
+        return
+    target = data if section is None else data.setdefault(section, {})
+    target[key] = value

@@ -1,0 +1,280 @@
+"""Compute time at achievable, not peak, throughput.
+
+- GEMM nodes (`kernel` gemm/bmm with `gemm_m/n/k/batch`): the maximum achievable matmul rate
+  (MAMF) with tile and wave quantization (`gemm.py`), or HBM-bound;
+- attention nodes (`kernel` attention): FLOPs at the FlashAttention papers' achieved rate for the
+  pass and sequence length (interpolated in log2 of the sequence length);
+- other nodes with num_ops: max(num_ops / CUDA-core fp32 peak, tensor_size / achievable HBM);
+  nodes named like matmuls (aten::mm, addmm, conv ...) without shape attributes at the MAMF;
+- every modelled kernel adds the GPU's back-to-back kernel gap;
+- CPU ops and nodes without num_ops replay their traced duration, as the roofline does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from bisect import bisect_left
+from typing import Any
+
+from chakra_core import ComputeModel, LayerContext, NodeView, SimulationError, ValidationInputs, replay_time_ns
+from chakra_core.et.dtypes import node_dtype
+from chakra_core.hardware.devices import device_mismatch
+from chakra_core.hardware.profiles import AttentionCurve, Profile, load_profile, profile_problems
+from chakra_sim_compute_achievable.config import AchievableConfig
+from chakra_sim_compute_achievable.gemm import gemm_time
+from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
+
+KINDS = ("gemm", "matmul", "attention", "other", "measured", "replayed")
+_GEMM, _MATMUL, _ATTENTION, _OTHER, _MEASURED, _REPLAYED = range(len(KINDS))
+_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+# PyTorch / cuBLAS / CUTLASS names of tensor-core kernels that carry no gemm_* attributes
+_MATMUL_NAME = re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|conv|cutlass|xmma", re.IGNORECASE)
+_Q_TILE = 128
+"""Query (forward) or key (backward) rows per FlashAttention CTA (Br = Bc = 128 at head dim 128 in
+both papers): fewer tiles than SMs leave SMs idle, which the papers' large batches never show."""
+
+
+class AchievableCompute(ComputeModel):
+    name = "achievable"
+    fidelity = ("achievable throughput: GEMMs at the measured max achievable matmul FLOP/s with tile and "
+                "wave quantization, attention at FlashAttention-2/3 efficiencies, other kernels against "
+                "the CUDA-core peak and measured HBM bandwidth, plus a per-kernel gap; no L2 reuse, "
+                "overlap of kernels or clock throttling")
+    Config = AchievableConfig
+    fold_safe = True            # the answer is a pure function of the node
+
+    config: AchievableConfig
+
+    @classmethod
+    def config_problems(cls, config: AchievableConfig,
+                        inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
+        problems = profile_problems(config.profile, inputs.base_dir)
+        if not problems and load_profile(config.profile, inputs.base_dir).gpu.achievable is None:
+            problems.append((("profile",), f"profile '{config.profile}' has no gpu.achievable section"))
+        if config.kernel_times is not None:
+            try:
+                load_kernel_times(inputs.base_dir / config.kernel_times)
+            except KernelTimesError as exc:
+                problems.append((("kernel_times",), str(exc)))
+        return problems
+
+    def __init__(self, config: AchievableConfig, context: LayerContext) -> None:
+        super().__init__(config, context)
+        profile = self.profile = load_profile(config.profile, context.base_dir)
+        ach = profile.gpu.achievable
+        if ach is None:
+            raise SimulationError(f"compute.profile: profile '{profile.name}' has no gpu.achievable section "
+                                  "(achievable matmul rates, HBM bandwidth, SM count); see docs/hardware.md")
+        self._peak = {d: s.value * 1e12 for d, s in profile.gpu.peak_tflops.items() if s.value > 0}
+        # rates count only for data types with a peak (the check achieved <= peak needs one)
+        self._mamf = {d: s.value * 1e12 for d, s in ach.matmul_tflops.items() if s.value > 0 and d in self._peak}
+        self._attention: dict[str, dict[str, AttentionCurve]] = {
+            d: {str(name): curve for name, curve in p.items()} for d, p in ach.attention.items() if d in self._peak}
+        self._hbm = ach.hbm_gbps.value * 1e9
+        self._sms = int(ach.sm_count.value)
+        gap_us = ach.kernel_gap_us.value if config.launch_overhead_us is None else config.launch_overhead_us
+        self._gap = gap_us * 1e-6
+        if "fp32" not in self._peak:
+            raise SimulationError(f"profile '{profile.name}' has no fp32 peak: non-tensor-core kernels need it")
+        self._vector = self._peak["fp32"]
+        self.dtype = config.dtype
+        if self.dtype not in self._mamf:
+            raise SimulationError(f"compute.dtype: profile '{profile.name}' has no achievable {self.dtype} matmul "
+                                  f"rate (it has {', '.join(self._mamf)})")
+        self._times: KernelTimes | None = None
+        if config.kernel_times is not None:
+            try:
+                self._times = load_kernel_times(context.base_dir / config.kernel_times)
+            except KernelTimesError as exc:
+                raise SimulationError(f"compute.kernel_times: {exc}") from None
+        self._warned: set[str] = set()
+        self._by_attrs: dict[bytes, tuple[int | None, int, float]] = {}
+        self._device_checked = False
+        self._weights = context.inputs.rank_weights
+        # per kind: [nodes, ns, FLOPs], weighted by the ranks each simulated rank stands for
+        self._stats = [[0, 0, 0.0] for _ in KINDS]
+
+    # Per node -------------------------------------------------------------------------------------
+    def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
+        work = node.memo.get(self)
+        if work is None:
+            work = node.memo[self] = self._cached_work(node)
+        duration, kind, flops = work
+        if kind == _REPLAYED and not self._device_checked:
+            self._check_device(rank)
+        weight = self._weights.get(rank, 1) if self._weights else 1
+        stats = self._stats[kind]
+        stats[0] += weight
+        stats[1] += weight * (replay_time_ns(node) if duration is None else duration)
+        stats[2] += weight * flops
+        return duration
+
+    def _cached_work(self, node: NodeView) -> tuple[int | None, int, float]:
+        """`_work`, shared by nodes with the same attributes (a training step repeats each kernel
+        for every micro-batch); not when measured times are matched by node name."""
+        if self._times is not None and self._times.patterns:
+            return self._work(node)
+        key = b"".join([attr.SerializeToString() for attr in node.pb.attr])
+        if not node.has("kernel"):   # matmuls are then recognised by name
+            key += node.name.encode()
+        work = self._by_attrs.get(key)
+        if work is None:
+            work = self._by_attrs[key] = self._work(node)
+        return work
+
+    def _work(self, node: NodeView) -> tuple[int | None, int, float]:
+        """(ns or None to replay, kind, FLOPs) of a node: a function of the node alone."""
+        if node.is_cpu_op:
+            return None, _REPLAYED, 0.0
+        kernel = node.str("kernel", "").lower() if node.has("kernel") else ""
+        measured = self._measured(node, kernel)
+        if measured is not None:
+            flops = float(node.int("num_ops", 0)) if node.has("num_ops") else 0.0
+            return self._ns(measured + self._gap, flops, None, node), _MEASURED, flops
+        if kernel in ("gemm", "bmm") and node.has("gemm_m"):
+            return self._gemm(node)
+        if kernel == "attention":
+            return self._attention_time(node)
+        if not node.has("num_ops"):
+            return None, _REPLAYED, 0.0
+        num_ops = float(node.int("num_ops"))
+        tensor_size = float(node.int("tensor_size", 0))
+        if kernel in ("gemm", "bmm") or _MATMUL_NAME.search(node.name):   # a matmul without its shape
+            dtype, rate = self._matmul_rate(node)
+            seconds = max(num_ops / rate, tensor_size / self._hbm) + self._gap
+            return self._ns(seconds, num_ops, self._peak[dtype], node), _MATMUL, num_ops
+        seconds = max(num_ops / self._vector, tensor_size / self._hbm) + self._gap
+        return self._ns(seconds, num_ops, self._vector, node), _OTHER, num_ops
+
+    def _measured(self, node: NodeView, kernel: str) -> float | None:
+        """A measured time in seconds from kernel_times, or None."""
+        if self._times is None:
+            return None
+        if kernel in ("gemm", "bmm") and self._times.shapes:
+            dtype, _ = self._dtype(node, self._mamf, "matmul")
+            key = (kernel, node.int("gemm_m"), node.int("gemm_n"), node.int("gemm_k"),
+                   node.int("gemm_batch", 1), dtype)
+            micros = self._times.by_shape(key)
+            if micros is not None:
+                return micros * 1e-6
+        micros = self._times.by_name(node.name)
+        return None if micros is None else micros * 1e-6
+
+    def _gemm(self, node: NodeView) -> tuple[int, int, float]:
+        m, n, k = node.int("gemm_m"), node.int("gemm_n"), node.int("gemm_k")
+        batch = node.int("gemm_batch", 1)
+        if min(m, n, k, batch) <= 0:
+            raise SimulationError(f"node {node.id} ({node.name!r}): gemm_m/n/k/batch must be > 0, "
+                                  f"found {m}, {n}, {k}, {batch}")
+        dtype, mamf = self._matmul_rate(node)
+        timed = gemm_time(m, n, k, batch, mamf, self._hbm, _WIDTH[dtype], self._sms)
+        flops = 2.0 * m * n * k * batch
+        return self._ns(timed.seconds + self._gap, flops, self._peak[dtype], node), _GEMM, flops
+
+    def _attention_time(self, node: NodeView) -> tuple[int, int, float]:
+        flops = float(node.int("num_ops"))
+        passname = node.str("attn_pass", "forward").lower()
+        if passname not in ("forward", "backward"):
+            raise SimulationError(f"node {node.id} ({node.name!r}): attn_pass {passname!r} is not "
+                                  "forward or backward")
+        dtype, _ = self._dtype(node, self._attention, "attention")
+        curves = self._attention.get(dtype, {})
+        if passname not in curves and dtype != self.dtype:
+            self._warn(f"attention:{dtype}:{passname}",
+                       f"profile '{self.profile.name}' has no {dtype} {passname} attention curve; such "
+                       f"kernels are timed with the {self.dtype} curve at the {self.dtype} peak")
+            dtype, curves = self.dtype, self._attention.get(self.dtype, {})
+        causal = node.bool("attn_causal", False)
+        curve = curves.get("forward_causal") if causal and passname == "forward" else None
+        curve = curve or curves.get(passname)
+        if curve is None:
+            raise SimulationError(f"profile '{self.profile.name}' has no {dtype} {passname} attention curve "
+                                  "(gpu.achievable.attention) for attention nodes")
+        seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
+        rate = _interpolate(curve, math.sqrt(seq_q * seq_kv)) * 1e12
+        # too few CTAs to fill the GPU: a wave of them, partly empty, costs a whole wave
+        rows = seq_q if passname == "forward" else seq_kv
+        ctas = node.int("attn_batch", 1) * -(-rows // _Q_TILE)
+        rate *= min(1.0, ctas / self._sms)
+        seconds = (flops / rate if flops else 0.0) + self._gap
+        return self._ns(seconds, flops, self._peak[dtype], node), _ATTENTION, flops
+
+    # Data types and rates -------------------------------------------------------------------------
+    def _dtype(self, node: NodeView, rates: dict[str, Any], what: str) -> tuple[str, bool]:
+        """(data type the node is timed at, whether it fell back to compute.dtype)."""
+        dtype, unknown = node_dtype(node)
+        if unknown is not None:
+            self._warn(f"attr:{unknown}", f"node {node.id} ({node.name!r}) has dtype attribute {unknown!r}, "
+                       "not a known data type; such nodes are timed by their inputs, else compute.dtype")
+        if dtype is None:
+            return self.dtype, True
+        if dtype == "fp32" and self.config.fp32_as_tf32:
+            dtype = "tf32"
+        if dtype not in rates:
+            # e.g. fp8 on an A100 (no FP8 tensor cores): the model would run in compute.dtype instead
+            self._warn(f"{what}:{dtype}", f"profile '{self.profile.name}' ({self.profile.gpu.model}) has no "
+                       f"achievable {dtype} {what} rate; {dtype} {what} nodes are timed as {self.dtype} "
+                       "(compute.dtype)")
+            return self.dtype, True
+        return dtype, False
+
+    def _matmul_rate(self, node: NodeView) -> tuple[str, float]:
+        dtype, _ = self._dtype(node, self._mamf, "matmul")
+        return dtype, self._mamf[dtype]
+
+    def _ns(self, seconds: float, flops: float, peak: float | None, node: NodeView) -> int:
+        """Seconds to integer ns, checking that the time never implies more than the peak."""
+        ns = max(1, int(math.ceil(seconds * 1e9)))
+        if peak is not None and flops > peak * ns * 1e-9 * (1 + 1e-9):
+            raise SimulationError(f"internal error in compute plugin 'achievable': node {node.id} "
+                                  f"({node.name!r}) would reach {flops / ns / 1e3:.1f} TFLOP/s, above the "
+                                  f"peak {peak / 1e12:g}")
+        return ns
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            self.context.warn(f"achievable: {message}")
+
+    def _check_device(self, rank: int) -> None:
+        """Replayed durations were measured on the trace's device: say so if it is not this GPU."""
+        self._device_checked = True
+        files = self.context.inputs.trace_files
+        if not files:
+            return
+        message = device_mismatch(files[min(rank, len(files) - 1)], self.profile)
+        if message:
+            self._warn("device", message)
+
+    # Results --------------------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        kinds: dict[str, Any] = {}
+        peak = max(self._peak.values())
+        for name, (count, ns, flops) in zip(KINDS, self._stats):
+            if not count:
+                continue
+            achieved = flops / (ns * 1e-9) / 1e12 if ns else 0.0
+            if name != "measured" and name != "replayed" and achieved > peak / 1e12 * (1 + 1e-9):
+                raise SimulationError(f"internal error in compute plugin 'achievable': {name} kernels "
+                                      f"achieved {achieved:.1f} TFLOP/s, above the peak {peak / 1e12:g}")
+            kinds[name] = {"count": count, "time_ns": ns, "flops": flops, "achieved_tflops": round(achieved, 3)}
+        return {"profile": self.profile.name, "kinds": kinds, "achieved_within_peak": True}
+
+    def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
+        rows = [[name, f"{count:,}", f"{ns / 1e6:,.3f}", f"{flops / ns / 1e3:,.1f}" if ns else "-"]
+                for name, (count, ns, flops) in zip(KINDS, self._stats) if count]
+        return [("kernels by kind", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
+
+
+def _interpolate(curve: AttentionCurve, seq: float) -> float:
+    """TFLOP/s at `seq`, linear in log2(seq) between the figure's points, flat beyond them."""
+    points, values = curve.seq_len, curve.tflops
+    if seq <= points[0]:
+        return values[0]
+    if seq >= points[-1]:
+        return values[-1]
+    i = bisect_left(points, seq)
+    x0, x1 = math.log2(points[i - 1]), math.log2(points[i])
+    t = (math.log2(seq) - x0) / (x1 - x0)
+    return values[i - 1] + t * (values[i] - values[i - 1])
