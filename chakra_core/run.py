@@ -129,9 +129,11 @@ def _warn_replayed_device(config: RunConfig) -> None:
             except ChakraSimError:
                 continue   # the layer reports its own profile problems
             message = device_mismatch(spec.trace_files[0], profile)
-            if message is not None and message not in spec.warnings:
-                spec.warnings.append(f"{message}; a compute layer with a model (chakra-sim plugins "
-                                     "--layer compute) times kernels for the profile's GPU")
+            if message is not None:
+                message += ("; a compute layer with a model (chakra-sim plugins --layer compute) times "
+                            "kernels for the profile's GPU")
+                if message not in spec.warnings:   # a config prepared twice warns once
+                    spec.warnings.append(message)
             return
 
 

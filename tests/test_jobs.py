@@ -297,3 +297,12 @@ def test_an_unwritable_output_folder_is_a_manifest_error(tmp_path):
     data["output"] = {"dir": str(blocker / "out")}
     with pytest.raises(ManifestError, match="output.dir: cannot write the job's traces"):
         run.load(data, base_dir=tmp_path)
+
+
+def test_an_unquoted_yaml_off_turns_folding_off(tmp_path):
+    path = tmp_path / "job.yaml"
+    text = yaml.safe_dump(manifest(tmp_path, job())).replace("fold: auto", "fold: off")
+    assert "fold: off" in text
+    path.write_text(text)
+    config = run.load(path)
+    assert config.spec.fold == "off" and config.spec.folding is None

@@ -30,7 +30,8 @@ from chakra_core.et.jsonize import duplicate_ranks, trace_files
 
 
 def load_manifest(path: str | Path, host: PluginHost, out_dir: str | Path | None = None) -> RunConfig:
-    """Read and validate a manifest file; raise ManifestError listing every problem."""
+    """Read and validate a manifest file; raise ManifestError listing every problem. (A job
+    manifest, `job:`, generates its traces first: `chakra_core.run.load` reads both kinds.)"""
     path = Path(path)
     data = read_config_file(path)
     return build_config(data, host, base_dir=path.resolve().parent, source=str(path), out_dir=out_dir)

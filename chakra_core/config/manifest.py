@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from chakra_core.feeder import DEFAULT_CACHE_NODES
 
@@ -64,6 +64,12 @@ class WorkloadSection(_Strict):
         "auto", description="'auto': when ranks are equivalent (the same trace up to rank ids, "
                             "equivalent places in the network), simulate one per class and give the "
                             "others its results (exact; see docs/performance.md); 'off': simulate every rank")
+
+    @field_validator("fold", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads an unquoted `off` as false: take it as the word the user wrote."""
+        return "off" if value is False else value
 
 
 class LayerSection(BaseModel):

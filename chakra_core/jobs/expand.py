@@ -72,6 +72,8 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     if unknown:
         raise ManifestError([(f"{source}: workload.{unknown[0]}", "a job generates its traces; workload takes "
                               "only fold, feeder and cache_nodes")])
+    if workload.get("fold") is False:   # YAML 1.1 reads an unquoted `off` as false
+        workload["fold"] = "off"
     folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
     ranks = placement.representatives if folded else list(range(placement.world))
     try:
