@@ -32,6 +32,7 @@ def _attr(kind: str, name: str, value: int | str | bool) -> pb.AttributeProto:
 NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
+
 class LayerKernels:
     """A rank's place in the job and the nodes of its layers (see the module docstring)."""
 
@@ -48,6 +49,7 @@ class LayerKernels:
         self.gemm_dtype = t.precision
         self.act_dtype = "fp16" if t.precision == "fp16" else "bf16"
         self.dropout = t.dropout > 0
+        self.mask = 1 if self.dropout else 0              # bytes per element of a dropout mask
         self.linear_fp8 = True   # off around the output layer
         self.b, self.s = t.micro_batch, t.seq
         self.sq = t.seq // p.cp                           # this rank's share of the sequence
@@ -58,20 +60,18 @@ class LayerKernels:
         self.vocab = m.padded_vocab(p.tp) // p.tp
         self.groups = placement.groups(rank)
         self.names = {role: Placement.group_name(role, members) for role, members in self.groups.items()}
-        self.s_ = Stream()
-        self.s_.define_groups([(self.names[r], list(members)) for r, members in self.groups.items()])
+        self.stream = Stream()
+        self.stream.define_groups([(self.names[r], list(members)) for r, members in self.groups.items()])
         self.part = "forward"
         self.dp_group = "dp_cp" if "dp_cp" in self.groups else None
 
     # Nodes ----------------------------------------------------------------------------------------
     def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
-                extra: Iterable[pb.AttributeProto] = (), concurrent: bool = False) -> int:
+                extra: Iterable[pb.AttributeProto] = ()) -> int:
         attrs = [_attr("bool", "is_cpu_op", False), _attr("uint", "num_ops", ops), _attr("uint", "tensor_size", nbytes),
                  _attr("str", "kernel", kind), _attr("str", "dtype", dtype), _attr("str", "step_part", self.part),
                  *extra]
-        if concurrent:
-            return self.s_.launch(pb.COMP_NODE, name, attrs=attrs)
-        return self.s_.step(pb.COMP_NODE, name, attrs=attrs)
+        return self.stream.step(pb.COMP_NODE, name, attrs=attrs)
 
     def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
         return self._kernel(name, "elementwise", ops_per * elements, nbytes, dtype)
@@ -102,14 +102,10 @@ class LayerKernels:
         if role not in self.groups or size <= 0:
             return None
         attrs = [*read_collective(comm_type, size, self.names[role]), str_attr("step_part", part or role)]
-        return self.s_.launch(pb.COMM_COLL_NODE, name, attrs=attrs, after=after)
+        return self.stream.launch(pb.COMM_COLL_NODE, name, attrs=attrs, after=after)
 
     def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-        self.s_.wait(self.collective(name, role, comm_type, size, part))
-
-    def overlapped(self, name: str, role: str, comm_type: int, size: int) -> int | None:
-        """A collective that runs beside the next kernel (TP comm overlap, ring attention)."""
-        return self.collective(name, role, comm_type, size)
+        self.stream.wait(self.collective(name, role, comm_type, size, part))
 
     # Tensor parallel communication ---------------------------------------------------------------
     def tp_gather(self, name: str, overlap: bool = False) -> int | None:
@@ -118,7 +114,7 @@ class LayerKernels:
             return None
         coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER, self.nl * self.h * self.e)
         if not (overlap or self.job.parallel.tp_comm_overlap):
-            self.s_.wait(coll)
+            self.stream.wait(coll)
             return None
         return coll
 
@@ -137,7 +133,7 @@ class LayerKernels:
         if self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups:
             reduce = self.collective(name + ".tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, self.n * self.h * self.e)
             self.gemm(name, m, k, n, cast=True)
-            self.s_.wait(reduce)
+            self.stream.wait(reduce)
             return
         self.gemm(name, m, k, n, cast=True)
         self.tp_reduce(name)
@@ -147,7 +143,7 @@ class LayerKernels:
         overlap: the GEMM then waits for both)."""
         pending = self.tp_gather(name) if gather else None
         node = self.gemm(name, m, k, n, cast)
-        self.s_.wait(pending)
+        self.stream.wait(pending)
         return node
 
     # A transformer layer ----------------------------------------------------------------------------
@@ -167,14 +163,14 @@ class LayerKernels:
         ring = None
         kv = 2 * self.n * g * d * self.e
         if self.cp > 1:   # ring attention: K/V blocks circulate while blocks already here are used
-            ring = self.overlapped(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv)
+            ring = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv)
         attrs = [uint_attr("attn_batch", b * a), uint_attr("attn_seq_q", sq), uint_attr("attn_seq_kv", s),
                  uint_attr("attn_head_dim", d), bool_attr("attn_causal", True),
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", g)]
         # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
         ops, nbytes = (flops * 5 // 2, 2 * qkvo) if backward else (flops, qkvo)
         self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
-        self.s_.wait(ring)
+        self.stream.wait(ring)
         if backward and self.cp > 1:
             self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
 
@@ -183,7 +179,7 @@ class LayerKernels:
         scale-mask-softmax over the whole s x s score matrix (and its dropout), written to memory."""
         b, a, d, s = self.b, self.a, self.d, self.s
         scores = b * a * s * s
-        mask = 1 if self.dropout else 0     # dropout keeps a one-byte mask per element
+        mask = self.mask
         if not backward:
             self.bmm(name + ".scores", b * a, s, d, s)
             self.elementwise(name + ".softmax", scores, 2 * scores * self.e, 4)
@@ -209,14 +205,14 @@ class LayerKernels:
             self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)
         self.attention(p + "attention", backward=False)
         self._row_gemm(p + "proj", n, a * d, h)
-        self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.dropout))
+        self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.mask))
         self.norm(p + "norm2")
         up = 2 * self.f // self.tp if self.job.shape.mlp == "swiglu" else self.f // self.tp
         self._gemm_with(p + "fc1", n, h, up, gather=True)
         fl = f // self.tp
         self.elementwise(p + "activation", n * fl, (up + fl) * n * self.e, 4)
         self._row_gemm(p + "fc2", n, fl, h)
-        self.elementwise(p + "residual2", self.nl * h, self.nl * h * (3 * self.e + self.dropout))
+        self.elementwise(p + "residual2", self.nl * h, self.nl * h * (3 * self.e + self.mask))
 
     def _column_backward(self, name: str, m: int, k: int, n: int) -> None:
         """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's
@@ -229,9 +225,9 @@ class LayerKernels:
         if "tp" in self.groups:
             kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
             reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.e, after=[dgrad])
-        self.s_.wait(regather)
+        self.stream.wait(regather)
         self.gemm(name + ".wgrad", n, m, k)
-        self.s_.wait(reduce)
+        self.stream.wait(reduce)
 
     def _row_backward(self, name: str, m: int, k: int, n: int) -> None:
         """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
@@ -243,7 +239,7 @@ class LayerKernels:
         p = f"mb{mb}.L{layer}."
         fl = f // self.tp
         up = 2 * fl if self.job.shape.mlp == "swiglu" else fl
-        self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.dropout))
+        self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.mask))
         self._row_backward(p + "fc2", n, fl, h)
         self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * self.e, 6)
         self._column_backward(p + "fc1", n, h, up)

@@ -53,11 +53,11 @@ class RankProgram(LayerKernels):
             if self.job.training.overlap_grad_reduce:
                 self.pending_grads.append(node)
             else:
-                self.s_.wait(node)
+                self.stream.wait(node)
 
     def _await_params(self, layer: int) -> None:
         node = self.param_gather.pop(layer, None)
-        self.s_.wait(node)
+        self.stream.wait(node)
 
     # Buckets --------------------------------------------------------------------------------------
     def chunk_layers(self, chunk: int) -> list[int]:
@@ -155,7 +155,7 @@ class RankProgram(LayerKernels):
                     self.embedding_backward(mb)
                 self._send("bwd", mb, chunk)
         self._optimizer(stage_params, shards, dist, buckets)
-        return self.s_.nodes
+        return self.stream.nodes
 
     _first_forward = True
     _last_backward = False
@@ -172,7 +172,7 @@ class RankProgram(LayerKernels):
             self.part = "dp"
             for units in buckets:
                 self._reduce_bucket(sum(self.unit_params(u) for u in units))
-        self.s_.wait(*self.pending_grads)
+        self.stream.wait(*self.pending_grads)
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
         self.part = "optimizer"
@@ -199,7 +199,7 @@ class RankProgram(LayerKernels):
             sender_chunk, peer, tag_dir = (chunk if s < last else chunk + 1), self.place.peer(self.rank, 1), 1
         tag = (mb * self.vp + sender_chunk) * 2 + tag_dir
         attrs = [*p2p_attrs(peer, self.rank, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
-        self.s_.wait(self.s_.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs))
+        self.stream.wait(self.stream.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs))
 
     def _send(self, direction: str, mb: int, chunk: int) -> None:
         if self.pp == 1:
@@ -215,7 +215,7 @@ class RankProgram(LayerKernels):
             peer, tag_dir = self.place.peer(self.rank, -1), 1
         tag = (mb * self.vp + chunk) * 2 + tag_dir
         attrs = [*p2p_attrs(self.rank, peer, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
-        self.s_.launch(pb.COMM_SEND_NODE, f"send.{direction}.mb{mb}.c{chunk}", attrs=attrs)
+        self.stream.launch(pb.COMM_SEND_NODE, f"send.{direction}.mb{mb}.c{chunk}", attrs=attrs)
 
     def _p2p_bytes(self) -> int:
         return self.nl * self.h * self.e

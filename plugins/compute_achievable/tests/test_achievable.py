@@ -130,6 +130,15 @@ def test_other_kernels_are_bound_by_hbm_or_the_cuda_core_peak():
     assert mm == pytest.approx(1e12 / 794.5e12 * 1e9 + ach.kernel_gap_us.value * 1e3, abs=1)
 
 
+def test_a_gemm_without_its_shape_runs_at_the_mamf():
+    """`chakra-sim generate transformer` writes kernel: gemm with num_ops but no gemm_m/n/k."""
+    ach = H100.gpu.achievable
+    node = comp(4, 5, kernel="gemm", num_ops=10**12, tensor_size=10, dtype="bf16")
+    node.name = "mb0.L0.qkv"
+    ns = model().compute_time_ns(0, NodeView(node))
+    assert ns == pytest.approx(1e12 / 794.5e12 * 1e9 + ach.kernel_gap_us.value * 1e3, abs=1)
+
+
 def test_cpu_ops_and_nodes_without_num_ops_replay():
     compute = model()
     assert compute.compute_time_ns(0, NodeView(comp(1, 7, is_cpu_op=True, num_ops=5))) is None
