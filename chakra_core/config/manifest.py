@@ -68,8 +68,12 @@ class WorkloadSection(_Strict):
     @field_validator("fold", mode="before")
     @classmethod
     def _yaml_off(cls, value: Any) -> Any:
-        """YAML 1.1 reads an unquoted `off` as false: take it as the word the user wrote."""
-        return "off" if value is False else value
+        return fold_setting(value)
+
+
+def fold_setting(value: Any) -> Any:
+    """`workload.fold` as written: YAML 1.1 reads an unquoted `off` as false."""
+    return "off" if value is False else value
 
 
 class LayerSection(BaseModel):

@@ -3,8 +3,9 @@
 The traces are generated into `<output dir>/traces/` (reused while the job is unchanged). Ranks
 of one pipeline stage run the same program up to rank ids, so with `workload.fold: auto` only
 one rank per stage is generated and simulated, the classes known by construction
-(Placement.representative); `fold: off` generates and simulates every rank. The compute and
-system layers default to the cluster's profile: `achievable` compute and the `nccl` system.
+(Placement.representative); `fold: off` generates and simulates every rank. A job names its
+compute and system layers; those that need a hardware profile, or take GPUs per node, get the
+cluster's unless they say.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from chakra_core.config.build import build_config
-from chakra_core.config.manifest import LAYER_DEFAULTS, validation_problems
+from chakra_core.config.manifest import LAYER_DEFAULTS, fold_setting, validation_problems
 from chakra_core.config.spec import RunConfig
 from chakra_core.contract.folding import Folding
-from chakra_core.errors import ManifestError
+from chakra_core.errors import ManifestError, PluginError
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.flops import model_flops
@@ -72,8 +73,8 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     if unknown:
         raise ManifestError([(f"{source}: workload.{unknown[0]}", "a job generates its traces; workload takes "
                               "only fold, feeder and cache_nodes")])
-    if workload.get("fold") is False:   # YAML 1.1 reads an unquoted `off` as false
-        workload["fold"] = "off"
+    if "fold" in workload:
+        workload["fold"] = fold_setting(workload["fold"])
     folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
     ranks = placement.representatives if folded else list(range(placement.world))
     try:
@@ -82,8 +83,9 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
                               f"{exc.strerror or exc}")]) from None
     representative = [placement.representative(r) for r in range(placement.world)]
-    path_of = {rank: rank_path(folder / "traces" / job.name, rank) for rank in ranks}
-    trace_files = [path_of.get(rank, path_of.get(representative[rank], traces[0])) for rank in range(placement.world)]
+    path_of = dict(zip(ranks, traces))
+    # a folded run opens only representatives' files: the others' entries name their representative's
+    trace_files = [path_of.get(rank) or path_of[representative[rank]] for rank in range(placement.world)]
     folding = None
     if folded and placement.world > len(ranks):
         groups_of = [tuple(placement.groups(r).values()) for r in range(placement.world)]
@@ -172,7 +174,7 @@ def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
             continue
         try:
             config_cls = host.get(layer, section["plugin"]).cls.Config
-        except Exception:
+        except PluginError:
             continue   # an unknown plugin: build_config reports it, listing the installed ones
         # a required profile, and the GPUs per node wherever a layer takes them
         keys = {field.alias or name for name, field in config_cls.model_fields.items()

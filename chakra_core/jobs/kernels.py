@@ -108,12 +108,13 @@ class LayerKernels:
         self.stream.wait(self.collective(name, role, comm_type, size, part))
 
     # Tensor parallel communication ---------------------------------------------------------------
-    def tp_gather(self, name: str, overlap: bool = False) -> int | None:
-        """Sequence parallel: all-gather the residual stream before a column-parallel GEMM."""
+    def tp_gather(self, name: str) -> int | None:
+        """Sequence parallel: all-gather the residual stream before a column-parallel GEMM;
+        with TP comm overlap the gather is returned for the GEMM to run beside it."""
         if not self.sp:
             return None
         coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER, self.nl * self.h * self.e)
-        if not (overlap or self.job.parallel.tp_comm_overlap):
+        if not self.job.parallel.tp_comm_overlap:
             self.stream.wait(coll)
             return None
         return coll

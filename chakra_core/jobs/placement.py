@@ -44,30 +44,28 @@ class Placement:
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
-    def _members(self, rank: int, axis: str) -> tuple[int, ...]:
-        c = self.coord(rank)
-        size = getattr(self, axis)
-        return tuple(self.rank(Coord(**{**c.__dict__, axis: i})) for i in range(size))
-
     def groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
         tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
-        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp)."""
+        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp).
+        Members are arithmetic runs of the rank order (a job of 16,384 ranks asks for all of them)."""
         c = self.coord(rank)
+        tp, stage = self.tp, self.tp * self.cp * self.dp      # ranks per pipeline stage
         out: dict[str, tuple[int, ...]] = {}
-        if self.tp > 1:
-            out["tp"] = self._members(rank, "tp")
+        if tp > 1:
+            out["tp"] = tuple(range(rank - c.tp, rank - c.tp + tp))
         if self.cp > 1:
-            out["cp"] = self._members(rank, "cp")
+            start = rank - tp * c.cp
+            out["cp"] = tuple(range(start, start + tp * self.cp, tp))
         if self.dp * self.cp > 1:
-            out["dp_cp"] = tuple(sorted(self.rank(Coord(c.tp, i, j, c.pp))
-                                        for j in range(self.dp) for i in range(self.cp)))
+            start = c.tp + stage * c.pp
+            out["dp_cp"] = tuple(range(start, start + stage, tp))
         if self.pp > 1 and self.job.shape.tied_embeddings and c.pp in (0, self.pp - 1):
-            out["emb"] = (self.rank(Coord(c.tp, c.cp, c.dp, 0)), self.rank(Coord(c.tp, c.cp, c.dp, self.pp - 1)))
-        if self.job.training.precision == "fp8" and self.tp * self.cp * self.dp > 1:
-            base = c.pp * self.tp * self.cp * self.dp
-            out["amax"] = tuple(range(base, base + self.tp * self.cp * self.dp))
+            first = rank - stage * c.pp
+            out["emb"] = (first, first + stage * (self.pp - 1))
+        if self.job.training.precision == "fp8" and stage > 1:
+            out["amax"] = tuple(range(stage * c.pp, stage * (c.pp + 1)))
         return out
 
     @staticmethod

@@ -35,6 +35,7 @@ class RankProgram(LayerKernels):
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         super().__init__(job, placement, rank)
         self.pending_grads: list[int] = []
+        self.reductions = 0                               # gradient buckets reduced so far
         self.param_gather: dict[int, int] = {}           # unit -> its bucket's all-gather
 
     # Gradients and parameters -----------------------------------------------------------------------
@@ -48,7 +49,8 @@ class RankProgram(LayerKernels):
             return
         dist = self.job.training.distributed_optimizer
         kind, what = (pb.REDUCE_SCATTER, "reduce_scatter") if dist else (pb.ALL_REDUCE, "all_reduce")
-        node = self.collective(f"grads.dp_{what}.{len(self.pending_grads)}", "dp_cp", kind, params * self.ge, "dp")
+        node = self.collective(f"grads.dp_{what}.{self.reductions}", "dp_cp", kind, params * self.ge, "dp")
+        self.reductions += 1
         if node is not None:
             if self.job.training.overlap_grad_reduce:
                 self.pending_grads.append(node)
@@ -83,23 +85,23 @@ class RankProgram(LayerKernels):
         units = ([-2] if self.has_head(chunk) else []) + self.chunk_layers(chunk)[::-1]
         return units + ([-1] if self.has_embedding(chunk) else [])
 
-    def plan_buckets(self) -> list[list[int]]:
+    def plan_buckets(self) -> list[tuple[list[int], int]]:
         """Megatron's buckets: parameters in backward order, cut when a bucket reaches
-        bucket_params; one set per model chunk. Returns each bucket's units; sets bucket_end."""
+        bucket_params; one set per model chunk. Returns each bucket's units and parameters;
+        sets bucket_end (a bucket's last unit -> its parameters)."""
         self.bucket_end: dict[int, int] = {}
-        buckets = []
+        buckets: list[tuple[list[int], int]] = []
         for chunk in range(self.vp):
             units, size = [], 0
             for unit in self.backward_units(chunk):
                 units.append(unit)
                 size += self.unit_params(unit)
                 if size >= self.job.bucket_params:
-                    self.bucket_end[unit] = size
-                    buckets.append(units)
+                    buckets.append((units, size))
                     units, size = [], 0
             if units:
-                self.bucket_end[units[-1]] = size
-                buckets.append(units)
+                buckets.append((units, size))
+        self.bucket_end = {units[-1]: size for units, size in buckets}
         return buckets
 
     # The step -------------------------------------------------------------------------------------
@@ -107,14 +109,13 @@ class RankProgram(LayerKernels):
         job, t = self.job, self.job.training
         m = job.microbatches
         buckets = self.plan_buckets()
-        stage_params = sum(self.unit_params(u) for chunk in range(self.vp) for u in self.backward_units(chunk))
+        stage_params = sum(size for _, size in buckets)
         shards = len(self.groups.get("dp_cp", (0,)))
         dist = t.distributed_optimizer and self.dp_group is not None
         gather_early = dist and t.overlap_param_gather
         if gather_early:   # parameters updated by the previous step arrive bucket by bucket
             self.part = "dp"
-            for units in reversed(buckets):
-                size = sum(self.unit_params(u) for u in units)
+            for units, size in reversed(buckets):
                 node = self.collective(f"params.dp_all_gather.{len(self.param_gather)}", "dp_cp",
                                        pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
                 if node is not None:
@@ -166,12 +167,12 @@ class RankProgram(LayerKernels):
             params = self.unit_params(layer)
             self.elementwise(f"L{layer}.weights.cast_fp8", params, params * (self.e + 2))
 
-    def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[list[int]]) -> None:
+    def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> None:
         t = self.job.training
         if not t.overlap_grad_reduce:
             self.part = "dp"
-            for units in buckets:
-                self._reduce_bucket(sum(self.unit_params(u) for u in units))
+            for _, size in buckets:
+                self._reduce_bucket(size)
         self.stream.wait(*self.pending_grads)
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
@@ -180,42 +181,38 @@ class RankProgram(LayerKernels):
         self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
                          dtype="fp32")
         if dist and not t.overlap_param_gather:
-            for i, units in enumerate(buckets):
-                size = sum(self.unit_params(u) for u in units)
+            for i, (_, size) in enumerate(buckets):
                 self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
 
     # Pipeline ---------------------------------------------------------------------------------------
     def _receive(self, direction: str, mb: int, chunk: int) -> None:
-        if self.pp == 1:
-            return
-        s, last = self.stage, self.pp - 1
-        if direction == "fwd":
-            if s == 0 and chunk == 0:
-                return
-            sender_chunk, peer, tag_dir = (chunk if s > 0 else chunk - 1), self.place.peer(self.rank, -1), 0
-        else:
-            if s == last and chunk == self.vp - 1:
-                return
-            sender_chunk, peer, tag_dir = (chunk if s < last else chunk + 1), self.place.peer(self.rank, 1), 1
-        tag = (mb * self.vp + sender_chunk) * 2 + tag_dir
-        attrs = [*p2p_attrs(peer, self.rank, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
-        self.stream.wait(self.stream.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs))
+        node = self._exchange(False, direction, mb, chunk)
+        self.stream.wait(node)
 
     def _send(self, direction: str, mb: int, chunk: int) -> None:
+        self._exchange(True, direction, mb, chunk)
+
+    def _exchange(self, send: bool, direction: str, mb: int, chunk: int) -> int | None:
+        """The send or receive of a chunk's activations ("fwd") or their gradients ("bwd") with
+        the neighbouring virtual stage: the stage before (wrapping to the last stage's previous
+        chunk) or after (wrapping to the first stage's next chunk); none at either end."""
         if self.pp == 1:
-            return
-        s, last = self.stage, self.pp - 1
-        if direction == "fwd":
-            if s == last and chunk == self.vp - 1:
-                return
-            peer, tag_dir = self.place.peer(self.rank, 1), 0
-        else:
-            if s == 0 and chunk == 0:
-                return
-            peer, tag_dir = self.place.peer(self.rank, -1), 1
-        tag = (mb * self.vp + chunk) * 2 + tag_dir
-        attrs = [*p2p_attrs(self.rank, peer, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
-        self.stream.launch(pb.COMM_SEND_NODE, f"send.{direction}.mb{mb}.c{chunk}", attrs=attrs)
+            return None
+        upstream = (direction == "fwd") != send      # the peer comes before this chunk
+        first = self.stage == 0 and chunk == 0
+        last = self.stage == self.pp - 1 and chunk == self.vp - 1
+        if first if upstream else last:
+            return None
+        step = -1 if upstream else 1
+        peer = self.place.peer(self.rank, step)
+        # tagged with the sender's chunk: a peer across the wrap holds the chunk before or after
+        sender_chunk = chunk if send else chunk + (self.stage + step) // self.pp
+        tag = (mb * self.vp + sender_chunk) * 2 + (0 if direction == "fwd" else 1)
+        src, dst = (self.rank, peer) if send else (peer, self.rank)
+        attrs = [*p2p_attrs(src, dst, tag, self._p2p_bytes()), str_attr("step_part", "pp")]
+        if send:
+            return self.stream.launch(pb.COMM_SEND_NODE, f"send.{direction}.mb{mb}.c{chunk}", attrs=attrs)
+        return self.stream.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs)
 
     def _p2p_bytes(self) -> int:
         return self.nl * self.h * self.e
