@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from chakra_core.engine.simulation import FinishedRun, RankRecord
+from chakra_core.errors import SimulationError
 from chakra_core.jobs.flops import FORMULAS
 
 COMPUTE = ("forward", "backward", "recompute", "optimizer")
@@ -34,7 +35,9 @@ def split(record: RankRecord) -> dict[str, int]:
                 out["bubble"] += ns
             else:
                 out[f"exposed_{part if part in ROLES else 'other'}"] += ns
-    assert sum(out.values()) == record.finish_ns, (out, record.finish_ns)
+    if sum(out.values()) != record.finish_ns:
+        raise SimulationError(f"internal error: rank {record.rank}'s step parts {out} do not sum to its "
+                              f"finish time {record.finish_ns} ns (please report this)")
     return out
 
 
