@@ -225,6 +225,16 @@ def builtin_profiles() -> list[str]:
     return sorted(path.stem for path in BUILTIN_DIR.glob("*.yaml"))
 
 
+def shipped_or_file(value: str) -> str:
+    """A layer's `profile` setting, checked when the manifest is read: a shipped profile's name
+    or a .yaml file (read later, relative to the manifest); ValueError otherwise."""
+    if Path(value).suffix not in (".yaml", ".yml"):
+        shipped = builtin_profiles()
+        if value not in shipped:
+            raise ValueError(f"no shipped profile '{value}'; shipped: {', '.join(shipped)} (or give a .yaml file)")
+    return value
+
+
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():

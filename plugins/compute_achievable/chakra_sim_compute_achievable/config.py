@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, field_validator
 
 from chakra_core import PluginConfig
-from chakra_core.hardware.profiles import DTYPES, builtin_profiles
+from chakra_core.hardware.profiles import DTYPES, shipped_or_file
 
 DEFAULT_DTYPE = "bf16"
 
@@ -32,7 +31,4 @@ class AchievableConfig(PluginConfig):
     @field_validator("profile")
     @classmethod
     def _shipped_or_file(cls, value: str) -> str:
-        if Path(value).suffix not in (".yaml", ".yml") and value not in builtin_profiles():
-            raise ValueError(f"no shipped profile '{value}'; shipped: {', '.join(builtin_profiles())} "
-                             "(or give a .yaml file)")
-        return value
+        return shipped_or_file(value)

@@ -7,7 +7,6 @@ how a node's data type is found).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, cast
 
 from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, ValidationError, field_validator,
@@ -19,7 +18,7 @@ from chakra_core import (
     ValidationInputs,
 )
 from chakra_core.et.dtypes import node_dtype
-from chakra_core.hardware.profiles import DTYPES, Profile, builtin_profiles, load_profile, profile_problems
+from chakra_core.hardware.profiles import DTYPES, Profile, load_profile, profile_problems, shipped_or_file
 
 _NONE, _MEMORY, _COMPUTE = range(3)
 _SLOT = {dtype: index for index, dtype in enumerate(DTYPES)}
@@ -59,12 +58,7 @@ class RooflineConfig(PluginConfig):
     @field_validator("profile")
     @classmethod
     def _shipped_or_file(cls, value: str | None) -> str | None:
-        if value is not None and Path(value).suffix not in (".yaml", ".yml"):
-            shipped = builtin_profiles()
-            if value not in shipped:
-                raise ValueError(f"no shipped profile '{value}'; shipped: {', '.join(shipped)} "
-                                 "(or give a .yaml file)")
-        return value
+        return None if value is None else shipped_or_file(value)
 
     @model_validator(mode="after")
     def _one_source_of_peaks(self) -> "RooflineConfig":
