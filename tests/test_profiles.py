@@ -60,7 +60,9 @@ nccl:
 
 # shipped profiles ----------------------------------------------------------------------------
 def test_the_expected_profiles_ship():
-    assert set(SHIPPED) == NODES | set(SCALE_OUT)
+    cloud = {"gcp-a3-highgpu-8g", "gcp-a3-megagpu-8g", "azure-nd-h100-v5", "oci-bm-gpu4-8",
+             "oci-bm-gpu-h100-8", "aws-p5-48xlarge", "aws-p4de-24xlarge"}   # tests/test_cloud_profiles.py
+    assert set(SHIPPED) == NODES | set(SCALE_OUT) | cloud
     assert all((BUILTIN_DIR / f"{name}.yaml").is_file() for name in SHIPPED)
 
 

@@ -138,6 +138,12 @@ class NodeSpec(_Strict):
         "intel", description="host CPU vendor: NCCL's per-step network overhead and multi-node LL bandwidth "
                              "depend on it")
     cpu_source: str | None = Field(None, description="the public document naming the host CPU")
+    kernel_launch_us: Sourced | None = Field(
+        None, description="host (CPU) time to launch one kernel asynchronously, µs: one thread driving "
+                          "several GPUs launches their collectives one after the other")
+    pcie_gbps: Sourced | None = Field(
+        None, description="PCIe bandwidth between one GPU and host memory, GB/s per direction: what a "
+                          "host-staged network transfer crosses twice")
 
 
 class NcclSpec(_Strict):
@@ -170,6 +176,10 @@ class NetworkSpec(_Strict):
     reported_latency_us: Sourced | None = Field(
         None, description="latency the network plugin reports to NCCL (props->latency): NCCL chooses "
                           "algorithms with it; default extra_latency_us")
+    transport: Literal["gpudirect", "host_staged"] = Field(
+        "gpudirect", description="gpudirect: NICs read and write GPU memory (GPUDirect RDMA, or GPUDirect-TCPX "
+                                 "on GCP); host_staged: each network step is copied through host memory")
+    transport_source: str | None = Field(None, description="the public document that says which")
     gdr_flush: bool = Field(
         True, description="Simple-protocol receives flush GPUDirect writes through the NIC (one more "
                           "network latency), as NCCL's tuning assumes; false where the GPU needs none")
@@ -186,16 +196,23 @@ class NetworkSpec(_Strict):
 
 
 class Calibration(_Strict):
-    """Factors `chakra-sim calibrate` fits to measurements; absent from spec-only profiles."""
+    """Physical parameters `chakra-sim calibrate` fits to measurements, in place of the spec-only
+    values (absent from spec-only profiles). Each is one property of the machine, so a fit on one
+    collective at one scale carries to the others."""
 
     source: str
-    latency_scale: dict[Literal["LL", "LL128", "Simple"], float] = Field(
-        default_factory=dict, description="factor on NCCL's latency of each protocol")
-    bandwidth_scale: dict[Literal["ring", "tree", "nvls", "nvls_tree"], float] = Field(
-        default_factory=dict, description="factor on NCCL's bandwidth of each algorithm")
-    nvls_chunk_scale: dict[int, float] = Field(
-        default_factory=dict, description="further factor on NVLS bandwidth per NCCL chunk size (bytes): "
-                                          "NCCL moves smaller chunks for smaller messages")
+    step_overhead_us: float | None = Field(
+        None, ge=0, description="synchronisation cost of one Simple-protocol step over NVLink, µs "
+                                "(spec-only: NCCL's LL per-hop NVLink latency)")
+    hop_latency_scale: float = Field(1.0, gt=0, description="factor on NCCL's per-hop step latencies over NVLink")
+    nvlink_efficiency: float = Field(1.0, gt=0, le=1.0, description="fraction of the NVLink bandwidth NCCL's "
+                                                                     "topology search counts that collectives reach")
+    nic_efficiency: float = Field(1.0, gt=0, le=1.0, description="fraction of the NICs' line rate reached")
+    network_latency_us: float | None = Field(
+        None, ge=0, description="latency of one network step beyond NCCL's table, µs (spec-only: the profile's "
+                                "network.extra_latency_us)")
+    launch_us: float | None = Field(None, ge=0, description="host time to launch one kernel, µs "
+                                                            "(spec-only: node.kernel_launch_us)")
 
 
 class Profile(_Strict):
@@ -206,6 +223,13 @@ class Profile(_Strict):
     nccl: NcclSpec
     network: NetworkSpec | None = None
     calibration: Calibration | None = None
+
+    @model_validator(mode="after")
+    def _staging_needs_pcie(self) -> "Profile":
+        if self.network is not None and self.network.transport == "host_staged" and self.node.pcie_gbps is None:
+            raise ValueError("network.transport host_staged copies every network step through host memory: "
+                             "give node.pcie_gbps (the GPU's PCIe bandwidth)")
+        return self
 
     @property
     def gpus_per_node(self) -> int:

@@ -1,5 +1,5 @@
 """NCCL-aware system layer (`plugin: nccl`), its cost model, the nccl-tests reader, and the
-`chakra-sim calibrate` command."""
+`chakra-sim calibrate` and `chakra-sim accuracy` commands."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def chakra_sim_register_system(registry: SystemRegistry) -> None:
 
 @hookimpl
 def chakra_sim_register_commands(registry: CommandRegistry) -> None:
-    from chakra_sim_system_nccl.cli import calibrate   # click, rich and scipy only when asked for
+    from chakra_sim_system_nccl.cli import accuracy, calibrate   # click, rich and scipy only when asked for
 
     registry.add(calibrate)
+    registry.add(accuracy)

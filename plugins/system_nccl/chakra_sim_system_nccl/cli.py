@@ -1,10 +1,13 @@
-"""`chakra-sim calibrate LOG... --profile BASE --out PROFILE.yaml`: fit a hardware profile's NCCL
-latency and bandwidth factors to your own nccl-tests output (chakra_sim_system_nccl.calibrate).
+"""The plugin's commands, added to `chakra-sim` through `chakra_sim_register_commands`:
 
-The plugin adds the command to `chakra-sim` through `chakra_sim_register_commands`."""
+- `chakra-sim calibrate LOG... --profile BASE --out PROFILE.yaml`: fit a hardware profile's
+  physical NCCL parameters to your own nccl-tests output (chakra_sim_system_nccl.calibrate);
+- `chakra-sim accuracy LOG... --profile P`: simulate the runs nccl-tests logs describe and compare
+  with their measurements (chakra_sim_system_nccl.accuracy)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,9 +15,11 @@ import click
 import yaml
 from rich.table import Table
 
-from chakra_core._atomic import atomic_write_text
-from chakra_core.cli.output import CliError, out_console, tool_errors
+from chakra_core._atomic import atomic_write_bytes, atomic_write_text
+from chakra_core.cli.output import CliError, out_console, tool_errors, warn
+from chakra_core import ManifestError
 from chakra_core.hardware.profiles import Profile, load_profile
+from chakra_sim_system_nccl import accuracy as acc
 from chakra_sim_system_nccl import calibrate as cal
 from chakra_sim_system_nccl.nccl_tests import load
 
@@ -39,11 +44,12 @@ def _pct(error: float) -> str:
                    "to see how well the fit predicts sizes it has not seen")
 def calibrate(logs: tuple[Path, ...], base: str, out: Path | None, name: str | None, in_place: bool,
               min_bytes: int, max_bytes: int | None, holdout: str) -> None:
-    """Fit a profile's NCCL latency and bandwidth factors to nccl-tests output.
+    """Fit a profile's physical NCCL parameters to nccl-tests output.
 
     LOG... are outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf or
     alltoall_perf, on the hardware the profile describes. The ranks come from each log;
-    nodes from the profile's GPUs per node. Prints the fit error per size and writes a
+    nodes from the profile's GPUs per node. Prints the fit error per size and how each
+    parameter moved (with a warning when it leaves the range its sources allow), and writes a
     profile that `system: {plugin: nccl, profile: FILE.yaml}` can use.
     """
     with tool_errors(str(out) if out else "the profile"):
@@ -90,9 +96,131 @@ def _report(spec: Profile, fitted: Profile, fit_on: list[cal.Observation], held:
         console.print(table)
         console.print(f"{title}: geomean error {100 * cal.geomean_error(fit_errors):.1f}% calibrated, "
                       f"{100 * cal.geomean_error(spec_errors):.1f}% with the spec-only profile")
-    calibration = fitted.calibration
-    assert calibration is not None   # cal.fit always sets one
-    console.print("factors: latency " + ", ".join(f"{k} x{v:.3f}" for k, v in calibration.latency_scale.items())
-                  + "; bandwidth " + ", ".join(f"{k} x{v:.3f}" for k, v in calibration.bandwidth_scale.items())
-                  + "".join(f", NVLS {k // 1024} KiB chunks x{v:.3f}"
-                            for k, v in sorted(calibration.nvls_chunk_scale.items())))
+    moved = cal.movements(spec, fitted)
+    if not moved:
+        console.print("no parameter to fit: the sizes exercise none")
+        return
+    table = Table(title="fitted parameters", show_lines=False)
+    for column in ("parameter", "spec-only", "fitted", "sources allow"):
+        table.add_column(column, justify="left" if column in ("parameter", "sources allow") else "right")
+    for m in moved:
+        table.add_row(m.name, f"{m.spec:.3g}", f"{m.fitted:.3g}", f"{m.plausible[0]:g} – {m.plausible[1]:g}")
+    console.print(table)
+    for m in moved:
+        if m.outside:
+            warn([f"{m.name} = {m.fitted:.3g} is outside {m.plausible[0]:g}–{m.plausible[1]:g}, the range "
+                 f"its sources allow ({m.why}): the model misses something this parameter absorbs"])
+
+
+# --------------------------------------------------------------------------- accuracy
+
+def _one_line(exc: ManifestError) -> str:
+    """A log's problems as one line: `path:line: reason` (the first few if several)."""
+    shown = [f"{where}: {why}" for where, why in exc.problems[:3]]
+    more = len(exc.problems) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+@click.command()
+@click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--profile", "profile_name", required=True,
+              help="hardware profile: a shipped name (chakra-sim profiles) or a .yaml file")
+@click.option("--json", "as_json", is_flag=True, help="print JSON only (the table goes nowhere)")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="write time and bus bandwidth vs size, measured and predicted (PNG; .svg/.pdf by suffix)")
+@click.option("--in-place", is_flag=True, help="compare the in-place columns (default: out-of-place)")
+@click.option("--min-bytes", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="ignore smaller sizes")
+@click.option("--max-bytes", type=click.IntRange(min=1), help="ignore larger sizes")
+def accuracy(logs: tuple[Path, ...], profile_name: str, as_json: bool, plot: Path | None, in_place: bool,
+             min_bytes: int, max_bytes: int | None) -> None:
+    """Simulate the runs nccl-tests logs describe and compare with what they measured.
+
+    LOG... are outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf,
+    alltoall_perf, broadcast_perf or reduce_perf as printed (header included). Each size is
+    simulated through the `nccl` system layer on the profile, with the log's ranks, its nodes
+    (the hosts of its device list, else ranks / the profile's GPUs per node) and the launch
+    its header states (GPUs per thread, CUDA graph). Prints per log the measured and
+    predicted times, NCCL's algorithm, protocol and channels, and the geometric-mean error
+    exp(mean |ln(predicted / measured)|) - 1, also per size band.
+    """
+    from chakra_core import make_plugin_host
+
+    with tool_errors(str(plot) if plot else "the plot"):
+        try:
+            profile = load_profile(profile_name)
+        except ManifestError as exc:
+            raise CliError(f"--profile {_one_line(exc)}") from exc
+        try:
+            plans = [acc.plan_log(load(path), profile, profile_name, in_place=in_place,
+                                  min_bytes=min_bytes, max_bytes=max_bytes) for path in logs]
+        except ManifestError as exc:
+            raise CliError(_one_line(exc)) from exc
+        notes = []
+        for plan in plans:
+            if plan.launch is None:
+                notes.append(f"{plan.log}: no '# nThread' header line: simulated as one process per GPU "
+                             "without CUDA graphs")
+            elif plan.launch.cpu_time:
+                notes.append(f"{plan.log}:{plan.launch.line}: the log reports host CPU time (-C 1), not "
+                             "the collectives' duration: the comparison is of limited meaning")
+        warn(notes)
+        host = make_plugin_host()
+        results = [acc.evaluate(plan, profile, host) for plan in plans]
+        if plot is not None:
+            fmt = plot.suffix.lstrip(".").lower() if plot.suffix.lower() in (".svg", ".pdf") else "png"
+            atomic_write_bytes(plot, acc.plot_png(results, fmt))
+        if as_json:
+            click.echo(json.dumps(acc.report_json(results), indent=2, allow_nan=False))
+            if plot is not None:
+                click.echo(f"wrote {plot}", err=True)
+            return
+        _accuracy_report(results)
+        if plot is not None:
+            click.echo(f"wrote {plot}")
+
+
+def _launch_text(plan: acc.Plan) -> str:
+    launch = plan.launch
+    if launch is None:
+        return "launch not stated (one process per GPU assumed)"
+    parts = [f"nThread {launch.threads_per_process} x nGpus {launch.gpus_per_thread}"]
+    if launch.processes is not None:
+        parts.append(f"{launch.processes} process{'es' if launch.processes != 1 else ''}")
+    parts.append(f"CUDA graph x{launch.cuda_graph_iters}" if launch.cuda_graph else "no CUDA graph")
+    if launch.blocking:
+        parts.append("blocking")
+    return ", ".join(parts)
+
+
+def _accuracy_report(results: list[acc.LogResult]) -> None:
+    console = out_console()
+    for result in results:
+        plan = result.plan
+        several_types = len({(r.size.dtype, r.size.redop) for r in result.sizes}) > 1
+        table = Table(title=f"{plan.log}: {plan.test}, {plan.ranks} ranks on {plan.nodes} "
+                            f"node{'s' if plan.nodes > 1 else ''}, profile {plan.profile}, "
+                            f"{'in' if plan.in_place else 'out-of'}-place", caption=_launch_text(plan))
+        columns = ["size", "bytes"] + (["type"] if several_types else []) + [
+            "measured us", "predicted us", "error", "algorithm", "protocol", "channels"]
+        for column in columns:
+            table.add_column(column, justify="left" if column in ("size", "type", "algorithm", "protocol")
+                             else "right")
+        for r in result.sizes:
+            cells = [acc.size_label(r.size.nbytes), f"{r.size.nbytes:,}"]
+            if several_types:
+                cells.append(f"{r.size.dtype} {r.size.redop}")
+            cells += [f"{r.size.measured_us:,.2f}", f"{r.predicted_us:,.2f}", f"{100 * r.error:+.1f}%",
+                      r.choice.algorithm, r.choice.protocol, str(r.choice.channels)]
+            table.add_row(*cells)
+        console.print(table)
+        sizes = result.sizes
+        console.print(f"geomean error {100 * result.geomean_error:.1f}% over {len(sizes)} sizes "
+                      f"({acc.size_label(min(r.size.nbytes for r in sizes))} to "
+                      f"{acc.size_label(max(r.size.nbytes for r in sizes))})")
+        console.print("  by size: " + "; ".join(f"{name} {100 * error:.1f}% ({count})"
+                                                for name, (error, count) in result.bands.items()))
+    if len(results) > 1:
+        errors = [r.log_error for result in results for r in result.sizes]
+        console.print(f"all {len(results)} logs: geomean error {100 * acc.geomean_error(errors):.1f}% "
+                      f"over {len(errors)} sizes")

@@ -1,5 +1,7 @@
-"""The `nccl` system layer: each collective takes the time NCCL's own cost model gives it, on
-its communicator's share of the node's fabrics.
+"""The `nccl` system layer: each collective runs with the algorithm, protocol and channels NCCL's
+cost model chooses and takes the time of what NCCL then executes (chakra_sim_system_nccl.model,
+chakra_sim_system_nccl.execution), on its communicator's share of the node's fabrics, launched
+as the config's `launch` says.
 
 Collectives match as in the built-in layer (the k-th collective a rank issues in a group
 matches the k-th of every other member; type and size must agree). Once the last member has
@@ -50,11 +52,23 @@ BARRIER_BYTES = 4
 """PyTorch's NCCL barrier is an all-reduce of one float."""
 
 
+class LaunchConfig(PluginConfig):
+    """How the host launches each collective (nccl-tests prints it in its header)."""
+
+    gpus_per_thread: PositiveInt = Field(
+        1, description="GPUs one host thread drives (nccl-tests -g): their kernels launch one after the "
+                       "other; training frameworks run one process per GPU (1)")
+    cuda_graph: bool = Field(
+        False, description="collectives replayed from a CUDA graph (nccl-tests -G, CUDA-graphed training "
+                           "steps): no per-collective launch on the host")
+
+
 class NcclSystemConfig(PluginConfig):
     profile: str = Field(..., description="hardware profile: a shipped name (chakra-sim profiles) or a "
                                           ".yaml file, relative to the manifest")
     gpus_per_node: PositiveInt | None = Field(
         None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig, description="how the host launches collectives")
 
 
 class _Pending(OpenCollective):
@@ -112,7 +126,7 @@ class NcclSystem(MatchingSystem[_Pending]):
     def __init__(self, config: NcclSystemConfig, context: LayerContext):
         super().__init__(config, context)
         self.profile = load_profile(config.profile, context.base_dir)
-        self.model = nccl.NcclModel(self.profile)
+        self.model = nccl.NcclModel(self.profile, config.launch.gpus_per_thread, config.launch.cuda_graph)
         self.gpus_per_node = config.gpus_per_node or self.profile.gpus_per_node
         n = context.num_ranks
         if n > self.gpus_per_node and self.profile.network is None:

@@ -1,32 +1,38 @@
-"""NCCL's cost model: which algorithm and protocol NCCL picks for a collective, and how long it takes.
+"""NCCL's choice of algorithm and protocol for a collective, and the time it takes.
 
-This follows the cost model NCCL runs on Volta to Blackwell GPUs, as published in its source
+The choice follows the cost model NCCL runs on Volta to Blackwell GPUs, as published in its source
 (NVIDIA/nccl `src/tuning/ring.cc`, `tree.cc`, `nvls.cc` and the constants of
 `src/tuning/cost_model.cc` at commits 1fc949c5 / 53947894; the same formulas as
-`src/graph/tuning.cc` of NCCL 2.19 with newer constants; `src/enqueue.cc` for channels and chunks):
+`src/graph/tuning.cc` of NCCL 2.19 with newer constants; `src/enqueue.cc` for channels):
 
 - every (algorithm, protocol) pair gets a latency (`baseLatencies` + per-hop `hwLatencies` over
   NVLink, PCI or the network) and a bandwidth (channels x per-channel bandwidth, then NCCL's
   per-protocol refinements: LL carries half the bus bandwidth up to `llMaxBws`, LL128 92%, tree
   92% capped per channel, NVLS `nvlsEfficiency` of twice its per-channel bandwidth), converted
   from bus to algorithm bandwidth;
-- a collective of `nbytes` takes `latency + nbytes / (1000 x bandwidth)` microseconds on each
-  pair (tree bandwidths scaled by NCCL's `treeCorrectionFactor` for medium sizes), and NCCL
+- NCCL estimates a collective of `nbytes` at `latency + nbytes / (1000 x bandwidth)` microseconds
+  on each pair (tree bandwidths scaled by NCCL's `treeCorrectionFactor` for medium sizes) and
   runs it with the fastest;
 - at run time NCCL gives small messages fewer channels (`while (nBytes < nc*nt*threadThreshold)
-  nc--` in `topoGetAlgoInfo`): the predicted time uses the bandwidth of the channels that run.
+  nc--` in `topoGetAlgoInfo`).
+
+That estimate ranks algorithms; it is not the time. The time is what NCCL then executes
+(chakra_sim_system_nccl.execution): the chunks, loops and steps of the chosen algorithm, each
+step's hop latency and synchronisation, the NVLS pipeline, the host's launches, over the
+bandwidth of the channels that run.
 
 Algorithms: ring, tree, NVLS (NVLink SHARP, one node) and NVLS-tree (NVLS in each node, a tree
-between nodes). CollNet (in-network reduction with SHARP switches) is not modelled: NCCL only
-uses it with the SHARP plugin, which a profile cannot yet describe.
+between nodes). CollNet (in-network reduction with SHARP switches) and PAT are not modelled: NCCL
+only uses CollNet with the SHARP plugin, which a profile cannot yet describe.
 
 All-to-all is not an NCCL collective but grouped send/receive: each rank sends (n-1)/n of its
 buffer, through NVLink to ranks of its node and through its NIC share to the others; it is
 timed as the slower of the two plus one step's latency.
 
-What the hardware contributes (channel counts, bandwidth per channel, NICs) comes from a
-`Profile` (chakra_core.hardware.profiles); a calibrated profile adds scale factors that
-`chakra-sim calibrate` fits to a user's nccl-tests logs.
+What the hardware contributes (channel counts, bandwidth per channel, NICs, launch cost) comes
+from a `Profile` (chakra_core.hardware.profiles); a calibrated profile replaces physical
+parameters (per-step sync, hop latency, NVLink and NIC efficiency, network latency, launch
+cost) with values `chakra-sim calibrate` fitted to a user's nccl-tests logs.
 """
 
 from __future__ import annotations
@@ -37,14 +43,15 @@ from functools import lru_cache
 from typing import Final, Iterator, Literal, cast
 
 from chakra_core.hardware.profiles import Profile, Sourced
+from chakra_sim_system_nccl import execution
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL)
 ProtocolName = Literal["LL", "LL128", "Simple"]
-"""NCCL's protocols (the keys of a calibration's latency_scale)."""
+"""NCCL's protocols."""
 AlgorithmName = Literal["ring", "tree", "nvls", "nvls_tree"]
-"""The algorithms modelled (the keys of a calibration's bandwidth_scale)."""
+"""The algorithms modelled."""
 PROTOCOLS: tuple[ProtocolName, ProtocolName, ProtocolName] = ("LL", "LL128", "Simple")
 LL, LL128, SIMPLE = PROTOCOLS
 RING: Final = "ring"
@@ -83,16 +90,8 @@ NVLS_CHUNK_SIZES = (16384, 32768, 65536, 131072)
 
 
 def nvls_chunk_size(nbytes: int, channels: int, heads: int) -> int:
-    """The chunk NCCL's NVLS all-reduce moves for a message of `nbytes` (calcCollChunking)."""
-    chunk = 131072
-    concurrent = channels * heads
-    if nbytes < 64 * concurrent * chunk:
-        chunk = 65536
-    if nbytes < 8 * concurrent * chunk:
-        chunk = 32768
-    if nbytes < 2 * concurrent * chunk:
-        chunk = 16384
-    return chunk
+    """The chunk NCCL's NVLS all-reduce moves for a message of `nbytes` in one node (calcCollChunking)."""
+    return execution.nvls_chunk(nbytes, channels, heads, 1)
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,11 @@ class Choice:
     algorithm: str
     protocol: str
     time_us: float
-    latency_us: float
+    latency_us: float       # what does not scale with the size: launch, hops, syncs, pipeline fill
     bandwidth_gbps: float   # algorithm bandwidth of the channels that run, GB/s (10^9 B/s)
     channels: int
+    chunk_bytes: int = 0    # the chunk each channel moves per step
+    steps: int = 0          # steps each channel executes
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,22 @@ class _Pair:
     bandwidth_gbps: float   # algorithm bandwidth, all channels, NCCL's caps applied
     channels: int           # channels NCCL starts from (comm->nChannels, or NVLS channels)
     channel_gbps: float = math.inf   # algorithm bandwidth one channel (CTA) moves before the caps
+    intra_gbps: float = math.inf     # executed algorithm bandwidth NVLink bounds (all channels)
+    inter_gbps: float = math.inf     # executed algorithm bandwidth the NICs bound (all channels)
+    base_us: float = 0.0             # NCCL's baseLatencies
+    intra_hops_us: float = 0.0       # the pass's hop latencies inside nodes
+    inter_hops: int = 0              # the pass's hops across nodes
+    inter_hw_us: float = 0.0         # NCCL's per-hop network latency of each
+    net_latencies: float = 0.0       # network latencies per hop across nodes (2 with the flush)
+    graph_channels: int = 0          # channels of the search graph the running channels share
+
+
+@dataclass(frozen=True)
+class Hops:
+    """The hops one pass of an algorithm takes: their latency inside nodes, their count across."""
+
+    intra_us: float = 0.0
+    inter_hops: int = 0
 
 
 def _log2i(n: int) -> int:
@@ -124,8 +141,14 @@ def _log2i(n: int) -> int:
 class NcclModel:
     """NCCL's algorithm and protocol choice and time for one hardware profile."""
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, gpus_per_thread: int = 1, cuda_graph: bool = False) -> None:
         self.profile = profile
+        calibration = profile.calibration
+        launch = profile.node.kernel_launch_us.value if profile.node.kernel_launch_us else 0.0
+        if calibration is not None and calibration.launch_us is not None:
+            launch = calibration.launch_us
+        self.host_issue_us = execution.host_issue_us(gpus_per_thread, cuda_graph, launch)
+        """Host time to issue one collective (the launch mode): a floor on back-to-back collectives."""
         self._tables: dict[tuple[str, int, int, bool, float], tuple[_Pair, ...]] = {}
         self.time_us = lru_cache(maxsize=4096)(self._time_us)
 
@@ -206,13 +229,14 @@ class NcclModel:
                 if (algorithm in (NVLS, NVLS_TREE) and protocol != SIMPLE) or protocol not in allowed:
                     continue
                 intra = HW_LATENCY[intra_hw][algorithm][p]
-                inter = intra
+                inter_hw = 0.0
+                net_hops = 0.0   # network latencies a pass pays (a Simple step twice with the flush)
+                hops = Hops()
                 if nodes > 1:
                     hop = TREE if algorithm == RING and local == 1 else algorithm
-                    inter = HW_LATENCY["net"][hop][p] + latency_inter
-                    if protocol == SIMPLE and flush:
-                        inter += latency_inter   # the GPUDirect flush NCCL counts on the network
-                latency = BASE_LATENCY[algorithm][p]
+                    inter_hw = HW_LATENCY["net"][hop][p]
+                    net_hops = 2.0 if protocol == SIMPLE and flush else 1.0
+                base = BASE_LATENCY[algorithm][p]
                 if algorithm == RING:
                     bw = bw_intra if nodes <= 2 else bw_inter   # ring.cc (before Blackwell)
                     factor = {LL: 0.5, LL128: 0.92, SIMPLE: 1.0}[protocol]
@@ -224,12 +248,12 @@ class NcclModel:
                     algbw = bus * nranks / nsteps
                     per_channel = bw * factor * nranks / nsteps
                     if collective in (REDUCE, BROADCAST):
-                        latency += inter if nodes > 1 else intra
+                        hops = Hops(0.0 if nodes > 1 else intra, 1 if nodes > 1 else 0)
                     else:
                         overhead = 0.0
                         if nodes > 1:   # the proxy thread posts every network step
                             overhead = NET_OVERHEAD_US.get(cpu, 1.0) * (3 if protocol == SIMPLE else 1)
-                        latency += (nsteps - inter_steps) * max(intra, overhead) + inter_steps * inter
+                        hops = Hops((nsteps - inter_steps) * max(intra, overhead), inter_steps)
                 elif algorithm == TREE:
                     bw = min(bw_inter, bw_intra)
                     factor = {LL: 1 / 3.8, LL128: 7 / 9 if nodes == 1 else 120 / 128, SIMPLE: 1.0}[protocol]
@@ -240,23 +264,42 @@ class NcclModel:
                         bus = min(bus, graph_channels * PER_CH_MAX_TREE_LL128_BW[arch][index2])
                     algbw = bus * .5
                     per_channel = bw * .92 * factor * .5
-                    latency += 2 * ((local - 1) * intra + _log2i(nodes) * inter)
+                    hops = Hops(2 * (local - 1) * intra, 2 * _log2i(nodes))
                 else:   # NVLS, NVLS-tree: the switch reduces; each channel's share, both ways for all-reduce
-                    per_channel = bw_intra * NVLS_EFFICIENCY[arch] * (graph_channels - 1) / graph_channels
-                    per_channel *= 2 if collective == ALL_REDUCE else (local - 1) / local
+                    raw = bw_intra * (graph_channels - 1) / graph_channels
+                    raw *= 2 if collective == ALL_REDUCE else (local - 1) / local
+                    per_channel = raw * NVLS_EFFICIENCY[arch]
                     across = bw_inter * (2 if algorithm == NVLS_TREE and nodes <= 2 else 1)
                     cap = PER_CH_MAX_NVLS_TREE_BW[arch][index2] if algorithm == NVLS_TREE else math.inf
                     bus = min(per_channel, across, cap) * graph_channels
-                    algbw = bus * nranks / nsteps if collective == ALL_REDUCE else bus
-                    per_channel = math.inf   # NVLS always runs on all of its channels
+                    conversion = nranks / nsteps if collective == ALL_REDUCE else 1.0
+                    algbw = bus * conversion
+                    # executed: the graph's bandwidth without NCCL's empirical nvlsEfficiency (the
+                    # per-chunk syncs execution counts stand for it), under the same caps: in one
+                    # node bwInter is NVLink too; across nodes the NICs and NCCL's NVLS-tree cap
                     if algorithm == NVLS:
-                        latency = intra + (inter if nodes > 1 else 0.0)
+                        intra_gbps, inter_gbps = min(raw, across, cap) * graph_channels * conversion, math.inf
                     else:
-                        latency += intra + 2 * _log2i(nodes) * inter
+                        intra_gbps = raw * graph_channels * conversion
+                        inter_gbps = min(across, cap) * graph_channels * conversion
+                    per_channel = raw * graph_channels * conversion   # over its channels, below
+                    hops = Hops(intra, 1 if algorithm == NVLS and nodes > 1 else
+                                2 * _log2i(nodes) if nodes > 1 else 0)
+                    if algorithm == NVLS:
+                        base = 0.0
+                latency = base + hops.intra_us + hops.inter_hops * (inter_hw + net_hops * latency_inter)
                 # NVLS only when the profile gives nvls_channels (_algorithms)
                 channels = int(cast(Sourced, self.profile.nccl.nvls_channels).value) \
                     if algorithm in (NVLS, NVLS_TREE) else int(self.profile.nccl.channels.value)
-                yield _Pair(algorithm, protocol, latency, algbw, channels, per_channel)
+                if algorithm in (NVLS, NVLS_TREE):   # NVLS always runs on all of its channels
+                    per_channel /= channels
+                elif nodes > 1:   # rings and trees across nodes: the NICs bound them
+                    intra_gbps, inter_gbps = math.inf, algbw
+                else:
+                    intra_gbps, inter_gbps = algbw, math.inf
+                yield _Pair(algorithm, protocol, latency, algbw, channels, per_channel, intra_gbps, inter_gbps,
+                            base, hops.intra_us, hops.inter_hops, inter_hw, net_hops,
+                            channels if algorithm in (NVLS, NVLS_TREE) else graph_channels)
 
     # -- one collective ---------------------------------------------------------------------------
     def _time_us(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float = 1.0) -> Choice:
@@ -268,41 +311,112 @@ class NcclModel:
             return Choice(RING, SIMPLE, 0.0, 0.0, math.inf, 0)
         if collective == ALL_TO_ALL:
             return self._all_to_all(nbytes, nranks, nodes)
-        best: tuple[float, _Pair, float, float] | None = None
+        return self._executed(self._chosen(collective, nbytes, nranks, nodes, nic_share), collective, nbytes,
+                              nranks, nodes)
+
+    def _chosen(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float) -> _Pair:
+        """The pair NCCL's estimate ranks fastest, with the network priced as the hardware runs it."""
+        best: tuple[float, _Pair] | None = None
         for pair in self.pairs(collective, nranks, nodes, nic_share=nic_share):
             latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
             estimate = latency + nbytes / (1000 * bw)
             if best is None or estimate < best[0]:
-                best = (estimate, pair, latency, bw)
+                best = (estimate, pair)
         assert best is not None
-        _, pair, latency, bw = best
+        pair = best[1]
         if self.profile.network is not None and nodes > 1:   # priced as the hardware runs it
             pair = next(p for p in self.pairs(collective, nranks, nodes, True, nic_share)
                         if (p.algorithm, p.protocol) == (pair.algorithm, pair.protocol))
-            latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
+        return pair
+
+    def tuner_estimate_us(self, collective: str, nbytes: int, nranks: int, nodes: int) -> float:
+        """NCCL's own estimate of its choice (latency + bytes / bandwidth of the running channels):
+        what this layer took as the time before it timed the execution; for comparisons."""
+        if collective == ALL_TO_ALL or nranks <= 1 or nbytes <= 0:
+            return self.time_us(collective, nbytes, nranks, nodes).time_us
+        pair = self._chosen(collective, nbytes, nranks, nodes, 1.0)
+        latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
+        if pair.algorithm in (RING, TREE):   # each running channel at its own rate
+            bw = min(bw, pair.channel_gbps * self._running_channels(pair, nbytes, nranks))
+        return latency + nbytes / (1000 * bw)
+
+    def _executed(self, pair: _Pair, collective: str, nbytes: int, nranks: int, nodes: int) -> Choice:
+        """The time of NCCL's choice as its kernels execute it (chakra_sim_system_nccl.execution)."""
+        profile, calibration = self.profile, self.profile.calibration
+        intra_hw = "nvlink" if profile.gpu.nvlink_links.value > 0 else "pci"
+        hop_scale = calibration.hop_latency_scale if calibration is not None else 1.0
+        nvlink_eff = calibration.nvlink_efficiency if calibration is not None else 1.0
+        nic_eff = calibration.nic_efficiency if calibration is not None else 1.0
+        hops = pair.intra_hops_us * hop_scale + pair.inter_hops * (pair.inter_hw_us
+                                                                  + pair.net_latencies * self._network_latency_us())
+        # NCCL's own corrections where this model does not count steps one by one: the tree's
+        # pipeline at medium sizes (treeCorrectionFactor), the multi-node ring's latency plateau
+        correction, plateau = self._corrections(pair, collective, nbytes, nranks, nodes)
+        latency = pair.base_us + hops * plateau
         channels = self._running_channels(pair, nbytes, nranks)
-        bw = min(bw, pair.channel_gbps * channels)   # each running channel at its own rate
-        calibration = self.profile.calibration
-        if calibration is not None:   # how fast NCCL's choice really runs; the choice stays NCCL's
-            latency *= calibration.latency_scale.get(pair.protocol, 1.0)
-            if pair.algorithm == NVLS and calibration.nvls_chunk_scale:
-                bw *= calibration.nvls_chunk_scale.get(nvls_chunk_size(nbytes, pair.channels, nranks), 1.0)
-            else:
-                bw *= calibration.bandwidth_scale.get(pair.algorithm, 1.0)
-        return Choice(pair.algorithm, pair.protocol, latency + nbytes / (1000 * bw), latency, bw, channels)
+        plan = execution.plan(pair.algorithm, collective, pair.protocol, nbytes, nranks, nodes, channels)
+        efficiency = nic_eff if nodes > 1 and pair.algorithm in (RING, TREE) else nvlink_eff
+        cap = correction * min(pair.intra_gbps * nvlink_eff, pair.inter_gbps * nic_eff,
+                               pair.channel_gbps * channels * efficiency)
+        # a graph channel's bandwidth is shared by the running channels (CTAs) that use it
+        channel_gbps = pair.channel_gbps * efficiency * min(1.0, pair.graph_channels / channels)
+        sync = 0.0   # LL and LL128 carry their flags in the data
+        if pair.protocol == SIMPLE:   # a fence and a flag across NVLink: NCCL's LL hop over it
+            sync = HW_LATENCY[intra_hw][RING][0]
+            if calibration is not None and calibration.step_overhead_us is not None:
+                sync = calibration.step_overhead_us
+        # (the proxy's post of each network step is in the hops' latency, as NCCL counts it)
+        bw = execution.effective_gbps(cap, channels, channel_gbps, plan.slice_bytes, sync)
+        staging = self._host_staging()
+        if staging is not None and math.isfinite(pair.inter_gbps) and nodes > 1:
+            # each network step is copied through host memory: the GPU's PCIe link bounds the NICs,
+            # and each hop stores and forwards a chunk over it on both sides
+            bw *= min(1.0, staging[1])
+            latency += pair.inter_hops * 2 * plan.chunk_bytes / (1000 * staging[0])
+        if plan.copy_hops:   # NVLS: the copies' hops, then the pipeline's fill
+            latency += plan.copy_hops * HW_LATENCY[intra_hw][RING][2] * hop_scale
+        if plan.fill_chunks and math.isfinite(channel_gbps):
+            latency += plan.fill_chunks * plan.chunk_bytes / (1000 * channel_gbps)
+        transfer = nbytes / (1000 * bw)
+        # back-to-back collectives cannot go faster than the host issues them
+        latency = max(latency, self.host_issue_us - transfer)
+        return Choice(pair.algorithm, pair.protocol, latency + transfer, latency, bw, channels,
+                      plan.chunk_bytes, plan.steps)
+
+    def _host_staging(self) -> tuple[float, float] | None:
+        """For a host-staged network: (one GPU's PCIe bandwidth, GB/s; the node's PCIe bandwidth
+        over its NICs' line rate); None for GPUDirect."""
+        network, pcie = self.profile.network, self.profile.node.pcie_gbps
+        if network is None or network.transport != "host_staged":
+            return None
+        assert pcie is not None   # the profile's own check (Profile._staging_needs_pcie)
+        nic_total = network.nics_per_node.value * network.nic_gbits.value / 8
+        return pcie.value, pcie.value * self.profile.gpus_per_node / nic_total
+
+    def _network_latency_us(self) -> float:
+        """What one network step costs beyond NCCL's table: calibrated, or the profile's."""
+        calibration, network = self.profile.calibration, self.profile.network
+        if calibration is not None and calibration.network_latency_us is not None:
+            return calibration.network_latency_us
+        return network.extra_latency_us.value if network is not None and network.extra_latency_us else 0.0
 
     def _latency_bandwidth(self, pair: _Pair, collective: str, nbytes: int, nranks: int,
                            nodes: int) -> tuple[float, float]:
         """ncclTopoGetAlgoTime's latency and bandwidth for this size (all channels)."""
-        bw = pair.bandwidth_gbps
+        correction, plateau = self._corrections(pair, collective, nbytes, nranks, nodes)
+        return pair.latency_us * plateau, pair.bandwidth_gbps * correction
+
+    def _corrections(self, pair: _Pair, collective: str, nbytes: int, nranks: int,
+                     nodes: int) -> tuple[float, float]:
+        """(factor on the bandwidth, factor on the latency) ncclTopoGetAlgoTime applies at this size."""
         log_size = _log2i(nbytes >> 6)
+        correction = plateau = 1.0
         if pair.algorithm == TREE and log_size < 23:
-            bw *= TREE_CORRECTION[PROTOCOLS.index(pair.protocol)][log_size]
-        latency = pair.latency_us
+            correction = TREE_CORRECTION[PROTOCOLS.index(pair.protocol)][log_size]
         if pair.algorithm == RING and pair.protocol == SIMPLE and nodes > 1 \
                 and collective == ALL_REDUCE and nbytes / (pair.channels * nranks) >= 64:
-            latency *= 1.9 if self.profile.gpu.architecture == "volta" else 1.4   # ring plateau
-        return latency, bw
+            plateau = 1.9 if self.profile.gpu.architecture == "volta" else 1.4   # ring plateau
+        return correction, plateau
 
     @staticmethod
     def _running_channels(pair: _Pair, nbytes: int, nranks: int) -> int:
@@ -320,28 +434,22 @@ class NcclModel:
     # -- point to point ----------------------------------------------------------------------------
     def p2p_bandwidth_gbps(self, same_node: bool) -> float:
         """One GPU's send bandwidth: what NCCL's ring search finds on its NVLinks within a node, its
-        share of the node's NICs across nodes."""
-        profile = self.profile
+        share of the node's NICs across nodes (each at its calibrated efficiency)."""
+        profile, calibration = self.profile, self.profile.calibration
         if same_node or profile.network is None:
             bw = profile.nccl.graph_channels.value * profile.nccl.channel_bw_gbps.value
-        else:
-            network = profile.network
-            bw = network.nics_per_node.value * network.nic_gbits.value / 8 / profile.gpus_per_node
-        if profile.calibration is not None:
-            bw *= profile.calibration.bandwidth_scale.get(RING, 1.0)
-        return bw
+            return bw * (calibration.nvlink_efficiency if calibration is not None else 1.0)
+        network = profile.network
+        bw = network.nics_per_node.value * network.nic_gbits.value / 8 / profile.gpus_per_node
+        return bw * (calibration.nic_efficiency if calibration is not None else 1.0)
 
     def p2p_latency_us(self, same_node: bool) -> float:
         """One Simple-protocol step: NCCL's ring base latency plus one hop over NVLink or the network."""
-        network = self.profile.network
-        remote = not same_node and network is not None
-        latency = BASE_LATENCY[RING][2] + HW_LATENCY["net" if remote else "nvlink"][RING][2]
-        # remote: network is not None (not narrowed at run time: once per message)
-        if remote and network.extra_latency_us is not None:  # type: ignore[union-attr]  # see above
-            latency += network.extra_latency_us.value  # type: ignore[union-attr]  # see above
-        if self.profile.calibration is not None:
-            latency *= self.profile.calibration.latency_scale.get(SIMPLE, 1.0)
-        return latency
+        remote = not same_node and self.profile.network is not None
+        if remote:
+            return BASE_LATENCY[RING][2] + HW_LATENCY["net"][RING][2] + self._network_latency_us()
+        scale = self.profile.calibration.hop_latency_scale if self.profile.calibration is not None else 1.0
+        return BASE_LATENCY[RING][2] + HW_LATENCY["nvlink"][RING][2] * scale
 
     def p2p_time_us(self, nbytes: int, same_node: bool) -> float:
         """A send of `nbytes` to one peer (NCCL send/recv)."""

@@ -48,6 +48,14 @@ every row within rounding. `# nThread T nGpus G` counts GPUs per process only, s
 not a rank count; it is used as a check (ranks must be a multiple of T x G).
 `NcclTestsLog.ranks_source` says which source was used.
 
+How the run was launched comes from the header (`NcclTestsLog.launch`, a
+chakra_sim_system_nccl.launch.LaunchInfo, None without a `# nThread` line): nThread and nGpus,
+the processes and hosts the device lines name (distinct `Pid ... on HOST`), `graph: N` (-G, 0
+where not printed), whether `# Blocking Enabled` (-z) was printed before the device list, and a
+`cputime` column title (-C). A header that contradicts itself is refused: device lines listing
+another number of ranks than nThread x nGpus x processes, or a second `# nThread` line that
+differs from the first.
+
 Azure's AI-benchmarking-guide publishes Markdown tables of in-place busbw only;
 `parse_busbw_table` converts them back to times with the same definitions.
 
@@ -64,9 +72,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chakra_core import ManifestError
+from chakra_sim_system_nccl.launch import LaunchInfo
 
 __all__ = [
-    "Row", "NcclTestsLog", "parse", "load", "parse_busbw_table",
+    "Row", "NcclTestsLog", "LaunchInfo", "parse", "load", "parse_busbw_table",
     "busbw_factor", "size_from_label", "normalize_collective", "COLLECTIVES",
 ]
 
@@ -126,6 +135,8 @@ class NcclTestsLog:
     ranks_source: str = ""         # "argument", "device list", "size/count", "busbw/algbw", ""
     times_from_busbw: bool = False  # True for parse_busbw_table: times derived, not measured
     line_numbers: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    launch: LaunchInfo | None = None   # from the `# nThread` header line (None: not printed)
+    columns_line: int | None = field(default=None, compare=False)   # the `# size count ...` column titles
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -213,6 +224,10 @@ _LAUNCHER_PREFIX = re.compile(r"^\s*(?:\d+:\s?|\[\d+,\d+\]<std(?:out|err)>:)")
 _TEST_START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _THREADS_GPUS = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\b.*?\bdevice\s+\d+\s+\[[^\]]*\]\s+(.+?)\s*$")
+_PROCESS = re.compile(r"\bPid\s+(\d+)\s+on\s+(\S+)\s+device\b")
+_GRAPH = re.compile(r"\bgraph:\s*(\d+)")
+_BLOCKING = re.compile(r"^#\s*Blocking Enabled\b", re.IGNORECASE)
+_USING_DEVICES = re.compile(r"^#\s*Using devices\b", re.IGNORECASE)
 _COMMAND = re.compile(r"^#\s*command:(.*)$", re.IGNORECASE)
 _INT = re.compile(r"^-?\d+$")
 _DEFAULT_KEYS = ("size", "count", "type", "redop", "root")
@@ -375,6 +390,12 @@ class _Scan:
     devices: dict[int, str] = field(default_factory=dict)   # rank -> device name
     gpus_per_process: int | None = None
     line_count: int = 0
+    threads_gpus: tuple[int, int, int, int] | None = None     # (nThread, nGpus, graph, line) of `# nThread`
+    blocking_line: int = 0                                   # `# Blocking Enabled` (-z)
+    devices_listed: bool = False                             # `# Using devices` or a device line seen
+    processes: dict[int, tuple[str, int]] = field(default_factory=dict)   # rank -> (host, Pid)
+    columns_line: int | None = None
+    cpu_time: bool = False                                   # `cputime` column title (-C)
 
 
 def _collective_in_header(program: str) -> str:
@@ -404,9 +425,26 @@ def _scan(text: str, problems: _Problems) -> _Scan:
                     break
                 scan.header_collective = (name, number)
             elif match := _THREADS_GPUS.match(line):
-                scan.gpus_per_process = int(match.group(1)) * int(match.group(2))
+                threads, gpus = int(match.group(1)), int(match.group(2))
+                graph = _GRAPH.search(line)
+                header = (threads, gpus, int(graph.group(1)) if graph else 0, number)
+                if scan.threads_gpus is None:
+                    scan.threads_gpus = header
+                    scan.gpus_per_process = threads * gpus
+                elif scan.threads_gpus[:3] != header[:3]:
+                    problems.add(number, f"a second '# nThread' header line (nThread {threads} nGpus {gpus}"
+                                         f" graph {header[2]}) that differs from line {scan.threads_gpus[3]} "
+                                         f"(nThread {scan.threads_gpus[0]} nGpus {scan.threads_gpus[1]} graph "
+                                         f"{scan.threads_gpus[2]}): several runs in one file? one run per file, please")
+            elif _BLOCKING.match(line):
+                scan.blocking_line = scan.blocking_line or number
+            elif _USING_DEVICES.match(line):
+                scan.devices_listed = True
             elif match := _DEVICE.match(line):
                 scan.devices[int(match.group(1))] = match.group(2)
+                scan.devices_listed = True
+                if process := _PROCESS.search(line):
+                    scan.processes[int(match.group(1))] = (process.group(2), int(process.group(1)))
             elif match := _COMMAND.match(line):
                 scan.command_collectives |= _collectives_named_in(match.group(1))
             else:
@@ -418,6 +456,8 @@ def _scan(text: str, problems: _Problems) -> _Scan:
                         break
                     time_at = next((i for i, word in enumerate(words) if "time" in word), len(words))
                     keys = tuple(words[:time_at])
+                    scan.columns_line = scan.columns_line or number
+                    scan.cpu_time = time_at < len(words) and words[time_at] == "cputime"
                 elif words and all(word in ("out-of-place", "in-place") for word in words):
                     placements = tuple(word == "in-place" for word in words)
             continue
@@ -510,6 +550,30 @@ def _choose_ranks(scan: _Scan, collective: str, explicit: int | None, problems: 
     return ranks, source, ratio_range
 
 
+def _launch(scan: _Scan, problems: _Problems) -> LaunchInfo | None:
+    """What the header says about how the run was launched; contradictions go to `problems`."""
+    if scan.threads_gpus is None:
+        return None
+    threads, gpus, graph, line = scan.threads_gpus
+    processes: int | None = None
+    hosts: tuple[str, ...] | None = None
+    if scan.processes:
+        hosts = tuple(dict.fromkeys(host for host, _ in scan.processes.values()))
+        processes = len(set(scan.processes.values()))
+        listed = len(scan.devices)
+        if len(scan.processes) != listed:
+            problems.add(line, f"{listed - len(scan.processes)} of the {listed} device lines name no "
+                               "'Pid ... on HOST': the device list is garbled")
+        elif listed % (threads * gpus) == 0 and listed != threads * gpus * processes:
+            # (not a multiple of nThread x nGpus: _choose_ranks says so)
+            problems.add(line, f"the device lines list {listed} ranks in {processes} process"
+                               f"{'es' if processes != 1 else ''} (distinct Pid and host), but nThread "
+                               f"{threads} x nGpus {gpus} x {processes} = {threads * gpus * processes}: "
+                               "the header contradicts itself")
+    blocking = True if scan.blocking_line else (False if scan.devices_listed else None)
+    return LaunchInfo(threads, gpus, processes, hosts, graph, blocking, scan.cpu_time, line)
+
+
 def _check_rows_against_ranks(rows: list[_RawRow], collective: str, ranks: int, source: str,
                               ratio_range: tuple[float, float] | None, problems: _Problems) -> None:
     factor_of = COLLECTIVES.get(collective)
@@ -563,6 +627,7 @@ def parse(text: str, path: str = "<text>", *, collective: str | None = None,
             _check_algbw(row, half, problems)
     problems.raise_if_any()
 
+    launch = _launch(scan, problems)
     chosen_ranks, source, ratio_range = _choose_ranks(scan, chosen_collective, ranks, problems)
     problems.raise_if_any()
     if chosen_ranks is not None:
@@ -575,7 +640,8 @@ def parse(text: str, path: str = "<text>", *, collective: str | None = None,
     line_numbers = tuple(row.line for row in scan.rows for _ in row.halves)
     gpu = ", ".join(sorted(set(scan.devices.values()))) if scan.devices else None
     return NcclTestsLog(path, chosen_collective, chosen_ranks, gpu, flat,
-                        ranks_source=source, line_numbers=line_numbers)
+                        ranks_source=source, line_numbers=line_numbers, launch=launch,
+                        columns_line=scan.columns_line)
 
 
 def load(path: str | Path, *, collective: str | None = None, ranks: int | None = None) -> NcclTestsLog:

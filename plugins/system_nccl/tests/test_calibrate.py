@@ -1,5 +1,6 @@
-"""chakra-sim calibrate: the fit recovers known factors, never changes NCCL's choice, and the CLI
-writes a profile a run can use."""
+"""chakra-sim calibrate: the fit recovers the physical parameters that made the times, never
+changes NCCL's choice, carries to other collectives and scales, says when a parameter leaves the
+range its sources allow, and the CLI writes a profile a run can use."""
 
 from __future__ import annotations
 
@@ -17,26 +18,24 @@ from nccl_logs import result_line
 
 H100 = "h100-sxm-hgx"
 SIZES = [2**k for k in range(10, 34)]
-TRUE = Calibration(source="test", latency_scale={"LL": 1.3, "Simple": 1.6},
-                   bandwidth_scale={"ring": 0.8}, nvls_chunk_scale={16384: 0.5, 32768: 0.6, 65536: 0.8,
-                                                                        131072: 0.95})
+TRUE = Calibration(source="test", step_overhead_us=1.2, hop_latency_scale=1.5, nvlink_efficiency=0.9)
 
 
-def measured(profile=H100, calibration=TRUE, collective="all_reduce", ranks=8):
+def measured(profile=H100, calibration=TRUE, collective="all_reduce", ranks=8, nodes=1, sizes=SIZES):
     truth = load_profile(profile).model_copy(update={"calibration": calibration})
     model = nccl.NcclModel(truth)
     name = cal.COLLECTIVE_OF_TEST[collective]
-    return [cal.Observation(name, size, ranks, 1, model.time_us(name, size, ranks, 1).time_us, "truth")
-            for size in SIZES]
+    return [cal.Observation(name, size, ranks, nodes, model.time_us(name, size, ranks, nodes).time_us, "truth")
+            for size in sizes]
 
 
-def test_fit_recovers_the_factors_that_made_the_times():
+def test_fit_recovers_the_parameters_that_made_the_times():
     points = measured()
     fitted = cal.fit(load_profile(H100), points, "test")
-    assert cal.geomean_error(cal.log_errors(fitted, points)) < 1e-3
-    assert fitted.calibration.latency_scale["Simple"] == pytest.approx(1.6, rel=1e-2)
-    assert fitted.calibration.nvls_chunk_scale[16384] == pytest.approx(0.5, rel=1e-2)
-    assert fitted.calibration.nvls_chunk_scale[131072] == pytest.approx(0.95, rel=1e-2)
+    assert cal.geomean_error(cal.log_errors(fitted, points)) < 5e-3
+    assert fitted.calibration.step_overhead_us == pytest.approx(1.2, rel=0.05)
+    assert fitted.calibration.hop_latency_scale == pytest.approx(1.5, rel=0.05)
+    assert fitted.calibration.nvlink_efficiency == pytest.approx(0.9, rel=0.02)
 
 
 def test_fit_never_changes_nccls_choice():
@@ -47,11 +46,34 @@ def test_fit_never_changes_nccls_choice():
         [(c.algorithm, c.protocol) for c in cal.predict(spec, points)]
 
 
-def test_factors_no_size_uses_stay_unset():
-    points = [p for p in measured() if p.nbytes >= 2**30]    # NVLS with 128 KiB chunks only
+def test_only_the_parameters_the_sizes_exercise_are_fitted():
+    points = measured()   # one node: nothing about the network or the launch
     fitted = cal.fit(load_profile(H100), points, "test")
-    assert set(fitted.calibration.nvls_chunk_scale) == {131072}
-    assert "ring" not in fitted.calibration.bandwidth_scale
+    assert fitted.calibration.network_latency_us is None and fitted.calibration.launch_us is None
+    assert fitted.calibration.nic_efficiency == 1.0
+
+
+def test_a_fit_on_one_collective_carries_to_another_and_to_more_nodes():
+    # the machine's parameters made every time; fit on the all-gather of one node
+    truth = Calibration(source="test", step_overhead_us=1.5, hop_latency_scale=1.4, nvlink_efficiency=0.88)
+    fit_on = measured(calibration=truth, collective="all_gather")
+    fitted = cal.fit(load_profile(H100), fit_on, "test")
+    for target, collective, ranks, nodes in ((H100, "all_reduce", 8, 1), (H100, "reduce_scatter", 8, 1),
+                                             ("h100-hgx-ndr400", "all_reduce", 16, 2)):
+        judged = measured(target, truth, collective, ranks, nodes)
+        spec_error = cal.geomean_error(cal.log_errors(load_profile(target), judged))
+        moved = cal.transfer(fitted.calibration, load_profile(target))
+        assert cal.geomean_error(cal.log_errors(moved, judged)) < spec_error, (collective, nodes)
+
+
+def test_a_fit_outside_the_sources_range_is_reported():
+    far = Calibration(source="test", step_overhead_us=8.0)   # more than a whole Simple hop
+    points = measured(calibration=far)
+    spec = load_profile(H100)
+    fitted = cal.fit(spec, points, "test")
+    moved = {m.name: m for m in cal.movements(spec, fitted)}
+    assert moved["step_overhead_us"].outside and moved["step_overhead_us"].spec == pytest.approx(0.6)
+    assert not moved["nvlink_efficiency"].outside
 
 
 def write_log(path, points, collective="all_reduce", ranks=8):
@@ -76,7 +98,9 @@ def test_cli_writes_a_profile_a_run_can_use(tmp_path):
     assert result.exit_code == 0, result.output
     assert "held-out sizes: geomean error" in result.output
     data = yaml.safe_load(out.read_text())
-    assert data["name"] == "mine" and data["calibration"]["latency_scale"]["Simple"] == pytest.approx(1.6, rel=2e-2)
+    assert data["name"] == "mine" and data["calibration"]["step_overhead_us"] == pytest.approx(1.2, rel=0.15)
+    assert "fitted parameters" in result.output and "step_overhead_us" in result.output
+    assert "warning" not in result.output   # the true values are within their sources' range
     profile = load_profile(out)
     assert profile.calibration is not None and profile.gpus_per_node == 8
 
@@ -87,6 +111,14 @@ def test_cli_writes_a_profile_a_run_can_use(tmp_path):
     finish = simulate({"workload": {"trace": prefix}, "system": {"plugin": "nccl", "profile": str(out)}})["finish_ns"]
     truth = next(p for p in measured() if p.nbytes == 2**26)
     assert finish / 1000 == pytest.approx(truth.time_us, rel=0.02)
+
+
+def test_cli_warns_when_a_fit_leaves_the_range_its_sources_allow(tmp_path):
+    far = Calibration(source="test", step_overhead_us=8.0)
+    log = write_log(tmp_path / "all_reduce.log", measured(calibration=far))
+    result = CliRunner().invoke(main, ["calibrate", str(log), "--profile", H100])
+    assert result.exit_code == 0, result.output
+    assert "warning: step_overhead_us" in result.output and "outside 0–3.4" in result.output
 
 
 def test_cli_rejects_a_broken_log(tmp_path):

@@ -112,3 +112,80 @@ def test_no_collective_beats_its_links(profile_name, collective, log_size, nodes
     assert choice.time_us > 0
     assert choice.time_us >= _per_gpu_link_bound_us(profile, collective, nbytes, ranks, nodes)
     assert choice.latency_us >= 0 and choice.bandwidth_gbps > 0
+
+
+# -- what NCCL executes (chakra_sim_system_nccl.execution) ------------------------------------------
+
+def test_ring_runs_every_loop_of_steps_and_small_chunks_pay_their_syncs():
+    from chakra_sim_system_nccl import execution
+
+    # 24 channels x 8 ranks x 2 MiB chunks: one loop up to 384 MiB, then one more per 384 MiB
+    one = model().time_us(nccl.ALL_GATHER, 256 * 2**20, 8, 1)
+    three = model().time_us(nccl.ALL_GATHER, 2**30, 8, 1)
+    assert (one.steps, three.steps) == (7, 21)
+    assert one.chunk_bytes == execution.ring_chunk("Simple", 256 * 2**20 // 24 + 1, 8)[0]
+    # a Simple slice waits for its flag: smaller slices reach less of the link
+    assert model().time_us(nccl.ALL_GATHER, 32 * 2**20, 8, 1).bandwidth_gbps < three.bandwidth_gbps
+
+
+def test_nvls_bandwidth_grows_with_the_chunk_nccl_moves():
+    sizes = (4 * 2**20, 32 * 2**20, 512 * 2**20, 2**31)   # 16, 32, 64, 128 KiB chunks
+    choices = [model().time_us(nccl.ALL_REDUCE, size, 8, 1) for size in sizes]
+    assert [c.chunk_bytes for c in choices] == [16384, 32768, 65536, 131072]
+    rates = [c.bandwidth_gbps for c in choices]
+    assert rates == sorted(rates) and rates[0] < 0.8 * rates[-1]
+    # and never beyond the NVLS graph's bandwidth: bwInter caps each of the 8 heads
+    spec = load_profile(H100).nccl
+    assert rates[-1] <= spec.nvls_inter_bw_gbps.value * 8 * 8 / 14 + 1e-9
+
+
+def test_one_thread_driving_eight_gpus_launches_eight_kernels_per_collective():
+    profile = load_profile(H100)
+    launch = profile.node.kernel_launch_us.value if profile.node.kernel_launch_us else 3.8
+    node = profile.node.model_copy(update={"kernel_launch_us": profile.node.kernel_launch_us
+                                           or type(profile.gpu.nvlink_links)(value=3.8, source="test")})
+    profile = profile.model_copy(update={"node": node})
+    per_process = nccl.NcclModel(profile).time_us(nccl.ALL_REDUCE, 1024, 8, 1)
+    one_thread = nccl.NcclModel(profile, gpus_per_thread=8).time_us(nccl.ALL_REDUCE, 1024, 8, 1)
+    graphed = nccl.NcclModel(profile, gpus_per_thread=8, cuda_graph=True).time_us(nccl.ALL_REDUCE, 1024, 8, 1)
+    assert one_thread.time_us == pytest.approx(8 * launch)
+    assert per_process.time_us < one_thread.time_us and graphed.time_us == per_process.time_us
+    big = 2**30   # the GPU, not the host, bounds large messages
+    assert nccl.NcclModel(profile, gpus_per_thread=8).time_us(nccl.ALL_REDUCE, big, 8, 1).time_us == \
+        pytest.approx(nccl.NcclModel(profile).time_us(nccl.ALL_REDUCE, big, 8, 1).time_us)
+
+
+def test_calibrated_parameters_act_where_they_belong():
+    from chakra_core.hardware.profiles import Calibration
+
+    base = load_profile("h100-hgx-ndr400")
+
+    def timed(calibration, nodes, size=64 * 2**20):
+        profile = base.model_copy(update={"calibration": calibration})
+        return nccl.NcclModel(profile).time_us(nccl.ALL_REDUCE, size, 8 * nodes, nodes).time_us
+
+    slow_nvlink = Calibration(source="t", nvlink_efficiency=0.5)
+    slow_nic = Calibration(source="t", nic_efficiency=0.5)
+    assert timed(slow_nvlink, 1) > 1.5 * timed(None, 1) and timed(slow_nic, 1) == timed(None, 1)
+    assert timed(slow_nic, 4) > 1.5 * timed(None, 4)
+    far = Calibration(source="t", network_latency_us=50.0)
+    assert timed(far, 4, 4096) > timed(None, 4, 4096) + 50 and timed(far, 1, 4096) == timed(None, 1, 4096)
+
+
+def test_host_staged_transfers_cross_pcie_and_cost_more_than_gpudirect():
+    from chakra_core.hardware.profiles import Profile, Sourced
+
+    direct = load_profile("h100-hgx-ndr400")
+    data = direct.model_dump()
+    data["network"]["transport"] = "host_staged"
+    data["node"]["pcie_gbps"] = None
+    with pytest.raises(ValueError, match="node.pcie_gbps"):
+        Profile.model_validate(data)
+    data["node"]["pcie_gbps"] = Sourced(value=25.0, source="test").model_dump()   # slower than a 50 GB/s NIC
+    staged = Profile.model_validate(data)
+    for size in (4096, 2**26):
+        fast = nccl.NcclModel(direct).time_us(nccl.ALL_REDUCE, size, 32, 4)
+        slow = nccl.NcclModel(staged).time_us(nccl.ALL_REDUCE, size, 32, 4)
+        assert slow.time_us > fast.time_us
+    assert nccl.NcclModel(staged).time_us(nccl.ALL_REDUCE, 2**26, 8, 1).time_us == \
+        nccl.NcclModel(direct).time_us(nccl.ALL_REDUCE, 2**26, 8, 1).time_us   # one node: no network

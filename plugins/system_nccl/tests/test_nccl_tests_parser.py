@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chakra_core import ManifestError
+from chakra_sim_system_nccl.launch import LaunchInfo
 from chakra_sim_system_nccl.nccl_tests import (
     NcclTestsLog, Row, busbw_factor, load, parse, parse_busbw_table, size_from_label,
 )
@@ -215,6 +216,128 @@ def test_several_data_types_need_a_choice():
     with pytest.raises(ValueError, match="appears more than once"):
         log.times(in_place=False)
     assert log.times(in_place=False, dtype="half") == {1024: 21.0}
+
+
+# ----------------------------------------------------------------------------- launch (header)
+
+XXRJUN = LaunchInfo(threads_per_process=1, gpus_per_thread=1, processes=8, hosts=("cnode2-003",),
+                    cuda_graph_iters=0, blocking=False, cpu_time=False, line=9)
+LAUNCH = {   # file -> what its header says about the launch (None: no `# nThread` line)
+    "h100_dgx_1node_8gpu_allreduce_nvidia-dgxc.txt": LaunchInfo(1, 1, 8, ("pool0-01806",), 0, False, False, 7),
+    "h100_xxrjun_1node_8gpu_allreduce.txt": XXRJUN,
+    "h100_xxrjun_1node_8gpu_allgather.txt": XXRJUN,
+    "h100_xxrjun_1node_8gpu_reducescatter.txt": XXRJUN,
+    "h100_xxrjun_1node_8gpu_alltoall.txt": XXRJUN,
+    "h100_aws-p5_2node_16gpu_allreduce_efa.txt": None,   # the AWS samples print no header
+    "h100_aws-p5_2node_16gpu_allreduce_efa_eks-excerpt.txt": None,
+    "a100_aws-p4de_2node_16gpu_allreduce_efa.txt": None,
+}
+
+
+@pytest.mark.parametrize("path", data_files(), ids=lambda path: path.name)
+def test_launch_of_each_data_file(path: Path):
+    launch = load(path).launch
+    assert launch == LAUNCH[path.name]
+    if launch is not None:
+        assert launch.system_launch() == {"gpus_per_thread": 1, "cuda_graph": False}
+        assert launch.gpus_per_process == 1 and launch.nodes == 1
+
+
+def test_dgx_launch_in_detail():
+    launch = load(DATA / "h100_dgx_1node_8gpu_allreduce_nvidia-dgxc.txt").launch
+    assert launch is not None
+    assert (launch.processes, launch.gpus_per_thread, launch.cuda_graph_iters, launch.cuda_graph) == (8, 1, 0, False)
+
+
+def header_variant(ranks: int = 4, *, header: str | None = None, device: str | None = None,
+                   extra: tuple[str, ...] = (), columns: str | None = None, pids=None) -> str:
+    """synthetic_log with its `# nThread` line, device lines or column titles replaced."""
+    lines = synthetic_log(ranks, "all_reduce").splitlines()
+    out = []
+    for line in lines:
+        if line.startswith("# nThread"):
+            out.append(header if header is not None else line)
+            out.extend(extra)
+            continue
+        if line.startswith("#  Rank"):
+            rank = int(line.split()[2])
+            pid = pids(rank) if pids else 1000 + rank
+            if device is not None:
+                line = device.format(rank=rank, pid=pid, node=rank // 2)
+            else:
+                line = line.replace(f"Pid {1000 + rank:6d}", f"Pid {pid:6d}")
+        if columns is not None and line.lstrip("#").split()[:2] == ["size", "count"]:
+            line = columns
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+OLD_HEADER = ("# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 "
+              "validation: 1 ")
+NEW_HEADER = ("# nThread 1 nGpus 4 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 "
+              "agg iters: 1 validation: 1 graph: 10 unalign: 0")
+
+
+def test_launch_header_versions():
+    synthetic = parse(synthetic_log(4, "all_reduce")).launch   # "... iters: 20" (no agg iters, no graph)
+    assert synthetic == LaunchInfo(1, 1, 4, ("testhost",), 0, False, False, 3)
+    # the oldest format: no Group in the device lines, no agg iters, no graph
+    old_device = "#   Rank {rank:2d} Pid {pid:6d} on  oldhost device {rank:2d} [0x1b] Tesla V100"
+    old = parse(header_variant(header=OLD_HEADER, device=old_device)).launch
+    assert old == LaunchInfo(1, 1, 4, ("oldhost",), 0, False, False, 3)
+    # the newest: graph: N unalign: M; one process drives the 4 GPUs (-g 4 -G 10)
+    new = parse(header_variant(header=NEW_HEADER, pids=lambda rank: 77)).launch
+    assert new is not None and (new.gpus_per_thread, new.processes, new.cuda_graph_iters) == (4, 1, 10)
+    assert new.system_launch() == {"gpus_per_thread": 4, "cuda_graph": True}
+    # two hosts, two processes each, the same Pids on both: four processes
+    two_hosts = parse(header_variant(device=(
+        "#  Rank {rank:2d} Group  0 Pid {pid:6d} on node{node} device {rank:2d} [0000:1b:00] NVIDIA H100"),
+        pids=lambda rank: 100 + rank % 2)).launch
+    assert two_hosts is not None and (two_hosts.hosts, two_hosts.processes) == (("node0", "node1"), 4)
+    assert two_hosts.nodes == 2
+    # -g 2 on two hosts: one process per host
+    two_gpus = parse(header_variant(header=OLD_HEADER.replace("nGpus 1", "nGpus 2"), device=(
+        "#  Rank {rank:2d} Group  0 Pid {pid:6d} on node{node} device {rank:2d} [0000:1b:00] NVIDIA H100"),
+        pids=lambda rank: 100)).launch
+    assert two_gpus is not None and (two_gpus.gpus_per_thread, two_gpus.processes) == (2, 2)
+
+
+@pytest.mark.parametrize("line", [
+    "# Blocking Enabled: wait for completion and barrier after each collective ",
+    "# Blocking Enabled: wait and barrier after each inner iteration (-m) ",
+    "# Blocking Enabled: wait after each inner iteration (-m), no barrier ",
+    "# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier ",
+])
+def test_blocking_lines(line: str):
+    launch = parse(header_variant(extra=(line, "# Parallel Init Enabled: threads call into NcclInitRank "
+                                                "concurrently "))).launch
+    assert launch is not None and launch.blocking is True
+
+
+def test_cut_header_and_cpu_time():
+    text = "\n".join(line for line in synthetic_log(4, "all_reduce").splitlines()
+                     if not line.startswith(("#  Rank", "# Using devices")))
+    launch = parse(text).launch   # the header was cut after the `# nThread` line: no word on -z
+    assert launch is not None and (launch.blocking, launch.processes, launch.hosts) == (None, None, None)
+    cpu = parse(header_variant(columns="#       size         count      type   redop    root  cputime   algbw   "
+                                       "busbw #wrong  cputime   algbw   busbw #wrong")).launch
+    assert cpu is not None and cpu.cpu_time
+    no_header = "\n".join(line for line in synthetic_log(4, "all_reduce").splitlines() if "nThread" not in line)
+    assert parse(no_header).launch is None
+
+
+def test_contradicting_header_names_the_line():
+    # nGpus 4 but one process per rank: the device list shows 4 ranks in 4 processes, 4 x 4 = 16
+    text = header_variant(header=NEW_HEADER)
+    with pytest.raises(ManifestError) as error:
+        parse(text, "contradiction.log")
+    [(location, reason)] = error.value.problems
+    assert location == "contradiction.log:3" and "nGpus 4 x 4 = 16" in reason and "contradicts" in reason
+    # a second, different `# nThread` line
+    lines = synthetic_log(4, "all_reduce").splitlines()
+    lines.insert(3, NEW_HEADER)
+    with pytest.raises(ManifestError, match=r"twice\.log:4: a second '# nThread' header line"):
+        parse("\n".join(lines), "twice.log")
 
 
 # ----------------------------------------------------------------------------- busbw tables
