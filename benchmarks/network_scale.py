@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Congestion-aware backend at 1,024 NPUs: a fat-tree all-to-all and a ring all-reduce.
 
-    python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair]
+    python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair] [--generator JSON]
 
 Runs, each in a fresh process:
 - all-to-all of SIZE per NPU, `direct` algorithm, on a k-ary fat-tree
-  (k = 16 gives 1,024 NPUs; 50 GB/s links, 500 ns);
+  (k = 16 gives 1,024 NPUs; 50 GB/s links, 500 ns), or on the congestion
+  backend's `--generator` (JSON, e.g. '{"kind": "rail_optimized", ...}') of
+  --npus NPUs;
 - ring all-reduce of SIZE on a 1-D ring of the same number of NPUs (50 GB/s, 500 ns),
   with the closed form (each NPU's ring links carry only its messages, so the whole
   collective is timed without events) and message by message (`closed_form: false`);
@@ -34,9 +36,12 @@ MESSAGE_LEVEL = "message by message"
 CASES = ["fat-tree all-to-all", "ring all-reduce", f"ring all-reduce, {MESSAGE_LEVEL}"]
 
 
-def case_manifest(case: str, npus: int, size: int, mode: str, folder: Path) -> dict:
+def case_manifest(case: str, npus: int, size: int, mode: str, folder: Path, generator: dict | None = None) -> dict:
     """Write the case's trace (one collective per NPU) into `folder`; return its manifest."""
-    if case == "fat-tree all-to-all":
+    if case == "fat-tree all-to-all" and generator is not None:
+        network = {"plugin": "congestion", "mode": mode, "generator": generator}
+        comm, system = pb.ALL_TO_ALL, {"all-to-all-implementation": ["direct"]}
+    elif case == "fat-tree all-to-all":
         k = round((4 * npus) ** (1 / 3))
         if k ** 3 // 4 != npus:
             sys.exit(f"{npus} NPUs is not k^3/4 for an even k")
@@ -59,13 +64,16 @@ def main() -> int:
     parser.add_argument("--size-mib", type=float, default=1.0)
     parser.add_argument("--mode", choices=["fifo", "fair"], default="fifo")
     parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    parser.add_argument("--generator", type=json.loads,
+                        help="the all-to-all's network generator instead of the k-ary fat-tree (JSON; --npus NPUs)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     size = int(args.size_mib * (1 << 20))
     rows = []
     for case in args.cases:
         with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
-            rows.append({"case": case, **measure(case_manifest(case, args.npus, size, args.mode, Path(tmp)))})
+            rows.append({"case": case, **measure(case_manifest(case, args.npus, size, args.mode, Path(tmp),
+                                                               args.generator))})
     print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU")
     header = (f"{'case':<38} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>11} "
               f"{'closed form':>11} {'events':>11}")

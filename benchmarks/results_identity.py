@@ -22,7 +22,9 @@ folding section, event count and fidelity text; and the 2-GPU data-parallel all-
 over a ring: +0.5%), every other output stayed byte-identical. Recorded again with issue 20,
 whose `nccl` layer times what NCCL executes instead of NCCL's tuner estimate: the 52 `nccl`
 outputs, the llama3-70b example (an `nccl` job) and the accuracy tables changed (54 of 370),
-every other output stayed byte-identical.
+every other output stayed byte-identical. Recorded again (issue 21, first part): the 116
+`congestion` outputs gained the new `failed_links: []` and `degraded_links: []` keys in their
+echoed configuration; their times and link statistics are unchanged.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ a restart knowing the link is shared (see CongestionNetwork).
 
 `fair` (flow-level, as SimGrid-style models): a message is a flow over all
 links of its route at once; active flows share every link max-min fairly
-(progressive filling), recomputed whenever a flow starts or ends; a flow's
-bytes are delivered `sum of link latencies` after its last byte left the
-source. On an idle path this is exactly the analytical backend's
-`int(hops x latency + bytes / bandwidth)`.
+(progressive filling, `fairshare.MaxMinFair`), recomputed once per instant
+at which flows start or end, for the flows connected to those through shared
+links only; a flow's bytes are delivered `sum of link latencies` after its
+last byte left the source. On an idle path this is exactly the analytical
+backend's `int(hops x latency + bytes / bandwidth)`.
 
 Both keep per-link statistics: bytes carried, busy time, peak concurrent
 messages.
@@ -32,6 +33,8 @@ from __future__ import annotations
 
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+from chakra_sim_network_congestion.fairshare import MaxMinFair
 
 if TYPE_CHECKING:
     from chakra_core import Scheduler
@@ -267,14 +270,16 @@ class SharedLinkHint:
 
 
 class _Flow:
-    __slots__ = ("seq", "route", "size", "remaining", "rate", "start", "latency", "version", "finish",
-                 "on_arrival", "arg")
+    __slots__ = ("seq", "route", "size", "remaining", "rate", "since", "start", "latency", "version",
+                 "finish", "on_arrival", "arg")
 
     def __init__(self, seq: int, route: tuple[int, ...], size: int, latency: float, start: int,
                  on_arrival: Callable[[Any], None], arg: Any) -> None:
         self.seq, self.route, self.size, self.latency, self.start = seq, route, size, latency, start
         self.remaining = float(size)
+        """Bytes still to leave the source at `since`, when `rate` took effect."""
         self.rate = 0.0
+        self.since = start
         self.version = 0
         self.finish: float | None = None
         self.on_arrival, self.arg = on_arrival, arg
@@ -283,23 +288,30 @@ class _Flow:
 class FairLinks:
     """Max-min fair sharing between concurrent flows, recomputed once per timestamp with changes.
 
-    Flows live in insertion-ordered dicts keyed by a sequence number, so every
-    iteration order, and hence the run, is deterministic.
+    The rates come from `fairshare.MaxMinFair`, which re-solves only the connected components
+    (flows linked through shared links) that flows started or ended in; every other flow keeps
+    its rate and its completion event. A flow's remaining bytes are brought up to date only
+    when its rate changes (they drain linearly in between). Flows are numbered in sending
+    order and handled in that order, so the run is deterministic.
     """
 
     def __init__(self, bandwidth: list[float], latency: list[float], scheduler: Scheduler) -> None:
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
-        self.on_link: list[dict[int, _Flow]] = [dict() for _ in bandwidth]
+        self.solver = MaxMinFair(bandwidth)
         self.flows: dict[int, _Flow] = {}
         self.next_seq = 0
-        self.last_update = 0
         self.pending_recompute = False
         self.stats = LinkStats(len(bandwidth))
         self._busy_since: list[int | None] = [None] * len(bandwidth)
 
+    @property
+    def on_link(self) -> list[dict[int, None]]:
+        """The ids of the flows on each link, in sending order."""
+        return self.solver.on_link
+
     def send(self, route: tuple[int, ...], size: int, on_arrival: Callable[[Any], None], arg: Any) -> None:
         now = self.scheduler.now
-        latency = sum(self.lat[link] for link in route)
+        latency = sum(map(self.lat.__getitem__, route))
         if not route:
             self.scheduler.schedule(0, on_arrival, arg)
             return
@@ -309,30 +321,21 @@ class FairLinks:
                 stats.messages[link] += 1
             self.scheduler.schedule(int(latency), on_arrival, arg)
             return
-        self._advance(now)
-        flow = _Flow(self.next_seq, route, size, latency, now, on_arrival, arg)
-        self.next_seq += 1
-        self.flows[flow.seq] = flow
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        self.flows[seq] = _Flow(seq, route, size, latency, now, on_arrival, arg)
+        solver = self.solver
+        solver.add(seq, route)
+        on_link, busy_since = solver.on_link, self._busy_since
+        link_bytes, messages, peak = stats.bytes, stats.messages, stats.peak
         for link in route:
-            members = self.on_link[link]
-            if not members:
-                self._busy_since[link] = now
-            members[flow.seq] = flow
-            stats.bytes[link] += size
-            stats.messages[link] += 1
-            if len(members) > stats.peak[link]:
-                stats.peak[link] = len(members)
-        self._request_recompute()
-
-    def _advance(self, now: int) -> None:
-        """Drain bytes at the current rates up to `now`."""
-        elapsed = now - self.last_update
-        if elapsed > 0:
-            for flow in self.flows.values():
-                flow.remaining -= flow.rate * elapsed
-        self.last_update = now
-
-    def _request_recompute(self) -> None:
+            members = len(on_link[link])
+            if members == 1:
+                busy_since[link] = now
+            link_bytes[link] += size
+            messages[link] += 1
+            if members > peak[link]:
+                peak[link] = members
         if not self.pending_recompute:
             self.pending_recompute = True
             self.scheduler.schedule(0, self._recompute)
@@ -340,58 +343,39 @@ class FairLinks:
     def _recompute(self, _arg: object = None) -> None:
         self.pending_recompute = False
         now = self.scheduler.now
-        self._advance(now)
-        rates = self._max_min()
-        for seq, flow in self.flows.items():
+        flows, schedule_at, complete = self.flows, self.scheduler.schedule_at, self._complete
+        rates = self.solver.rates
+        for seq in self.solver.update():   # only the changed rates: other events still hold
+            flow = flows[seq]
             rate = rates[seq]
-            if rate == flow.rate and flow.finish is not None:
-                continue   # unchanged rate: its completion event still holds
+            flow.remaining -= flow.rate * (now - flow.since)
+            flow.since = now
             flow.rate = rate
             flow.version += 1
-            flow.finish = now + max(flow.remaining, 0.0) / rate
+            flow.finish = finish = now + max(flow.remaining, 0.0) / rate
             # Integer event times: the flow leaves its links at the ns its last byte leaves
             # (floor), and its delivery, computed from the exact finish, is never earlier.
-            self.scheduler.schedule_at(max(now, int(flow.finish)), self._complete, (flow, flow.version))
+            end = int(finish)
+            schedule_at(end if end > now else now, complete, (flow, flow.version))
 
-    def _max_min(self) -> dict[int, float]:
-        """Progressive filling: saturate the link with the smallest fair share, freeze its flows, repeat."""
-        capacity: dict[int, float] = {}
-        unfrozen: dict[int, int] = {}
-        for flow in self.flows.values():
-            for link in flow.route:
-                if link in unfrozen:
-                    unfrozen[link] += 1
-                else:
-                    capacity[link] = self.bw[link]
-                    unfrozen[link] = 1
-        rates: dict[int, float] = {}
-        while len(rates) < len(self.flows):
-            link = min((l for l, count in unfrozen.items() if count),
-                       key=lambda l: (capacity[l] / unfrozen[l], l))
-            share = capacity[link] / unfrozen[link]
-            for seq, flow in self.on_link[link].items():
-                if seq in rates:
-                    continue
-                rates[seq] = share
-                for other in flow.route:
-                    capacity[other] -= share
-                    unfrozen[other] -= 1
-        return rates
-
-    def _complete(self, arg) -> None:
+    def _complete(self, arg: tuple[_Flow, int]) -> None:
         flow, version = arg
-        if flow.version != version or flow.seq not in self.flows:
+        flows = self.flows
+        if flow.version != version or flow.seq not in flows:
             return
         now = self.scheduler.now
-        self._advance(now)
-        del self.flows[flow.seq]
+        del flows[flow.seq]
+        self.solver.remove(flow.seq)
+        on_link, busy_since, busy = self.solver.on_link, self._busy_since, self.stats.busy
         for link in flow.route:
-            members = self.on_link[link]
-            del members[flow.seq]
-            if not members:
-                self.stats.busy[link] += now - self._busy_since[link]
-                self._busy_since[link] = None
+            if not on_link[link]:
+                since = busy_since[link]
+                assert since is not None   # set while the link carries flows
+                busy[link] += now - since
+                busy_since[link] = None
+        assert flow.finish is not None   # set by the _recompute that scheduled this event
         delivered = flow.start + int(flow.latency + (flow.finish - flow.start))
-        self.scheduler.schedule_at(max(now, delivered), flow.on_arrival, flow.arg)
-        if self.flows:
-            self._request_recompute()
+        self.scheduler.schedule_at(delivered if delivered > now else now, flow.on_arrival, flow.arg)
+        if flows and not self.pending_recompute:
+            self.pending_recompute = True
+            self.scheduler.schedule(0, self._recompute)

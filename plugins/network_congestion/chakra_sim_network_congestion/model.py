@@ -2,24 +2,97 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, PluginConfig, SimulationError
+from chakra_core import (AstraEquivalent, ChakraSimError, Dimension, LayerContext, ManifestError, NetworkModel,
+                         PluginConfig, SimulationError, ValidationInputs)
 from chakra_sim_network_congestion.links import FairLinks, FifoLinks, SharedLinkHint
+from chakra_sim_network_congestion.fabric import FabricRouter, fat_tree_shape, k_ary_shape, rail_shape
 from chakra_sim_network_congestion.routing import DimensionOrderRouter, ShortestPathRouter
-from chakra_sim_network_congestion.topology import Topology, dragonfly, fat_tree, from_dims, from_file
+from chakra_sim_network_congestion.topology import (Topology, clos_fat_tree, dragonfly, fat_tree, from_dims, from_file,
+                                                    rail_optimized)
 
 
 class FatTree(BaseModel):
+    """A fat-tree: the k-ary one (`k`), or one of any size built from switches of a radix
+    (`hosts`, `radix`); 2 or 3 tiers. See fabric.py for the shapes."""
     model_config = ConfigDict(extra="forbid")
     kind: Literal["fat_tree"]
-    k: PositiveInt = Field(..., description="switch radix (even); k^3/4 NPUs")
+    k: PositiveInt | None = Field(
+        None, description="k-ary fat-tree: switch radix (even); 3 tiers: k^3/4 NPUs, 2 tiers: k^2/2")
+    hosts: PositiveInt | None = Field(None, description="NPUs, any number (with radix, instead of k)")
+    radix: PositiveInt | None = Field(None, description="ports per switch (with hosts)")
+    tiers: Literal[2, 3] = Field(3, description="2: leaf-spine; 3: leaf (edge), aggregation and core switches in pods")
     bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) per link")
     latency_ns: NonNegativeFloat = Field(..., description="ns per link")
-    oversubscription: PositiveFloat = Field(1.0, description="uplink bandwidth = bandwidth / this")
+    oversubscription: PositiveFloat = Field(
+        1.0, description="leaf down:up ratio; k form: uplink bandwidth = bandwidth / this; hosts form: a leaf "
+                         "has floor(radix * o / (o + 1)) host ports, the rest up")
+    spine_oversubscription: PositiveFloat | None = Field(
+        None, description="hosts form, 3 tiers: the aggregation switches' down:up port ratio (default 1)")
+    spine_radix: PositiveInt | None = Field(None, description="hosts form, 2 tiers: ports per spine (default radix)")
+    ecmp: Literal["hash", "dmodk"] | None = Field(
+        None, description="how messages pick among equal-cost up-links: hash of (src, dst, n-th message), or "
+                          "D-mod-k (dst + n); default dmodk for k with 3 tiers (as before), hash otherwise")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "FatTree":
+        if self.k is not None:
+            if self.hosts is not None or self.radix is not None:
+                raise ValueError("give k (a k-ary fat-tree) or hosts and radix (any size), not both")
+            if self.spine_oversubscription is not None or self.spine_radix is not None:
+                raise ValueError("spine_oversubscription and spine_radix go with hosts and radix; the k form "
+                                 "oversubscribes by bandwidth (oversubscription)")
+            k_ary_shape(self.k, self.tiers)
+        elif self.hosts is None or self.radix is None:
+            raise ValueError("give k (a k-ary fat-tree) or both hosts and radix (a fat-tree of any size)")
+        else:
+            fat_tree_shape(self.hosts, self.radix, self.tiers, self.oversubscription, self.spine_oversubscription,
+                           self.spine_radix)
+        return self
+
+
+class RailOptimized(BaseModel):
+    """A rail-optimized GPU cluster (NVIDIA DGX SuperPOD's compute fabric; see
+    topology.rail_optimized): NVLink inside each node, NIC i of every node on rail i, spines."""
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["rail_optimized"]
+    nodes: PositiveInt
+    gpus_per_node: PositiveInt = Field(..., description="GPUs (NPUs) per node, one NIC each; NIC i goes to rail i")
+    radix: PositiveInt = Field(..., description="ports per rail switch")
+    oversubscription: PositiveFloat = Field(
+        1.0, description="rail switch down:up ports: floor(radix * o / (o + 1)) nodes per rail switch, the rest up")
+    spine_radix: PositiveInt | None = Field(
+        None, description="ports per spine (default radix): bounds the rail switches of a spine plane")
+    spine_planes: PositiveInt = Field(
+        1, description="spine planes, each serving gpus_per_node / spine_planes consecutive rails")
+    bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) of a GPU's NIC link to its rail switch")
+    latency_ns: NonNegativeFloat = Field(..., description="ns per NIC link")
+    spine_bandwidth_gbps: PositiveFloat | None = Field(
+        None, description="GB/s of rail switch-spine links (default bandwidth_gbps)")
+    spine_latency_ns: NonNegativeFloat | None = Field(
+        None, description="ns per rail switch-spine link (default latency_ns)")
+    nvlink_bandwidth_gbps: PositiveFloat | None = Field(
+        None, description="GB/s of each GPU's link to its node's NVSwitch, each way (needed for 2+ GPUs per node)")
+    nvlink_latency_ns: NonNegativeFloat | None = Field(None, description="ns per NVLink hop")
+    pxn: bool = Field(False, description="all cross-rail traffic between nodes first crosses NVLink to the GPU on "
+                                         "the destination's rail (NCCL's PXN); else only across spine planes")
+    ecmp: Literal["hash", "dmodk"] = Field(
+        "hash", description="how messages pick a spine: hash of (src, dst, n-th message), or D-mod-k "
+                            "(destination node + n)")
+
+    @model_validator(mode="after")
+    def _shape(self) -> "RailOptimized":
+        if self.gpus_per_node > 1 and (self.nvlink_bandwidth_gbps is None or self.nvlink_latency_ns is None):
+            raise ValueError("nvlink_bandwidth_gbps and nvlink_latency_ns are needed with 2 or more GPUs per node")
+        rail_shape(self.nodes, self.gpus_per_node, self.radix, self.oversubscription, self.spine_radix,
+                   self.spine_planes, self.pxn)
+        return self
 
 
 class Torus(BaseModel):
@@ -43,6 +116,12 @@ class Dragonfly(BaseModel):
     global_latency_ns: NonNegativeFloat | None = None
 
 
+class DegradedLink(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    link: str = Field(..., description="a link's name as in the per-link statistics ('a->b'; 'a<->b': both ways)")
+    bandwidth_factor: float = Field(..., gt=0, le=1, description="the fraction of its bandwidth the link keeps")
+
+
 class CongestionConfig(PluginConfig):
     """Give the network as ASTRA-sim's lists, a `generator`, or a `topology_file`."""
 
@@ -55,11 +134,18 @@ class CongestionConfig(PluginConfig):
     bandwidth: list[PositiveFloat] | None = Field(
         None, description="GB/s per dimension, GB = 2^30 bytes (ASTRA-sim convention)")
     latency: list[NonNegativeFloat] | None = Field(None, description="ns per link, per dimension")
-    generator: FatTree | Torus | Dragonfly | None = Field(
-        None, discriminator="kind", description="fat_tree, torus or dragonfly (bandwidth in GB/s, 10^9 B/s)")
+    generator: FatTree | RailOptimized | Torus | Dragonfly | None = Field(
+        None, discriminator="kind",
+        description="fat_tree, rail_optimized, torus or dragonfly (bandwidth in GB/s, 10^9 B/s)")
     topology_file: str | None = Field(
         None, description="edge list (src dst bandwidth_gbps latency_ns [uni|bi] per line) or .graphml; "
                           "NPUs are the nodes named 0..N-1, other nodes are switches")
+    failed_links: list[str] = Field(
+        [], description="links no message takes, named as in the per-link statistics ('a->b'; 'a<->b': both "
+                        "ways); routes avoid them (not on ASTRA-sim dimensions or torus, which route by "
+                        "dimension order)")
+    degraded_links: list[DegradedLink] = Field(
+        [], description="links with less bandwidth: [{link: 'a->b', bandwidth_factor: 0.5}]")
     top_links: PositiveInt = Field(10, description="hottest links shown in the terminal summary")
     trace_messages: int = Field(
         0, ge=0, description="record the first N messages (endpoints, size, route, send and arrival "
@@ -100,13 +186,23 @@ class CongestionNetwork(NetworkModel):
         topo = self._build(config, context.base_dir)
         self.topo = topo
         self.npus_count = topo.npus
-        self.router: DimensionOrderRouter | ShortestPathRouter
+        failed, degraded, problems = self._resolve_faults(topo, config)
+        if problems:
+            raise ManifestError([("network" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc), why)
+                                 for loc, why in problems])
+        self.failed, self.degraded = failed, degraded
+        for link, factor in degraded:
+            topo.link_bw[link] *= factor
+        self.router: DimensionOrderRouter | ShortestPathRouter | FabricRouter
         if topo.dims:
             self.dims = tuple(Dimension(k, n, bw, lat) for k, n, bw, lat in topo.dims)
             self.router = DimensionOrderRouter(topo)
         else:
             self.dims = (Dimension("Custom", topo.npus, 0.0, 0.0),)
-            self.router = ShortestPathRouter(topo)
+            if topo.fabric is not None:
+                self.router = FabricRouter(topo, failed)
+            else:
+                self.router = ShortestPathRouter(topo, failed)
         if config.mode == "fifo":
             # Links a previous attempt of this run found shared (see links.SharedLinks).
             shared: set[int] = set()
@@ -141,7 +237,18 @@ class CongestionNetwork(NetworkModel):
         assert gen is not None   # the config's validator: exactly one source
         try:
             if gen.kind == "fat_tree":
-                return fat_tree(gen.k, gen.bandwidth_gbps, gen.latency_ns, gen.oversubscription)
+                if gen.k is not None:
+                    return fat_tree(gen.k, gen.bandwidth_gbps, gen.latency_ns, gen.oversubscription, gen.tiers,
+                                    gen.ecmp)
+                assert gen.hosts is not None and gen.radix is not None   # the generator's validator
+                return clos_fat_tree(gen.hosts, gen.radix, gen.bandwidth_gbps, gen.latency_ns, gen.tiers,
+                                     gen.oversubscription, gen.spine_oversubscription, gen.spine_radix,
+                                     gen.ecmp or "hash")
+            if gen.kind == "rail_optimized":
+                return rail_optimized(gen.nodes, gen.gpus_per_node, gen.radix, gen.bandwidth_gbps, gen.latency_ns,
+                                      gen.nvlink_bandwidth_gbps or 0.0, gen.nvlink_latency_ns or 0.0,
+                                      gen.oversubscription, gen.spine_radix, gen.spine_planes,
+                                      gen.spine_bandwidth_gbps, gen.spine_latency_ns, gen.pxn, gen.ecmp)
             if gen.kind == "torus":
                 return from_dims(["Ring"] * len(gen.dims), gen.dims,
                                  [gen.bandwidth_gbps * 1e9 / (1 << 30)] * len(gen.dims),
@@ -151,6 +258,61 @@ class CongestionNetwork(NetworkModel):
                              gen.global_bandwidth_gbps, gen.global_latency_ns)
         except ValueError as exc:
             raise SimulationError(f"network.generator: {exc}") from None
+
+    # Failed and degraded links ---------------------------------------------------------------------
+    @classmethod
+    def config_problems(cls, config: CongestionConfig,
+                        inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
+        """Link names in failed_links and degraded_links that the topology does not have (it is
+        built for the check only when those lists are given)."""
+        if not config.failed_links and not config.degraded_links:
+            return []
+        try:
+            topo = cls._build(config, inputs.base_dir)
+        except ChakraSimError:
+            return []       # the run reports the topology's own problem
+        return cls._resolve_faults(topo, config)[2]
+
+    @staticmethod
+    def _resolve_faults(topo: Topology, config: CongestionConfig) -> tuple[
+            frozenset[int], list[tuple[int, float]], list[tuple[tuple[str | int, ...], str]]]:
+        """(failed link ids, (link, bandwidth factor) pairs, problems as (key path, reason))."""
+        if not config.failed_links and not config.degraded_links:
+            return frozenset(), [], []
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        if config.failed_links and topo.dims:
+            problems.append((("failed_links",), "routes on ASTRA-sim dimensions and tori go by dimension order "
+                             "and cannot avoid a failed link; use a fat_tree, rail_optimized or dragonfly "
+                             "generator or a topology_file"))
+            return frozenset(), [], problems
+        names = [topo.link_name(link) for link in range(len(topo.link_src))]
+        index = {name: link for link, name in enumerate(names)}
+
+        def links(loc: tuple[str | int, ...], name: str) -> list[int]:
+            text = re.sub(r"\s*(<->|->)\s*", r"\1", name.strip())
+            if "<->" in text:
+                a, b = text.split("<->", 1)
+                found = [index.get(f"{a}->{b}"), index.get(f"{b}->{a}")]
+            else:
+                found = [index.get(text)]
+            if None in found:
+                near = difflib.get_close_matches(text.replace("<->", "->"), names, n=3, cutoff=0.6)
+                shown = near or names[:2] + names[-1:]
+                problems.append((loc, f"unknown link {name!r}; links are named 'src->dst' as in the "
+                                 f"per-link statistics ('a<->b': both ways), e.g. {', '.join(shown)}"))
+                return []
+            return [link for link in found if link is not None]
+
+        failed: set[int] = set()
+        for position, name in enumerate(config.failed_links):
+            failed.update(links(("failed_links", position), name))
+        factors: dict[int, float] = {}
+        for position, entry in enumerate(config.degraded_links):
+            for link in links(("degraded_links", position, "link"), entry.link):
+                if link in factors:
+                    problems.append((("degraded_links", position, "link"), f"link {names[link]} is degraded twice"))
+                factors[link] = entry.bandwidth_factor
+        return frozenset(failed), sorted(factors.items()), problems
 
     def route(self, src: int, dst: int, seq: int = 0) -> list[str]:
         """The links the seq-th message (from 0) from src to dst takes (for debugging routes)."""
@@ -246,6 +408,11 @@ class CongestionNetwork(NetworkModel):
                    "links": len(rows), "messages": self.flows, "message_bytes": self.flow_bytes,
                    "closed_form_messages": self.closed_form_messages,
                    "link_bytes": sum(r["bytes"] for r in rows), "hottest_links": rows}
+        if self.failed:
+            summary["failed_links"] = [self.topo.link_name(link) for link in sorted(self.failed)]
+        if self.degraded:
+            summary["degraded_links"] = [{"link": self.topo.link_name(link), "bandwidth_factor": factor}
+                                         for link, factor in self.degraded]
         if self.traced:
             summary["traced_messages"] = self.traced
         return summary

@@ -6,7 +6,11 @@ goes the shorter way (clockwise on ties), a switch goes through the slice's
 switch, a fully connected group goes direct. This is ASTRA-sim's route for
 one dimension, extended to several.
 
-On arbitrary graphs (files, fat-tree, dragonfly) messages take a shortest
+Generated fat-trees and rail-optimized clusters route arithmetically
+(fabric.FabricRouter, no tables); the k-ary fat-tree gets there exactly the
+routes described next.
+
+On arbitrary graphs (files, dragonfly) messages take a shortest
 path in hops, one of all the equal-cost shortest paths (ECMP): of the P
 shortest paths from src to dst, the seq-th message of that pair (0, 1, ...)
 takes path number (dst + seq) mod P. This is D-mod-k routing, what
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from typing import Collection
 
 from chakra_core import SimulationError
 from chakra_sim_network_congestion.topology import Topology
@@ -124,13 +129,16 @@ class ShortestPathRouter:
     on a k=16 fat-tree's 1,344 devices).
     """
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Topology, failed: Collection[int] = ()):
         self.topo = topo
         self._routes: dict[tuple[int, int, int], tuple[int, ...]] = {}
+        self._failed = frozenset(failed)
+        """Links no route takes (`failed_links`): shortest paths are those of the remaining graph."""
         # incoming adjacency for reverse BFS from destinations
         self._in: list[list[int]] = [[] for _ in range(topo.devices)]
-        for src, dst in zip(topo.link_src, topo.link_dst):
-            self._in[dst].append(src)
+        for link, (src, dst) in enumerate(zip(topo.link_src, topo.link_dst)):
+            if link not in self._failed:
+                self._in[dst].append(src)
         self._hops: dict[int, list] = {}
         self._branches: dict[tuple, tuple] = {}
         # messages sent so far per (src, dst): a dict per source while it has few peers, then an
@@ -159,7 +167,11 @@ class ShortestPathRouter:
         branches = self._branches
         for node in order[1:]:
             want = dist[node] - 1
-            options = tuple(sorted(n for n in out[node] if dist[n] == want))
+            if self._failed:
+                failed, links = self._failed, out[node]
+                options = tuple(sorted(n for n in links if dist[n] == want and links[n] not in failed))
+            else:
+                options = tuple(sorted(n for n in out[node] if dist[n] == want))
             if len(options) == 1:
                 hops[node] = options[0]
                 paths[node] = paths[options[0]]
@@ -199,9 +211,13 @@ class ShortestPathRouter:
             hops = self._build(dst)
         entry = hops[src]
         if entry is None:
+            failed = ""
+            if self._failed:
+                names = [self.topo.link_name(link) for link in sorted(self._failed)]
+                failed = f" without its failed links ({', '.join(names[:8])}{' ...' if len(names) > 8 else ''})"
             raise SimulationError(
                 f"network ({self.topo.source}): no path from NPU {src} to NPU {dst}; the topology "
-                "graph is disconnected between them")
+                f"graph{failed} is disconnected between them")
         while entry.__class__ is int:     # a single next hop leads to as many paths as the node has
             entry = hops[entry]
         key = (src, dst, (dst + seq) % entry[0])

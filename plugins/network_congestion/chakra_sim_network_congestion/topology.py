@@ -7,8 +7,12 @@ Sources of a topology:
   between neighbours), fully connected groups (a directed link per pair) or a
   switch (one switch device per slice, bidirectional NPU-switch links), as
   ASTRA-sim's congestion-aware backend builds them;
-- generators: k-ary fat-tree (with oversubscription), torus (2D/3D: a
-  multi-dimensional ring spec), dragonfly;
+- generators: fat-trees (the k-ary one, or any size from a switch radix, 2 or
+  3 tiers, with oversubscription), rail-optimized GPU clusters (NVLink inside
+  a node, a rail network per GPU index, spines), torus (2D/3D: a
+  multi-dimensional ring spec), dragonfly; the fat-trees and rail-optimized
+  clusters also describe themselves arithmetically (`Topology.fabric`, see
+  fabric.py) for routing without tables;
 - a file: an edge list (`src dst bandwidth_gbps latency_ns [uni]` per line) or
   GraphML (edge attributes `bandwidth_gbps`, `latency_ns`).
 
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from chakra_core import ManifestError
+from chakra_sim_network_congestion.fabric import Clos, fat_tree_shape, k_ary_shape, rail_shape
 
 GIB = 1 << 30
 
@@ -51,6 +56,8 @@ class Topology:
     """(building block, size, bandwidth GB/s as given, latency) per dimension; empty for graphs."""
     switch_of: dict[tuple[int, int], int] = field(default_factory=dict)  # (dim, slice base) -> switch
     source: str = "spec"
+    fabric: Clos | None = None
+    """Generated fat-trees and rail-optimized clusters: their shape and link ids per switch port."""
 
     @property
     def devices(self) -> int:
@@ -119,36 +126,139 @@ def from_dims(topologies: Sequence[str], npus_count: Sequence[int], bandwidth: S
 
 
 # Generators -------------------------------------------------------------------------------------
-def fat_tree(k: int, bandwidth_gbps: float, latency_ns: float, oversubscription: float = 1.0) -> Topology:
-    """k-ary fat-tree (k even): k pods of k/2 edge and k/2 aggregation switches, (k/2)^2 cores,
-    k^3/4 hosts. Links above the edge layer get bandwidth / oversubscription."""
-    if k < 2 or k % 2:
-        raise ValueError("fat-tree k must be an even number >= 2")
-    half = k // 2
-    hosts = k * half * half
-    topo = Topology(npus=hosts, source=f"fat-tree k={k}")
-    for host in range(hosts):
-        topo.add_device(f"npu{host}")
+def fat_tree(k: int, bandwidth_gbps: float, latency_ns: float, oversubscription: float = 1.0, tiers: int = 3,
+             ecmp: str | None = None) -> Topology:
+    """k-ary fat-tree (k even). 3 tiers: k pods of k/2 edge and k/2 aggregation switches, (k/2)^2
+    cores, k^3/4 hosts; 2 tiers: k leaves of k/2 hosts and k/2 spines, k^2/2 hosts. Links above
+    the hosts' switches get bandwidth / oversubscription. ECMP: D-mod-k for 3 tiers (as
+    ShortestPathRouter routes it), hash for 2, unless `ecmp` says."""
+    shape = k_ary_shape(k, tiers)
+    shape.ecmp = ecmp or ("dmodk" if tiers == 3 else "hash")
     down = gb_per_s_to_bpns(bandwidth_gbps)
-    up = down / oversubscription
-    cores = [topo.add_device(f"core{c}") for c in range(half * half)]
+    return _fat_tree(shape, down, down / oversubscription, latency_ns,
+                     f"fat-tree k={k}" if tiers == 3 else f"fat-tree k={k}, 2 tiers")
+
+
+def clos_fat_tree(hosts: int, radix: int, bandwidth_gbps: float, latency_ns: float, tiers: int = 3,
+                  oversubscription: float = 1.0, spine_oversubscription: float | None = None,
+                  spine_radix: int | None = None, ecmp: str = "hash") -> Topology:
+    """A fat-tree of `hosts` hosts (any count) built from radix-port switches, oversubscribed by
+    port count (fabric.fat_tree_shape); every link has the same bandwidth."""
+    shape = fat_tree_shape(hosts, radix, tiers, oversubscription, spine_oversubscription, spine_radix)
+    shape.ecmp = ecmp
+    bw = gb_per_s_to_bpns(bandwidth_gbps)
+    return _fat_tree(shape, bw, bw, latency_ns, f"fat-tree {hosts} hosts, radix {radix}, {tiers} tiers")
+
+
+def _fat_tree(shape: Clos, down: float, up: float, latency_ns: float, source: str) -> Topology:
+    """Devices and links of a fat-tree shape, recording every link id in `shape`'s arrays.
+
+    NPUs first. 2 tiers: then leaf0.., spine0..; per leaf, its hosts' links (up, down) then
+    its links to each spine. 3 tiers (the order of the k-ary fat-tree since the first
+    version): cores core0.. (core j * u' + c is the c-th of aggregation switch j's cores),
+    then per pod its edges edge{pod}.{e} and aggregation switches agg{pod}.{j}; per edge,
+    its hosts' links then its links to each agg of the pod; then per agg, its core links."""
+    f = shape
+    f.allocate()
+    topo = Topology(npus=f.hosts, source=source, fabric=f)
+    for host in range(f.hosts):
+        topo.add_device(f"npu{host}")
+    connect, u, d = topo.connect, f.up, f.leaf_hosts
+    host_up, host_down, up2, down2 = f.host_up, f.host_down, f.up2, f.down2
     host = 0
-    for pod in range(k):
-        edges = [topo.add_device(f"edge{pod}.{e}") for e in range(half)]
-        aggs = [topo.add_device(f"agg{pod}.{a}") for a in range(half)]
-        for edge in edges:
-            for _ in range(half):
-                topo.connect(host, edge, down, latency_ns)
-                topo.connect(edge, host, down, latency_ns)
-                host += 1
-            for agg in aggs:
-                topo.connect(edge, agg, up, latency_ns)
-                topo.connect(agg, edge, up, latency_ns)
-        for a, agg in enumerate(aggs):
-            for c in range(half):
-                core = cores[a * half + c]
-                topo.connect(agg, core, up, latency_ns)
-                topo.connect(core, agg, up, latency_ns)
+
+    def leaf_links(leaf: int, device: int, above: list[int]) -> None:
+        nonlocal host
+        for _ in range(min(d, f.hosts - host)):
+            host_up[host] = connect(host, device, down, latency_ns)
+            host_down[host] = connect(device, host, down, latency_ns)
+            host += 1
+        for j, switch in enumerate(above):
+            up2[leaf * u + j] = connect(device, switch, up, latency_ns)
+            down2[leaf * u + j] = connect(switch, device, up, latency_ns)
+
+    if f.tiers == 2:
+        leaves = [topo.add_device(f"leaf{leaf}") for leaf in range(f.leaves)]
+        spines = [topo.add_device(f"spine{j}") for j in range(u)]
+        for leaf, device in enumerate(leaves):
+            leaf_links(leaf, device, spines)
+        return topo
+    ua = f.agg_up
+    cores = [topo.add_device(f"core{c}") for c in range(u * ua)]
+    for pod in range(f.pods):
+        first = pod * f.pod_leaves
+        edges = [topo.add_device(f"edge{pod}.{e}") for e in range(min(f.pod_leaves, f.leaves - first))]
+        aggs = [topo.add_device(f"agg{pod}.{j}") for j in range(u)]
+        for e, edge in enumerate(edges):
+            leaf_links(first + e, edge, aggs)
+        for j, agg in enumerate(aggs):
+            for c in range(ua):
+                index = (pod * u + j) * ua + c
+                f.up3[index] = connect(agg, cores[j * ua + c], up, latency_ns)
+                f.down3[index] = connect(cores[j * ua + c], agg, up, latency_ns)
+    return topo
+
+
+def rail_optimized(nodes: int, gpus_per_node: int, radix: int, bandwidth_gbps: float, latency_ns: float,
+                   nvlink_bandwidth_gbps: float, nvlink_latency_ns: float, oversubscription: float = 1.0,
+                   spine_radix: int | None = None, spine_planes: int = 1,
+                   spine_bandwidth_gbps: float | None = None, spine_latency_ns: float | None = None,
+                   pxn: bool = False, ecmp: str = "hash") -> Topology:
+    """A rail-optimized GPU cluster, after the compute fabric of NVIDIA's DGX SuperPOD reference
+    architecture ("NVIDIA DGX SuperPOD: Next Generation Scalable Infrastructure for AI Leadership",
+    reference architecture featuring DGX H100 systems, RA-11333-001, section Network Fabrics; the
+    DGX B200/B300 editions alike): every node's NIC i on rail i; the nodes of a scalable unit under
+    one leaf switch per rail, so that traffic per rail is one hop away within the unit, and traffic
+    between units or rails through the spine layer. Meta's two 24,576-GPU clusters ("Building
+    Meta's GenAI Infrastructure", Engineering at Meta, March 2024; Gangidi et al., "RDMA over
+    Ethernet for Distributed AI Training at Meta Scale", SIGCOMM 2024) put 8-NIC nodes under
+    rack switches and large modular cluster switches (up to 576 ports) above them: here a one-plane
+    spine layer with spine_radix 576.
+
+    - each node's GPUs are linked to the node's NVSwitch (`nvsw{node}`) both ways at the NVLink
+      bandwidth and latency (not built for one GPU per node);
+    - GPU i of node n (NPU n * gpus_per_node + i) is linked to rail switch `rail{i}.{n // d}`, d
+      being a rail switch's host ports (fabric.split_ports of radix and oversubscription);
+    - rails are grouped into `spine_planes` planes of consecutive rails; a plane has u spines
+      `spine{plane}.{j}` (u: a rail switch's up-links), each linked to every rail switch of its
+      rails; spine_radix (default radix) bounds the rail switches per plane. One plane is the
+      SuperPOD layout; large-radix spines let one plane reach tens of thousands of GPUs; one
+      plane per rail makes separate rail networks, bridged by NVLink inside the nodes.
+
+    Devices: NPUs, NVSwitches, rail switches (rail-major), spines (plane-major). Links: per node
+    its NVLinks; per rail switch its GPUs' links (up, down), then its spine links (up, down).
+    """
+    f = rail_shape(nodes, gpus_per_node, radix, oversubscription, spine_radix, spine_planes, pxn)
+    f.ecmp = ecmp
+    f.allocate()
+    g, d, u, rail_leaves = gpus_per_node, f.leaf_hosts, f.up, f.rail_leaves
+    topo = Topology(npus=f.hosts, source=f"rail-optimized {nodes} nodes x {g} GPUs", fabric=f)
+    for host in range(f.hosts):
+        topo.add_device(f"npu{host}")
+    connect = topo.connect
+    nic = gb_per_s_to_bpns(bandwidth_gbps)
+    spine_bw = gb_per_s_to_bpns(spine_bandwidth_gbps or bandwidth_gbps)
+    spine_lat = latency_ns if spine_latency_ns is None else spine_latency_ns
+    if g > 1:
+        nvlink = gb_per_s_to_bpns(nvlink_bandwidth_gbps)
+        for node in range(nodes):
+            switch = topo.add_device(f"nvsw{node}")
+            for host in range(node * g, node * g + g):
+                f.nv_up[host] = connect(host, switch, nvlink, nvlink_latency_ns)
+                f.nv_down[host] = connect(switch, host, nvlink, nvlink_latency_ns)
+    rails = [topo.add_device(f"rail{rail}.{s}") for rail in range(g) for s in range(rail_leaves)]
+    rails_per_plane = g // spine_planes
+    spines = [topo.add_device(f"spine{plane}.{j}") for plane in range(spine_planes) for j in range(u)]
+    for leaf, switch in enumerate(rails):
+        rail, s = divmod(leaf, rail_leaves)
+        for node in range(s * d, min(s * d + d, nodes)):
+            host = node * g + rail
+            f.host_up[host] = connect(host, switch, nic, latency_ns)
+            f.host_down[host] = connect(switch, host, nic, latency_ns)
+        plane = rail // rails_per_plane
+        for j in range(u):
+            f.up2[leaf * u + j] = connect(switch, spines[plane * u + j], spine_bw, spine_lat)
+            f.down2[leaf * u + j] = connect(spines[plane * u + j], switch, spine_bw, spine_lat)
     return topo
 
 
