@@ -24,7 +24,15 @@ whose `nccl` layer times what NCCL executes instead of NCCL's tuner estimate: th
 outputs, the llama3-70b example (an `nccl` job) and the accuracy tables changed (54 of 370),
 every other output stayed byte-identical. Recorded again (issue 21, first part): the 116
 `congestion` outputs gained the new `failed_links: []` and `degraded_links: []` keys in their
-echoed configuration; their times and link statistics are unchanged.
+echoed configuration; their times and link statistics are unchanged. Recorded again (issue 21,
+forwarding): the 116 `congestion` outputs gained `forwarding` in their echoed configuration and
+network summary. On ASTRA-sim's lists (every reference case, the scale runs, the restart and
+ring cases) times and link statistics are unchanged (store and forward stays their default);
+the generated fat-trees (k=8 all-to-all, the GPT job's network) now default to cut-through,
+which changes their times; fair ring all-reduces are now timed in closed form (their
+`closed_form_messages` count changed, times unchanged). The fair k=8 all-to-all is now timed as
+one step of flows: the same finish, link bytes, busy times and peaks; its `closed_form_messages`
+count changed.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from chakra_core.contract.inputs import LayerContext, RunInputs, Scheduler, Unfold, ValidationInputs
     from chakra_core.contract.layers import (AstraEquivalent, ComputeModel, LayerModel, MemoryModel, PluginConfig,
                                              SystemLayer)
-    from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork, Dimension, NetworkModel
+    from chakra_core.contract.network import (ClosedFormNetwork, ContentionFreeNetwork, Dimension, FlowNetwork,
+                                              NetworkModel)
     from chakra_core.et.duration import replay_time_ns
     from chakra_core.errors import (AttributeTypeError, ChakraSimError, DeadlockError, ManifestError, PluginError,
                                     SimulationError, TraceFormatError, TraceGraphError)
@@ -56,6 +57,7 @@ _EXPORTS = {
     "PluginConfig": "chakra_core.contract.layers", "AstraEquivalent": "chakra_core.contract.layers",
     "NetworkModel": "chakra_core.contract.network", "Dimension": "chakra_core.contract.network",
     "ContentionFreeNetwork": "chakra_core.contract.network", "ClosedFormNetwork": "chakra_core.contract.network",
+    "FlowNetwork": "chakra_core.contract.network",
     "LayerContext": "chakra_core.contract.inputs", "RunInputs": "chakra_core.contract.inputs",
     "Scheduler": "chakra_core.contract.inputs", "Unfold": "chakra_core.contract.inputs",
     "ValidationInputs": "chakra_core.contract.inputs", "Folding": "chakra_core.contract.folding",

@@ -106,7 +106,7 @@ def test_the_engine_does_not_know_the_report_and_the_contract_knows_no_implement
 
 def test_the_core_never_imports_or_names_a_bundled_plugin():
     bundled = sorted(p.name for p in (ROOT / "plugins").iterdir() if (p / "pyproject.toml").exists())
-    names = {"roofline", "achievable", "hbm", "analytical", "congestion", "nccl"}
+    names = {"roofline", "achievable", "hbm", "analytical", "congestion", "nccl", "ns3"}
     modules = _modules()
     for name, path in modules.items():
         text = path.read_text()
@@ -115,7 +115,8 @@ def test_the_core_never_imports_or_names_a_bundled_plugin():
             # as a plugin selection in code: plugin: <name> / "plugin": "<name>" / == "<name>"
             assert not re.search(rf"""["']plugin["']\s*:\s*["']{plugin}["']""", text), f"{name} selects {plugin}"
             assert not re.search(rf"""(==|=)\s*["']{plugin}["']\s*$""", text, re.M), f"{name} names {plugin}"
-    assert bundled == ["compute_achievable", "compute_roofline", "memory_hbm", "network_analytical", "network_congestion", "system_nccl"]
+    assert bundled == ["compute_achievable", "compute_roofline", "memory_hbm", "network_analytical", "network_congestion",
+                       "network_ns3", "system_nccl"]
 
 
 def test_modules_hold_one_concept():

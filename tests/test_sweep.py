@@ -34,6 +34,17 @@ def write_sweep(folder: Path, body: dict, name: str = "sweep.yaml") -> Path:
     return path
 
 
+def broken_traces(folder: Path) -> Path:
+    """Trace files that pass validation (they exist) but fail when read: a point failing as it runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in range(8):
+        (folder / f"all_reduce.{rank}.et").write_bytes(b"\xff\xff\xff")
+    return folder / "all_reduce"
+
+
+BROKEN_ERROR = "all_reduce.0.et: at byte 0: file ends inside a length prefix (truncated file)"
+
+
 def sweep_cli(*args: str):
     return CliRunner().invoke(main, ["sweep", *map(str, args)])
 
@@ -205,21 +216,23 @@ def test_relative_paths_resolve_against_the_base_manifest(tmp_path):
 
 
 def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
-    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50, -1, 100]}})
+    broken = broken_traces(tmp_path / "broken")
+    path = write_sweep(tmp_path, {"grid": {"workload.trace": [str(TRACES / "all_reduce"), str(broken)],
+                                           "network.bandwidth[0]": [50, 100]}})
     done = sweep_cli(path, "--workers", "2")
     assert done.exit_code == 1, done.output
     rows = read_csv(tmp_path / "out" / "sweep.csv")
-    assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
-    assert [r["finish_ns"] for r in rows] == ["64440", "", "47360"]
-    assert rows[1]["error"] == "network.bandwidth[0]: Input should be greater than 0"
-    record = json.loads((tmp_path / "out" / "points" / rows[1]["id"] / "point.json").read_text())
-    assert record["status"] == "failed" and "network.bandwidth[0]" in record["detail"]
-    assert "3 points: 2 ok, 1 failed" in done.output
+    assert [r["status"] for r in rows] == ["ok", "ok", "failed", "failed"]
+    assert [r["finish_ns"] for r in rows] == ["64440", "47360", "", ""]
+    assert rows[2]["error"] == f"{tmp_path}/broken/{BROKEN_ERROR}"
+    record = json.loads((tmp_path / "out" / "points" / rows[2]["id"] / "point.json").read_text())
+    assert record["status"] == "failed" and "truncated file" in record["detail"]
+    assert "4 points: 2 ok, 2 failed" in done.output
 
 
 def test_resume_skips_finished_points_and_reruns_failed_ones(tmp_path):
-    later = tmp_path / "later"   # no traces there yet: the second point fails
-    traces = [str(TRACES / "all_reduce"), str(later / "all_reduce")]
+    later = tmp_path / "later"   # unreadable traces there for now: its points fail
+    traces = [str(TRACES / "all_reduce"), str(broken_traces(later))]
     path = write_sweep(tmp_path, {"grid": {"workload.trace": traces,
                                            "network.latency[0]": [100, 500]}})
     first = run_sweep(load_sweep(path), workers=2)
@@ -228,7 +241,7 @@ def test_resume_skips_finished_points_and_reruns_failed_ones(tmp_path):
     ok_record = tmp_path / "out" / "points" / first.rows[0]["id"] / "point.json"
     stamp = ok_record.stat().st_mtime_ns
 
-    shutil.copytree(TRACES, later)
+    shutil.copytree(TRACES, later, dirs_exist_ok=True)
     second = run_sweep(load_sweep(path), workers=2)
     assert (second.ran, second.skipped) == (2, 2)
     assert ok_record.stat().st_mtime_ns == stamp
@@ -277,7 +290,7 @@ def test_csv_and_parquet_hold_the_same_table_and_the_png_is_drawn(tmp_path):
                                            "network.topology": [["Ring"], ["Switch"]]},
                                   "points": [{"system.all-reduce-implementation": ["ring"]},
                                              {"system.all-reduce-implementation": ["direct"],
-                                              "compute.plugin": "nope"}],
+                                              "workload.trace": str(broken_traces(tmp_path / "broken"))}],
                                   "metric": "max(exposed_comm_ns)"})
     result = run_sweep(load_sweep(path), workers=2)
     assert [r["status"] for r in result.rows] == ["ok"] * 4 + ["failed"] * 4
@@ -285,12 +298,12 @@ def test_csv_and_parquet_hold_the_same_table_and_the_png_is_drawn(tmp_path):
     parquet = pq.read_table(out / "sweep.parquet")
     assert parquet.column_names == result.columns
     assert parquet.column_names[:6] == ["point", "id", "network.bandwidth[0]", "network.topology",
-                                        "system.all-reduce-implementation", "compute.plugin"]
+                                        "system.all-reduce-implementation", "workload.trace"]
     types = {f.name: str(f.type) for f in parquet.schema}
     assert types["network.bandwidth[0]"] == "double" and types["network.topology"] == "string"
     assert types["error"] == "string" and types["finish_ns"] == "int64" and types["mean(waiting_ns)"] == "double"
     assert parquet.column("network.topology").to_pylist()[:2] == ['["Ring"]', '["Switch"]']
-    assert parquet.column("compute.plugin").to_pylist() == [None] * 4 + ["nope"] * 4
+    assert parquet.column("workload.trace").to_pylist() == [None] * 4 + [str(tmp_path / "broken" / "all_reduce")] * 4
     options = pacsv.ConvertOptions(column_types=parquet.schema, strings_can_be_null=True)
     assert pacsv.read_csv(out / "sweep.csv", convert_options=options).equals(parquet)
     assert parquet.column("max(exposed_comm_ns)").to_pylist()[:4] == [
@@ -353,9 +366,10 @@ def test_24_points_give_identical_tables_on_the_local_pool_and_on_ray(tmp_path):
 
 def test_the_ray_executor_starts_and_stops_its_own_local_instance(tmp_path):
     ray = pytest.importorskip("ray")
-    path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50, -1]}})
+    broken = broken_traces(tmp_path / "broken")
+    path = write_sweep(tmp_path, {"grid": {"workload.trace": [str(TRACES / "all_reduce"), str(broken)]}})
     done = sweep_cli(path, "--executor", "ray", "--workers", "1", "--quiet")
     assert done.exit_code == 1, done.output
-    assert "point 1 (" in done.output and "network.bandwidth[0]: Input should be greater than 0" in done.output
+    assert "point 1 (" in done.output and BROKEN_ERROR in done.output
     assert [r["finish_ns"] for r in read_csv(tmp_path / "out" / "sweep.csv")] == ["64440", ""]
     assert not ray.is_initialized()

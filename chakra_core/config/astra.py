@@ -19,6 +19,7 @@ what the plugins declare (`AstraEquivalent`): this module names none.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -62,9 +63,21 @@ def field_keys(config_cls: type[BaseModel]) -> set[str]:
     return keys
 
 
+ASTRA_SYSTEM_KEYS = frozenset({
+    "scheduling-policy", "all-reduce-implementation", "reduce-scatter-implementation",
+    "all-gather-implementation", "all-to-all-implementation", "collective-optimization",
+    "local-reduction-delay", "active-chunks-per-dimension", "L", "o", "g", "G", "endpoint-delay",
+    "model-shared-bus", "preferred-dataset-splits", "peak-perf", "local-mem-bw", "roofline-enabled",
+    "trace-enabled", "replay-only", "boost-mode", "intra-dimension-scheduling",
+    "inter-dimension-scheduling"})
+"""Every key ASTRA-sim's `Sys::initialize_sys` reads from a system JSON. It looks each up with
+`j.contains(...)` and never complains about others: a misspelt key is ignored silently there."""
+
+
 def split_known(data: Mapping[str, Any], config_cls: type[BaseModel], source: str, layer: str, plugin: str,
                 consumed_elsewhere: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
-    """Keep the keys `config_cls` implements; return (kept, warnings for the rest)."""
+    """Keep the keys `config_cls` implements; return (kept, warnings for the rest). A key that is
+    not ASTRA-sim's either (system files) or is close to a known one is named as a likely typo."""
     known = field_keys(config_cls)
     kept: dict[str, Any] = {}
     warnings: list[str] = []
@@ -72,9 +85,24 @@ def split_known(data: Mapping[str, Any], config_cls: type[BaseModel], source: st
         if key in known:
             kept[key] = value
         elif key not in consumed_elsewhere:
-            warnings.append(f"{source}: key '{key}' is not implemented by {layer} plugin "
-                            f"'{plugin}'; ignored")
+            warnings.append(_unknown_key(key, known, source, layer, plugin, consumed_elsewhere))
     return kept, warnings
+
+
+def _unknown_key(key: str, known: set[str], source: str, layer: str, plugin: str,
+                 consumed_elsewhere: frozenset[str]) -> str:
+    astra_keys = ASTRA_SYSTEM_KEYS if layer == "system" else frozenset()
+    if key in astra_keys:   # ASTRA-sim's, not this plugin's: a feature, not a typo
+        return f"{source}: key '{key}' is not implemented by {layer} plugin '{plugin}'; ignored"
+    candidates = sorted(known | consumed_elsewhere | astra_keys)
+    closest = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    hint = f" (did you mean '{closest[0]}'?)" if closest else ""
+    if layer == "system":
+        return (f"{source}: unknown key '{key}'{hint}: not a key of ASTRA-sim's system file; "
+                "ignored, as ASTRA-sim ignores unknown keys")
+    if closest:
+        return f"{source}: unknown key '{key}'{hint}: not implemented by {layer} plugin '{plugin}'; ignored"
+    return f"{source}: key '{key}' is not implemented by {layer} plugin '{plugin}'; ignored"
 
 
 @dataclass

@@ -37,7 +37,9 @@ from chakra_core.config.spec import RunSpec
 from chakra_core.contract.layers import SystemLayer
 from chakra_core.errors import ChakraSimError
 from chakra_core.et.attrs import NodeView
+from chakra_core.et.duration import replay_time_ns
 from chakra_core.feeder import CPU_FLAG, StreamingFeeder
+from chakra_core.limits import TIME_NS
 from chakra_core.schema import pb
 
 MEMORY_NODES = (pb.MEM_LOAD_NODE, pb.MEM_STORE_NODE)
@@ -88,6 +90,8 @@ def _scan(rank: int, path: Path, spec: RunSpec, system: type[SystemLayer] | None
         problems.append(f"rank {rank}: {exc}")
         return None
     scan = _RankScan(rank, path)
+    compute = spec.layers.get("compute")
+    replayed, max_ns = compute is not None and compute.impl.name == "replay", TIME_NS.value()
     try:
         warnings.extend(feeder.warnings)
         for node_id in sorted(feeder.pending_nodes()):
@@ -108,6 +112,10 @@ def _scan(rank: int, path: Path, spec: RunSpec, system: type[SystemLayer] | None
                     problems.append(f"{path}: {exc}")
             elif kind in MEMORY_NODES and scan.first_memory_node is None:
                 scan.first_memory_node = node_id
+            elif kind == pb.COMP_NODE and replayed and replay_time_ns(feeder.lookup_node(node_id)) > max_ns:
+                # what a run's time limit refuses first (it also refuses sums beyond it)
+                problems.append(f"{path} (rank {rank}), node {node_id}: traced duration "
+                                f"{replay_time_ns(feeder.lookup_node(node_id)):,} ns; {TIME_NS.hint()}")
     except ChakraSimError as exc:   # a body that indexed but does not decode
         problems.append(f"rank {rank}: {exc}")
         return None

@@ -78,6 +78,10 @@ class StepSchedule:
     uniform: bool = False
     """Every member sends to exactly one peer at the same offset in every step (a ring):
     lets the closed-form executor take its O(steps) fast path."""
+    offsets: Callable[[int], tuple[int, ...]] | None = None
+    """Optional, for rotation-symmetric steps: step -> the offsets o for which the member at
+    position i sends to position (i + o) % n (send_to must agree). Lets a flow-level network
+    time a whole step as one set of flows (`FlowNetwork.transfer_flows`)."""
 
     @property
     def steps(self) -> int:
@@ -88,6 +92,8 @@ class StepSchedule:
         """Bytes member 0 injects over the whole run (the same for every member)."""
         if self.uniform:
             return sum(self.step_bytes)
+        if self.offsets is not None:
+            return sum(b * len(self.offsets(k)) for k, b in enumerate(self.step_bytes))
         return sum(b * len(self.send_to(0, k)) for k, b in enumerate(self.step_bytes))
 
     @cached_property
@@ -95,6 +101,8 @@ class StepSchedule:
         """Bytes each member receives over the whole run, by position."""
         if self.uniform:
             return (sum(self.step_bytes),) * self.n
+        if self.offsets is not None:   # every position receives from the same offsets
+            return (self.bytes_sent_per_member,) * self.n
         received = [0] * self.n
         for k, b in enumerate(self.step_bytes):
             for i in range(self.n):
@@ -138,6 +146,15 @@ class CollectiveAlgorithm:
     def step_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
         """The phase as symmetric synchronous steps, or None if it is not one."""
         return None
+
+    def flow_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
+        """The phase as steps of flows for a flow-level network (`FlowNetwork`): a schedule with
+        `offsets`, or None to run it as on any other network. Default: `step_schedule` when it
+        has offsets. An algorithm whose members send several messages at once (direct) may give
+        one here that it does not give as `step_schedule`, whose closed form times messages one
+        at a time."""
+        schedule = self.step_schedule(comm_type, size, n)
+        return schedule if schedule is not None and schedule.offsets is not None else None
 
     def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
                 root: int = 0) -> Sequence[PhaseMember] | None:

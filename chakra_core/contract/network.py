@@ -3,7 +3,7 @@
 Every network backend subclasses `NetworkModel` and provides `npus_count`, `dims`
 and `send`: enough for any system layer to move every message event by event.
 
-Two optional protocols let the built-in system layer time collectives without an
+Three optional protocols let the built-in system layer time collectives without an
 event per message; a backend implements one when its physics allow it:
 
 - `ContentionFreeNetwork` (`message_delay`): a message's delay depends only on
@@ -13,6 +13,10 @@ event per message; a backend implements one when its physics allow it:
   whose links carry nothing else can still be timed without events; the network
   says which by accepting a `claim`, and asks for a restart if it was wrong
   (`LayerContext.request_restart`).
+- `FlowNetwork` (`claim_flows`, `transfer_flows`, ...): a flow-level network
+  times each step of a collective (a ring step, an all-to-all round) as one set
+  of flows that start together and share the links among themselves, on links
+  it has reserved for the collective as a whole.
 """
 
 from __future__ import annotations
@@ -127,3 +131,39 @@ class ClosedFormNetwork(Protocol):
         """Keep them (stop remembering)."""
         ...
 
+
+@runtime_checkable
+class FlowNetwork(Protocol):
+    """Optional: time a collective's steps as sets of flows on links reserved for it.
+
+    The system layer `claim_flows` a collective's runs, each as (members, offsets): the member
+    at position i sends to position (i + o) % n for each offset o. When the network can promise
+    that nothing else will use their links while the collective runs, it returns a token, and
+    the system layer times each step with `transfer_flows`; traffic it did not expect on those
+    links makes it request a restart, as a `ClosedFormNetwork` does. `release`, `checkpoint`,
+    `rollback` and `commit` are `ClosedFormNetwork`'s.
+    """
+
+    flow_level: bool
+    """True (per instance) when the network offers this protocol in this run."""
+
+    def claim_flows(self, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> object | None:
+        """Reserve the links of every (members, offsets) run's flows for one collective: a token
+        for `release`, or None (nothing reserved) when some may carry other traffic."""
+        ...
+
+    def transfer_flows(self, members: Sequence[int], offsets: Sequence[int], size: int,
+                       send_times: Sequence[int]) -> list[int]:
+        """One step of a claimed run: the member at position i sends `size` bytes to each position
+        (i + o) % n at send_times[i]. Returns, per position, the later of its own send time and
+        the arrival of the last flow into it; links' state and statistics change as the flows
+        would change them."""
+        ...
+
+    def release(self, token: object) -> None: ...
+
+    def checkpoint(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def commit(self) -> None: ...

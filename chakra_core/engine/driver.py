@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 
 from chakra_core.et.duration import replay_time_ns
 from chakra_core.errors import SimulationError
+from chakra_core.limits import TIME_NS
 from chakra_core.et.attrs import NodeView
 from chakra_core.feeder.base import CPU_FLAG, GraphFeeder
 from chakra_core.schema import pb
@@ -105,7 +106,7 @@ class RankDriver:
                  "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
                  "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
                  "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
-                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time")
+                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time", "_max_ns")
 
     def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
                  capacities: list[int | None], slots: dict[int, int]):
@@ -117,6 +118,7 @@ class RankDriver:
         self.memory = sim.memory
         self.system = sim.system
         self._limit = [UNLIMITED if c is None else c for c in capacities]   # per slot
+        self._max_ns = TIME_NS.value()
         self.in_use = [0] * len(SLOT_NAMES)
         self.ready: list[list[int]] = [[] for _ in SLOT_NAMES]
         self.slots = slots
@@ -340,6 +342,10 @@ class RankDriver:
     def _computed(self, arg: tuple[int, int, int, int]) -> None:
         """A node finished (the engine completes compute nodes here directly)."""
         node_id, slot, category, start = arg
+        if self.queue.now > self._max_ns:   # no hardware takes this long: a trace or model error
+            raise SimulationError(f"rank {self.rank}, node {node_id} ({self.feeder.lookup_node(node_id).name!r}) "
+                                  f"would finish at {self.queue.now:,} ns (started at {start:,} ns); "
+                                  f"{TIME_NS.hint()}")
         if category:
             if self.queue.now != self._last:
                 self._account()

@@ -6,6 +6,12 @@ first message is a `GlobalMetadata`, every following one a `Node`, until EOF.
 There is no header, count or trailer. Files may be gzip-compressed; readers
 detect the gzip magic and decompress transparently.
 
+One rule for length prefixes, shared by every reader (the in-memory one, the
+streaming index, the jsonizer, folding): protobuf's own. A prefix is a varint
+of at most 10 bytes; non-minimal encodings (0x85 0x00 for 5) are accepted, as
+protobuf's parsers accept them, and the value is taken modulo 2^64. A message
+longer than `chakra_core.limits.MESSAGE_BYTES` is refused before it is read.
+
 Errors name the file and the byte offset of the frame that is broken, so a
 truncated download or a file of the wrong kind is obvious.
 """
@@ -23,10 +29,12 @@ from google.protobuf.message import DecodeError, Message
 
 from chakra_core._atomic import atomic_output
 from chakra_core.errors import TraceFormatError
+from chakra_core.limits import GuardedGunzip, check_length, check_regular
 from chakra_core.schema import pb
 
 GZIP_MAGIC = b"\x1f\x8b"
 _MAX_VARINT_BYTES = 10
+_UINT64 = (1 << 64) - 1
 
 
 def encode_varint(value: int) -> bytes:
@@ -40,7 +48,8 @@ def encode_varint(value: int) -> bytes:
 
 
 def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<buffer>") -> tuple[int, int]:
-    """Decode the varint at `pos`; return (value, position after it)."""
+    """Decode the length prefix at `pos` (module docstring: protobuf's rule, then the message
+    size limit); return (value, position after it)."""
     result = shift = 0
     start = pos
     end = len(buf)
@@ -51,6 +60,8 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<b
         pos += 1
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
+            result &= _UINT64
+            check_length(path, start, result)
             return result, pos
         shift += 7
         if pos - start >= _MAX_VARINT_BYTES:
@@ -73,19 +84,20 @@ def iter_frames(buf: bytes | memoryview, path: str = "<buffer>") -> Iterator[tup
 
 
 def is_gzip(path: str | os.PathLike[str]) -> bool:
+    check_regular(path)
     with open(path, "rb") as handle:
         return handle.read(2) == GZIP_MAGIC
 
 
 def read_file_bytes(path: str | os.PathLike[str]) -> bytes:
     """The decompressed contents of a .et file (plain or gzip)."""
-    data = Path(path).read_bytes()
-    if data[:2] == GZIP_MAGIC:
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceFormatError(str(path), 0, f"corrupt gzip stream: {exc}") from exc
-    return data
+    if not is_gzip(path):
+        return Path(path).read_bytes()
+    try:
+        with GuardedGunzip(path) as stream:
+            return stream.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceFormatError(str(path), 0, f"corrupt gzip stream: {exc}") from exc
 
 
 def parse_metadata(data: bytes | memoryview, path: str, offset: int) -> pb.GlobalMetadata:
@@ -143,11 +155,14 @@ class FrameReader:
         self._buf = bytearray()
         self._pos = 0           # position of _buf[0] in the stream
         self._eof = False
+        self.body_offset = 0
+        """Stream offset of the body last yielded (after its prefix, however long)."""
 
     def _fill(self, needed: int) -> None:
         while len(self._buf) < needed and not self._eof:
             try:
-                block = self._stream.read(max(self._chunk, needed - len(self._buf)))
+                # bounded reads: a claimed length is only believed as far as the file goes
+                block = self._stream.read(min(max(self._chunk, needed - len(self._buf)), 16 << 20))
             except (OSError, EOFError, zlib.error) as exc:
                 raise TraceFormatError(self._path, self._pos + len(self._buf),
                                        f"corrupt compressed stream: {exc}") from exc
@@ -174,6 +189,7 @@ class FrameReader:
                     f"message of {length} bytes runs past the end of the file "
                     f"({len(self._buf) - body_start} bytes left; truncated file)")
             body = bytes(self._buf[body_start:body_start + length])
+            self.body_offset = frame + body_start
             del self._buf[:body_start + length]
             self._pos += body_start + length
             yield frame, body
@@ -182,7 +198,7 @@ class FrameReader:
 def open_stream(path: str | os.PathLike[str]) -> BinaryIO:
     """A binary stream of the decompressed file contents."""
     if is_gzip(path):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return GuardedGunzip(path)  # type: ignore[return-value]  # read() and close() suffice
     return open(path, "rb")
 
 

@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 from chakra_core.errors import TraceGraphError
 from chakra_core.et.attrs import NodeView
+from chakra_core.limits import NODE_PARENTS
 from chakra_core.schema import pb
 
 CPU_FLAG = 0x80
@@ -72,8 +73,13 @@ def use_control_deps(dependencies: str) -> bool:
     return dependencies == "all"
 
 
-def parents_of(node: pb.Node, use_ctrl: bool = True) -> list[int]:
-    """Distinct parents (data then control dependencies), in trace order."""
+def parents_of(node: pb.Node, use_ctrl: bool = True, path: str = "<trace>") -> list[int]:
+    """Distinct parents (data then control dependencies), in trace order; a TraceGraphError
+    naming the node (in `path`) when it lists more than `limits.NODE_PARENTS`."""
+    listed = len(node.data_deps) + (len(node.ctrl_deps) if use_ctrl else 0)
+    if listed > NODE_PARENTS.value():
+        raise TraceGraphError(f"{path}: node {node.id} ({node.name!r}) lists {listed:,} parents; "
+                              f"{NODE_PARENTS.hint()}")
     deps = list(node.data_deps)
     if use_ctrl and node.ctrl_deps:
         seen = set(deps)
@@ -101,7 +107,8 @@ def split_missing(node: pb.Node, known: Callable[[int], bool], use_ctrl: bool = 
     data = [d for d in node.data_deps if d != node_id and not known(d)]
     if not use_ctrl:
         return data, []
-    ctrl = [d for d in node.ctrl_deps if d != node_id and not known(d) and d not in node.data_deps]
+    data_deps = set(node.data_deps)   # `in` on the repeated field is linear
+    ctrl = [d for d in node.ctrl_deps if d != node_id and not known(d) and d not in data_deps]
     return data, ctrl
 
 

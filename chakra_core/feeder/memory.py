@@ -52,7 +52,7 @@ class InMemoryFeeder(GraphFeeder):
                 raise TraceGraphError(
                     f"{self.path}: duplicate node id {node_id} "
                     f"({self._nodes[node_id].name!r} and {node.name!r})")
-            parents[node_id] = [p for p in parents_of(node, self._use_ctrl) if p != node_id]
+            parents[node_id] = [p for p in parents_of(node, self._use_ctrl, self.path) if p != node_id]
             self._nodes[node_id] = NodeView(node)
             self._kind[node_id] = node_kind(node)
         missing_data: list[tuple[int, int]] = []

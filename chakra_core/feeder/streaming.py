@@ -29,6 +29,7 @@ from typing import BinaryIO
 from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import FrameReader, is_gzip, parse_metadata, parse_node
+from chakra_core.limits import GuardedGunzip
 from chakra_core.feeder.base import (GraphFeeder, IssuableHeap, cycle_error, find_cycle,
                                      missing_parent_problem, node_kind, parents_of,
                                      use_control_deps)
@@ -70,10 +71,9 @@ class TraceIndex:
         if is_gzip(source):
             self._tmp_dir = tempfile.mkdtemp(prefix="chakra-sim-")
             plain = os.path.join(self._tmp_dir, "trace.et")
-            import gzip
             import zlib
             try:
-                with gzip.open(source, "rb") as src, open(plain, "wb") as dst:
+                with GuardedGunzip(source) as src, open(plain, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
             except (OSError, EOFError, zlib.error) as exc:
                 raise TraceFormatError(self.path, 0, f"corrupt gzip stream: {exc}") from exc
@@ -87,7 +87,8 @@ class TraceIndex:
         edge_child = array("I")    # child position of each edge
         edge_is_ctrl = bytearray()  # 1 when the edge is a control-only dependency
         with open(source, "rb") as stream:
-            frames = iter(FrameReader(stream, self.path))
+            reader = FrameReader(stream, self.path)
+            frames = iter(reader)
             first = next(frames, None)
             if first is None:
                 raise TraceFormatError(self.path, 0,
@@ -98,12 +99,12 @@ class TraceIndex:
                 position = len(ids)
                 node_id = node.id
                 ids.append(node_id)
-                # FrameReader gives the frame offset; the body follows the varint prefix.
-                offsets.append(offset + _varint_size(len(body)))
+                # the body follows its prefix, which may be non-minimal (et/io.py: protobuf's rule)
+                offsets.append(reader.body_offset)
                 lengths.append(len(body))
                 kinds.append(node_kind(node))
-                data = node.data_deps
-                for parent in parents_of(node, self._use_ctrl):
+                data = set(node.data_deps)   # a set: `in` on the repeated field is linear
+                for parent in parents_of(node, self._use_ctrl, self.path):
                     if parent != node_id:
                         edge_parent.append(parent)
                         edge_child.append(position)
@@ -491,11 +492,3 @@ class StreamingFeeder(GraphFeeder):
 
 _NONE: list[tuple[int, int]] = []
 """An empty result shared by every call that has nothing to return (never appended to)."""
-
-
-def _varint_size(value: int) -> int:
-    size = 1
-    while value > 0x7F:
-        value >>= 7
-        size += 1
-    return size

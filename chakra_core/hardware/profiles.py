@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from chakra_core.config.files import check_values, load_yaml
 from chakra_core.errors import ManifestError
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -285,7 +286,8 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ManifestError([(str(path), "profile 'extends' chain loops: "
                               + " -> ".join(p.name for p in (*seen, path)))])
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text(), str(path))
+        check_values(data, str(path))
     except FileNotFoundError:
         raise ManifestError([(str(path), "profile file not found")]) from None
     except OSError as exc:   # a folder, no permission, ...

@@ -45,6 +45,8 @@ def load_results(path: Path) -> dict[str, Any]:
         raise invalid("not text") from None
     except json.JSONDecodeError as exc:
         raise invalid(f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise invalid("nested too deeply to read") from None
     if not isinstance(data, dict) or not isinstance(data.get("ranks"), list) or not data["ranks"]:
         raise invalid("no list of ranks")
     for index, row in enumerate(data["ranks"]):

@@ -14,12 +14,14 @@ so identical inputs give byte-identical files.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from chakra_core._version import __version__
 from chakra_core.contract.layers import SystemLayer
 from chakra_core.engine.simulation import FinishedRun
 from chakra_core.errors import SimulationError
+from chakra_core.limits import TIME_NS
 
 SCHEMA_VERSION = 2
 """2: the exclusive time breakdown; layer statistics under the plugin's name."""
@@ -68,7 +70,7 @@ def build_results(run: FinishedRun) -> dict[str, Any]:
         if tables:
             layers[layer]["highlights"] = [{"title": title, "columns": columns, "rows": rows}
                                            for title, columns, rows in tables]
-    return {
+    document = {
         "schema_version": SCHEMA_VERSION,
         "chakra_sim_version": __version__,
         "finish_ns": max((r["finish_ns"] for r in ranks), default=0),
@@ -80,6 +82,26 @@ def build_results(run: FinishedRun) -> dict[str, Any]:
         "warnings": list(run.warnings),
         "manifest": run.spec.manifest,
     }
+    _check_numbers(document)
+    return document
+
+
+def _check_numbers(document: dict[str, Any]) -> None:
+    """A SimulationError naming the key path of the first number results.json cannot hold:
+    NaN or infinity (strict JSON has neither) or a time beyond `limits.TIME_NS`."""
+    max_ns = TIME_NS.value()
+    stack: list[tuple[Any, str]] = [(document, "")]
+    while stack:
+        value, key_path = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{key_path}.{k}" if key_path else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{key_path}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise SimulationError(f"results: {key_path} is {value} (a layer computed a number that is not "
+                                  "finite; results.json holds strict JSON)")
+        elif key_path.endswith("_ns") and isinstance(value, (int, float)) and value > max_ns:
+            raise SimulationError(f"results: {key_path} is {value:,} ns; {TIME_NS.hint()}")
 
 
 def _folding(run: FinishedRun) -> dict[str, Any]:

@@ -40,7 +40,8 @@ class InterruptedAfterWriting(KeyboardInterrupt):
 
 
 def results_json(results: dict[str, Any]) -> str:
-    return json.dumps(results, indent=2, sort_keys=False) + "\n"
+    # strict JSON: build_results refused NaN and infinity, naming where they came from
+    return json.dumps(results, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, Any]:

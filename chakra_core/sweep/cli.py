@@ -13,6 +13,7 @@ from chakra_core.cli.output import CliError, err_console, fail, out_console, war
 from chakra_core.errors import ChakraSimError
 from chakra_core.sweep.run import EXECUTORS, WALL_COLUMN, PointReport, SweepResult, run_sweep
 from chakra_core.sweep.spec import Sweep, load_sweep
+from chakra_core.sweep.stop import Interrupted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,11 +32,15 @@ SHOWN_ROWS = 40
               help="Ray cluster to connect to (default: $RAY_ADDRESS, else start a local Ray instance)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="output folder (overrides the sweep file's output.dir)")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True, max=float("inf"), max_open=True),
+              metavar="SECONDS",
+              help="stop a point that runs longer and record it as failed (overrides the sweep file's "
+                   "timeout)  [default: no limit]")
 @click.option("--force", is_flag=True, help="rerun every point, finished ones included")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no table (warnings still go to stderr)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def sweep(sweep_file: str, executor: str, workers: int | None, address: str | None, out_dir: str | None,
-          force: bool, quiet: bool, debug: bool) -> None:
+          timeout: float | None, force: bool, quiet: bool, debug: bool) -> None:
     """Run a manifest over a grid or list of overrides; write one table and a plot.
 
     SWEEP.yaml names a base manifest and the values to set on key paths
@@ -44,11 +49,14 @@ def sweep(sweep_file: str, executor: str, workers: int | None, address: str | No
     (sweep.csv, sweep.parquet) and sweep.png to OUT. Points finished by an
     earlier run with the same manifest are not run again (--force runs them);
     failed ones are. Exit status 0 when every point succeeds, 1 when some
-    failed (the table says which and why), 2 for a bad sweep file.
+    failed (the table says which and why), 2 for a bad sweep file or point
+    (every point is validated before any runs) or an output folder another
+    run is writing, 130 / 143 when stopped by SIGINT / SIGTERM.
 
     \b
     Examples:
       chakra-sim sweep examples/sweep_bandwidth.yaml
+      chakra-sim sweep big.yaml --timeout 600
       chakra-sim sweep big.yaml --executor ray --address head-node:6379
     """
     spec = None
@@ -56,15 +64,17 @@ def sweep(sweep_file: str, executor: str, workers: int | None, address: str | No
         spec = load_sweep(sweep_file, out_dir)
         progress = _Progress(len(spec.points), quiet)
         with progress:
-            result = run_sweep(spec, executor, workers, address, force, on_point=progress.update)
+            result = run_sweep(spec, executor, workers, address, force, on_point=progress.update,
+                               timeout=timeout)
     except ChakraSimError as exc:
         fail(exc, debug)
         return
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:   # Interrupted for SIGINT and SIGTERM (chakra_core.sweep.stop)
+        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else ""
         if spec is not None:
-            err_console.print(f"interrupted: finished points are kept in {spec.output_dir / 'points'}; "
+            err_console.print(f"interrupted{by}: finished points are kept in {spec.output_dir / 'points'}; "
                               "run the same command again to resume", soft_wrap=True, highlight=False)
-        raise SystemExit(130) from None
+        raise SystemExit(exc.exit_status if isinstance(exc, Interrupted) else 130) from None
     except OSError as exc:   # writing the table or the plot (a point's folder fails only its point)
         if debug or spec is None:
             raise

@@ -14,20 +14,21 @@ back instead of simulating it again.
 Rows are built from the results.json text, never from the in-memory results,
 so a fresh row and a row read back are the same, and sorted by point order,
 so the table does not depend on which worker finished first.
+
+Before any point runs, every point's manifest is validated here (`check_points`)
+and the output folder is locked (`lock`); while points run, SIGINT and SIGTERM
+become an exception at a safe point (`stop`) that stops the workers (`pool`) and
+their temporary files with them. docs/reliability.md lists the guarantees.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
-import multiprocessing
+import math
 import os
-import signal
 import time
 import traceback
-from collections import deque
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -36,15 +37,22 @@ from chakra_core._version import __version__
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
+from chakra_core.sweep.errors import SweepError
+from chakra_core.sweep.errors import first_line as _first_line
+from chakra_core.sweep.lock import OutputLock
 from chakra_core.sweep.paths import KeyPathError, Metric
-from chakra_core.sweep.spec import Point, Sweep
+from chakra_core.sweep.pool import describe_exception, run_pool
+from chakra_core.sweep.ray_executor import run_ray
+from chakra_core.sweep.spec import POINTS_DIR, Point, Sweep
+from chakra_core.sweep.stop import StopSignals
+
+__all__ = ["SweepError", "run_local", "run_point", "run_ray", "run_sweep"]   # SweepError, run_ray: see their modules
 
 if TYPE_CHECKING:
     from chakra_core.plugins import PluginHost
 
 EXECUTORS = ("local", "ray")
 POINT_RECORD = "point.json"
-RAY_INSTALL = "pip install 'chakra-sim[ray]'"
 
 # The columns after the swept keys; the metric comes first unless it is one of them.
 STATUS_COLUMNS = ("status", "error")
@@ -58,9 +66,6 @@ COLUMN_KINDS = {"point": "int", "id": "str", "status": "str", "error": "str", WA
                 **{column: "float" if column.startswith("mean(") else "int" for column in STAT_COLUMNS}}
 """Types of the columns every sweep has (the swept keys' and the metric's follow their values)."""
 
-
-class SweepError(ChakraSimError):
-    """The sweep cannot run at all (an executor missing or unreachable)."""
 
 
 # The worker --------------------------------------------------------------------------------------
@@ -102,131 +107,19 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
                        detail=str(exc))
     except ChakraSimError as exc:
         outcome.update(error=_first_line(str(exc)) or type(exc).__name__, detail=str(exc))
-    except Exception as exc:   # a plugin's bug must not stop the other points
-        outcome.update(error=f"{type(exc).__name__}: {_first_line(str(exc))}", detail=traceback.format_exc())
+    except BaseException as exc:   # a plugin's bug, even sys.exit() or a stray KeyboardInterrupt, fails its point alone
+        outcome.update(error=describe_exception(exc), detail=traceback.format_exc())
     outcome["wall_s"] = time.perf_counter() - started
     return outcome
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
-
-
-def _lost(task: dict[str, Any], why: str) -> dict[str, Any]:
-    """The outcome of a point whose worker never answered."""
-    return {"index": task["index"], "id": task["id"], "status": "failed", "error": why, "detail": why,
-            "files": {}, "wall_s": 0.0}
-
-
 # Executors ---------------------------------------------------------------------------------------
-def _ignore_sigint() -> None:
-    # Ctrl-C goes to the whole process group; the sweep's own process stops the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def run_local(tasks: list[dict[str, Any]], workers: int, on_outcome: Callable[[dict[str, Any]], None],
-              function: Callable[[dict[str, Any]], dict[str, Any]] = run_point) -> None:
+              function: Callable[[dict[str, Any]], dict[str, Any]] = run_point,
+              timeout: float | None = None) -> None:
     """Run `function` (`run_point`) on each task in a pool of `workers` fresh processes;
-    call `on_outcome` as each ends.
-
-    At most `workers` points are submitted at a time, so when a worker dies (killed, out of
-    memory, a crash in native code) the points it may have been running are known: they are
-    recorded as failed and the rest go on in a new pool.
-    """
-    pending = deque(tasks)
-    # spawn: a forked worker would inherit the progress bar's thread and any lock it holds.
-    context = multiprocessing.get_context("spawn")
-    while pending:
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_sigint)
-        in_flight: dict[Future[dict[str, Any]], dict[str, Any]] = {}
-        try:
-            while pending or in_flight:
-                while pending and len(in_flight) < workers:
-                    task = pending.popleft()
-                    in_flight[pool.submit(function, task)] = task
-                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                broken = False
-                for future in sorted(done, key=lambda f: in_flight[f]["index"]):
-                    task = in_flight.pop(future)
-                    try:
-                        on_outcome(future.result())
-                    except BrokenProcessPool:
-                        broken = True
-                        on_outcome(_lost(task, "a worker process died while this point (or one running "
-                                               "beside it) ran: killed, out of memory, or a crash in "
-                                               "native code; run the sweep again to retry it"))
-                if broken:
-                    for future, task in sorted(in_flight.items(), key=lambda item: item[1]["index"]):
-                        on_outcome(_lost(task, "a worker process died while this point (or one running "
-                                               "beside it) ran; run the sweep again to retry it"))
-                    in_flight.clear()
-                    break   # a new pool for the points left
-        except BaseException:
-            _terminate(pool)
-            raise
-        pool.shutdown(wait=True)
-
-
-def _terminate(pool: ProcessPoolExecutor) -> None:
-    """Stop a pool now, running points included (shutdown() would wait for them)."""
-    # ProcessPoolExecutor has no public way to stop running work; its process table is stable
-    # CPython API in practice (3.8-3.13).
-    for process in list((getattr(pool, "_processes", None) or {}).values()):
-        process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
-def run_ray(tasks: list[dict[str, Any]], workers: int | None, address: str | None,
-            on_outcome: Callable[[dict[str, Any]], None]) -> None:
-    """Run `tasks` as Ray tasks (one CPU each); call `on_outcome` as each ends.
-
-    Uses the Ray instance this process is connected to if there is one; else connects to
-    `address` (or $RAY_ADDRESS), or starts a local instance with `workers` CPUs, which it
-    shuts down at the end. `workers` also caps the points in flight (default: all, and Ray
-    runs as many as the cluster has CPUs).
-    """
-    try:
-        import ray
-    except ImportError:
-        raise SweepError(f"--executor ray needs Ray, which is not installed: {RAY_INSTALL}") from None
-    started_here = False
-    if not ray.is_initialized():
-        quiet: dict[str, Any] = {"logging_level": logging.WARNING}
-        where = address or os.environ.get("RAY_ADDRESS")
-        try:
-            if where:
-                ray.init(address=where, **quiet)
-            else:
-                ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
-                         **quiet)
-        except Exception as exc:   # Ray raises ConnectionError, RuntimeError, ValueError ...
-            target = f"the Ray cluster at {where}" if where else "a local Ray instance"
-            raise SweepError(f"cannot start or reach {target}: {_first_line(str(exc))}") from None
-        started_here = True
-    remote = ray.remote(num_cpus=1)(run_point)
-    pending = deque(tasks)
-    limit = workers or len(tasks)
-    in_flight: dict[ray.ObjectRef[dict[str, Any]], dict[str, Any]] = {}
-    try:
-        while pending or in_flight:
-            while pending and len(in_flight) < limit:
-                task = pending.popleft()
-                in_flight[remote.remote(task)] = task
-            done, _ = ray.wait(list(in_flight), num_returns=1)
-            for ref in done:
-                task = in_flight.pop(ref)
-                try:
-                    outcome = ray.get(ref)
-                except ray.exceptions.RayError as exc:   # the worker or its node died
-                    outcome = _lost(task, f"Ray: {_first_line(str(exc))}")
-                on_outcome(outcome)
-    except BaseException:
-        for ref in in_flight:
-            ray.cancel(ref, force=True)
-        raise
-    finally:
-        if started_here:
-            ray.shutdown()
+    call `on_outcome` as each ends (chakra_core.sweep.pool: timeouts, dead workers, signals)."""
+    run_pool(tasks, workers, on_outcome, function, timeout, warm=_plugin_host if function is run_point else None)
 
 
 # The sweep ---------------------------------------------------------------------------------------
@@ -260,17 +153,34 @@ def table_columns(sweep: Sweep) -> list[str]:
 
 
 def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None, address: str | None = None,
-              force: bool = False, on_point: Callable[[PointReport], None] | None = None) -> SweepResult:
+              force: bool = False, on_point: Callable[[PointReport], None] | None = None,
+              timeout: float | None = None) -> SweepResult:
     """Run every point not already finished (all with `force`); write the table and the plot.
 
-    Raises SweepError (or OutputFolderError) when the sweep cannot run; a point's failure is
-    a row with status `failed`, never an exception.
+    Every point's manifest is validated first: ManifestError lists the bad points, and
+    nothing runs. Raises SweepError (or OutputFolderError, OutputLockedError) when the sweep
+    cannot run; a point's failure (its exception, its worker's death, its `timeout` in
+    seconds, default the sweep file's) is a row with status `failed`, never an exception.
+    SIGINT and SIGTERM raise `Interrupted` once the workers are stopped and their temporary
+    files removed; finished points are kept.
     """
     if executor not in EXECUTORS:
         raise SweepError(f"unknown executor {executor!r} (choose {', '.join(EXECUTORS)})")
     if address and executor != "ray":
         raise SweepError("--address names a Ray cluster: use it with --executor ray")
-    prepare_output_dir(sweep.output_dir)
+    timeout = timeout if timeout is not None else sweep.timeout
+    if timeout is not None and not 0 < timeout < math.inf:
+        raise SweepError(f"the timeout must be a positive number of seconds, not {timeout}")
+    with StopSignals():
+        check_points(sweep)
+        prepare_output_dir(sweep.output_dir)
+        with OutputLock(sweep.output_dir):
+            remove_stale_temp_files(sweep)
+            return _run_locked(sweep, executor, workers, address, force, on_point, timeout)
+
+
+def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str | None, force: bool,
+                on_point: Callable[[PointReport], None] | None, timeout: float | None) -> SweepResult:
     result = SweepResult(columns=table_columns(sweep), rows=[])
     rows: dict[int, dict[str, Any]] = {}
     metric_misses: list[tuple[int, str]] = []
@@ -299,9 +209,9 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
         report(point, _record(sweep, point, outcome, result.warnings, metric_misses), skipped=False)
 
     if tasks and executor == "local":
-        run_local(tasks, max(1, min(workers or os.cpu_count() or 1, len(tasks))), finished)
+        run_local(tasks, max(1, min(workers or os.cpu_count() or 1, len(tasks))), finished, timeout=timeout)
     elif tasks:
-        run_ray(tasks, workers, address, finished)
+        run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
 
     result.rows = [rows[index] for index in sorted(rows)]
     if metric_misses:
@@ -313,6 +223,81 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
 
     result.files = write_outputs(sweep, result.columns, result.rows, COLUMN_KINDS, result.warnings)
     return result
+
+
+# Before the first point ----------------------------------------------------------------------------
+SHOWN_BAD_POINTS = 10
+"""Point numbers listed per problem; the rest are counted."""
+
+
+def check_points(sweep: Sweep, host: PluginHost | None = None) -> None:
+    """Build and validate every point's manifest as its worker would (plugins named, settings of
+    the right types and ranges, trace files present); raise ManifestError naming the bad points,
+    each problem once with the points it hits.
+
+    A training job (`job:`) generates its traces when it runs, so only its `job` section is
+    checked here; the rest of it, like what a plugin refuses only when it builds its layer, fails
+    its point when it runs.
+    """
+    host = host if host is not None else _plugin_host()
+    hits: dict[tuple[str, str], list[Point]] = {}
+    for point in sweep.points:
+        for where, why in _point_problems(sweep, point, host):
+            hits.setdefault((where, why), []).append(point)
+    if not hits:
+        return
+    problems = []
+    for (where, why), points in hits.items():
+        if len(points) == 1:
+            overrides = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in points[0].overrides.items())
+            who = f"point {points[0].index} ({overrides})"
+        else:
+            listed = ", ".join(str(p.index) for p in points[:SHOWN_BAD_POINTS])
+            who = f"points {listed}{' ...' if len(points) > SHOWN_BAD_POINTS else ''} ({len(points)} points)"
+        problems.append((f"{sweep.source}: {who}" + (f": {where}" if where else ""), why))
+    raise ManifestError(problems)
+
+
+def _point_problems(sweep: Sweep, point: Point, host: PluginHost) -> list[tuple[str, str]]:
+    """(key path, reason) of each problem of the point's manifest; none when it validates."""
+    from chakra_core.config.build import build_config
+    from chakra_core.jobs.expand import is_job, read_job
+
+    source = f"point {point.index}"
+    try:
+        if is_job(point.data):
+            job = point.data.get("job")
+            if isinstance(job, dict) and "cluster" not in job and "cluster" in point.data:
+                job = {**job, "cluster": point.data["cluster"]}
+            read_job(job, source)
+        else:
+            build_config(point.data, host, base_dir=sweep.base_dir, source=source, out_dir=sweep.point_dir(point))
+    except ManifestError as exc:
+        return [(loc.removeprefix(source).removeprefix(": "), why) for loc, why in exc.problems]
+    except ChakraSimError as exc:
+        return [("", _first_line(str(exc)) or type(exc).__name__)]
+    except Exception as exc:   # a plugin's settings model that crashes would crash the point too
+        return [("", describe_exception(exc))]
+    return []
+
+
+def remove_stale_temp_files(sweep: Sweep) -> None:
+    """Remove the temporary files a killed (kill -9) earlier run left in the output folder.
+
+    Called with the folder locked, so no other run is writing them; they are named as
+    chakra_core._atomic and prepare_output_dir name theirs.
+    """
+    folders: list[str | Path] = [sweep.output_dir]
+    with contextlib.suppress(OSError):
+        folders += [entry.path for entry in os.scandir(sweep.output_dir / POINTS_DIR) if entry.is_dir()]
+    for folder in folders:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if name.startswith(".") and (name.endswith(".tmp") or name.startswith(".chakra-sim-probe-")) \
+                        and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
 
 def _record(sweep: Sweep, point: Point, outcome: dict[str, Any], warnings: list[str],

@@ -10,14 +10,14 @@
     metric: finish_ns                    # a path into results.json, or max(rank key) ...
     plot: {x: network.bandwidth[0], series: system.preferred-dataset-splits, x_unit: GB/s}
     output: {dir: results/bandwidth}     # relative to this file
+    timeout: 600                         # seconds a point may run (default: no limit)
 
 Everything that can be checked without simulating is checked here, and every
 problem is reported at once as a ManifestError (file, key, reason): the
 syntax of key paths and of the metric, that each override lands somewhere in
 the base manifest (missing mapping keys are created; a list index past the
-end is an error), and that each point is distinct. Whether a point's manifest
-is valid is the business of `build_config`, in the worker that runs it, so
-that one bad point fails alone.
+end is an error), and that each point is distinct. Whether each point's
+manifest is valid is checked next, before any point runs (`run.check_points`).
 """
 
 from __future__ import annotations
@@ -26,19 +26,20 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from chakra_core._version import __version__
 from chakra_core.config.files import read_config_file
-from chakra_core.config.manifest import Manifest, format_loc
+from chakra_core.config.manifest import Manifest
 from chakra_core.errors import ManifestError
 from chakra_core.sweep.paths import KeyPath, KeyPathError, Metric, describe, parse_key_path, set_key_path
 
 _Problem = Callable[[str, str], None]  # problem(where, why): records one problem of the sweep file
 
-TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output")
+TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output", "timeout")
 POINTS_DIR = "points"
 
 
@@ -95,6 +96,8 @@ class Sweep:
     plot: PlotSpec
     output_dir: Path
     name: str = field(default="sweep")
+    timeout: float | None = None
+    """Seconds a point may run before it is stopped and failed; None: no limit."""
 
     def point_dir(self, point: Point) -> Path:
         return self.output_dir / POINTS_DIR / point.id
@@ -133,13 +136,14 @@ def build_sweep(data: dict[str, Any], sweep_dir: Path, source: str, out_dir: str
     metric = _read_metric(data.get("metric", "finish_ns"), problem)
     plot = _read_plot(data.get("plot"), keys, problem)
     output_dir = _read_output(data.get("output"), sweep_dir, out_dir, name, problem)
+    timeout = _read_timeout(data.get("timeout"), problem)
     # The overrides can be tried on the base only if there is one; keys found bad above are
     # left out of `grid` and `points`, so what follows reports only new problems.
     expanded = _expand(base, grid, points, base_dir, problem) if base is not None else []
     if problems:
         raise ManifestError(problems)
     return Sweep(source=source, base_source=base_source, base_dir=base_dir, keys=keys, points=expanded,
-                 metric=metric, plot=plot, output_dir=output_dir, name=name)
+                 metric=metric, plot=plot, output_dir=output_dir, name=name, timeout=timeout)
 
 
 def _load_base(value: Any, sweep_dir: Path, source: str,
@@ -276,6 +280,15 @@ def _read_plot(value: Any, keys: list[str], problem: _Problem) -> PlotSpec:
     # too, after the chosen ones (else a line would zigzag between their values).
     series = list(dict.fromkeys(series)) + [k for k in keys if k != x and k not in series]
     return PlotSpec(x, series, x_unit, bool(value.get("logx", False)), bool(value.get("logy", False)))
+
+
+def _read_timeout(value: Any, problem: _Problem) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        problem("timeout", f"expected a positive number of seconds (or null for no limit), found {describe(value)}")
+        return None
+    return float(value)
 
 
 def _read_output(value: Any, sweep_dir: Path, out_dir: str | Path | None, name: str, problem: _Problem) -> Path:

@@ -33,6 +33,11 @@ from chakra_core.system.native.rooted_machines import RootedMember
 from chakra_core.system.native.tree_machines import DoubleBinaryTreeMember, binary_tree
 
 
+def _to_next(step: int) -> tuple[int, ...]:
+    """A ring's offsets: every member sends to the next."""
+    return (1,)
+
+
 class Ring(CollectiveAlgorithm):
     """Ring: all-reduce 2(n-1) steps of B/n (the first n-1 reduce); reduce-scatter n-1 steps of B/n;
     all-gather n-1 steps of B (each member's input); all-to-all n(n-1)/2 steps of B/n."""
@@ -56,7 +61,8 @@ class Ring(CollectiveAlgorithm):
             reduces = (False,) * steps
         else:
             raise ValueError(f"ring does not implement {collective_name(comm_type)}")
-        return StepSchedule(n, (msg,) * steps, reduces, lambda pos, step: ((pos + 1) % n,), uniform=True)
+        return StepSchedule(n, (msg,) * steps, reduces, lambda pos, step: ((pos + 1) % n,), uniform=True,
+                            offsets=_to_next)
 
     def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
                 root: int = 0) -> list[RingMember]:
@@ -78,6 +84,27 @@ class Direct(CollectiveAlgorithm):
     supports = SYMMETRIC
     parameter = "window"
     rotation_symmetric = True
+
+    def flow_schedule(self, comm_type: int, size: int, n: int) -> StepSchedule | None:
+        """With every peer in the window: each member sends to all others at once (all-reduce: a
+        reduce-scatter step, then an all-gather step), the messages' sizes as the members send."""
+        if self.value is not None and self.value < n - 1:
+            return None
+        step_bytes: tuple[int, ...]
+        reduces: tuple[bool, ...]
+        if comm_type == ALL_REDUCE:
+            step_bytes, reduces = (size // n, size // n), (True, False)
+        elif comm_type == REDUCE_SCATTER:
+            step_bytes, reduces = (size // n,), (True,)
+        elif comm_type == ALL_GATHER:
+            step_bytes, reduces = (size,), (False,)
+        elif comm_type == ALL_TO_ALL:
+            step_bytes, reduces = (size // n,), (False,)
+        else:
+            return None
+        others = tuple(range(1, n))
+        return StepSchedule(n, step_bytes, reduces, lambda pos, step: tuple((pos + o) % n for o in others),
+                            offsets=lambda step: others)
 
     def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
                 root: int = 0) -> list[DirectMember]:

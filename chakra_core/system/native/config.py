@@ -22,7 +22,8 @@ class NativeSystemConfig(PluginConfig):
     active_chunks_per_dimension: PositiveInt = Field(
         1, alias="active-chunks-per-dimension", description="chunks in flight per rank and dimension")
     preferred_dataset_splits: PositiveInt = Field(
-        1, alias="preferred-dataset-splits", description="chunks a collective is split into")
+        1, alias="preferred-dataset-splits", le=1 << 20,
+        description="chunks a collective is split into (at most 2^20: each chunk is planned and timed)")
     all_reduce_implementation: list[str] = Field(
         ["ring"], alias="all-reduce-implementation",
         description="algorithm per network dimension: ring, direct[<window>], halvingDoubling, "

@@ -73,6 +73,22 @@ def closed_form_transfers(schedule: StepSchedule, members: Sequence[int], starts
                        endpoint_delay, reduce_delay)
 
 
+def flow_finishes(schedule: StepSchedule, members: Sequence[int], starts: Sequence[int],
+                  transfer_flows: Callable[[Sequence[int], Sequence[int], int, Sequence[int]], list[int]],
+                  endpoint_delay: int, reduce_delay: Callable[[int], int]) -> list[int]:
+    """The step recurrence of the module docstring on a flow-level network: each step's messages
+    are one set of flows (`FlowNetwork.transfer_flows`, which returns each position's receive
+    completion). `schedule.offsets` must be given."""
+    offsets = schedule.offsets
+    assert offsets is not None
+    send_t = [s + endpoint_delay for s in starts]
+    for k, (b, reduces) in enumerate(zip(schedule.step_bytes, schedule.reduces)):
+        recv_t = transfer_flows(members, offsets(k), b, send_t)
+        extra = endpoint_delay + (reduce_delay(b) if reduces else 0)
+        send_t = [t + extra for t in recv_t]
+    return send_t
+
+
 def _recurrence(schedule: StepSchedule, starts: Sequence[int], arrival: Callable[[int, int, int, int], int],
                 endpoint_delay: int, reduce_delay: Callable[[int], int]) -> list[int]:
     """The step recurrence of the module docstring; `arrival(i, j, bytes, send_time)` is when

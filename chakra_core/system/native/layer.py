@@ -27,7 +27,7 @@ from chakra_core.comm.collectives import ROOTED, collective_name, collective_wai
 from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.inputs import LayerContext, ValidationInputs
 from chakra_core.contract.layers import ProblemList
-from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork
+from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork, FlowNetwork
 from chakra_core.errors import SimulationError
 from chakra_core.et.attrs import NodeView
 from chakra_core.system.matching import MatchingSystem
@@ -75,8 +75,11 @@ class NativeSystem(MatchingSystem[Collective]):
         if contention_free and not isinstance(network, ContentionFreeNetwork):
             raise SimulationError(f"network plugin '{network.name}' sets contention_free but has no "
                                   "message_delay(src, dst, size)")
-        self.reserving = (not contention_free and isinstance(network, ClosedFormNetwork)
-                          and bool(network.closed_form))
+        self.closed_form = (not contention_free and isinstance(network, ClosedFormNetwork)
+                            and bool(network.closed_form))
+        self.flow_level = (not contention_free and isinstance(network, FlowNetwork)
+                           and bool(network.flow_level))
+        self.reserving = self.closed_form or self.flow_level
         # One collective in flight per rank: its queues hold nothing else (see solver.py).
         self.solve_whole = ((contention_free or (self.reserving and config.active_chunks_per_dimension == 1))
                             and context.inputs.comm_capacity == 1)
@@ -89,6 +92,7 @@ class NativeSystem(MatchingSystem[Collective]):
         # Beyond send(), the solver and the fold guard call message_delay (contention-free or
         # reserving networks, checked above) and, when reserving, the rest of ClosedFormNetwork.
         self.network: ClosedFormNetwork = network  # type: ignore[assignment]  # only as far as used, see above
+        self.flow_network: FlowNetwork = network  # type: ignore[assignment]  # used only when flow_level
         self._setup_matching(context, network, Collective, rendezvous=config.rendezvous_protocol)
         self.planner = CollectivePlanner(algorithms, dim_sizes, self.groups.world,
                                          config.preferred_dataset_splits,
@@ -138,8 +142,7 @@ class NativeSystem(MatchingSystem[Collective]):
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
                                                   for spec in chunk)
             if coll.solve and self.reserving:
-                coll.claim = self.network.claim(self.planner.pairs(coll))
-                coll.solve = coll.claim is not None
+                coll.solve = self._claim(coll)
         seq = coll.seq
         queues = self.rank_queues[rank]
         queues.counter += 1
@@ -162,6 +165,18 @@ class NativeSystem(MatchingSystem[Collective]):
             return
         for chunk in coll.plans:
             self.chunk_queues.enqueue(rank, coll, chunk[0])
+
+    def _claim(self, coll: Collective) -> bool:
+        """Reserve the collective's links: one sender per link (closed form), or else the
+        collective's flows as a whole (flow level). False when the network promises neither."""
+        if self.closed_form:
+            coll.claim = self.network.claim(self.planner.pairs(coll))
+        if coll.claim is None and self.flow_level:
+            runs = self.planner.flow_runs(coll)
+            if runs is not None:
+                coll.claim = self.flow_network.claim_flows(runs)
+                coll.flows = coll.claim is not None
+        return coll.claim is not None
 
     def _note_waiting(self, rank: int, node_id: int, coll: Collective) -> None:
         """Time breakdown: a member waits for peers (from its issue on, see

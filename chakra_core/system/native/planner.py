@@ -21,7 +21,7 @@ spend, for the chunk queues and the solver, which run them.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Final, Mapping, Sequence
+from typing import Any, Final, Iterator, Mapping, Sequence
 
 from chakra_core.comm.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ROOTED, collective_name
 from chakra_core.comm.matcher import OpenCollective
@@ -45,7 +45,7 @@ class Collective(OpenCollective):
     """One collective operation, shared by the ranks of its group."""
 
     __slots__ = ("remaining", "plans", "priority", "runs", "order", "cursor", "begun",
-                 "solve", "issued_at", "claim", "needs")
+                 "solve", "issued_at", "claim", "flows", "needs")
 
     def __init__(self, group: str, seq: int, comm_type: int, size: int, members: tuple[int, ...],
                  first_rank: int, root: int):
@@ -61,6 +61,7 @@ class Collective(OpenCollective):
         self.solve = False                                 # solved whole once all have issued (solver.py)
         self.issued_at: dict[int, int] = {}                # rank -> issue time, when `solve`
         self.claim: object | None = None                   # the network's token for its links
+        self.flows = False                                 # claimed as flows (FlowNetwork)
         self.needs: dict[FoldFact, list[int]] = {}         # folded: fact -> members it starts
 
     def set_plans(self, plans: list[list[PhaseSpec]]) -> None:
@@ -158,6 +159,7 @@ class CollectivePlanner:
         self._slices: dict[tuple[int, int], tuple[int, ...]] = {}
         self._runs_cache: dict[tuple[int, int | None], tuple[tuple[int, ...], list[tuple[int, ...]]]] = {}
         self._schedules: dict[tuple[CollectiveAlgorithm, int, int, int], StepSchedule | None] = {}
+        self._flow_schedules: dict[tuple[CollectiveAlgorithm, int, int, int], StepSchedule | None] = {}
         self._pair_cache: dict[tuple[CollectiveAlgorithm, int, int, int, int, bool],
                                frozenset[tuple[int, int]]] = {}
 
@@ -272,19 +274,23 @@ class CollectivePlanner:
                     return runs
         return [run_members]
 
-    def pairs(self, coll: Collective) -> set[tuple[int, int]]:
-        """Every (sender, receiver) pair the collective's phases will use."""
-        pairs: set[tuple[int, int]] = set()
+    def phase_runs(self, coll: Collective) -> Iterator[tuple[PhaseSpec, tuple[int, ...]]]:
+        """Each distinct phase of the collective (chunks repeat them) with each of its runs."""
         seen = set()
         for chunk in coll.plans:
             for spec in chunk:
                 key = (spec.index, spec.variant)
-                if key in seen:
-                    continue
-                seen.add(key)
-                for run_members in self.runs(coll, spec):
-                    for a, b in self.pair_positions(coll, spec, len(run_members)):
-                        pairs.add((run_members[a], run_members[b]))
+                if key not in seen:
+                    seen.add(key)
+                    for run_members in self.runs(coll, spec):
+                        yield spec, run_members
+
+    def pairs(self, coll: Collective) -> set[tuple[int, int]]:
+        """Every (sender, receiver) pair the collective's phases will use."""
+        pairs: set[tuple[int, int]] = set()
+        for spec, run_members in self.phase_runs(coll):
+            for a, b in self.pair_positions(coll, spec, len(run_members)):
+                pairs.add((run_members[a], run_members[b]))
         return pairs
 
     def pair_positions(self, coll: Collective, spec: PhaseSpec, n: int) -> frozenset[tuple[int, int]]:
@@ -306,6 +312,26 @@ class CollectivePlanner:
                 pairs = frozenset(io.pairs)
             self._pair_cache[key] = pairs
         return pairs
+
+    def flow_runs(self, coll: Collective) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+        """Every run of the collective's phases as (members, the offsets its flows use), or None
+        when a phase has no flow schedule (see `CollectiveAlgorithm.flow_schedule`)."""
+        found: dict[tuple[tuple[int, ...], tuple[int, ...]], None] = {}
+        for spec, run_members in self.phase_runs(coll):
+            schedule = self.flow_schedule(spec, len(run_members))
+            if schedule is None or schedule.offsets is None:
+                return None
+            offsets = sorted({o for k in range(schedule.steps) for o in schedule.offsets(k)})
+            found[(run_members, tuple(offsets))] = None
+        return list(found)
+
+    def flow_schedule(self, spec: PhaseSpec, n: int) -> StepSchedule | None:
+        """The phase's steps of flows among n members (see `CollectiveAlgorithm.flow_schedule`)."""
+        key = (spec.algorithm, spec.comm_type, spec.size, n)
+        schedule = self._flow_schedules.get(key, _UNSET)
+        if schedule is _UNSET:
+            schedule = self._flow_schedules[key] = spec.algorithm.flow_schedule(spec.comm_type, spec.size, n)
+        return schedule
 
     def schedule(self, spec: PhaseSpec, n: int) -> StepSchedule | None:
         """The phase's step schedule among n members (None: it runs as member state machines)."""

@@ -22,6 +22,11 @@ nothing else: with one chunk in flight per dimension, each link then carries
 one sender's messages in the order it sends them. The collective claims its
 links when first issued (`NetworkModel.claim`); if the network cannot promise
 them, the collective runs message by message instead.
+
+On a flow-level network (`FlowNetwork`, the congestion backend in fair mode)
+a collective whose links carry nothing else but whose own messages share
+links (an all-to-all on a fat-tree) is claimed as a whole, and each step of
+each phase run is timed as one set of flows (`flow_finishes`).
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from typing import Callable, Hashable, Sequence
 from chakra_core.contract.algorithm import StepSchedule
 from chakra_core.contract.folding import Folding
 from chakra_core.contract.inputs import Scheduler, Unfold
-from chakra_core.contract.network import ClosedFormNetwork
+from chakra_core.contract.network import ClosedFormNetwork, FlowNetwork
 from chakra_core.errors import SimulationError
 from chakra_core.system.native.executor import (UniformCache, closed_form_finishes, closed_form_transfers,
-                                                uniform_delays, uniform_send_times)
+                                                flow_finishes, uniform_delays, uniform_send_times)
 from chakra_core.system.native.planner import Collective, CollectivePlanner, PhaseSpec
 from chakra_core.system.native.runner import IsolatedPhase
 
@@ -197,8 +202,16 @@ class CollectiveSolver:
         """A causal phase run on a contention-free network: finish time, bytes sent and bytes
         received of each member (aligned with `members`), given when each started it."""
         n = len(members)
-        schedule = self._schedule(spec, n)
         network = self.network
+        if coll.flows:   # claimed as flows: every phase has a flow schedule (planner.flow_runs)
+            flow_schedule = self.planner.flow_schedule(spec, n)
+            assert flow_schedule is not None
+            flows: FlowNetwork = network  # type: ignore[assignment]  # claimed through claim_flows
+            finishes = flow_finishes(flow_schedule, members, starts, flows.transfer_flows,
+                                     self._endpoint_delay(spec), self._reduce_delay)
+            return (self._check_finishes(coll, spec, members, starts, finishes),
+                    (flow_schedule.bytes_sent_per_member,) * n, flow_schedule.bytes_received_per_position)
+        schedule = self._schedule(spec, n)
         if schedule is not None:
             if self.reserving:
                 finishes = self._reserve_steps(schedule, spec, members, starts)
@@ -224,13 +237,18 @@ class CollectiveSolver:
                                       f"'{spec.algorithm.name}' left rank(s) {stuck} unfinished")
             finishes = [by_pos[p] for p in range(n)]
             sent, received = io.bytes_sent, io.bytes_received
+        return self._check_finishes(coll, spec, members, starts, finishes), sent, received
+
+    @staticmethod
+    def _check_finishes(coll: Collective, spec: PhaseSpec, members: tuple[int, ...], starts: list[int],
+                        finishes: list[int]) -> list[int]:
         last = max(starts)
         for member, finish in zip(members, finishes):
             if finish < last:
                 raise SimulationError(
                     f"internal error: {coll.describe()} chunk {spec.chunk} would finish on "
                     f"rank {member} at {finish} ns, before its last member started ({last} ns)")
-        return finishes, sent, received
+        return finishes
 
     def _reserve_steps(self, schedule: StepSchedule, spec: PhaseSpec, members: tuple[int, ...],
                        starts: list[int]) -> list[int]:

@@ -157,7 +157,7 @@ def scan_trace(path: str | Path, timing: ComputeTiming = ComputeTiming(),
                                           f"{node.name!r}, at byte {offset})")
                 position[node_id] = len(ids)
                 ids.append(node_id)
-                plist = [p for p in parents_of(node, use_ctrl) if p != node_id]
+                plist = [p for p in parents_of(node, use_ctrl, spath) if p != node_id]
                 parents.append(tuple(plist))
                 data_counts.append(len(set(node.data_deps) - {node_id}) if use_ctrl and node.ctrl_deps
                                    else len(plist))

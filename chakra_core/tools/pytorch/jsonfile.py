@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import zlib
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chakra_core.et.io import GZIP_MAGIC
+from chakra_core.limits import GuardedGunzip
 from chakra_core.tools.pytorch.errors import ConversionError
 
 
@@ -21,11 +21,14 @@ def load_json(path: str | os.PathLike[str], what: str) -> Any:
         raise ConversionError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from exc
     if data[:2] == GZIP_MAGIC:
         try:
-            data = gzip.decompress(data)
+            with GuardedGunzip(path) as stream:   # a gzip bomb stops early, with a message
+                data = stream.read()
         except (OSError, EOFError, zlib.error) as exc:
             raise ConversionError(f"{path}: corrupt or truncated gzip stream ({exc})") from exc
     try:
         return json.loads(data)
+    except RecursionError:
+        raise ConversionError(f"{path}: the {what} is nested too deeply to read") from None
     except UnicodeDecodeError as exc:
         raise ConversionError(f"{path}: the {what} is not UTF-8 text ({exc.reason} at byte "
                               f"{exc.start})") from exc

@@ -184,6 +184,8 @@ def load_model(path: str | os.PathLike[str]) -> SynthesisModel:
         raise SynthesisError(f"{path}: cannot read the model: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise SynthesisError(f"{path}: not a JSON synthesis model: {exc}") from None
+    except RecursionError:
+        raise SynthesisError(f"{path}: not a JSON synthesis model: nested too deeply to read") from None
     try:
         return SynthesisModel.model_validate(data)
     except ValidationError as exc:

@@ -89,6 +89,8 @@ def _int(token: str, where: str, what: str, minimum: int | None = 0) -> int:
         raise TextWorkloadError(f"{where}: {what} must be an integer, found {token!r}") from None
     if minimum is not None and value < minimum:
         raise TextWorkloadError(f"{where}: {what} must be >= {minimum}, found {value}")
+    if not -(1 << 63) <= value < 1 << 63:   # ASTRA-sim reads 64-bit integers; so does a trace
+        raise TextWorkloadError(f"{where}: {what} {value} does not fit a 64-bit integer")
     return value
 
 

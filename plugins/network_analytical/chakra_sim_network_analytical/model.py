@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, StrictInt, model_validator
 
 from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, PluginConfig
 
 GIB = 1 << 30
 HOPS_SWITCH = 2   # NPU -> switch -> NPU
+
+Latency = Annotated[float, Field(ge=0, le=1e12)]
+"""ns; at most 1,000 s, far above any link: larger values are typos (or unit mix-ups)."""
+Npus = Annotated[StrictInt, Field(gt=0)]
+"""A count of NPUs: a whole number (YAML's `true` is not 1)."""
 
 
 class AnalyticalNetworkConfig(PluginConfig):
@@ -17,10 +22,10 @@ class AnalyticalNetworkConfig(PluginConfig):
 
     topology: list[Literal["Ring", "FullyConnected", "Switch"]] = Field(
         ..., min_length=1, description="building block of each dimension")
-    npus_count: list[PositiveInt] = Field(..., min_length=1, description="NPUs per dimension")
+    npus_count: list[Npus] = Field(..., min_length=1, description="NPUs per dimension")
     bandwidth: list[PositiveFloat] = Field(
         ..., min_length=1, description="GB/s per dimension, GB = 2^30 bytes (ASTRA-sim convention)")
-    latency: list[NonNegativeFloat] = Field(..., min_length=1, description="ns per hop, per dimension")
+    latency: list[Latency] = Field(..., min_length=1, description="ns per hop, per dimension")
 
     @model_validator(mode="after")
     def _same_lengths(self) -> "AnalyticalNetworkConfig":

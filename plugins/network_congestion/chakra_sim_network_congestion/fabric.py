@@ -55,6 +55,7 @@ links in the way.
 
 from __future__ import annotations
 
+import os
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection
@@ -62,6 +63,8 @@ from typing import TYPE_CHECKING, Collection
 from chakra_core import SimulationError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from chakra_sim_network_congestion.topology import Topology
 
 
@@ -132,12 +135,31 @@ class Clos:
 
 
 # Shapes (validated: the manifest models call these) -----------------------------------------------
+MAX_HOSTS_ENV = "CHAKRA_SIM_MAX_NETWORK_HOSTS"
+MAX_HOSTS_DEFAULT = 1 << 21
+"""NPUs a generated network may have (2,097,152: far above any cluster built; a typo such as
+k: 1000000 would otherwise build links until memory runs out). Raise it with the variable."""
+
+
+def check_hosts(hosts: int, what: str) -> None:
+    """A ValueError when a generated network would have more NPUs than the limit."""
+    raw = os.environ.get(MAX_HOSTS_ENV, "")
+    try:
+        limit = int(raw) if raw else MAX_HOSTS_DEFAULT
+    except ValueError:
+        raise ValueError(f"{MAX_HOSTS_ENV}={raw!r}: expected a whole number of NPUs") from None
+    if hosts > limit:
+        raise ValueError(f"{what} has {hosts:,} NPUs, more than the limit of {limit:,} ({MAX_HOSTS_ENV}; "
+                         "set it higher if the network is genuine)")
+
+
 def k_ary_shape(k: int, tiers: int = 3) -> Clos:
     """The k-ary fat-tree: 3 tiers, k pods of k/2 edges and k/2 aggs, (k/2)^2 cores, k^3/4 hosts;
     2 tiers: k leaves of k/2 hosts, k/2 spines, k^2/2 hosts."""
     if k < 2 or k % 2:
         raise ValueError("fat-tree k must be an even number >= 2")
     half = k // 2
+    check_hosts(k * half * half if tiers == 3 else k * half, f"a {tiers}-tier k={k} fat-tree")
     if tiers == 3:
         return Clos(hosts=k * half * half, tiers=3, leaf_hosts=half, leaves=k * half, up=half,
                     pod_leaves=half, pods=k, agg_up=half, ecmp="dmodk")
@@ -149,6 +171,7 @@ def fat_tree_shape(hosts: int, radix: int, tiers: int = 3, oversubscription: flo
     """A fat-tree of any size from its switches' radix (see the module docstring)."""
     if hosts < 1:
         raise ValueError("fat-tree hosts must be >= 1")
+    check_hosts(hosts, "the fat-tree")
     d, u = split_ports(radix, oversubscription, "leaf")
     leaves = -(-hosts // d)
     if tiers == 2:
@@ -181,6 +204,7 @@ def rail_shape(nodes: int, gpus_per_node: int, radix: int, oversubscription: flo
     """A rail-optimized cluster (see the module docstring and topology.rail_optimized)."""
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError("rail_optimized needs nodes >= 1 and gpus_per_node >= 1")
+    check_hosts(nodes * gpus_per_node, "the rail-optimized cluster")
     d, u = split_ports(radix, oversubscription, "rail switch")
     if spine_planes < 1 or gpus_per_node % spine_planes:
         raise ValueError(f"spine_planes ({spine_planes}) must divide gpus_per_node ({gpus_per_node}): "
@@ -236,6 +260,29 @@ class PairCounter:
             seq = sent[dst]
             sent[dst] = (seq + 1) % self.modulus
         return seq
+
+    def advance_many(self, src: int, dsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """`next` counts[i] times for each (src, dsts[i]) (dsts distinct): each pair's count
+        before (numpy arrays)."""
+        import numpy as np
+
+        sent = self._sent[src]
+        if sent is None or isinstance(sent, dict):
+            if len(dsts) + len(sent or ()) <= self._dense_after:
+                table = sent if sent is not None else {}
+                self._sent[src] = table
+                before = np.fromiter((table.get(int(d), 0) for d in dsts), dtype=np.int64, count=len(dsts))
+                for d, value in zip(dsts.tolist(), ((before + counts) % self.modulus).tolist()):
+                    table[d] = value
+                return before
+            dense = array(self._code, [0]) * self._npus
+            for peer, count in (sent or {}).items():
+                dense[peer] = count
+            sent = self._sent[src] = dense
+        view = np.frombuffer(sent, dtype=np.dtype(self._code))
+        before = view[dsts].astype(np.int64)
+        view[dsts] = (before + counts) % self.modulus
+        return before
 
 
 def _nth_bit(mask: int, rank: int) -> int:

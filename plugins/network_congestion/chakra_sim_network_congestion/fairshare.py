@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 TIE = 1e-12
 """Links whose fair share is within this relative distance of the smallest are filled together."""
 
+SCAN_ROUNDS = 4
+"""Rounds of `water_fill` that scan every entry before it builds the incidence by link."""
+
 VECTOR_MIN_FLOWS = 96
 """Components of at least this many flows are solved with numpy, smaller ones in plain Python
 (measured: numpy's fixed cost per call outweighs the scalar loop below about this size)."""
@@ -243,9 +246,11 @@ def water_fill(capacity: np.ndarray, flow_start: np.ndarray, flow_links: np.ndar
 
     Each round: m = the smallest fair share (remaining capacity / unfrozen flows) of a link;
     every unfrozen flow of every link whose share is within TIE of m is frozen at m; frozen
-    flows leave the links they cross. The incidence is kept twice, by flow and by link, so a
-    round reads only the entries of the links tied now and of the flows frozen now: every
-    entry is read at most twice in all, and a round costs O(links) besides.
+    flows leave the links they cross. The first `SCAN_ROUNDS` rounds find the flows of the
+    tied links by a pass over all entries (O(entries), no sort: a balanced set of flows is
+    one round); later rounds use the incidence kept by link as well, so that a round reads
+    only the entries of the links tied then and of the flows frozen then (every entry is read
+    at most twice in all), plus O(links).
     """
     import numpy as np
 
@@ -254,31 +259,39 @@ def water_fill(capacity: np.ndarray, flow_start: np.ndarray, flow_links: np.ndar
     capacity = np.array(capacity, dtype=np.float64)
     per_link = np.bincount(flow_links, minlength=width)
     count = per_link.astype(np.float64)
-    link_start = np.zeros(width + 1, dtype=np.intp)
-    np.cumsum(per_link, out=link_start[1:])
-    # the flows on each link, in flow order: the flow of each entry, sorted by link
-    by_link = np.argsort(flow_links, kind="stable")
-    link_flows = (np.searchsorted(flow_start, by_link, side="right") - 1).astype(np.int32)
-    del by_link
+    entry_flow = np.repeat(np.arange(flows, dtype=np.int64), np.diff(flow_start))
+    link_start: np.ndarray | None = None      # the incidence by link, once a round needs it
+    link_flows: np.ndarray | None = None
     rates = np.zeros(flows, dtype=np.float64)
     done = np.zeros(flows, dtype=bool)
     share = np.empty(width, dtype=np.float64)
-    left = flows
+    left, rounds = flows, 0
     while left:
         share.fill(np.inf)
         np.divide(capacity, count, out=share, where=count > 0)
         low = share.min()
         tied = np.flatnonzero(share <= low + low * TIE)
-        if len(tied) == 1:   # one link: its flows are distinct
-            link = int(tied[0])
-            candidates = link_flows[link_start[link]:link_start[link + 1]]
-            hit = candidates[~done[candidates]]
+        marked = np.zeros(flows, dtype=bool)
+        if rounds < SCAN_ROUNDS:
+            on_tied = np.zeros(width, dtype=bool)
+            on_tied[tied] = True
+            marked[entry_flow[on_tied[flow_links]]] = True
         else:
-            candidates = link_flows[_segments(link_start, tied)]
-            hit = np.unique(candidates[~done[candidates]])
+            if link_start is None or link_flows is None:
+                link_start = np.zeros(width + 1, dtype=np.intp)
+                np.cumsum(np.bincount(flow_links, minlength=width), out=link_start[1:])
+                # radix sort where the link ids fit 16 bits
+                keys = flow_links.astype(np.uint16) if width <= 1 << 16 else flow_links
+                link_flows = entry_flow[np.argsort(keys, kind="stable")]
+            marked[link_flows[_segments(link_start, tied)]] = True
+        marked &= ~done
+        hit = np.flatnonzero(marked)
         done[hit] = True
         rates[hit] = low
         left -= len(hit)
+        rounds += 1
+        if not left:
+            break
         per_link = np.bincount(flow_links[_segments(flow_start, hit)], minlength=width)
         capacity -= low * per_link
         count -= per_link

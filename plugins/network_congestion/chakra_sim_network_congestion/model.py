@@ -1,174 +1,27 @@
-"""The congestion-aware network layer (`plugin: congestion`)."""
+"""The congestion-aware network layer (`plugin: congestion`): builds the topology and router
+from its configuration (config.py), moves messages over FIFO links (links.py) or max-min fair
+flows (fairlinks.py), times collectives in closed form (claims.py) or as steps of flows
+(flows.py), and reports per-link statistics."""
 
 from __future__ import annotations
 
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Sequence
-
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from typing import Any, Callable, Iterable, Sequence
 
 from chakra_core import (AstraEquivalent, ChakraSimError, Dimension, LayerContext, ManifestError, NetworkModel,
-                         PluginConfig, SimulationError, ValidationInputs)
-from chakra_sim_network_congestion.links import FairLinks, FifoLinks, SharedLinkHint
-from chakra_sim_network_congestion.fabric import FabricRouter, fat_tree_shape, k_ary_shape, rail_shape
+                         SimulationError, ValidationInputs)
+from chakra_sim_network_congestion.claims import SharedLinkHint
+from chakra_sim_network_congestion.config import CongestionConfig
+from chakra_sim_network_congestion.fabric import FabricRouter
+from chakra_sim_network_congestion.fairlinks import FairLinks
+from chakra_sim_network_congestion.links import FifoLinks
 from chakra_sim_network_congestion.routing import DimensionOrderRouter, ShortestPathRouter
 from chakra_sim_network_congestion.topology import (Topology, clos_fat_tree, dragonfly, fat_tree, from_dims, from_file,
                                                     rail_optimized)
 
-
-class FatTree(BaseModel):
-    """A fat-tree: the k-ary one (`k`), or one of any size built from switches of a radix
-    (`hosts`, `radix`); 2 or 3 tiers. See fabric.py for the shapes."""
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["fat_tree"]
-    k: PositiveInt | None = Field(
-        None, description="k-ary fat-tree: switch radix (even); 3 tiers: k^3/4 NPUs, 2 tiers: k^2/2")
-    hosts: PositiveInt | None = Field(None, description="NPUs, any number (with radix, instead of k)")
-    radix: PositiveInt | None = Field(None, description="ports per switch (with hosts)")
-    tiers: Literal[2, 3] = Field(3, description="2: leaf-spine; 3: leaf (edge), aggregation and core switches in pods")
-    bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) per link")
-    latency_ns: NonNegativeFloat = Field(..., description="ns per link")
-    oversubscription: PositiveFloat = Field(
-        1.0, description="leaf down:up ratio; k form: uplink bandwidth = bandwidth / this; hosts form: a leaf "
-                         "has floor(radix * o / (o + 1)) host ports, the rest up")
-    spine_oversubscription: PositiveFloat | None = Field(
-        None, description="hosts form, 3 tiers: the aggregation switches' down:up port ratio (default 1)")
-    spine_radix: PositiveInt | None = Field(None, description="hosts form, 2 tiers: ports per spine (default radix)")
-    ecmp: Literal["hash", "dmodk"] | None = Field(
-        None, description="how messages pick among equal-cost up-links: hash of (src, dst, n-th message), or "
-                          "D-mod-k (dst + n); default dmodk for k with 3 tiers (as before), hash otherwise")
-
-    @model_validator(mode="after")
-    def _shape(self) -> "FatTree":
-        if self.k is not None:
-            if self.hosts is not None or self.radix is not None:
-                raise ValueError("give k (a k-ary fat-tree) or hosts and radix (any size), not both")
-            if self.spine_oversubscription is not None or self.spine_radix is not None:
-                raise ValueError("spine_oversubscription and spine_radix go with hosts and radix; the k form "
-                                 "oversubscribes by bandwidth (oversubscription)")
-            k_ary_shape(self.k, self.tiers)
-        elif self.hosts is None or self.radix is None:
-            raise ValueError("give k (a k-ary fat-tree) or both hosts and radix (a fat-tree of any size)")
-        else:
-            fat_tree_shape(self.hosts, self.radix, self.tiers, self.oversubscription, self.spine_oversubscription,
-                           self.spine_radix)
-        return self
-
-
-class RailOptimized(BaseModel):
-    """A rail-optimized GPU cluster (NVIDIA DGX SuperPOD's compute fabric; see
-    topology.rail_optimized): NVLink inside each node, NIC i of every node on rail i, spines."""
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["rail_optimized"]
-    nodes: PositiveInt
-    gpus_per_node: PositiveInt = Field(..., description="GPUs (NPUs) per node, one NIC each; NIC i goes to rail i")
-    radix: PositiveInt = Field(..., description="ports per rail switch")
-    oversubscription: PositiveFloat = Field(
-        1.0, description="rail switch down:up ports: floor(radix * o / (o + 1)) nodes per rail switch, the rest up")
-    spine_radix: PositiveInt | None = Field(
-        None, description="ports per spine (default radix): bounds the rail switches of a spine plane")
-    spine_planes: PositiveInt = Field(
-        1, description="spine planes, each serving gpus_per_node / spine_planes consecutive rails")
-    bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) of a GPU's NIC link to its rail switch")
-    latency_ns: NonNegativeFloat = Field(..., description="ns per NIC link")
-    spine_bandwidth_gbps: PositiveFloat | None = Field(
-        None, description="GB/s of rail switch-spine links (default bandwidth_gbps)")
-    spine_latency_ns: NonNegativeFloat | None = Field(
-        None, description="ns per rail switch-spine link (default latency_ns)")
-    nvlink_bandwidth_gbps: PositiveFloat | None = Field(
-        None, description="GB/s of each GPU's link to its node's NVSwitch, each way (needed for 2+ GPUs per node)")
-    nvlink_latency_ns: NonNegativeFloat | None = Field(None, description="ns per NVLink hop")
-    pxn: bool = Field(False, description="all cross-rail traffic between nodes first crosses NVLink to the GPU on "
-                                         "the destination's rail (NCCL's PXN); else only across spine planes")
-    ecmp: Literal["hash", "dmodk"] = Field(
-        "hash", description="how messages pick a spine: hash of (src, dst, n-th message), or D-mod-k "
-                            "(destination node + n)")
-
-    @model_validator(mode="after")
-    def _shape(self) -> "RailOptimized":
-        if self.gpus_per_node > 1 and (self.nvlink_bandwidth_gbps is None or self.nvlink_latency_ns is None):
-            raise ValueError("nvlink_bandwidth_gbps and nvlink_latency_ns are needed with 2 or more GPUs per node")
-        rail_shape(self.nodes, self.gpus_per_node, self.radix, self.oversubscription, self.spine_radix,
-                   self.spine_planes, self.pxn)
-        return self
-
-
-class Torus(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["torus"]
-    dims: list[PositiveInt] = Field(..., min_length=1, max_length=3, description="NPUs per dimension")
-    bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) per link")
-    latency_ns: NonNegativeFloat = Field(..., description="ns per link")
-
-
-class Dragonfly(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["dragonfly"]
-    groups: PositiveInt
-    routers_per_group: PositiveInt
-    hosts_per_router: PositiveInt
-    global_links_per_router: PositiveInt
-    bandwidth_gbps: PositiveFloat = Field(..., description="GB/s (10^9 B/s) of host and local links")
-    latency_ns: NonNegativeFloat
-    global_bandwidth_gbps: PositiveFloat | None = None
-    global_latency_ns: NonNegativeFloat | None = None
-
-
-class DegradedLink(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    link: str = Field(..., description="a link's name as in the per-link statistics ('a->b'; 'a<->b': both ways)")
-    bandwidth_factor: float = Field(..., gt=0, le=1, description="the fraction of its bandwidth the link keeps")
-
-
-class CongestionConfig(PluginConfig):
-    """Give the network as ASTRA-sim's lists, a `generator`, or a `topology_file`."""
-
-    mode: Literal["fifo", "fair"] = Field(
-        "fifo", description="fifo: per-link FIFO queues, store and forward (ASTRA-sim congestion-aware); "
-                            "fair: flow-level max-min fair sharing")
-    topology: list[Literal["Ring", "FullyConnected", "Switch"]] | None = Field(
-        None, description="ASTRA-sim network YAML: building block per dimension")
-    npus_count: list[PositiveInt] | None = Field(None, description="NPUs per dimension")
-    bandwidth: list[PositiveFloat] | None = Field(
-        None, description="GB/s per dimension, GB = 2^30 bytes (ASTRA-sim convention)")
-    latency: list[NonNegativeFloat] | None = Field(None, description="ns per link, per dimension")
-    generator: FatTree | RailOptimized | Torus | Dragonfly | None = Field(
-        None, discriminator="kind",
-        description="fat_tree, rail_optimized, torus or dragonfly (bandwidth in GB/s, 10^9 B/s)")
-    topology_file: str | None = Field(
-        None, description="edge list (src dst bandwidth_gbps latency_ns [uni|bi] per line) or .graphml; "
-                          "NPUs are the nodes named 0..N-1, other nodes are switches")
-    failed_links: list[str] = Field(
-        [], description="links no message takes, named as in the per-link statistics ('a->b'; 'a<->b': both "
-                        "ways); routes avoid them (not on ASTRA-sim dimensions or torus, which route by "
-                        "dimension order)")
-    degraded_links: list[DegradedLink] = Field(
-        [], description="links with less bandwidth: [{link: 'a->b', bandwidth_factor: 0.5}]")
-    top_links: PositiveInt = Field(10, description="hottest links shown in the terminal summary")
-    trace_messages: int = Field(
-        0, ge=0, description="record the first N messages (endpoints, size, route, send and arrival "
-                             "times) in results.json, for debugging routes (turns closed_form off)")
-    closed_form: bool = Field(
-        True, description="fifo mode with dimension-order routes: time the collectives whose links "
-                          "carry no other traffic in closed form instead of message by message "
-                          "(same results, much faster); false forces message by message")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "CongestionConfig":
-        lists = [self.topology, self.npus_count, self.bandwidth, self.latency]
-        given = sum(1 for x in (self.topology, self.generator, self.topology_file) if x is not None)
-        if given != 1:
-            raise ValueError("give exactly one of: topology/npus_count/bandwidth/latency lists, "
-                             "generator, topology_file")
-        if self.topology is not None:
-            if any(x is None for x in lists):
-                raise ValueError("topology, npus_count, bandwidth and latency go together")
-            lengths = {len(x) for x in lists if x is not None}   # (none is None: checked above)
-            if len(lengths) != 1:
-                raise ValueError("topology, npus_count, bandwidth and latency need one entry per dimension")
-        return self
+__all__ = ["CongestionConfig", "CongestionNetwork"]   # the config as before its move to config.py
 
 
 class CongestionNetwork(NetworkModel):
@@ -203,21 +56,25 @@ class CongestionNetwork(NetworkModel):
                 self.router = FabricRouter(topo, failed)
             else:
                 self.router = ShortestPathRouter(topo, failed)
+        # Links a previous attempt of this run found shared (see links.SharedLinkHint).
+        shared: set[int] = set()
+        for hint in context.inputs.hints(SharedLinkHint):
+            shared |= hint.links
+        self.links: FifoLinks | FairLinks
         if config.mode == "fifo":
-            # Links a previous attempt of this run found shared (see links.SharedLinks).
-            shared: set[int] = set()
-            for hint in context.inputs.hints(SharedLinkHint):
-                shared |= hint.links
             self.links = FifoLinks(topo.link_bw, topo.link_latency, context.scheduler, shared,
-                                   on_shared=self._shared)
+                                   on_shared=self._shared, cut_through=config.cut_through)
         else:
-            # typed as FifoLinks: FairLinks has the same send/bw/lat/stats, and the closed-form
-            # methods (FifoLinks only) run only when closed_form, i.e. in fifo mode
-            self.links = FairLinks(topo.link_bw, topo.link_latency,  # type: ignore[assignment]  # see above
-                                   context.scheduler)
-        self.closed_form = (config.mode == "fifo" and config.closed_form and not config.trace_messages
+            self.links = FairLinks(topo.link_bw, topo.link_latency, context.scheduler, shared, on_shared=self._shared)
+        self.closed_form = (config.closed_form and not config.trace_messages
                             and isinstance(self.router, DimensionOrderRouter)
                             and context.inputs.closed_form)
+        # Collectives as steps of flows (fair mode): on routers whose links a collective can take
+        # are known in advance.
+        self.flow_level = (config.mode == "fair" and config.closed_form and not config.trace_messages
+                           and isinstance(self.router, (DimensionOrderRouter, FabricRouter))
+                           and context.inputs.closed_form)
+        self._advanced: list[tuple[Any, Any]] | None = None    # ECMP counts since checkpoint
         self.flows = 0
         self.flow_bytes = 0
         self.closed_form_messages = 0
@@ -332,9 +189,15 @@ class CongestionNetwork(NetworkModel):
         self.links.send(route, size, on_arrival, arg)
 
     def message_delay(self, src: int, dst: int, size: int) -> int:
-        """Delay of a message on idle links: each hop's latency plus its serialisation."""
+        """Delay of a message on idle links: every hop's latency, plus one serialisation at the
+        slowest link (cut-through) or each hop's (store and forward)."""
         links = self.links
-        return sum(int(links.lat[link] + size / links.bw[link]) for link in self.router.route(src, dst))
+        route = self.router.route(src, dst)
+        if self.config.cut_through:
+            if not route:
+                return 0
+            return int(sum(map(links.lat.__getitem__, route)) + size / min(map(links.bw.__getitem__, route)))
+        return sum(int(links.lat[link] + size / links.bw[link]) for link in route)
 
     # Closed form (see links.FifoLinks) -------------------------------------------------------------
     def claim(self, pairs: Iterable[tuple[int, int]]) -> list[int] | None:
@@ -363,17 +226,87 @@ class CongestionNetwork(NetworkModel):
 
     def checkpoint(self) -> None:
         self._saved = (self.flows, self.flow_bytes, self.closed_form_messages)
+        self._advanced = []
         self.links.checkpoint()
 
     def rollback(self) -> None:
         if self._saved is not None:
             self.flows, self.flow_bytes, self.closed_form_messages = self._saved
         self._saved = None
+        if self._advanced:    # give back the ECMP message numbers the rolled-back flows took
+            from chakra_sim_network_congestion.fabric_routes import next_seqs
+            assert isinstance(self.router, FabricRouter)
+            for src, dst in reversed(self._advanced):
+                next_seqs(self.router._sent, src, dst, back=True)
+        self._advanced = None
         self.links.rollback()
 
     def commit(self) -> None:
         self._saved = None
+        self._advanced = None
         self.links.commit()
+
+    # Flow level (flows.py; fair mode) ----------------------------------------------------------------
+    def _pairs(self, members: Sequence[int], offsets: Sequence[int]) -> tuple[Any, Any, Any]:
+        """(sender positions, receiver positions, receivers) of a step's flows, as numpy arrays."""
+        import numpy as np
+
+        ranks = np.asarray(members, dtype=np.int64)
+        n, shifts = len(ranks), np.asarray(offsets, dtype=np.int64)
+        senders = np.repeat(np.arange(n, dtype=np.int64), len(shifts))
+        receivers = (senders + np.tile(shifts, n)) % n
+        return senders, receivers, ranks
+
+    def claim_flows(self, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[int] | None:
+        import numpy as np
+
+        assert isinstance(self.links, FairLinks)    # flow_level: fair mode
+        found = []
+        for members, offsets in runs:
+            senders, receivers, ranks = self._pairs(members, offsets)
+            src, dst = ranks[senders], ranks[receivers]
+            if isinstance(self.router, FabricRouter):
+                from chakra_sim_network_congestion.fabric_routes import reachable_links
+                found.append(reachable_links(self.topo.fabric, src, dst))   # type: ignore[arg-type]
+            else:
+                route = self.router.route
+                found.append(np.fromiter({link for s, d in zip(src.tolist(), dst.tolist())
+                                          for link in route(s, d)}, dtype=np.int64))
+        links = np.unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+        return self.links.claim_group(links.tolist())
+
+    def transfer_flows(self, members: Sequence[int], offsets: Sequence[int], size: int,
+                       send_times: Sequence[int]) -> list[int]:
+        import numpy as np
+
+        assert isinstance(self.links, FairLinks) and self.links.flow_steps is not None   # claimed first
+        senders, receivers, ranks = self._pairs(members, offsets)
+        src, dst = ranks[senders], ranks[receivers]
+        router = self.router
+        if isinstance(router, FabricRouter) and not router._dead:
+            from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs
+            seqs = next_seqs(router._sent, src, dst)
+            if self._advanced is not None:
+                self._advanced.append((src, dst))
+            assert self.topo.fabric is not None
+            flow_start, flow_links = fabric_routes(self.topo.fabric, src, dst, seqs)
+        else:   # a route per flow, counted as send() would count it
+            routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
+            flow_start = np.zeros(len(routes) + 1, dtype=np.intp)
+            np.cumsum(np.fromiter(map(len, routes), dtype=np.intp, count=len(routes)), out=flow_start[1:])
+            flow_links = np.fromiter((link for route in routes for link in route), dtype=np.int64,
+                                     count=int(flow_start[-1]))
+        times = np.asarray(send_times, dtype=np.int64)
+        arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
+        if len(clash):
+            self._shared(frozenset(clash.tolist()))
+        count = len(src)
+        self.flows += count
+        self.flow_bytes += count * size
+        self.closed_form_messages += count
+        received = times.copy()
+        np.maximum.at(received, receivers, arrivals)
+        return received.tolist()
 
     def _shared(self, links: frozenset[int]) -> None:
         """Closed-form traffic was timed on links that carry other traffic too: start over, timing
@@ -392,19 +325,28 @@ class CongestionNetwork(NetworkModel):
     def link_rows(self) -> list[dict[str, Any]]:
         stats, topo = self.links.stats, self.topo
         makespan = max(self.context.scheduler.now, 1)
+        link_bytes, messages, busy, peak = stats.bytes, stats.messages, stats.busy, stats.peak
+        steps = getattr(self.links, "flow_steps", None)
+        if steps is not None:   # add what collectives timed as flows carried
+            link_bytes = [a + b for a, b in zip(link_bytes, steps.bytes.tolist())]
+            messages = [a + b for a, b in zip(messages, steps.messages.tolist())]
+            busy = [a + b for a, b in zip(busy, steps.busy.tolist())]
+            peak = [max(a, b) for a, b in zip(peak, steps.peak.tolist())]
         rows = []
         for link in range(len(topo.link_src)):
             rows.append({
-                "index": link, "link": topo.link_name(link), "bytes": stats.bytes[link], "messages": stats.messages[link],
-                "busy_ns": int(stats.busy[link]), "utilization": round(stats.busy[link] / makespan, 6),
-                "peak_concurrent": stats.peak[link],
+                "index": link, "link": topo.link_name(link), "bytes": link_bytes[link], "messages": messages[link],
+                "busy_ns": int(busy[link]), "utilization": round(busy[link] / makespan, 6),
+                "peak_concurrent": peak[link],
             })
         return rows
 
     def summary(self) -> dict[str, Any]:
         rows = self.link_rows()
         rows.sort(key=lambda r: (-r["bytes"], r["index"]))
-        summary = {"mode": self.config.mode, "topology": self.topo.source, "devices": self.topo.devices,
+        summary = {"mode": self.config.mode,
+                   "forwarding": "cut_through" if self.config.cut_through else "store_and_forward",
+                   "topology": self.topo.source, "devices": self.topo.devices,
                    "links": len(rows), "messages": self.flows, "message_bytes": self.flow_bytes,
                    "closed_form_messages": self.closed_form_messages,
                    "link_bytes": sum(r["bytes"] for r in rows), "hottest_links": rows}

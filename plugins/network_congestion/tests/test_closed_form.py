@@ -46,9 +46,11 @@ TOPOLOGIES = [(["Ring"], [8]), (["Switch"], [8]), (["FullyConnected"], [4]), (["
        algorithm=st.sampled_from(["ring", "direct", "halvingDoubling", "doubleBinaryTree"]),
        splits=st.integers(1, 4), active=st.integers(1, 2), skew=st.lists(st.integers(0, 20), min_size=8, max_size=8),
        sizes=st.lists(st.integers(0, 1 << 20), min_size=3, max_size=3),
-       optimization=st.sampled_from(["baseline", "localBWAware"]), p2p=st.booleans())
+       optimization=st.sampled_from(["baseline", "localBWAware"]), p2p=st.booleans(),
+       forwarding=st.sampled_from(["store_and_forward", "cut_through", "fair"]),
+       bandwidths=st.lists(st.sampled_from([50.0, 37.5, 200.0]), min_size=3, max_size=3))
 def test_closed_form_equals_message_by_message(tmp_path_factory, topology, algorithm, splits, active, skew,
-                                               sizes, optimization, p2p):
+                                               sizes, optimization, p2p, forwarding, bandwidths):
     kinds, dims = topology
     n = 1
     for d in dims:
@@ -63,8 +65,9 @@ def test_closed_form_equals_message_by_message(tmp_path_factory, topology, algor
             nodes.append(recv(7, (rank - 3) % n, 65536, deps=[2]))
         ranks.append(nodes)
     prefix = write_ranks(tmp_path_factory.mktemp("cf"), ranks)
-    network = {"topology": kinds, "npus_count": dims, "bandwidth": [50.0] * len(dims),
-               "latency": [500.0] * len(dims)}
+    network = {"topology": kinds, "npus_count": dims, "bandwidth": bandwidths[:len(dims)],
+               "latency": [500.0] * len(dims),
+               **({"mode": "fair"} if forwarding == "fair" else {"forwarding": forwarding})}
     system = {"all-reduce-implementation": [algorithm], "all-gather-implementation": [algorithm],
               "reduce-scatter-implementation": [algorithm], "preferred-dataset-splits": splits,
               "active-chunks-per-dimension": active, "collective-optimization": optimization}

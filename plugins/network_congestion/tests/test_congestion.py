@@ -29,8 +29,8 @@ def build(tmp_path=None, **settings_) -> tuple[CongestionNetwork, EventQueue]:
     return network, queue
 
 
-def spec(kind="Ring", n=8, bw=50.0, lat=500.0, mode="fifo"):
-    return dict(mode=mode, topology=[kind], npus_count=[n], bandwidth=[bw], latency=[lat])
+def spec(kind="Ring", n=8, bw=50.0, lat=500.0, mode="fifo", **extra):
+    return dict(mode=mode, topology=[kind], npus_count=[n], bandwidth=[bw], latency=[lat], **extra)
 
 
 def deliver(network, queue, messages):
@@ -179,6 +179,29 @@ def test_a_single_flow_on_an_idle_path_takes_the_analytical_time(kind, n, bw, la
     hops = len(fifo.route(src, dst))
     per_hop = int(lat + size / (bw * GIB / 1e9))
     assert deliver(fifo, queue, [(src, dst, size, 0)]) == [expected if hops == 1 else hops * per_hop]
+    # Cut-through: one transfer, whatever the hops.
+    fifo, queue = build(**spec(kind, n, bw, lat, mode="fifo", forwarding="cut_through"))
+    assert deliver(fifo, queue, [(src, dst, size, 0)]) == [expected]
+
+
+@settings(max_examples=60, deadline=None)
+@given(bandwidths=st.lists(st.floats(1, 500), min_size=2, max_size=3), lat=st.floats(0, 5000),
+       sizes=st.lists(st.integers(1, 1 << 22), min_size=1, max_size=6), gap=st.integers(0, 50_000))
+def test_cut_through_pipelines_a_message_at_its_slowest_link(bandwidths, lat, sizes, gap):
+    # One message after another from NPU 0 to the far corner of a multi-dimensional ring:
+    # cut-through takes the latencies plus one transfer at the slowest link when the links are
+    # idle, and never less than that after the message ahead of it (same links, FIFO).
+    dims = len(bandwidths)
+    fifo, queue = build(mode="fifo", forwarding="cut_through", topology=["Ring"] * dims, npus_count=[3] * dims,
+                        bandwidth=bandwidths, latency=[lat] * dims)
+    dst = fifo.npus_count - 1
+    messages = [(0, dst, size, k * gap) for k, size in enumerate(sizes)]
+    arrivals = deliver(fifo, queue, messages)
+    hops = len(fifo.route(0, dst))
+    slowest = min(bandwidths) * GIB / 1e9
+    assert arrivals[0] == int(hops * lat + sizes[0] / slowest)
+    for (_, _, size, start), arrived, before in zip(messages[1:], arrivals[1:], arrivals):
+        assert arrived >= max(start + int(hops * lat + size / slowest), before + int(size / slowest) - 1)
 
 
 @settings(max_examples=40, deadline=None)

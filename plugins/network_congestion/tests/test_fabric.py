@@ -334,8 +334,8 @@ def test_degraded_links_keep_their_routes_with_less_bandwidth():
 
 
 # End to end ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["fifo", "fair"])
-def test_uncongested_messages_on_a_rail_optimized_cluster_take_the_analytical_time(tmp_path, mode):
+@pytest.mark.parametrize("mode, forwarding", [("fifo", None), ("fair", None), ("fifo", "store_and_forward")])
+def test_uncongested_messages_on_a_rail_optimized_cluster_take_the_analytical_time(tmp_path, mode, forwarding):
     # 2 nodes x 4 GPUs; 4-port rail switches: both nodes under one switch per rail, 2 spines.
     size, generator = 1 << 20, {"kind": "rail_optimized", "nodes": 2, "gpus_per_node": 4, "radix": 4,
                                 "spine_radix": 8, "bandwidth_gbps": 50, "latency_ns": 500,
@@ -345,10 +345,11 @@ def test_uncongested_messages_on_a_rail_optimized_cluster_take_the_analytical_ti
         ranks[src].append(send(len(ranks[src]) + 1, dst, size, tag=tag))
         ranks[dst].append(recv(len(ranks[dst]) + 1, src, size, tag=tag))
     results = simulate(manifest(write_ranks(tmp_path, ranks),
-                                {"plugin": "congestion", "mode": mode, "generator": generator}, system={}))
-    # no two messages share a link: each takes its idle route's time; fifo is store and forward
-    # (every hop's latency and transfer), fair cut-through (latencies plus one transfer)
-    if mode == "fifo":   # rail: 2 hops at 50 GB/s and 500 ns, NVLink: 2 at 450 and 100, spine: 4 at 50 and 500
+                                {"plugin": "congestion", "mode": mode, "generator": generator,
+                                 **({"forwarding": forwarding} if forwarding else {})}, system={}))
+    # no two messages share a link: each takes its idle route's time; cut-through (the default, and
+    # fair) the latencies plus one transfer, store and forward every hop's latency and transfer
+    if forwarding == "store_and_forward":   # rail: 2 hops at 50 GB/s and 500 ns, NVLink: 2 at 450 and 100, spine: 4 at 50 and 500
         rail_t, nvlink_t, spine_t = 2 * int(500 + size / 50), 2 * int(100 + size / 450), 4 * int(500 + size / 50)
     else:
         rail_t, nvlink_t, spine_t = int(2 * 500 + size / 50), int(2 * 100 + size / 450), int(4 * 500 + size / 50)
@@ -357,3 +358,32 @@ def test_uncongested_messages_on_a_rail_optimized_cluster_take_the_analytical_ti
     rows = {r["link"]: r for r in results["layers"]["network"]["summary"]["hottest_links"]}
     assert rows["rail3.0->spine0.0"]["bytes"] + rows["rail3.0->spine0.1"]["bytes"] == size   # cross-rail: a spine
     assert rows["npu1->nvsw0"]["bytes"] == size and rows["rail2.0->npu2"]["bytes"] == 0      # intra-node: NVLink
+
+
+def test_a_network_larger_than_the_limit_is_refused_at_once(monkeypatch):
+    import time
+
+    from pydantic import ValidationError
+
+    from chakra_sim_network_congestion.config import CongestionConfig as Config
+
+    started = time.perf_counter()
+    for generator in ({"kind": "fat_tree", "k": 1_000_000, "bandwidth_gbps": 50, "latency_ns": 500},
+                      {"kind": "torus", "dims": [4096, 4096], "bandwidth_gbps": 50, "latency_ns": 500}):
+        with pytest.raises(ValidationError, match="more than the limit of 2,097,152 .CHAKRA_SIM_MAX_NETWORK_HOSTS"):
+            Config.model_validate({"generator": generator})
+    assert time.perf_counter() - started < 1
+    monkeypatch.setenv("CHAKRA_SIM_MAX_NETWORK_HOSTS", str(1 << 25))
+    Config.model_validate({"generator": {"kind": "torus", "dims": [4096, 4096], "bandwidth_gbps": 50,
+                                         "latency_ns": 500}})
+
+
+@pytest.mark.parametrize("key, value", [("npus_count", [True]), ("latency", [1e300]), ("latency", ["1e300"])])
+def test_absurd_list_values_are_configuration_errors(key, value):
+    from pydantic import ValidationError
+
+    from chakra_sim_network_congestion.config import CongestionConfig as Config
+
+    section = {"topology": ["Ring"], "npus_count": [8], "bandwidth": [50.0], "latency": [500.0], key: value}
+    with pytest.raises(ValidationError, match=key):
+        Config.model_validate(section)

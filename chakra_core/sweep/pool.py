@@ -1,0 +1,247 @@
+"""The local executor: a pool of worker processes, one point at a time each.
+
+Not concurrent.futures' pool, because a sweep needs to know which process runs which
+point: to stop a point that outlives its timeout (kill that worker, start another),
+and to blame a dead worker's point alone. Each worker:
+
+- is a fresh (spawned) Python process that loads the plugins before it says it is
+  ready, so a point's timeout does not count the start-up;
+- leads its own process group, so killing the group also kills any process a point
+  started (the folding pass's own pool), and a Ctrl-C on the terminal reaches only
+  the sweep's process, which stops the workers itself;
+- is killed by the kernel if the sweep's process dies (Linux), so even kill -9 of the
+  sweep leaves no worker running;
+- writes its temporary files (a gzip trace's decompressed copy ...) in a folder of the
+  pool's, removed with the pool: a killed worker cannot clean up after itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+from chakra_core.errors import ChakraSimError
+from chakra_core.sweep.stop import held
+
+Task = dict[str, Any]
+Outcome = dict[str, Any]
+
+TEMP_PREFIX = "chakra-sim-sweep-"
+_PR_SET_PDEATHSIG = 1
+_START_FAILURES = 3
+"""Workers that may die before ever being ready before the pool gives up."""
+
+
+class PoolError(ChakraSimError):
+    """The worker processes cannot start."""
+
+
+def failed_outcome(task: Task, error: str, detail: str | None = None, wall_s: float = 0.0) -> Outcome:
+    """The outcome of a point that did not finish."""
+    return {"index": task["index"], "id": task["id"], "status": "failed", "error": error,
+            "detail": detail or error, "files": {}, "wall_s": wall_s}
+
+
+def timed_out_outcome(task: Task, timeout: float, wall_s: float) -> Outcome:
+    return failed_outcome(task, f"timed out after {timeout:g} s",
+                          f"the point ran longer than the sweep's timeout ({timeout:g} s) and was stopped "
+                          "(its worker process killed)", wall_s)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """'SystemExit: 3', 'KeyboardInterrupt', 'ValueError: bad value': one line for a table."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+# The worker's side -------------------------------------------------------------------------------
+def _serve(conn: Connection, function: Callable[[Task], Outcome], warm: Callable[[], object] | None,
+           temp_dir: str) -> None:
+    """A worker's life: get ready, then run tasks until told to stop (None) or the pipe closes."""
+    with contextlib.suppress(OSError):
+        os.setpgrp()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    os.environ["TMPDIR"] = temp_dir   # for processes a point starts
+    tempfile.tempdir = temp_dir
+    if warm is not None:
+        warm()
+    conn.send(("ready", None))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        started = time.perf_counter()
+        try:
+            outcome = function(task)
+        except BaseException as exc:   # SystemExit and KeyboardInterrupt too: the point fails, not the pool
+            outcome = failed_outcome(task, describe_exception(exc), traceback.format_exc(),
+                                     time.perf_counter() - started)
+        try:
+            conn.send(("done", outcome))
+        except Exception as exc:   # an outcome that cannot be pickled
+            conn.send(("done", failed_outcome(task, f"cannot send the point's outcome: {describe_exception(exc)}")))
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:   # the parent died before prctl
+            os._exit(1)
+
+
+# The pool's side ---------------------------------------------------------------------------------
+@dataclass
+class _Worker:
+    process: BaseProcess
+    conn: Connection
+    ready: bool = False
+    task: Task | None = None
+    started: float = 0.0
+
+
+def _exit_text(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], None],
+             function: Callable[[Task], Outcome], timeout: float | None = None,
+             warm: Callable[[], object] | None = None) -> None:
+    """Run `function` on each task in `workers` processes; call `on_outcome` as each ends.
+
+    A point running longer than `timeout` seconds is killed with its worker (and whatever it
+    started) and fails with "timed out after N s"; a worker that dies fails its point alone;
+    both workers are replaced. An exception here (Interrupted by SIGINT or SIGTERM ...) kills
+    every worker and removes their temporary files before it propagates.
+    """
+    pending = deque(tasks)
+    context = multiprocessing.get_context("spawn")   # fork would copy the progress bar's thread and locks
+    temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+    pool: list[_Worker] = []
+    start_failures = 0
+
+    def start() -> None:
+        with held():   # a worker started but not in `pool` would outlive an interrupt
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(theirs, function, warm, temp_dir), daemon=True,
+                                      name="chakra-sim sweep worker")
+            process.start()
+            pool.append(_Worker(process, ours))
+            theirs.close()   # else the pipe never reports the worker's death
+
+    def retire(worker: _Worker) -> None:
+        with held():
+            _kill(worker)
+            pool.remove(worker)
+
+    def report(outcome: Outcome) -> None:
+        with held():   # a point's files are written whole or not at all
+            on_outcome(outcome)
+
+    def feed() -> None:
+        for worker in pool:
+            if worker.ready and worker.task is None and pending:
+                worker.task, worker.started = pending.popleft(), time.monotonic()
+                try:
+                    worker.conn.send(worker.task)
+                except OSError:
+                    pass   # it died: its sentinel says so below
+
+    try:
+        for _ in range(min(workers, len(pending))):
+            start()
+        while pool and (pending or any(w.task is not None for w in pool)):
+            feed()
+            deadlines = [w.started + timeout for w in pool if w.task is not None and timeout is not None]
+            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            wait([*(w.conn for w in pool), *(w.process.sentinel for w in pool)], wait_s)
+            now = time.monotonic()
+            ended: list[Outcome] = []
+            for worker in list(pool):
+                message = None
+                if worker.conn.poll():
+                    try:
+                        message = worker.conn.recv()
+                    except (EOFError, OSError):
+                        message = None
+                if message is not None:
+                    kind, outcome = message
+                    if kind == "ready":
+                        worker.ready = True
+                    else:
+                        worker.task = None
+                        ended.append(outcome)
+                elif not worker.process.is_alive() or worker.conn.closed:
+                    task, was_ready = worker.task, worker.ready
+                    worker.process.join()
+                    how = _exit_text(worker.process)
+                    retire(worker)
+                    if task is not None:
+                        ended.append(failed_outcome(task, f"a worker process died ({how}) while running this "
+                                                          "point: killed, out of memory, or a crash in native "
+                                                          "code; run the sweep again to retry it",
+                                                    wall_s=now - worker.started))
+                    elif not was_ready:
+                        start_failures += 1
+                        if start_failures >= _START_FAILURES:
+                            raise PoolError(f"the sweep's worker processes die as they start ({how}); "
+                                            "run one point with `chakra-sim run` to see why")
+                    if pending:
+                        start()
+                elif worker.task is not None and timeout is not None and now - worker.started >= timeout:
+                    task = worker.task
+                    retire(worker)
+                    ended.append(timed_out_outcome(task, timeout, now - worker.started))
+                    if pending:
+                        start()
+            feed()   # before recording: writing a point's files takes this process milliseconds
+            for outcome in sorted(ended, key=lambda o: int(o["index"])):
+                report(outcome)
+    finally:
+        with held():
+            for worker in pool:
+                with contextlib.suppress(OSError):
+                    worker.conn.send(None)   # idle ones exit by themselves; the rest are killed below
+            for worker in pool:
+                _kill(worker, grace_s=0.5 if worker.task is None else 0.0)
+            pool.clear()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _kill(worker: _Worker, grace_s: float = 0.0) -> None:
+    """Stop a worker and every process in its group (what its point started)."""
+    process = worker.process
+    if grace_s:
+        process.join(grace_s)
+    if process.pid is not None:
+        # The group is the worker's own (it called setpgrp): its id is the worker's pid, which
+        # no other process can hold until the worker is reaped below.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError, ValueError):
+        process.kill()
+    process.join()
+    worker.conn.close()

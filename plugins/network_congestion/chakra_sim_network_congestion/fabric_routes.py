@@ -1,0 +1,166 @@
+"""Routes of many messages at once on a generated fabric, with numpy.
+
+`FabricRouter.route` computes one message's links from device numbers; a
+flow-level step of a collective (an all-to-all: 1,047,552 messages on 1,024
+NPUs) needs them all at once. `fabric_routes` computes the same links for
+arrays of (source, destination, message number), as a flow-link incidence
+(`flow_start`, `flow_links`: flow f crosses flow_links[flow_start[f]:
+flow_start[f + 1]]), and `reachable_links` the links any of a set of pairs'
+equal-cost routes may take (what a collective claims). Both cover fabrics
+without failed links; the router's scalar path handles those.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chakra_sim_network_congestion.fabric import Clos, PairCounter
+
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def ecmp_hash_many(src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """`fabric.ecmp_hash` of arrays (uint64 arithmetic, reduced mod 2^32 as it goes)."""
+    h = (src.astype(np.uint64) * np.uint64(0x9E3779B1) + dst.astype(np.uint64) * np.uint64(0x85EBCA77)
+         + seq.astype(np.uint64) * np.uint64(0xC2B2AE3D)) & _MASK32
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _MASK32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _MASK32
+    return (h ^ (h >> np.uint64(16))).astype(np.int64)
+
+
+def next_seqs(counter: PairCounter, src: np.ndarray, dst: np.ndarray, back: bool = False) -> np.ndarray:
+    """`counter.next(s, d)` for each pair in order (a pair may repeat), counted as one by one;
+    `back`: uncount them (undo an earlier call with the same pairs)."""
+    order = np.lexsort((np.arange(len(src)), dst, src))    # by pair, then in order
+    s_sorted, d_sorted = src[order], dst[order]
+    new_pair = np.ones(len(order), dtype=bool)
+    new_pair[1:] = (s_sorted[1:] != s_sorted[:-1]) | (d_sorted[1:] != d_sorted[:-1])
+    starts = np.flatnonzero(new_pair)
+    counts = np.diff(np.append(starts, len(order)))
+    pair_src, pair_dst = s_sorted[starts], d_sorted[starts]
+    base = np.empty(len(starts), dtype=np.int64)
+    source_starts = np.flatnonzero(np.r_[True, pair_src[1:] != pair_src[:-1]])
+    for first, last in zip(source_starts, np.append(source_starts[1:], len(starts))):
+        step = -counts[first:last] if back else counts[first:last]
+        base[first:last] = counter.advance_many(int(pair_src[first]), pair_dst[first:last], step)
+    rank = np.arange(len(order)) - np.repeat(starts, counts)   # a pair's k-th message: its count + k
+    seqs = np.empty(len(src), dtype=np.int64)
+    seqs[order] = (np.repeat(base, counts) + rank) % counter.modulus
+    return seqs
+
+
+def fabric_routes(fabric: Clos, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The flow-link incidence of messages src[i] -> dst[i] (src != dst), the seq[i]-th of their
+    pair, exactly as `FabricRouter.route` gives them on a fabric without failed links."""
+    g = fabric.gpus_per_node
+    hashed = fabric.ecmp == "hash"
+    width = 8 if g > 1 else 6
+    hops = np.full((len(src), width), -1, dtype=np.int64)
+    if g == 1:
+        x = ecmp_hash_many(src, dst, seq) if hashed else dst + seq
+        _up_down(fabric, hops, 0, src, dst, x, np.ones(len(src), dtype=bool))
+    else:
+        nv_up, nv_down = np.asarray(fabric.nv_up), np.asarray(fabric.nv_down)
+        x = ecmp_hash_many(src, dst, seq) if hashed else dst // g + seq
+        node, gpu = np.divmod(src, g)
+        dst_node, dst_gpu = np.divmod(dst, g)
+        same = node == dst_node
+        hops[same, 0], hops[same, 1] = nv_up[src[same]], nv_down[dst[same]]
+        plane, dst_plane = gpu * fabric.rail_leaves // fabric.plane_leaves, dst_gpu * fabric.rail_leaves // fabric.plane_leaves
+        detour = ~same & (gpu != dst_gpu) & (fabric.pxn | (plane != dst_plane))
+        via = node * g + dst_gpu
+        hops[detour, 0], hops[detour, 1] = nv_up[src[detour]], nv_down[via[detour]]
+        start = np.where(detour, via, src)
+        _up_down(fabric, hops, 2, start, dst, x, ~same & detour)
+        _up_down(fabric, hops, 0, start, dst, x, ~same & ~detour)
+    used = hops >= 0
+    flow_start = np.zeros(len(src) + 1, dtype=np.intp)
+    np.cumsum(used.sum(axis=1), out=flow_start[1:])
+    return flow_start, hops[used]
+
+
+def _up_down(f: Clos, hops: np.ndarray, col: int, s: np.ndarray, t: np.ndarray, x: np.ndarray,
+             rows: np.ndarray) -> None:
+    """`FabricRouter._up_down` for the `rows` selected, written from column `col` on."""
+    s, t, x = s[rows], t[rows], x[rows]
+    g, d, u = f.gpus_per_node, f.leaf_hosts, f.up
+    if g == 1:
+        ls, lt = s // d, t // d
+    else:
+        ls = (s % g) * f.rail_leaves + s // g // d
+        lt = (t % g) * f.rail_leaves + t // g // d
+    host_up, host_down = np.asarray(f.host_up), np.asarray(f.host_down)
+    up2, down2 = np.asarray(f.up2), np.asarray(f.down2)
+    pod = f.pod_leaves if f.tiers == 3 else f.leaves
+    index = np.flatnonzero(rows)
+    j = x % u
+    pa, pb = ls // pod, lt // pod
+    leaf = ls == lt
+    inpod = ~leaf & (pa == pb)
+    cross = ~leaf & ~inpod
+    block = hops[index]
+    block[:, col] = host_up[s]
+    block[leaf, col + 1] = host_down[t[leaf]]
+    block[inpod, col + 1] = up2[ls[inpod] * u + j[inpod]]
+    block[inpod, col + 2] = down2[lt[inpod] * u + j[inpod]]
+    block[inpod, col + 3] = host_down[t[inpod]]
+    if cross.any():
+        up3, down3 = np.asarray(f.up3), np.asarray(f.down3)
+        ua = f.agg_up
+        c = (x[cross] // u) % ua
+        jc = j[cross]
+        block[cross, col + 1] = up2[ls[cross] * u + jc]
+        block[cross, col + 2] = up3[(pa[cross] * u + jc) * ua + c]
+        block[cross, col + 3] = down3[(pb[cross] * u + jc) * ua + c]
+        block[cross, col + 4] = down2[lt[cross] * u + jc]
+        block[cross, col + 5] = host_down[t[cross]]
+    hops[index] = block
+
+
+def reachable_links(fabric: Clos, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Every link some equal-cost route of a pair (src[i], dst[i]) may take, whatever its ECMP
+    choice: the ends' host links (and NVLink), all up-links of the source leaves and down-links
+    of the destination leaves, and across pods all of the pods' core links. Sorted, unique."""
+    g, d, u = fabric.gpus_per_node, fabric.leaf_hosts, fabric.up
+    parts: list[np.ndarray] = []
+    start = src
+    if g > 1:
+        node, gpu = np.divmod(src, g)
+        dst_node, dst_gpu = np.divmod(dst, g)
+        nv_up, nv_down = np.asarray(fabric.nv_up), np.asarray(fabric.nv_down)
+        same = node == dst_node
+        plane = gpu * fabric.rail_leaves // fabric.plane_leaves
+        dst_plane = dst_gpu * fabric.rail_leaves // fabric.plane_leaves
+        detour = ~same & (gpu != dst_gpu) & (fabric.pxn | (plane != dst_plane))
+        via = node * g + dst_gpu
+        parts += [nv_up[_distinct(src[same | detour], fabric.hosts)], nv_down[_distinct(dst[same], fabric.hosts)],
+                  nv_down[_distinct(via[detour], fabric.hosts)]]
+        keep = ~same
+        start, dst = np.where(detour, via, src)[keep], dst[keep]
+        ls = (start % g) * fabric.rail_leaves + start // g // d
+        lt = (dst % g) * fabric.rail_leaves + dst // g // d
+    else:
+        ls, lt = start // d, dst // d
+    parts += [np.asarray(fabric.host_up)[_distinct(start, fabric.hosts)],
+              np.asarray(fabric.host_down)[_distinct(dst, fabric.hosts)]]
+    apart = ls != lt
+    cols = np.arange(u)
+    parts.append(np.asarray(fabric.up2)[(_distinct(ls[apart], fabric.leaves)[:, None] * u + cols).ravel()])
+    parts.append(np.asarray(fabric.down2)[(_distinct(lt[apart], fabric.leaves)[:, None] * u + cols).ravel()])
+    if fabric.tiers == 3:
+        pa, pb = ls // fabric.pod_leaves, lt // fabric.pod_leaves
+        across = apart & (pa != pb)
+        width = u * fabric.agg_up
+        cores = np.arange(width)
+        parts.append(np.asarray(fabric.up3)[(_distinct(pa[across], fabric.pods)[:, None] * width + cores).ravel()])
+        parts.append(np.asarray(fabric.down3)[(_distinct(pb[across], fabric.pods)[:, None] * width + cores).ravel()])
+    return np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
+
+
+def _distinct(values: np.ndarray, bound: int) -> np.ndarray:
+    """The distinct values (each in 0..bound-1), ascending: np.unique without sorting."""
+    seen = np.zeros(bound, dtype=bool)
+    seen[values] = True
+    return np.flatnonzero(seen)
