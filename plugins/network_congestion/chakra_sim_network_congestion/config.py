@@ -185,7 +185,7 @@ class CongestionConfig(PluginConfig):
             lengths = {len(x) for x in lists if x is not None}   # (none is None: checked above)
             if len(lengths) != 1:
                 raise ValueError("topology, npus_count, bandwidth and latency need one entry per dimension")
-            check_hosts(math.prod(self.npus_count), "the network")
+            check_hosts(math.prod(self.npus_count or ()), "the network")
         if self.mode == "fair" and self.forwarding == "store_and_forward":
             raise ValueError("forwarding: store_and_forward applies to mode fifo; fair is a fluid model, "
                              "always cut-through")
