@@ -212,7 +212,7 @@ def detail_table(ev: Evaluated) -> list[str]:
     names = ["nccl", "tuner", *ev.native]
     times = {"nccl": [r.predicted_us for r in ev.result.sizes], "tuner": ev.tuner_us, **ev.native}
     lines = [f"#### {ev.dataset.label}", "",
-             "| size | measured us | " + " | ".join(f"{n} us | {n} err" for n in names) + " | NCCL choice |",
+             "| size | measured µs | " + " | ".join(f"{n} µs | {n} err" for n in names) + " | NCCL choice |",
              "| --- | --- | " + " | ".join("--- | ---" for _ in names) + " | --- |"]
     for i, r in enumerate(ev.result.sizes):
         cells = " | ".join(f"{times[n][i]:,.2f} | {fmt_err(times[n][i], r.size.measured_us)}" for n in names)

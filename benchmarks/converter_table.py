@@ -78,7 +78,7 @@ def main() -> None:
         raise SystemExit(f"Kineto traces without a pair in PAIRS: {', '.join(map(str, missing))}")
     header = ["input", "mode", "rank", "nodes", "edges", "communication nodes",
               "host ops linked/unlinked; GPU events linked/unlinked",
-              "measured GPU / CPU / comm us", "waits removed us (calls)", "FLOPs", "warnings"]
+              "measured GPU / CPU / comm µs", "waits removed µs (calls)", "FLOPs", "warnings"]
     if args.timing:
         header.append("seconds")
     rows = [row(args.refs, host, None, args.timing) for host in hosts]

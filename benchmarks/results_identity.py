@@ -32,7 +32,9 @@ the generated fat-trees (k=8 all-to-all, the GPT job's network) now default to c
 which changes their times; fair ring all-reduces are now timed in closed form (their
 `closed_form_messages` count changed, times unchanged). The fair k=8 all-to-all is now timed as
 one step of flows: the same finish, link bytes, busy times and peaks; its `closed_form_messages`
-count changed.
+count changed. Recorded again (issue 22, frictions): the 54 `nccl` outputs and the accuracy tables
+say what the NCCL choice table counts (a `choices_counted` key, column names) and write µs, not
+us; their times are unchanged.
 """
 
 from __future__ import annotations

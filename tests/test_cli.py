@@ -71,7 +71,39 @@ def test_run_argument_errors():
     result = CliRunner().invoke(main, ["run"])
     assert result.exit_code == 2 and "give a manifest" in result.output
     result = CliRunner().invoke(main, ["run", str(EXAMPLE), "--workload", "x"])
-    assert result.exit_code == 2 and "not both" in result.output
+    assert result.exit_code == 2 and "workload.trace: no trace files" in result.output
+
+
+def test_workload_flag_reuses_a_manifest_with_other_traces(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)     # the flag's path is relative to the cwd, not to the manifest
+    (tmp_path / "traces").symlink_to(MICRO / "all_reduce" / "4npus_1MB")
+    manifest = tmp_path / "sub" / "m.yaml"
+    manifest.parent.mkdir()
+    manifest.write_text("workload: {trace: nowhere, ranks: 8}\n"
+                        "network: {plugin: analytical, topology: [Ring], npus_count: [4], bandwidth: [50], "
+                        "latency: [500]}\n")
+    result = CliRunner().invoke(main, ["run", str(manifest), "--workload", "traces/all_reduce",
+                                                       "--out", "out", "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    assert ("note: --workload traces/all_reduce replaces the manifest's workload.trace (was nowhere); "
+            "its workload.ranks, which counted the old traces, is dropped") in result.stderr
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert len(data["ranks"]) == 4
+    assert data["manifest"]["workload"]["trace"] == str(tmp_path / "traces" / "all_reduce")
+
+
+def test_astra_flags_replace_a_manifests_sections(tmp_path):
+    system = json.loads((ROOT / "examples" / "configs" / "Ring_4chunks.json").read_text())
+    (tmp_path / "one_chunk.json").write_text(json.dumps({**system, "preferred-dataset-splits": 1}))
+    result = CliRunner().invoke(main, [
+        "run", str(EXAMPLE), "--astra-system", str(tmp_path / "one_chunk.json"), "--network", "congestion",
+        "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0, result.stderr
+    assert "note: --astra-system" in result.stderr and "replaces the manifest's system section" in result.stderr
+    assert "note: --network congestion replaces the manifest's network.plugin (was analytical)" in result.stderr
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["manifest"]["network"]["plugin"] == "congestion"
+    assert data["manifest"]["system"]["preferred_dataset_splits"] == 1     # the file's, not the manifest's 4
 
 
 def test_a_failed_run_leaves_previous_results_intact(tmp_path):
@@ -433,9 +465,9 @@ def test_network_choices_are_the_installed_network_plugins(monkeypatch):
     assert result.exit_code == 2 and "'nope' is not one of" in result.output
 
 
-def test_network_flag_with_a_manifest_is_an_error():
-    result = CliRunner().invoke(main, ["run", str(EXAMPLE), "--network", "analytical"])
-    assert result.exit_code == 2 and "not both" in result.output
+def test_override_flags_do_not_apply_to_a_training_job():
+    result = CliRunner().invoke(main, ["run", str(ROOT / "examples" / "llama3-70b-64gpu.yaml"), "--workload", "x"])
+    assert result.exit_code == 2 and "is a training job" in result.output
 
 
 def test_gzip_rank_files_are_found_by_run_and_jsonize(tmp_path):

@@ -832,3 +832,15 @@ def test_dlrm_waits_for_the_all_to_all_are_not_replayed_as_cpu_work(ref_traces):
     assert (rank0.waits_removed, rank0.wait_removed_micros) == (10, 1_982)
     assert (rank1.waits_removed, rank1.wait_removed_micros) == (10, 7_457)   # 6,555 us in one aten::copy_
     assert rank1.cpu_micros == 6_059                       # was 13,516 with the waits
+
+
+def test_the_sample_output_in_the_docs_is_what_the_converter_prints(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    dlrm = root / "examples" / "pytorch" / "dlrm"
+    result = CliRunner().invoke(convert_pytorch, [
+        str(dlrm / "dlrm_eg_0.json.gz"), "--kineto", str(dlrm / "worker0_step_12.1694128201545.pt.trace.json.gz"),
+        "--output", str(tmp_path / "dlrm")])
+    assert result.exit_code == 0, result.output
+    printed = result.output.replace(str(tmp_path / "dlrm"), "traces/dlrm")
+    assert f"```\n{printed}```" in (root / "docs" / "converter.md").read_text(encoding="utf-8"), \
+        "docs/converter.md: paste the converter's output again:\n" + printed

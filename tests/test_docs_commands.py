@@ -147,3 +147,25 @@ def test_links_stay_inside_the_repository():
             resolved = (page.parent / target).resolve()
             assert resolved.is_relative_to(ROOT), f"{_name(page)}: link {target} leaves the repository"
             assert resolved.exists(), f"{_name(page)}: link {target} is broken"
+
+
+def _yaml_blocks() -> list[tuple[str, str]]:
+    return [(_name(page), body) for page in PAGES for lang, body in blocks(page) if lang in ("yaml", "yml")]
+
+
+@pytest.mark.parametrize("where, body", _yaml_blocks(), ids=lambda v: v if v.endswith(".md") else "")
+def test_every_yaml_block_parses_and_a_sweep_file_is_valid(where, body):
+    """A `yaml` block claims to be a file a user can copy (a manifest, sweep file or profile):
+    it must parse, and a sweep file (top-level `base:`) must pass the sweep's own checks
+    against the examples it names."""
+    import yaml
+
+    from chakra_core.sweep.spec import build_sweep
+
+    try:
+        data = yaml.safe_load(body)
+    except yaml.YAMLError as exc:
+        pytest.fail(f"{where}: a yaml block is not valid YAML: {exc}\n{body}")
+    assert isinstance(data, dict), f"{where}: a yaml block should be a mapping of keys:\n{body}"
+    if "base" in data:
+        build_sweep(data, ROOT / "examples", where)

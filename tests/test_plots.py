@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from chakra_core._atomic import AtomicFiles
 from chakra_core.cli import main
 from chakra_core.engine.driver import BREAKDOWN
-from chakra_core.report import plots
+from chakra_core.report import analysis_plots, plots
 from chakra_core.report.compare import compare_results
 from chakra_core.schema import pb
 from chakra_core.testing import collective, comp, write_ranks
@@ -98,7 +98,7 @@ def _imbalanced_report(tmp_path) -> dict:
 def test_analysis_plots_are_valid_and_deterministic(tmp_path):
     report = _imbalanced_report(tmp_path)
     assert len(report["imbalance"]["flagged"]) == 4       # three doubled, one zero
-    for draw in (plots.message_sizes_png, plots.imbalance_png, plots.compute_vs_comm_png):
+    for draw in (analysis_plots.message_sizes_png, analysis_plots.imbalance_png, analysis_plots.compute_vs_comm_png):
         png = draw(report)
         read_png(png)
         assert draw(report) == png, draw.__name__
@@ -106,7 +106,7 @@ def test_analysis_plots_are_valid_and_deterministic(tmp_path):
 
 def test_analysis_plots_of_a_trace_without_communication(tmp_path):
     report = analyze_traces(write_ranks(tmp_path, [[comp(0, 5)]] * 2))
-    for draw in (plots.message_sizes_png, plots.imbalance_png, plots.compute_vs_comm_png):
+    for draw in (analysis_plots.message_sizes_png, analysis_plots.imbalance_png, analysis_plots.compute_vs_comm_png):
         read_png(draw(report))
 
 
@@ -124,3 +124,41 @@ def test_readable_units():
     assert plots.readable_unit([3 << 30], "bytes") == (float(1 << 30), "GiB")
     assert plots.readable_unit([5], "ops") == (1.0, "ops")
     assert [plots.size_text(size) for size in (0, 512, 4096, 1 << 20)] == ["0 B", "512 B", "4 KiB", "1 MiB"]
+
+
+def _groups_report(tmp_path, groups: int) -> dict:
+    """`groups` communicator groups of 2 ranks, each with three equally balanced all-reduces."""
+    ranks = [[collective(k, pb.ALL_REDUCE, 1 << 20, pg_name=f"g{rank // 2}") for k in range(3)]
+             for rank in range(2 * groups)]
+    return analyze_traces(write_ranks(tmp_path, ranks),
+                          comm_groups={f"g{g}": [2 * g, 2 * g + 1] for g in range(groups)})
+
+
+def test_imbalance_groups_get_distinct_styles_and_do_not_overlap(tmp_path):
+    figure = analysis_plots.imbalance_figure(_groups_report(tmp_path, 14))
+    lines = [line for line in figure.axes[0].get_lines() if line.get_label().endswith("(2 ranks)")]
+    assert len(lines) == 14
+    looks = {(tuple(line.get_color()), line.get_marker(), line.get_linestyle()) for line in lines}
+    assert len(looks) == 14 and len({tuple(line.get_color()) for line in lines}) == 14   # tab20, not C0-C9 again
+    # equal ratios: the groups' points sit side by side around each collective #, not on one spot
+    assert len({line.get_xdata()[0] for line in lines}) == 14
+
+
+def test_message_size_axis_and_colour_bar_stay_readable_at_64_ranks(tmp_path):
+    ranks = [[collective(k, pb.ALL_REDUCE, 1 << (k + (rank % 3)), pg_name="0") for k in range(30)]
+             + [collective(30 + j, pb.ALL_REDUCE, 1 << 10, pg_name="0") for j in range(rank * 40)]
+             for rank in range(64)]
+    report = analyze_traces(write_ranks(tmp_path, ranks), comm_groups={"0": list(range(64))})
+    figure = analysis_plots.message_sizes_figure(report)
+    axes, colour_bar = figure.axes
+    figure.canvas.draw()
+    sizes = [tick.get_text() for tick in axes.get_xticklabels()]
+    assert 1 < len(sizes) <= analysis_plots.MAX_SIZE_TICKS
+    assert sizes[0] == "1 B" and all(text.split()[-1] in ("B", "KiB", "MiB", "GiB") for text in sizes)
+    counts = [tick.get_text() for tick in colour_bar.get_yticklabels() if tick.get_text()]
+    assert 1 < len(counts) <= analysis_plots.MAX_COLOURBAR_TICKS
+    assert "1k" in counts and not any("^" in text or "e+" in text for text in counts)
+
+
+def test_count_text():
+    assert [analysis_plots.count_text(v) for v in (1, 950, 12_000, 1_500_000)] == ["1", "950", "12k", "1.5M"]

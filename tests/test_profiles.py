@@ -176,6 +176,33 @@ network:
     assert profile.network.fabric == "RoCE"
 
 
+def test_an_overridden_value_carries_its_own_source_not_the_parents(tmp_path):
+    write(tmp_path / "unsourced.yaml", "extends: h100-sxm-hgx\ngpu:\n  memory_gib: {value: 96}\n")
+    with pytest.raises(ManifestError, match=r"unsourced\.yaml: gpu\.memory_gib: changes h100-sxm-hgx's value: "
+                                            "give its own source"):
+        load_profile(tmp_path / "unsourced.yaml")
+    write(tmp_path / "sourced.yaml",
+          'extends: h100-sxm-hgx\ngpu:\n  memory_gib: {value: 96, source: "our datasheet"}\n'
+          "  memory_bandwidth_gbps: {note: a note on the parent's value}\n")
+    profile = load_profile(tmp_path / "sourced.yaml")
+    parent = load_profile("h100-sxm-hgx")
+    # the parent's note explained the parent's number: it goes with it
+    assert profile.gpu.memory_gib == Sourced(value=96, source="our datasheet")
+    assert profile.gpu.memory_bandwidth_gbps.source == parent.gpu.memory_bandwidth_gbps.source
+    assert profile.gpu.memory_bandwidth_gbps.note == "a note on the parent's value"
+    shown = invoke("profiles", str(tmp_path / "sourced.yaml")).output
+    assert "our datasheet" in shown and "five 16 GiB HBM3 stacks" not in shown
+    # an unchanged value needs no new source
+    write(tmp_path / "same.yaml", "extends: h100-sxm-hgx\ngpu:\n  memory_gib: {value: 80}\n")
+    assert load_profile(tmp_path / "same.yaml").gpu.memory_gib == parent.gpu.memory_gib
+
+
+def test_a_setting_with_a_sibling_source_needs_that_source_when_changed(tmp_path):
+    write(tmp_path / "a3.yaml", "extends: gcp-a3-megagpu-8g\nnetwork:\n  protocols: [Simple]\n")
+    with pytest.raises(ManifestError, match=r"network\.protocols: changes .* give network\.protocols_source"):
+        load_profile(tmp_path / "a3.yaml")
+
+
 def test_a_loop_in_extends_is_a_clear_error(tmp_path):
     write(tmp_path / "a.yaml", "extends: b.yaml\ndescription: a\n")
     write(tmp_path / "b.yaml", "extends: ../" + tmp_path.name + "/a.yaml\ndescription: b\n")

@@ -373,3 +373,24 @@ def test_the_ray_executor_starts_and_stops_its_own_local_instance(tmp_path):
     assert "point 1 (" in done.output and BROKEN_ERROR in done.output
     assert [r["finish_ns"] for r in read_csv(tmp_path / "out" / "sweep.csv")] == ["64440", ""]
     assert not ray.is_initialized()
+
+
+def test_the_plot_gives_units_and_shows_one_element_lists_as_their_value(tmp_path):
+    from chakra_core.sweep.table import key_unit, plot_figure
+
+    sweep = build_sweep({"base": INLINE_BASE,
+                         "grid": {"network.bandwidth": [[50], [100]], "network.latency": [[500], [500, 700]]}},
+                        tmp_path, "s.yaml", name="bw")
+    rows = [{"status": "ok", "finish_ns": 40_000 + 1000 * i, **p.overrides} for i, p in enumerate(sweep.points)]
+    figure = plot_figure(sweep, rows)
+    axes = figure.axes[0]
+    assert axes.get_xlabel() == "network.bandwidth (GB/s)"
+    assert axes.get_ylabel() == "finish (µs)"
+    assert axes.get_title() == "bw: finish (µs) vs network.bandwidth (GB/s)"
+    assert [tick.get_text() for tick in axes.get_xticklabels()] == ["50", "100"]     # not "[50]"
+    legend = axes.get_legend()
+    assert legend.get_title().get_text() == "network.latency (ns)"
+    assert [text.get_text() for text in legend.get_texts()] == ["500", "500, 700"]
+    assert [key_unit(k) for k in ("network.bandwidth[0]", "system.local-mem-bw", "network.latency[1]",
+                                  "system.preferred-dataset-splits", "compute.peak_tflops")] == [
+        "GB/s", "GB/s", "ns", None, "TFLOP/s"]

@@ -58,7 +58,7 @@ def test_dot_colours_types_and_styles_edges(et_file, tmp_path):
         assert nodes[node_id][1] == NODE_COLORS[type_name]
     assert len({NODE_COLORS[t] for t in types.values()}) == len(types)
     label, _, tooltip = nodes[1]
-    assert label == '1: gemm \\"qkv\\"\\nCOMP 7 us'            # quotes escaped, type and duration shown
+    assert label == '1: gemm \\"qkv\\"\\nCOMP 7 µs'            # quotes escaped, type and duration shown
     assert tooltip == "num_ops=100, tensor_size=50"
     assert "pg_name=tp0" in nodes[2][2]
     assert edges == [(0, 1, "solid"), (0, 2, "dashed"), (1, 3, "solid"), (2, 3, "solid"), (3, 4, "bold")]
@@ -154,3 +154,16 @@ def test_output_is_deterministic_and_reads_gzip(et_file, tmp_path):
         assert CliRunner().invoke(visualize, [str(trace), "--format", fmt, "--output", str(out)]).exit_code == 0
         texts.append(out.read_text().replace(trace.name, "T"))
     assert texts[0] == texts[1] and texts[2] == texts[3]
+
+
+@pytest.mark.parametrize("have_graphviz", [False, True])
+def test_a_dot_file_comes_with_how_to_render_it(et_file, tmp_path, monkeypatch, have_graphviz):
+    trace = et_file(small_trace())
+    monkeypatch.setattr("chakra_core.tools.visualize.shutil.which", lambda name: "/usr/bin/dot" if have_graphviz else None)
+    out = tmp_path / "g.dot"
+    result = CliRunner().invoke(visualize, [str(trace), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"picture: dot -Tsvg {out} -o {tmp_path / 'g.svg'}" in result.output
+    assert ("needs Graphviz, not installed here" in result.output) is not have_graphviz
+    graphml = CliRunner().invoke(visualize, [str(trace), "--output", str(tmp_path / "g.graphml")])
+    assert "picture:" not in graphml.output

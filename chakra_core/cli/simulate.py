@@ -70,14 +70,28 @@ def run_inputs(command: F) -> F:
 def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, astra_system: str | None,
                 astra_network: str | None, astra_memory: str | None, comm_group: str | None,
                 backend: str | None, out_dir: str | None) -> RunConfig:
-    """The RunConfig of `run`'s / `validate`'s inputs (see run_inputs)."""
+    """The RunConfig of `run`'s / `validate`'s inputs (see run_inputs). With a manifest, the
+    ASTRA-style flags replace its settings, each with a note on stderr saying what it replaced."""
+    from pathlib import Path
+
+    from chakra_core.config.astra import override_manifest
+    from chakra_core.config.files import read_config_file
+    from chakra_core.jobs.expand import is_job
     from chakra_core.run import load, load_astra
 
     astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
     if manifest:
-        if workload or any(astra_flags):
-            raise CliError("give either a manifest or --workload/--astra-*/--network flags, not both")
-        return load(manifest, host, out_dir=out_dir)
+        if not (workload or any(astra_flags)):
+            return load(manifest, host, out_dir=out_dir)
+        data = read_config_file(Path(manifest))
+        if is_job(data):
+            raise CliError(f"{manifest} is a training job, which makes its own traces and layers from `job:`: "
+                           "--workload/--astra-*/--comm-group/--network do not apply (edit the manifest)")
+        data, notes = override_manifest(host, data, workload, astra_system, astra_network, astra_memory,
+                                        comm_group, backend)
+        for note in notes:
+            err_console.print(f"note: {note}", soft_wrap=True, highlight=False, markup=False)
+        return load(data, host, base_dir=Path(manifest).resolve().parent, name=manifest, out_dir=out_dir)
     if not (workload and astra_system and astra_network):
         raise CliError("give a manifest, or --workload, --astra-system and --astra-network")
     return load_astra(workload, astra_system, astra_network, astra_memory, comm_group, backend,
@@ -93,6 +107,10 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
         astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
         quiet: bool, plots: bool, debug: bool) -> None:
     """Simulate a manifest, or ASTRA-sim inputs given directly.
+
+    With a manifest, --workload, --astra-*, --comm-group and --network replace
+    its settings (a note on stderr says what each replaced), so one manifest
+    serves other traces.
 
     The output folder is created and checked before simulating. A rerun
     replaces the files the previous run wrote there (and removes those it

@@ -238,13 +238,77 @@ def astra_manifest(host: PluginHost, workload: str, system: str, network: str, m
     if comm_group:
         manifest["workload"]["comm_groups"] = comm_group
     if memory:
-        mem_data = read_config_file(Path(memory))
-        # NO_MEMORY_EXPANSION gives ASTRA-sim no model for memory nodes; so here too
-        # (a trace with MEM_LOAD/MEM_STORE nodes then stops with a clear error).
-        if mem_data.get("memory-type", "NO_MEMORY_EXPANSION") != "NO_MEMORY_EXPANSION":
-            impl = _one(host, "memory", "remote-memory", "command line: --astra-memory", problems)
-            if impl is not None:
-                manifest["memory"] = {"plugin": impl.name, "astra_file": memory}
+        section = _memory_section(host, memory, problems)
+        if section is not None:
+            manifest["memory"] = section
     if problems:
         raise ManifestError(problems)
     return manifest
+
+
+def _memory_section(host: PluginHost, memory: str, problems: list[tuple[str, str]]) -> dict[str, Any] | None:
+    """The `memory` section of a remote-memory JSON, or None for NO_MEMORY_EXPANSION: that gives
+    ASTRA-sim no model for memory nodes, so here too (MEM_LOAD/MEM_STORE nodes then stop with a
+    clear error)."""
+    mem_data = read_config_file(Path(memory))
+    if mem_data.get("memory-type", "NO_MEMORY_EXPANSION") == "NO_MEMORY_EXPANSION":
+        return None
+    impl = _one(host, "memory", "remote-memory", "command line: --astra-memory", problems)
+    return None if impl is None else {"plugin": impl.name, "astra_file": memory}
+
+
+def override_manifest(host: PluginHost, data: Mapping[str, Any], workload: str | None = None,
+                      system: str | None = None, network: str | None = None, memory: str | None = None,
+                      comm_group: str | None = None, network_plugin: str | None = None,
+                      ) -> tuple[dict[str, Any], list[str]]:
+    """A manifest with the ASTRA-style command-line flags put in place of its own settings (paths
+    made absolute: they are relative to the cwd, the manifest's to its folder), and one note per
+    flag saying what it replaced."""
+    manifest = {key: dict(value) if isinstance(value, Mapping) else value for key, value in data.items()}
+    notes: list[str] = []
+    problems: list[tuple[str, str]] = []
+
+    def section(name: str) -> dict[str, Any]:
+        value = manifest.get(name)
+        return value if isinstance(value, dict) else {}
+
+    def was(name: str, key: str) -> str:
+        value = section(name).get(key)
+        return "unset" if value is None else f"was {value}"
+
+    if workload:
+        notes.append(f"--workload {workload} replaces the manifest's workload.trace ({was('workload', 'trace')})"
+                     + ("; its workload.ranks, which counted the old traces, is dropped"
+                        if "ranks" in section("workload") else ""))
+        manifest["workload"] = {key: value for key, value in section("workload").items() if key != "ranks"}
+        manifest["workload"]["trace"] = str(Path(workload).absolute())
+    if comm_group:
+        notes.append(f"--comm-group {comm_group} replaces the manifest's workload.comm_groups "
+                     f"({was('workload', 'comm_groups')})")
+        manifest["workload"] = {**section("workload"), "comm_groups": str(Path(comm_group).absolute())}
+    if system:
+        notes.append(f"--astra-system {system} replaces the manifest's system section")
+        manifest["system"] = {"plugin": NATIVE_SYSTEM, "astra_file": str(Path(system).absolute())}
+    if network or network_plugin:
+        plugin = network_plugin or section("network").get("plugin")
+        if network and network_plugin is None:   # the plugin standing for ASTRA-sim's, as without a manifest
+            impl = _one(host, "network", "congestion-unaware", "command line: --astra-network", problems)
+            plugin = impl.name if impl is not None else None
+        if network:
+            notes.append(f"--astra-network {network} replaces the manifest's network section "
+                         f"(plugin {plugin})")
+            manifest["network"] = {"plugin": plugin, "astra_file": str(Path(network).absolute())}
+        else:
+            notes.append(f"--network {plugin} replaces the manifest's network.plugin "
+                         f"({was('network', 'plugin')}); the section's other keys stay")
+            manifest["network"] = {**section("network"), "plugin": plugin}
+    if memory:
+        memory_section = _memory_section(host, str(Path(memory).absolute()), problems)
+        notes.append(f"--astra-memory {memory} replaces the manifest's memory section"
+                     + (" (NO_MEMORY_EXPANSION: no memory layer)" if memory_section is None else ""))
+        manifest.pop("memory", None)
+        if memory_section is not None:
+            manifest["memory"] = memory_section
+    if problems:
+        raise ManifestError(problems)
+    return manifest, notes

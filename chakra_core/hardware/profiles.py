@@ -7,7 +7,8 @@ file path (a profile `chakra-sim calibrate` wrote). Every number is a
 NCCL's public source, never a measurement that the accuracy tables judge.
 
 `extends: <profile>` starts from another profile and overrides keys
-(a scale-out profile extends its node's), merged key by key.
+(a scale-out profile extends its node's), merged key by key; a sourced value the
+extending file changes must carry its own source (the parent's would be untrue).
 """
 
 from __future__ import annotations
@@ -260,13 +261,30 @@ def shipped_or_file(value: str) -> str:
     return value
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+SIBLING_SOURCES = {"transport": "transport_source", "protocols": "protocols_source", "cpu_vendor": "cpu_source"}
+"""Settings whose source is a sibling key rather than a `source` inside them."""
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any], where: str, problems: list[tuple[str, str]],
+           parent: str) -> dict[str, Any]:
+    """`override` over `base` key by key. A sourced value the child changes takes the child's source
+    and note only: the parent's would cite a document for a number it does not give."""
+    if "source" in base and any(value != base.get(key) for key, value in override.items()
+                                if key not in ("source", "note")):
+        if "source" not in override:
+            problems.append((where.rstrip("."), f"changes {parent}'s value: give its own source "
+                             "(the parent's cites another number)"))
+        return dict(override)
     merged = dict(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+            merged[key] = _merge(merged[key], value, f"{where}{key}.", problems, parent)
         else:
             merged[key] = value
+        sibling = SIBLING_SOURCES.get(key)
+        if sibling and sibling in base and sibling not in override and base.get(key) != value:
+            problems.append((f"{where}{key}", f"changes {parent}'s value: give {where}{sibling} too "
+                             "(the parent's cites another setting)"))
     return merged
 
 
@@ -304,7 +322,11 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     # Resolved, so that a loop through '..' or a symlink is seen as one.
     base = _raw(_path_of(parent, path.parent).resolve(), (*seen, path))
     base.pop("name", None)   # a profile is named after its own file unless it says otherwise
-    return _merge(base, data)
+    problems: list[tuple[str, str]] = []
+    merged = _merge(base, data, "", problems, parent)
+    if problems:
+        raise ManifestError([(f"{path}: {where}", why) for where, why in problems])
+    return merged
 
 
 @lru_cache(maxsize=64)

@@ -8,7 +8,7 @@
       - {network.plugin: analytical}     # combination of the grid (points varying slowest)
       - {network.plugin: congestion}
     metric: finish_ns                    # a path into results.json, or max(rank key) ...
-    plot: {x: network.bandwidth[0], series: system.preferred-dataset-splits, x_unit: GB/s}
+    plot: {x: "network.bandwidth[0]", series: system.preferred-dataset-splits, x_unit: GB/s}  # quoted: [ ] in {}
     output: {dir: results/bandwidth}     # relative to this file
     timeout: 600                         # seconds a point may run (default: no limit)
 

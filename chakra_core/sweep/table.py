@@ -14,12 +14,16 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chakra_core._atomic import atomic_write_bytes, atomic_write_text
 from chakra_core.report.plots import readable_unit
 from chakra_core.sweep.spec import Sweep
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TABLE_CSV, TABLE_PARQUET, PLOT_PNG = "sweep.csv", "sweep.parquet", "sweep.png"
 
@@ -121,13 +125,53 @@ def write_outputs(sweep: Sweep, columns: list[str], rows: list[dict[str, Any]], 
 
 # The plot -----------------------------------------------------------------------------------------
 _STYLES = (("-", "o"), ("--", "x"), (":", "^"), ("-.", "+"))
+# The unit of a swept key, from its last name: manifests give times in ns, the network's
+# `bandwidth` in GB/s (GB = 2^30 B), other `*_gbps` / `*-bw` keys in GB/s (10^9 B/s).
+_KEY_UNITS = ((("_ns", "latency", "-delay", "-latency"), "ns"), (("_us",), "µs"),
+              (("bandwidth", "_gbps", "-bw"), "GB/s"), (("_gbits",), "Gb/s"),
+              (("_bytes", "-size", "_size"), "B"), (("_tflops", "peak-perf"), "TFLOP/s"))
+
+
+def key_unit(key: str) -> str | None:
+    """The unit of a swept key path (`network.bandwidth[0]` -> GB/s), or None when unknown."""
+    name = re.sub(r"\[\d+\]", "", key).rsplit(".", 1)[-1]
+    for endings, unit in _KEY_UNITS:
+        if name.endswith(endings):
+            return unit
+    return None
+
+
+def _with_unit(key: str, unit: str | None = None) -> str:
+    unit = unit or key_unit(key)
+    return f"{key} ({unit})" if unit else key
+
+
+def _scalar(value: Any) -> Any:
+    """A one-element list (`network.bandwidth: [50]`) as its element: it is one setting."""
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
 def _label(value: Any) -> str:
+    value = _scalar(value)
+    if isinstance(value, list):    # one value per dimension: 50, 100
+        return ", ".join(_label(item) for item in value)
     return value if isinstance(value, str) else json.dumps(value)
 
 
 def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
-    """The metric against the x key, one line per combination of the series keys; None when no
-    point has a value to draw."""
+    """The PNG of plot_figure; None when no point has a value to draw."""
+    figure = plot_figure(sweep, rows)
+    if figure is None:
+        return None
+    buffer = io.BytesIO()
+    # No Software/date metadata: the same table gives the same bytes.
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def plot_figure(sweep: Sweep, rows: list[dict[str, Any]]) -> Figure | None:
+    """The metric against the x key, one line per combination of the series keys, every axis and
+    legend key with its unit; None when no point has a value to draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import NullLocator
@@ -136,16 +180,15 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
     drawn = [row for row in rows if row["status"] == "ok" and row.get(metric) is not None]
     if not drawn:
         return None
-    x_values: list[Any] = [row.get(spec.x) for row in drawn]   # JSON values: numbers when numeric_x
+    x_values: list[Any] = [_scalar(row.get(spec.x)) for row in drawn]   # JSON values: numbers when numeric_x
     numeric_x = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
     # A categorical axis keeps the sweep's order of values.
     categories = list(dict.fromkeys(json.dumps(v, sort_keys=True) for v in x_values))
     divisor, unit = readable_unit([row[metric] for row in drawn], sweep.metric.unit)
 
     lines: dict[tuple[str, ...], list[tuple[Any, float]]] = {}
-    for row in drawn:
+    for row, x in zip(drawn, x_values):
         series = tuple(json.dumps(row.get(k), sort_keys=True) for k in spec.series)
-        x = row.get(spec.x)
         position = x if numeric_x else categories.index(json.dumps(x, sort_keys=True))
         lines.setdefault(series, []).append((position, row[metric] / divisor))
 
@@ -179,18 +222,20 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
         axes.xaxis.set_minor_locator(NullLocator())
     if spec.logy:
         axes.set_yscale("log")
-    axes.set_xlabel(spec.x + (f" ({spec.x_unit})" if spec.x_unit else ""))
+    x_label = _with_unit(spec.x, spec.x_unit)
+    axes.set_xlabel(x_label)
     # 'finish (µs)' rather than 'finish_ns (µs)'
     name = metric.replace("_ns)", ")").removesuffix("_ns") if sweep.metric.unit == "ns" else metric
-    axes.set_ylabel(name + (f" ({unit})" if unit else ""))
+    y_label = name + (f" ({unit})" if unit else "")
+    axes.set_ylabel(y_label)
     failed = sum(1 for row in rows if row["status"] != "ok")
-    title = f"{sweep.name}: {metric} vs {spec.x}"
+    title = f"{sweep.name}: {y_label} vs {x_label}"
     if failed:
         title += f"\n({failed} failed point{'s' if failed != 1 else ''} not shown)"
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
     if spec.series:
-        legend = {"title": (",\n" if len(lines) > 4 else ", ").join(spec.series),
+        legend = {"title": (",\n" if len(lines) > 4 else ", ").join(_with_unit(key) for key in spec.series),
                   "fontsize": "small", "title_fontsize": "small", "ncols": 1 if len(lines) <= 16 else 2}
         if len(lines) > 4:   # beside the axes: a long legend would hide data
             figure.legend(loc="outside right upper", **legend)
@@ -198,10 +243,7 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
             axes.legend(**legend)
     if not spec.logy:
         axes.set_ylim(bottom=0)
-    buffer = io.BytesIO()
-    # No Software/date metadata: the same table gives the same bytes.
-    figure.savefig(buffer, format="png", metadata={"Software": None})
-    return buffer.getvalue()
+    return figure
 
 
 def _powers_of_two(values: list[float]) -> bool:

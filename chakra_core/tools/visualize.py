@@ -22,6 +22,7 @@ Both are deterministic: nodes in id order, edges in (child, parent) order.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,7 @@ def to_dot(selection: Selection, title: str) -> str:
     for node in selection.nodes:
         label = f"{node.id}: {node.name}\n{node.type.replace('_NODE', '')}"
         if node.duration_micros:
-            label += f" {node.duration_micros} us"
+            label += f" {node.duration_micros} µs"
         tooltip = ", ".join(f"{k}={v}" for k, v in node.attrs.items())
         color = NODE_COLORS.get(node.type, "#ffffff")
         extra = f", tooltip={_dot_string(tooltip)}" if tooltip else ""
@@ -295,6 +296,9 @@ def visualize(trace: str, fmt: str | None, output: str, id_range: str | None, ar
               max_nodes: int) -> None:
     """Draw one rank's dependency graph as Graphviz DOT or GraphML.
 
+    Needs no Graphviz; rendering a DOT file to a picture does (`dot`, from the
+    graphviz system package: apt, brew or conda, not pip).
+
     Nodes are coloured by type; data dependencies are solid edges, control
     dependencies dashed.
 
@@ -314,3 +318,14 @@ def visualize(trace: str, fmt: str | None, output: str, id_range: str | None, ar
         write_graph(selection, fmt, output, Path(trace).name)
     click.echo(f"wrote {output} ({fmt}: {len(selection.nodes)} of {selection.total_nodes} nodes, "
                f"{len(selection.edges)} edges)")
+    if fmt == "dot":
+        click.echo(render_hint(str(output), shutil.which("dot") is not None))
+
+
+def render_hint(output: str, have_graphviz: bool) -> str:
+    """How to make a picture of a DOT file; Graphviz is not a Python package, so pip never installs it."""
+    command = f"dot -Tsvg {output} -o {Path(output).with_suffix('.svg')}"
+    if have_graphviz:
+        return f"picture: {command}"
+    return (f"picture: {command} needs Graphviz, not installed here (apt install graphviz, brew install "
+            "graphviz or conda install graphviz); or write --format graphml for Gephi or yEd")

@@ -31,7 +31,7 @@ def write_outputs(out_dir: Path, files: dict[str, str | bytes]) -> list[Path]:
 
 def analysis_files(report: dict[str, Any]) -> dict[str, str | bytes]:
     """analysis.json and the plots of `report`."""
-    from chakra_core.report import plots
+    from chakra_core.report import analysis_plots as plots
 
     return {
         ANALYSIS_JSON: report_json(report),

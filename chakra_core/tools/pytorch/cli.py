@@ -55,10 +55,10 @@ def summary_lines(summary: Summary) -> list[str]:
         lines.append(f"linked: {summary.linked} of {summary.units} host ops "
                      f"({summary.linked_by_rf_id} by record-function id), {summary.unlinked} unlinked; "
                      f"{summary.gpu_linked} of {summary.gpu_events} GPU events")
-    lines.append(f"compute: {summary.gpu_micros} us GPU, {summary.cpu_micros} us CPU, "
-                 f"{summary.comm_micros} us communication; {summary.num_ops:.3e} FLOPs estimated")
+    lines.append(f"compute: {summary.gpu_micros} µs GPU, {summary.cpu_micros} µs CPU, "
+                 f"{summary.comm_micros} µs communication; {summary.num_ops:.3e} FLOPs estimated")
     if summary.waits_removed:
-        lines.append(f"waits removed: {summary.wait_removed_micros} us in {summary.waits_removed} blocking "
+        lines.append(f"waits removed: {summary.wait_removed_micros} µs in {summary.waits_removed} blocking "
                      "call(s) (the host waited for the GPU; the simulation re-creates the wait)")
     for note in summary.notes:
         lines.append(f"note: {note}")

@@ -55,21 +55,21 @@ class Parameter:
 PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("step_overhead_us", (0.0, 20.0), (0.0, 3.4),
               "from no separate sync (LL's flags in the data) to a whole Simple hop over NVLink "
-              "(NCCL hwLatencies[NVLINK][RING][SIMPLE] = 3.4 us)"),
+              "(NCCL hwLatencies[NVLINK][RING][SIMPLE] = 3.4 µs)"),
     Parameter("hop_latency_scale", (0.1, 10.0), (0.5, 2.0),
               "NCCL's own per-hop figures for one link differ by up to 2x between algorithms "
-              "(NVLink LL128: tree 1.25 us, ring 1.9 us)"),
+              "(NVLink LL128: tree 1.25 µs, ring 1.9 µs)"),
     Parameter("nvlink_efficiency", (0.3, 1.0), (0.8, 1.0),
               "NCCL's own efficiency factors for NVLink transfers: nvlsEfficiency 0.85 (Hopper), LL128 0.92"),
     Parameter("nic_efficiency", (0.3, 1.0), (0.8, 1.0),
               "line-rate overheads of InfiniBand and RoCE framing (headers and CRC on 4 KiB MTUs) "
               "stay within a few percent; 0.8 leaves room for the transport"),
     Parameter("network_latency_us", (0.0, 500.0), (0.0, 60.0),
-              "0 on InfiniBand to aws-ofi-nccl's 20 us per EFA step; 3x that is far beyond any "
+              "0 on InfiniBand to aws-ofi-nccl's 20 µs per EFA step; 3x that is far beyond any "
               "public per-step figure"),
     Parameter("launch_us", (0.0, 100.0), (2.0, 10.0),
-              "asynchronous kernel launches measured at 3.0-4.9 us (NVIDIA CUDA Graphs blog: 3.8 us; "
-              "JuliaGPU/CUDAdrv.jl PR 15: 4.9 us from C)"),
+              "asynchronous kernel launches measured at 3.0-4.9 µs (NVIDIA CUDA Graphs blog: 3.8 µs; "
+              "JuliaGPU/CUDAdrv.jl PR 15: 4.9 µs from C)"),
 )}
 
 

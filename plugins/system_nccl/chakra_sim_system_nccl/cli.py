@@ -84,8 +84,8 @@ def _report(spec: Profile, fitted: Profile, fit_on: list[cal.Observation], held:
             continue
         spec_errors, fit_errors = cal.log_errors(spec, points), cal.log_errors(fitted, points)
         table = Table(title=f"{title}: measured vs predicted", show_lines=False)
-        for column in ("log", "collective", "ranks", "size B", "measured us", "spec us", "spec err",
-                       "calibrated us", "error", "algorithm"):
+        for column in ("log", "collective", "ranks", "size B", "measured µs", "spec µs", "spec err",
+                       "calibrated µs", "error", "algorithm"):
             table.add_column(column, justify="left" if column in ("log", "collective", "algorithm") else "right")
         for point, choice, spec_error, fit_error in zip(points, cal.predict(fitted, points),
                                                         spec_errors, fit_errors):
@@ -202,7 +202,7 @@ def _accuracy_report(results: list[acc.LogResult]) -> None:
                             f"node{'s' if plan.nodes > 1 else ''}, profile {plan.profile}, "
                             f"{'in' if plan.in_place else 'out-of'}-place", caption=_launch_text(plan))
         columns = ["size", "bytes"] + (["type"] if several_types else []) + [
-            "measured us", "predicted us", "error", "algorithm", "protocol", "channels"]
+            "measured µs", "predicted µs", "error", "algorithm", "protocol", "channels"]
         for column in columns:
             table.add_column(column, justify="left" if column in ("size", "type", "algorithm", "protocol")
                              else "right")

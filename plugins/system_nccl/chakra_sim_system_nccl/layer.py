@@ -43,6 +43,11 @@ from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
 
+# A collective is one operation of one communicator group: 8 data-parallel groups each
+# all-reducing once are 8 operations of one trace node. Said wherever the counts are shown.
+CHOICES_COUNTED = ("count: collective operations, one per communicator group that runs one (not per rank, "
+                   "not per trace node: an all-reduce run by 8 groups counts 8); time: their durations summed")
+
 _NCCL_NAME: dict[int, str] = {
     pb.ALL_REDUCE: nccl.ALL_REDUCE, pb.ALL_GATHER: nccl.ALL_GATHER, pb.REDUCE_SCATTER: nccl.REDUCE_SCATTER,
     pb.REDUCE_SCATTER_BLOCK: nccl.REDUCE_SCATTER, pb.ALL_TO_ALL: nccl.ALL_TO_ALL,
@@ -250,6 +255,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
                 "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
                              "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],
+                "choices_counted": CHOICES_COUNTED,
                 "unmatched_sends": self._unmatched()}
 
     def _unmatched(self) -> list[dict[str, int]]:
@@ -268,5 +274,6 @@ class NcclSystem(MatchingSystem[_Pending]):
             return []
         rows = [[c, a, p, str(self.choices[(c, a, p)]), f"{self.choice_ns[(c, a, p)] / 1e3:,.1f}"]
                 for c, a, p in sorted(self.choices)]
-        return [(f"NCCL algorithms chosen (profile {self.profile.name})",
-                 ["collective", "algorithm", "protocol", "count", "time us (sum)"], rows)]
+        return [(f"NCCL algorithms chosen (profile {self.profile.name}); {CHOICES_COUNTED}",
+                 ["collective", "algorithm", "protocol", "operations (per group)", "time µs (sum over groups)"],
+                 rows)]

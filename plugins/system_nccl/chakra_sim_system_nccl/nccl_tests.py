@@ -344,7 +344,7 @@ def _check_algbw(row: _RawRow, half: _Half, problems: _Problems) -> None:
     if not low - tolerance <= half.algbw <= high + tolerance:
         placement = "in-place" if half.in_place else "out-of-place"
         problems.add(row.line, f"{placement} algbw {half.algbw:.2f} GB/s does not match size/time = "
-                               f"{row.size} B / {half.time_us} us = {row.size / (half.time_us * 1e3):.2f} GB/s")
+                               f"{row.size} B / {half.time_us} µs = {row.size / (half.time_us * 1e3):.2f} GB/s")
 
 
 def _check_busbw(row: _RawRow, half: _Half, factor: float, ranks: int, source: str,

@@ -56,7 +56,7 @@ def test_table_and_geomean_on_the_dgx_log():
     result = run(str(DGX), "--profile", H100)
     assert result.exit_code == 0, result.output
     out = result.output
-    for column in ("measured us", "predicted us", "error", "algorithm", "protocol", "channels"):
+    for column in ("measured µs", "predicted µs", "error", "algorithm", "protocol", "channels"):
         assert column in out
     assert "16 GiB" in out and "1 KiB" in out and "512 B" not in out   # --min-bytes 1024 by default
     assert "nvls" in out and "Simple" in out

@@ -160,3 +160,16 @@ def test_gather_times_the_roots_links(tmp_path):
     results = run(tmp_path, [[collective(0, pb.GATHER, size, root_rank=9)]] * 16, NDR)
     expected = nccl.NcclModel(load_profile(NDR)).fan_time_us(size * 7, size * 8)
     assert results["finish_ns"] == ns(expected.time_us)
+
+
+def test_choices_count_one_operation_per_communicator_group_and_say_so(tmp_path):
+    groups = {"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]}
+    traces = [[collective(0, pb.ALL_REDUCE, 2**20, pg_name="a" if r < 4 else "b")] for r in range(8)]
+    results = run(tmp_path, traces, comm_groups=groups)
+    system = results["layers"]["system"]
+    [choice] = system["summary"]["choices"]
+    assert choice["count"] == 2      # one trace node per rank, 8 ranks, 2 groups: 2 operations
+    assert "one per communicator group" in system["summary"]["choices_counted"]
+    [table] = system["highlights"]
+    assert "one per communicator group" in table["title"]
+    assert table["columns"][3:] == ["operations (per group)", "time µs (sum over groups)"]
