@@ -337,9 +337,70 @@ def converter_cases(seed: int = 0, full: bool = True) -> list[Case]:
     return cases
 
 
+NCCL_LOG = ROOT / "plugins" / "system_nccl" / "tests" / "data" / "nccl-tests" / "h100_xxrjun_1node_8gpu_allreduce.txt"
+SWEEP_GRID = {"network.bandwidth[0]": [50, 100]}
+
+
+def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
+    """The commands left: synthesize (mutated traces), sweep (mutated sweep files), accuracy and
+    calibrate (mutated nccl-tests logs), profiles (malformed profile files)."""
+    cases = []
+    mutations = dict(trace_mutations(seed, full))
+    for name in ("truncated-at-24", "length-prefix-2^60", "garbage", "node-with-40000-parents"):
+        cases.append(Case("synthesize", name, lambda f, r=mutations[name]: [
+            "--from", str(_write_prefix(f, r, False)), "--ranks", "2", "--out", str(f / "out" / "s")],
+            TRACE_NAMES))
+    sweeps: dict[str, Any] = {"base-missing": {"base": "nowhere.yaml", "grid": SWEEP_GRID},
+                              "grid-not-a-mapping": {"base": str(EXAMPLE), "grid": [1, 2]},
+                              "unknown-key-path": {"base": str(EXAMPLE), "grid": {"network.nope[0]": [1]}},
+                              "timeout-negative": {"base": str(EXAMPLE), "grid": SWEEP_GRID, "timeout": -1},
+                              "plot-x-not-swept": {"base": str(EXAMPLE), "grid": SWEEP_GRID, "plot": {"x": "a.b"}},
+                              "not-yaml": "grid: [unclosed\n", "empty": ""}
+    for bad in (BAD_VALUES if full else CI_BAD_VALUES):
+        if bad is not True:   # pydantic reads a bandwidth of true as 1 GB/s: a point that runs
+            sweeps[f"bandwidth-{bad!r}"] = {"base": str(EXAMPLE), "grid": {"network.bandwidth[0]": [bad]}}
+    for name, spec in sweeps.items():
+        def build(folder: Path, spec: Any = spec) -> list[str]:
+            text = spec if isinstance(spec, str) else yaml.safe_dump(spec)
+            (folder / "sweep.yaml").write_text(text.replace("\\n", "\n"))
+            return [str(folder / "sweep.yaml"), "--out", str(folder / "out"), "--quiet"]
+        cases.append(Case("sweep", name, build, ("sweep.yaml",)))
+    log = NCCL_LOG.read_text()
+    lines = log.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")]
+    rng = random.Random(seed)
+    logs = {"empty": "", "header-only": "\n".join(line for line in lines if line.startswith("#")) + "\n",
+            "truncated": log[: len(log) // 3], "binary": "\x00\xff" * 50}
+    for i in range(6 if full else 3):
+        mutated = list(lines)
+        row = rng.choice(rows)
+        tokens = mutated[row].split()
+        tokens[rng.randrange(len(tokens))] = rng.choice(["-1", "x", "nan", "1e400", str(2**70)])
+        mutated[row] = "  ".join(tokens)
+        logs[f"row-{row + 1}-token-{i}"] = "\n".join(mutated) + "\n"
+    for command in ("accuracy", "calibrate"):
+        for name, text in logs.items():
+            if command == "calibrate" and name.startswith("row-"):
+                continue   # a log that still parses is fitted: seconds per case
+            def build(folder: Path, text: str = text) -> list[str]:
+                (folder / "log.txt").write_text(text)
+                return [str(folder / "log.txt"), "--profile", "h100-sxm-hgx"]
+            cases.append(Case(command, name, build, ("log.txt",)))
+    profiles = {"empty": "", "not-a-mapping": "[1, 2]\n", "extends-unknown": "extends: nowhere\nname: p\n",
+                "extends-itself": "name: p\nextends: p.yaml\n", "value-nan": "extends: h100-sxm-hgx\ngpu:\n  memory_gib: .nan\n",
+                "unknown-section": "extends: h100-sxm-hgx\nnope: {a: 1}\n", "not-yaml": "gpu: [\n"}
+    for name, text in profiles.items():
+        def build(folder: Path, text: str = text) -> list[str]:
+            (folder / "p.yaml").write_text(text)
+            return [str(folder / "p.yaml")]
+        cases.append(Case("profiles", name, build, ("p.yaml",)))
+    return cases
+
+
 def all_cases(seed: int = 0, full: bool = True) -> list[Case]:
     """The corpus: `full` for benchmarks/fuzz_summary.py, the smaller one for CI (tests/test_fuzz.py)."""
-    return trace_cases(seed, full) + manifest_cases(full) + astra_cases(full) + converter_cases(seed, full)
+    return (trace_cases(seed, full) + manifest_cases(full) + astra_cases(full) + converter_cases(seed, full)
+            + other_cases(seed, full))
 
 
 # Judging -------------------------------------------------------------------------------------

@@ -320,7 +320,11 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(parent, str) or not parent:
         raise ManifestError([(f"{path}: extends", "give a shipped profile's name or a .yaml path")])
     # Resolved, so that a loop through '..' or a symlink is seen as one.
-    base = _raw(_path_of(parent, path.parent).resolve(), (*seen, path))
+    try:
+        parent_path = _path_of(parent, path.parent)
+    except ManifestError as exc:   # name the file that says `extends`
+        raise ManifestError([(f"{path}: extends: {where}", why) for where, why in exc.problems]) from None
+    base = _raw(parent_path.resolve(), (*seen, path))
     base.pop("name", None)   # a profile is named after its own file unless it says otherwise
     problems: list[tuple[str, str]] = []
     merged = _merge(base, data, "", problems, parent)
