@@ -394,6 +394,22 @@ def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
             (folder / "p.yaml").write_text(text)
             return [str(folder / "p.yaml")]
         cases.append(Case("profiles", name, build, ("p.yaml",)))
+    job = yaml.safe_load((ROOT / "examples" / "llama3-70b-64gpu.yaml").read_text())
+    jobs: dict[str, Any] = {"model-unknown": ("model", "nope"), "tp-zero": ("parallel", {"tp": 0}),
+                            "tp-not-dividing": ("parallel", {"tp": 3}), "gpus-true": ("cluster", {"gpus": True}),
+                            "gpus-huge": ("cluster", {"gpus": 2**70}), "seq-text": ("training", {"seq": "x"}),
+                            "profile-unknown": ("cluster", {"gpus": 64, "profile": "nope"}),
+                            "unknown-key": ("nope", 1)}
+    for name, (key, value) in jobs.items():
+        def build(folder: Path, key: str = key, value: Any = value) -> list[str]:
+            data = copy.deepcopy(job)
+            if isinstance(value, dict) and isinstance(data["job"].get(key), dict):
+                data["job"][key] = {**data["job"][key], **value}
+            else:
+                data["job"][key] = value
+            (folder / "job.yaml").write_text(yaml.safe_dump(data))
+            return [str(folder / "job.yaml"), "--output", str(folder / "out" / "traces" / "t")]
+        cases.append(Case("generate job", name, build, ("job.yaml",)))
     return cases
 
 

@@ -74,11 +74,15 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         _override(data, section, key, value)
     if output is None and save_job is None:
         raise CliError("give --output PREFIX (traces) and/or --save-job FILE (the job description)")
+    source = str(job_file or "options")
     try:
-        spec = read_job(data, str(job_file or "options"))
-        gpn = spec.cluster.gpus_per_node or load_profile(spec.cluster.profile).gpus_per_node
+        spec = read_job(data, source)
     except ManifestError as exc:
         raise CliError(str(exc)) from None
+    try:
+        gpn = spec.cluster.gpus_per_node or load_profile(spec.cluster.profile).gpus_per_node
+    except ManifestError as exc:   # as `run` says it: the file and key that name the profile
+        raise CliError(str(ManifestError([(f"{source}: job.cluster.profile", str(exc))]))) from None
     placement = Placement(spec, gpn)
     if save_job is not None:
         atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
