@@ -14,8 +14,9 @@ epoch, whatever the number of flows.
 
 Flows of one step must not meet the previous traffic of the collective on a
 link (a member may start its next step while a slower flow it sent is still
-on the way): `step` reports those links, and the network asks for a restart
-with them timed message by message.
+on the way), and their rates may change at most MAX_EPOCHS times: otherwise
+`step` reports the step's links, and the network asks for a restart with them
+timed message by message.
 
 Per-link statistics are kept here in numpy arrays (bytes, messages, busy
 time, peak concurrent flows) and added to FairLinks' in the summary.
