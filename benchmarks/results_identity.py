@@ -34,7 +34,9 @@ which changes their times; fair ring all-reduces are now timed in closed form (t
 one step of flows: the same finish, link bytes, busy times and peaks; its `closed_form_messages`
 count changed. Recorded again (issue 22, frictions): the 54 `nccl` outputs and the accuracy tables
 say what the NCCL choice table counts (a `choices_counted` key, column names) and write µs, not
-us; their times are unchanged.
+us; their times are unchanged. Recorded again (issue 21, NCCL on the network): the 53 `nccl`
+results.json (52 cases and the llama3-70b example) changed only in the layer's `fidelity` text,
+which now says that a network layer carries what crosses nodes; none of them has a network.
 """
 
 from __future__ import annotations

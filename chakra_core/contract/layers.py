@@ -172,6 +172,11 @@ class SystemLayer(LayerModel):
     needs_network: ClassVar[bool] = True
     """False if the layer times all communication itself; the manifest may then leave out `network`."""
 
+    mirrors_folded_traffic: bool = False
+    """True when, in a folded run, the layer sends the network every message its simulated ranks
+    stand for (theirs and their class mates'), so that the network carries the whole traffic and
+    need not be `fold_safe` itself. A class attribute an instance may override in `__init__`."""
+
     @abstractmethod
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         """Start a COMM_COLL_NODE on `rank`; call `done(node.id)` when it completes there."""

@@ -146,8 +146,9 @@ class Simulation:
 
     def _check_foldable(self) -> None:
         """Why equivalent ranks cannot be folded whatever the traces say ("" when they can)."""
+        mirrored = getattr(self.system, "mirrors_folded_traffic", False)   # the network sees every rank's
         unsafe = [f"{layer} plugin '{instance.name}'" for layer, instance in self.layers.items()
-                  if not instance.fold_safe]
+                  if not instance.fold_safe and not (layer == "network" and mirrored)]
         if self.intervals is not None:
             self.fold_note = "a timeline records every rank"
         elif self.node_observer is not None:

@@ -51,7 +51,7 @@ class FoldedMatching:
         self.issued: dict[tuple[int, Members], int] = {}   # (rank, group) -> collectives issued
         self._needed: dict[int, tuple[Members, tuple[tuple[int, Members], ...] | None]] = {}
         self._checked: set[tuple[Any, ...]] = set()
-        self._weights: dict[int, tuple[Members, int]] = {}
+        self._weights: dict[int, tuple[Members, tuple[Members, ...]]] = {}
 
     def issue(self, rank: int, coll: Waiting) -> None:
         """`rank` (a representative) issued collective `coll`."""
@@ -105,14 +105,20 @@ class FoldedMatching:
             return None
 
     def weight(self, members: Members) -> int:
-        """How many groups a collective on `members` stands for: the distinct groups that its
-        first representative's class mates use in its place."""
+        """How many groups a collective on `members` stands for."""
+        return len(self.groups(members))
+
+    def groups(self, members: Members) -> tuple[Members, ...]:
+        """The groups a collective on `members` stands for, `members` first: the distinct groups
+        that its first representative's class mates use in its place."""
         hit = self._weights.get(id(members))
         if hit is None or hit[0] is not members:
             representative = self.folding.representative
             rep = next(m for m in members if representative[m] == m)   # a representative issued it
-            groups = {self._corresponding(members, rep, mate) for mate in self.folding.members[rep]}
-            hit = self._weights[id(members)] = (members, len(groups))
+            found = {members: None}
+            for mate in self.folding.members[rep]:
+                found[self._corresponding(members, rep, mate)] = None
+            hit = self._weights[id(members)] = (members, tuple(found))
         return hit[1]
 
     def _alike(self, rank: int, members: Members) -> bool:

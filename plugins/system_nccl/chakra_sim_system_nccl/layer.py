@@ -17,23 +17,28 @@ Sharing (chakra_sim_system_nccl.sharing): a communicator reaches the NICs of its
 rails only, and collectives and messages in flight at once on NVLink or on the NICs divide
 that fabric's bandwidth (a static share fixed when each starts).
 
+On a network (a `network:` section; chakra_sim_system_nccl.traffic): what crosses nodes goes
+through the network layer as flows, which share its links as its model says (instead of the
+static NIC share); an operation ends when NCCL's time alone says, or its latency after its last
+flow got through, whichever is later. On an idle network as fast as the profile's NICs the
+times are those without a network.
+
 Folding (chakra_sim_system_nccl.folded): with `RunInputs.folding` only representatives issue
 nodes; a collective is ready when every member's representative has issued its counterpart,
 and times and bytes are those of the unfolded run.
 
-Not modelled: the network layer, which this layer does not use; shares revised as operations
-start and finish.
+Not modelled without a network: shares revised as operations start and finish.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Sequence
 
 from pydantic import Field, PositiveInt
 
 from chakra_core import (
-    LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, ValidationInputs,
+    LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, Unfold, ValidationInputs,
     collective_name, pb,
 )
 from chakra_core.comm.collectives import collective_wait
@@ -42,6 +47,7 @@ from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
+from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 
 # A collective is one operation of one communicator group: 8 data-parallel groups each
 # all-reducing once are 8 operations of one trace node. Said wherever the counts are shown.
@@ -88,8 +94,20 @@ class _Pending(OpenCollective):
         """Folded runs: the representatives' issues it still waits for (FoldedMatching)."""
 
 
+class _Cost(NamedTuple):
+    """What NCCL's model says of one collective."""
+
+    time_ns: int          # alone on the network (or at its static share of the fabric)
+    per_rank: int         # bytes each member sends and receives (nccl-tests' bus convention)
+    nbytes: int           # the buffer NCCL counts (an all-gather's output)
+    latency_ns: int       # the part that does not scale with the size
+    algorithm: str
+    key: tuple[str, str, str]   # (collective, algorithm, protocol) in the choice table
+
+
 class _P2PTiming:
-    """What PointToPoint needs of a network (`npus_count`, `send`), timed by NCCL's point-to-point cost."""
+    """What PointToPoint needs of a network (`npus_count`, `send`), timed by NCCL's point-to-point
+    cost; across nodes through the network layer when the run has one."""
 
     def __init__(self, system: "NcclSystem"):
         self.system = system
@@ -101,15 +119,47 @@ class _P2PTiming:
         model = system.model
         latency = model.p2p_latency_us(same_node)
         transfer = size / (1000 * model.p2p_bandwidth_gbps(same_node))
+        scheduler = system.context.scheduler
+        now = scheduler.now
+        traffic = system.internode
+        if traffic is not None and not same_node:
+            pairs = [(src, dst)]
+            if system.folding is not None:   # every pair this message stands for
+                ranks = self.npus_count
+                offset = (dst - src) % ranks
+                pairs = [(mate, (mate + offset) % ranks) for mate in system.folding.members[src]]
+            alone = now + _ns(latency + transfer)
+            traffic.run([[(a, b, size)] for a, b in pairs],
+                        lambda finishes: self._crossed(pairs, now, alone, _ns(latency), finishes, on_arrival, arg))
+            return
         # both ends' fabric (by their representatives in folded runs: src is one)
         ends = (src, system.representative[dst])
         fabric = NVLINK if same_node else NIC
-        scheduler = system.context.scheduler
-        now = scheduler.now
         sharing = 1 + system.load.others(fabric, ends, now)
         delay = _ns(latency + transfer * sharing)
         system.load.add(fabric, ends, now, now + delay)
         scheduler.schedule(delay, on_arrival, arg)
+
+    def _crossed(self, pairs: list[tuple[int, int]], start: int, alone: int, latency_ns: int, finishes: list[int],
+                 on_arrival: Callable[[Any], None], arg: Any) -> None:
+        """The message (and those it stands for) crossed the network: it arrives when NCCL's time
+        alone says, or one step's latency after its last byte, whichever is later."""
+        if len(set(finishes)) > 1:
+            slow = max(range(len(pairs)), key=finishes.__getitem__)
+            reason = (f"the message {pairs[slow][0]} -> {pairs[slow][1]} takes {finishes[slow] - start:,} ns on "
+                      f"the network and {pairs[0][0]} -> {pairs[0][1]}, which it is folded with, "
+                      f"{finishes[0] - start:,} ns ({_ASYMMETRIC}); simulating every rank")
+            self.system.context.request_restart(reason, Unfold(reason))
+            return
+        self.system.context.scheduler.schedule_at(max(alone, finishes[0] + latency_ns), on_arrival, arg)
+
+
+_ASYMMETRIC = ("their flows cross the network differently: hash ECMP collisions, a failed or degraded link; "
+               "ecmp: dmodk routes equivalent ranks alike")
+
+
+def _shown(members: Sequence[int]) -> str:
+    return str(list(members)) if len(members) <= 8 else f"[{', '.join(map(str, members[:8]))}, ...]"
 
 
 def _ns(time_us: float) -> int:
@@ -121,8 +171,8 @@ class NcclSystem(MatchingSystem[_Pending]):
     fidelity = ("NCCL's own cost model per collective (algorithm ring/tree/NVLS/NVLS-tree, protocol "
                 "LL/LL128/Simple, channels) from a hardware profile; each communicator drives its own "
                 "GPUs' share of the NICs; collectives and point-to-point messages in flight together "
-                "share NVLink or the NICs (a fair share fixed when each starts); the network layer "
-                "is not used")
+                "share NVLink or the NICs (a fair share fixed when each starts); with a network layer, "
+                "what crosses nodes goes through it as flows")
     Config = NcclSystemConfig
     collectives_start_waiting = True
     needs_network = False
@@ -142,6 +192,9 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
         self.load = FabricLoad(n)
+        network = context.network
+        self.internode = None if network is None else NetworkTraffic(network, context.scheduler)
+        self.mirrors_folded_traffic = network is not None
         self._shapes: dict[int, tuple[tuple[int, ...], GroupShape, tuple[int, ...], tuple[int, ...]]] = {}
         self._setup_matching(context, _P2PTiming(self), _Pending)
         self.folding = context.inputs.folding
@@ -190,37 +243,67 @@ class NcclSystem(MatchingSystem[_Pending]):
         _, shape, look_up, record = self._group(coll.members)
         scheduler = self.context.scheduler
         now = scheduler.now
-        others = self.load.others(shape.fabric, look_up, now)
+        on_network = self.internode is not None and shape.fabric == NIC   # the network shares the NICs
+        others = 0 if on_network else self.load.others(shape.fabric, look_up, now)
         weight = 1 if self.folded is None else self.folded.weight(coll.members)
-        time_ns, per_rank_bytes = self._cost(coll, len(coll.members), shape, others, weight)
-        self.load.add(shape.fabric, record, now, now + time_ns)
+        cost = self._cost(coll, len(coll.members), shape, others, weight)
+        time_ns, per_rank_bytes = cost.time_ns, cost.per_rank
+        if not on_network:
+            self.load.add(shape.fabric, record, now, now + time_ns)
         self.context.comm_released(coll.nodes.items())
         simulated = coll.members if self.folded is None else [m for m in coll.members if m in coll.nodes]
         for rank in simulated:    # folded: the representatives among the members
             self.bytes_sent[rank] += per_rank_bytes
             self.bytes_received[rank] += per_rank_bytes
+        if on_network and cost.nbytes:
+            assert self.internode is not None
+            groups = [coll.members] if self.folded is None else self.folded.groups(coll.members)
+            flows = [collective_flows(coll.comm_type, cost.algorithm, group,
+                                      group[coll.members.index(coll.root)] if coll.root in coll.members else -1,
+                                      cost.nbytes, per_rank_bytes, self.gpus_per_node) for group in groups]
+            self.internode.run(flows, lambda finishes: self._crossed(coll, simulated, groups, now, cost, weight,
+                                                                   finishes))
+            return
+        for rank in simulated:
             scheduler.schedule(time_ns, self._finished, (rank, coll))
 
-    def _cost(self, coll: _Pending, n: int, shape: GroupShape, others: int, weight: int) -> tuple[int, int]:
-        """(duration in ns sharing its fabric with `others` operations in flight, bytes each member
-        sends and receives, by nccl-tests' bus convention); counted in the choices `weight` times
-        (the groups a folded collective stands for)."""
+    def _crossed(self, coll: _Pending, simulated: Sequence[int], groups: Sequence[tuple[int, ...]], start: int,
+                 cost: "_Cost", weight: int, finishes: list[int]) -> None:
+        """A collective's inter-node flows have all arrived: it ends when NCCL's time alone says,
+        or its latency after the network delivered its last byte, whichever is later."""
+        if len(set(finishes)) > 1:
+            slow = max(range(len(groups)), key=finishes.__getitem__)
+            reason = (f"group {_shown(groups[slow])} takes {finishes[slow] - start:,} ns on the network and "
+                      f"group {_shown(groups[0])}, which it is folded with, {finishes[0] - start:,} ns "
+                      f"({_ASYMMETRIC}); simulating every rank")
+            self.context.request_restart(reason, Unfold(reason))
+            return
+        end = max(start + cost.time_ns, finishes[0] + cost.latency_ns)
+        self.choice_ns[cost.key] += (end - start - cost.time_ns) * weight
+        schedule_at = self.context.scheduler.schedule_at
+        for rank in simulated:
+            schedule_at(end, self._finished, (rank, coll))
+
+    def _cost(self, coll: _Pending, n: int, shape: GroupShape, others: int, weight: int) -> "_Cost":
+        """Its duration sharing its fabric with `others` operations in flight, the bytes each
+        member sends and receives (by nccl-tests' bus convention), and NCCL's choice; counted
+        in the choices `weight` times (the groups a folded collective stands for)."""
         if n < 2:
-            return 0, 0
+            return _Cost(0, 0, 0, 0, "", ("", "", ""))
         nodes = shape.nodes
         comm_type, size = coll.comm_type, coll.size
         if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
             root_node = coll.root // self.gpus_per_node
             local = sum(1 for rank in coll.members if rank // self.gpus_per_node == root_node) - 1
             choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
-            name, moved = collective_name(comm_type).lower(), size * (n - 1) // n
+            name, moved, nbytes = collective_name(comm_type).lower(), size * (n - 1) // n, size
         else:
             name = _NCCL_NAME[comm_type]
             nbytes = BARRIER_BYTES if comm_type == pb.BARRIER else size
             if comm_type == pb.ALL_GATHER:
                 nbytes = size * n     # NCCL counts an all-gather by its output
             if nbytes == 0:
-                return 0, 0
+                return _Cost(0, 0, 0, 0, "", ("", "", ""))
             choice = self.model.time_us(name, nbytes, n, nodes, shape.nic_share)
             moved = {nccl.ALL_REDUCE: 2 * (n - 1) * nbytes // n, nccl.BROADCAST: nbytes,
                      nccl.REDUCE: nbytes}.get(name, (n - 1) * nbytes // n)
@@ -230,7 +313,7 @@ class NcclSystem(MatchingSystem[_Pending]):
             time_ns = _ns(choice.latency_us + (choice.time_us - choice.latency_us) * (1 + others))
         self.choices[key] += weight
         self.choice_ns[key] += time_ns * weight
-        return time_ns, moved
+        return _Cost(time_ns, moved, nbytes, _ns(choice.latency_us), choice.algorithm, key)
 
     def _finished(self, arg: tuple[int, _Pending]) -> None:
         rank, coll = arg
