@@ -46,6 +46,9 @@ JOB_SETTINGS: dict[str, dict[str, Any]] = {
     "nemo-24.07-gpt3-175b": {"parallel": {"tp_comm_overlap": True},          # launcher conf gpt3/175b.yaml
                              "training": {"recompute": "selective"}},
     "mbridge": {"training": {"grad_reduce_dtype": "bf16"}},                   # perf scripts: grad_reduce_in_fp32=False
+    # NeMo-Framework-Launcher's Llama examples (examples/training/llama/h100/llama*_{bf16,fp8}.sh)
+    # all pass +training.model.optim.grad_sync_dtype=bf16
+    "nemo-24.07-llama": {"training": {"grad_reduce_dtype": "bf16"}},
     "llama3.1-405b": {"parallel": {"account_for_embedding_and_loss": True}},  # 126 layers in 8 x 8 x 2 slots
 }
 
@@ -166,6 +169,8 @@ def render(data: dict[str, Any], rows: list[Any], breakdowns: list[Any], logs: l
     out += ["", "## Assumptions where the sources are silent", "",
             "- SC'21 Table 1 gives no micro-batch size or interleaving degree: micro-batch 1, no interleaving.",
             "- SC'21 says 'mixed precision' on A100: fp16 GEMMs (same peak as bf16).",
+            "- NeMo 24.07 Llama runs reduce gradients in bf16: the launcher's example scripts "
+            "(NeMo-Framework-Launcher examples/training/llama/h100) pass optim.grad_sync_dtype=bf16.",
             "- Runs whose configuration notes were not readable use the job defaults (no recomputation, distributed "
             "optimizer with overlapped gradient reduce-scatter and parameter all-gather, sequence parallelism with TP).",
             ""]

@@ -343,7 +343,8 @@ SWEEP_GRID = {"network.bandwidth[0]": [50, 100]}
 
 def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
     """The commands left: synthesize (mutated traces), sweep (mutated sweep files), accuracy and
-    calibrate (mutated nccl-tests logs), profiles (malformed profile files)."""
+    calibrate (mutated nccl-tests logs), profiles (malformed profile files), generate job and plan
+    (mutated job files; plan also bad cluster files and --vary)."""
     cases = []
     mutations = dict(trace_mutations(seed, full))
     for name in ("truncated-at-24", "length-prefix-2^60", "garbage", "node-with-40000-parents"):
@@ -410,6 +411,33 @@ def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
             (folder / "job.yaml").write_text(yaml.safe_dump(data))
             return [str(folder / "job.yaml"), "--output", str(folder / "out" / "traces" / "t")]
         cases.append(Case("generate job", name, build, ("job.yaml",)))
+    plans = {name: jobs[name] for name in ("model-unknown", "gpus-huge", "seq-text", "profile-unknown", "unknown-key")}
+    plans["gpus-2^40"] = ("cluster", {"gpus": 2**40})
+    plans["training-not-a-mapping"] = ("training", [1, 2])
+    for name, (key, value) in plans.items():
+        def build(folder: Path, key: str = key, value: Any = value) -> list[str]:
+            data = copy.deepcopy(job)
+            if isinstance(value, dict) and isinstance(data["job"].get(key), dict):
+                data["job"][key] = {**data["job"][key], **value}
+            else:
+                data["job"][key] = value
+            (folder / "job.yaml").write_text(yaml.safe_dump(data))
+            return [str(folder / "job.yaml"), "--out", str(folder / "out"), "--quiet"]
+        cases.append(Case("plan", name, build, ("job.yaml",)))
+    for name, extra in (("cluster-file-not-a-mapping", "[1, 2]\n"), ("cluster-file-unknown-key", "nope: 1\n"),
+                        ("cluster-file-missing", None)):
+        def build(folder: Path, extra: str | None = extra) -> list[str]:
+            (folder / "job.yaml").write_text(yaml.safe_dump(job))
+            if extra is not None:
+                (folder / "cluster.yaml").write_text(extra)
+            return [str(folder / "job.yaml"), "--cluster", str(folder / "cluster.yaml"), "--out", str(folder / "out")]
+        cases.append(Case("plan", name, build, ("cluster.yaml",)))
+    for name, vary in (("vary-no-values", "job.cluster.gpus"), ("vary-multiple-of-text", "job.cluster.profile=2x"),
+                       ("vary-bad-key", "job..x=1")):
+        def build(folder: Path, vary: str = vary) -> list[str]:
+            (folder / "job.yaml").write_text(yaml.safe_dump(job))
+            return [str(folder / "job.yaml"), "--vary", vary, "--out", str(folder / "out")]
+        cases.append(Case("plan", name, build, ("--vary",)))
     return cases
 
 

@@ -13,6 +13,8 @@
     chakra-sim visualize TRACE.et --format dot|graphml --output FILE
     chakra-sim timeline MANIFEST.yaml [--out FILE]
     chakra-sim sweep SWEEP.yaml [--executor local|ray] [--address HOST:PORT] [--workers N]
+    chakra-sim plan JOB.yaml [--cluster CLUSTER.yaml] [--executor local|ray] [--top K] [--out DIR]
+                    [--vary KEY=V1,V2,...]
     chakra-sim analyze PREFIX [--out DIR] [--json] [--imbalance-threshold X]
                        [--compute-time duration|roofline --peak-tflops F --mem-bw-gbps F]
     chakra-sim analyze --results A.json --results B.json [--out DIR] [--json]
@@ -54,6 +56,7 @@ COMMANDS = {
     "visualize": "chakra_core.tools.visualize:visualize",
     "timeline": "chakra_core.cli.timeline:timeline",
     "sweep": "chakra_core.sweep:sweep",
+    "plan": "chakra_core.plan.cli:plan_command",
     "analyze": "chakra_core.tools.analyze:analyze",
     "synthesize": "chakra_core.tools.synthesis.cli:synthesize",
     "obfuscate": "chakra_core.tools.obfuscation:obfuscate",

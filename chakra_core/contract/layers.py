@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -203,6 +203,11 @@ class SystemLayer(LayerModel):
     def waits(self, rank: int) -> list[str]:
         """What `rank` still waits for (used in deadlock reports)."""
         return []
+
+    def idle_collective_ns(self, comm_type: int, size: int, members: Sequence[int]) -> int | None:
+        """Optional: a lower bound on a collective's duration in any run of this layer (e.g. its
+        time with nothing else in flight), for `chakra-sim plan`'s bound; None: unknown (0)."""
+        return None
 
     def on_idle(self) -> bool:
         """Called when the event queue drains with work left; return True if events were scheduled.

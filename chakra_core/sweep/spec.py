@@ -41,6 +41,8 @@ _Problem = Callable[[str, str], None]  # problem(where, why): records one proble
 
 TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output", "timeout")
 POINTS_DIR = "points"
+JOB_SECTIONS = ("job", "cluster")
+"""A job manifest's own sections (docs/training.md), which a sweep may set too."""
 
 
 def canonical_json(value: Any) -> str:
@@ -172,9 +174,9 @@ def _check_key(key: Any, where: str, problem: _Problem) -> KeyPath | None:
     except KeyPathError as exc:
         problem(where, str(exc))
         return None
-    if path[0] not in Manifest.model_fields:
-        problem(f"{where}: {key}", f"unknown manifest section '{path[0]}' "
-                                   f"(a manifest has {', '.join(Manifest.model_fields)})")
+    if path[0] not in Manifest.model_fields and path[0] not in JOB_SECTIONS:
+        problem(f"{where}: {key}", f"unknown manifest section '{path[0]}' (a manifest has "
+                                   f"{', '.join(Manifest.model_fields)}; a job manifest also {' and '.join(JOB_SECTIONS)})")
         return None
     if path[:2] == ("output", "dir") or path == ("output",):
         problem(f"{where}: {key}", "the sweep chooses each point's output folder; "

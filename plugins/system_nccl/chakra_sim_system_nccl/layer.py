@@ -288,25 +288,10 @@ class NcclSystem(MatchingSystem[_Pending]):
         """Its duration sharing its fabric with `others` operations in flight, the bytes each
         member sends and receives (by nccl-tests' bus convention), and NCCL's choice; counted
         in the choices `weight` times (the groups a folded collective stands for)."""
-        if n < 2:
+        chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape)
+        if chosen is None:
             return _Cost(0, 0, 0, 0, "", ("", "", ""))
-        nodes = shape.nodes
-        comm_type, size = coll.comm_type, coll.size
-        if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
-            root_node = coll.root // self.gpus_per_node
-            local = sum(1 for rank in coll.members if rank // self.gpus_per_node == root_node) - 1
-            choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
-            name, moved, nbytes = collective_name(comm_type).lower(), size * (n - 1) // n, size
-        else:
-            name = _NCCL_NAME[comm_type]
-            nbytes = BARRIER_BYTES if comm_type == pb.BARRIER else size
-            if comm_type == pb.ALL_GATHER:
-                nbytes = size * n     # NCCL counts an all-gather by its output
-            if nbytes == 0:
-                return _Cost(0, 0, 0, 0, "", ("", "", ""))
-            choice = self.model.time_us(name, nbytes, n, nodes, shape.nic_share)
-            moved = {nccl.ALL_REDUCE: 2 * (n - 1) * nbytes // n, nccl.BROADCAST: nbytes,
-                     nccl.REDUCE: nbytes}.get(name, (n - 1) * nbytes // n)
+        choice, name, nbytes, moved = chosen
         key = (name, choice.algorithm, choice.protocol)
         time_ns = _ns(choice.time_us)
         if others:   # the bandwidth term, at its share of the fabric
@@ -314,6 +299,36 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.choices[key] += weight
         self.choice_ns[key] += time_ns * weight
         return _Cost(time_ns, moved, nbytes, _ns(choice.latency_us), choice.algorithm, key)
+
+    def _choose(self, comm_type: int, size: int, members: Sequence[int], root: int,
+                shape: GroupShape) -> tuple[nccl.Choice, str, int, int] | None:
+        """NCCL's choice for a collective alone, the collective's name and the buffer NCCL counts,
+        and what each member moves; None when nothing moves."""
+        n = len(members)
+        if n < 2:
+            return None
+        if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
+            root_node = root // self.gpus_per_node
+            local = sum(1 for rank in members if rank // self.gpus_per_node == root_node) - 1
+            choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
+            return choice, collective_name(comm_type).lower(), size, size * (n - 1) // n
+        name = _NCCL_NAME[comm_type]
+        nbytes = BARRIER_BYTES if comm_type == pb.BARRIER else size
+        if comm_type == pb.ALL_GATHER:
+            nbytes = size * n     # NCCL counts an all-gather by its output
+        if nbytes == 0:
+            return None
+        choice = self.model.time_us(name, nbytes, n, shape.nodes, shape.nic_share)
+        moved = {nccl.ALL_REDUCE: 2 * (n - 1) * nbytes // n, nccl.BROADCAST: nbytes,
+                 nccl.REDUCE: nbytes}.get(name, (n - 1) * nbytes // n)
+        return choice, name, nbytes, moved
+
+    def idle_collective_ns(self, comm_type: int, size: int, members: Sequence[int]) -> int | None:
+        """A collective's time with nothing else in flight and its last member already there: a
+        lower bound on it in any run (the static share and the network only add to it)."""
+        chosen = self._choose(comm_type, size, members, members[0] if members else 0,
+                              group_shape(members, self.gpus_per_node))
+        return 0 if chosen is None else _ns(chosen[0].time_us)
 
     def _finished(self, arg: tuple[int, _Pending]) -> None:
         rank, coll = arg

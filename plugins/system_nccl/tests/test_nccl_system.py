@@ -173,3 +173,21 @@ def test_choices_count_one_operation_per_communicator_group_and_say_so(tmp_path)
     [table] = system["highlights"]
     assert "one per communicator group" in table["title"]
     assert table["columns"][3:] == ["operations (per group)", "time µs (sum over groups)"]
+
+
+def test_idle_collective_time_is_the_time_of_a_collective_alone(tmp_path):
+    """What `chakra-sim plan` bounds a collective by: exactly its time when nothing else runs."""
+    from chakra_core.contract.inputs import LayerContext
+    from chakra_core.engine.events import EventQueue
+    from chakra_sim_system_nccl.layer import NcclSystem
+
+    size = 2**26
+    for members in (tuple(range(8)), tuple(range(16))):
+        traces = [[collective(0, pb.ALL_REDUCE, size)] if r in members else [] for r in range(16)]
+        groups = {"g": list(members)}
+        for r in members:
+            traces[r] = [collective(0, pb.ALL_REDUCE, size, pg_name="g")]
+        finish = run(tmp_path / str(len(members)), traces, NDR, comm_groups=groups)["finish_ns"]
+        system = NcclSystem(NcclSystem.Config.model_validate({"profile": NDR}),
+                            LayerContext(num_ranks=16, scheduler=EventQueue()))
+        assert system.idle_collective_ns(pb.ALL_REDUCE, size, members) == finish

@@ -1,0 +1,81 @@
+"""The planner against published layouts: is its best layout at least as fast as the one the
+source ran, does the source's layout fit in the predicted memory, and where does it rank?
+
+    python benchmarks/plan_published.py              # the runs in RUNS below
+    python benchmarks/plan_published.py --only sc21  # runs whose id contains "sc21"
+
+Each run of benchmarks/data/training-runs.yaml named in RUNS is described as
+benchmarks/training_accuracy.py describes it (model, GPUs, global batch, sequence, precision and
+the settings its configuration notes give) and planned with `chakra_core.plan.search.plan`: every
+valid layout, predicted memory against the GPU's, simulations in order of the bound until the
+top `--top` are certain. The published layout is simulated too (`include`), so its step time and
+rank among the simulated layouts are known. Spec-only, as every prediction: nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
+from chakra_core.plan.layouts import Layout  # noqa: E402
+from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, plan  # noqa: E402
+
+RUNS = ("nemo-24.07-llama2-7b-h100-8-fp8", "nemo-24.07-llama3-8b-h100-8-fp8", "nemo-24.07-llama2-13b-h100-16-fp8",
+        "nemo-24.03-llama2-7b-seq16k-h100-16-fp8", "sc21-gpt-1.7b-a100-32", "sc21-gpt-3.6b-a100-64",
+        "sc21-gpt-7.5b-a100-128")
+"""Runs small enough to plan in minutes on 2 cores; the SC'21 ones are its Table 1's first rows."""
+
+
+def published(job: dict[str, Any]) -> Layout:
+    p, t = job["parallel"], job["training"]
+    gpus = job["cluster"]["gpus"]
+    dp = gpus // (p["tp"] * p["pp"] * p.get("cp", 1))
+    return Layout(p["tp"], p["pp"], p.get("vp") or 1, p.get("cp", 1), dp, t.get("micro_batch", 1),
+                  t.get("recompute", "none"), t.get("distributed_optimizer", True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="only runs whose id contains this")
+    parser.add_argument("--top", type=int, default=3, help="layouts the plan must be sure of")
+    args = parser.parse_args()
+    runs = {run["id"]: run for run in yaml.safe_load(RUNS_FILE.read_text())["runs"]}
+    print("| run | published layout | its memory GiB (of GPU) | fits | its step s | its rank | best layout "
+          "| best step s | best / published | layouts valid / fit / simulated | plan wall s |")
+    print("|---|---|---:|---|---:|---:|---|---:|---:|---|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for run_id in RUNS:
+            if args.only not in run_id:
+                continue
+            job = job_of(runs[run_id])
+            layout = published(job)
+            manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+            started = time.perf_counter()
+            found = plan(manifest, Path(tmp), Path(tmp) / run_id, top=args.top, include=(layout,), workers=2)
+            wall = time.perf_counter() - started
+            ranked = [c for c in found.ranked() if c.status == SIMULATED]
+            mine = next(c for c in found.candidates if c.layout == layout)
+            rank = next((i + 1 for i, c in enumerate(ranked) if c.layout == layout), None)
+            best = ranked[0]
+            counts = found.counts()
+            mine_step = f"{mine.step_s:.3f}" if mine.step_s is not None else "-"
+            ratio = f"{best.step_s / mine.step_s:.3f}" if mine.step_s and best.step_s else "-"
+            print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} ({found.capacity_bytes / GIB:.0f}) | "
+                  f"{'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
+                  f"{rank if rank is not None else '-'} of {len(ranked)} | {best.layout.label()} | {best.step_s:.3f} | "
+                  f"{ratio} | {counts['enumerated']:,} / {counts['fit']:,} / {counts['simulated'] + counts['failed']:,} "
+                  f"| {wall:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""chakra-sim plan: the fastest parallel layout of a training job that fits in memory."""

@@ -1,0 +1,229 @@
+"""`chakra-sim plan JOB.yaml`: the command line of a plan (chakra_core.plan.search)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.markup import escape
+from rich.table import Table
+
+from chakra_core.cli.output import err_console, fail, out_console, warn
+from chakra_core.config.files import read_config_file
+from chakra_core.errors import ChakraSimError, ManifestError
+from chakra_core.plan.report import plan_files
+from chakra_core.plan.search import GIB, SIMULATED, Plan, plan
+from chakra_core.report.writers import prepare_output_dir, write_run_files
+from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
+from chakra_core.sweep.run import EXECUTORS, PointReport
+from chakra_core.sweep.stop import Interrupted
+
+_MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
+
+
+@click.command()
+@click.argument("job_file", metavar="JOB.yaml", type=click.Path(dir_okay=False))
+@click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), metavar="CLUSTER.yaml",
+              help="the cluster to plan for: a YAML file with `cluster:` (gpus, profile, gpus_per_node) and "
+                   "optionally `network:`, replacing the job's")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+              help="local: a process pool on this machine; ray: Ray tasks")
+@click.option("--workers", "-j", type=click.IntRange(min=1), help="simulations at once  [default: the CPU count]")
+@click.option("--address", metavar="HOST:PORT", help="Ray cluster to connect to (with --executor ray)")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="simulate until these many fastest layouts are known for sure")
+@click.option("--batch", type=click.IntRange(min=1), default=4, show_default=True,
+              help="layouts simulated per round before the bound is checked again")
+@click.option("--micro-batches", default="1,2,4,8", show_default=True, metavar="N,N,...",
+              help="micro-batch sizes to try")
+@click.option("--vary", "vary", multiple=True, metavar="KEY=V1,V2,...",
+              help="plan again for each value of a manifest key (e.g. job.cluster.profile=h100-hgx-ndr400,"
+                   "h200-hgx-ndr400; network.generator.bandwidth_gbps=1x,2x,4x multiplies the job's value)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="output folder  [default: the job's output.dir, else results/plan-<job name>]")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="fail a simulation that runs longer")
+@click.option("--force", is_flag=True, help="simulate again the layouts an earlier plan finished")
+@click.option("--quiet", "-q", is_flag=True, help="no progress, only the best layouts")
+@click.option("--debug", is_flag=True, help="show tracebacks")
+def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
+                 top: int, batch: int, micro_batches: str, vary: tuple[str, ...], out_dir: str | None,
+                 timeout: float | None, force: bool, quiet: bool, debug: bool) -> None:
+    """Find the fastest parallel layout of a training job that fits in memory.
+
+    Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
+    optimizer layout of JOB.yaml's `job:` (a job manifest, docs/training.md), predicts each one's
+    peak memory per GPU and drops those that do not fit, then simulates in order of a lower bound
+    on the step time until no remaining layout can enter the --top fastest. Writes plan.csv,
+    plan.parquet, plan.json, pareto.png and breakdown.png to OUT, the simulations to
+    OUT/simulations (a sweep: rerunning the command resumes it). See docs/plan.md.
+
+    \b
+    Examples:
+      chakra-sim plan examples/plan-gpt-1.7b.yaml --top 1
+      chakra-sim plan job.yaml --cluster h200-1024.yaml --executor ray
+      chakra-sim plan job.yaml --vary job.cluster.profile=h100-hgx-ndr400,h200-hgx-ndr400
+    """
+    try:
+        path = Path(job_file)
+        manifest = read_config_file(path)
+        base_dir = path.resolve().parent
+        if cluster_file is not None:
+            manifest = with_cluster(manifest, Path(cluster_file))
+        sizes = _sizes(micro_batches)
+        name = str((manifest.get("job") or {}).get("name", path.stem)) if isinstance(manifest.get("job"), dict) \
+            else path.stem
+        output = manifest.get("output")
+        folder = output.get("dir") if isinstance(output, dict) and isinstance(output.get("dir"), str) else None
+        out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
+        cases = varied(manifest, vary)
+        settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary)}
+        summary = []
+        for label, case in cases:
+            where = out if label is None else out / _slug(label)
+            started = time.perf_counter()
+            found = plan(case, base_dir, where, top=top, batch=batch, executor=executor, workers=workers,
+                         address=address, force=force, timeout=timeout, search={"micro_batches": sizes},
+                         on_point=None if quiet else _progress, source=job_file)
+            prepare_output_dir(where)
+            written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
+            _print(found, label, top, quiet, time.perf_counter() - started)
+            warn(found.warnings + warnings)
+            for file in written:
+                out_console().print(f"wrote {file}", highlight=False)
+            summary.append((label, found))
+        if len(summary) > 1:
+            _print_vary(summary)
+    except ChakraSimError as exc:
+        fail(exc, debug)
+    except KeyboardInterrupt as exc:
+        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else ""
+        err_console.print(f"interrupted{by}: finished simulations are kept; run the same command again to resume",
+                          highlight=False)
+        raise SystemExit(exc.exit_status if isinstance(exc, Interrupted) else 130) from None
+
+
+def with_cluster(manifest: dict[str, Any], cluster_file: Path) -> dict[str, Any]:
+    """The job manifest planned on the cluster a cluster file describes."""
+    data = read_config_file(cluster_file)
+    unknown = sorted(set(data) - {"cluster", "network"})
+    if unknown or not isinstance(data.get("cluster"), dict):
+        raise ManifestError([(f"{cluster_file}: {unknown[0] if unknown else 'cluster'}",
+                              "a cluster file has `cluster:` (gpus, profile, gpus_per_node) and optionally "
+                              "`network:`")])
+    manifest = copy.deepcopy(manifest)
+    if not isinstance(manifest.get("job"), dict):
+        raise ManifestError([("job", "required: plan searches the layouts of a training job (docs/plan.md)")])
+    manifest["job"]["cluster"] = data["cluster"]
+    manifest.pop("cluster", None)
+    if "network" in data:
+        manifest["network"] = data["network"]
+    return manifest
+
+
+def varied(manifest: dict[str, Any], vary: tuple[str, ...]) -> list[tuple[str | None, dict[str, Any]]]:
+    """One manifest per value of each --vary (the manifest itself without any)."""
+    if not vary:
+        return [(None, manifest)]
+    cases: list[tuple[str | None, dict[str, Any]]] = []
+    for spec in vary:
+        key, sep, values = spec.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise ManifestError([(f"--vary {spec}", "expected KEY=V1,V2,... (e.g. job.cluster.gpus=512,1024)")])
+        try:
+            path = parse_key_path(key.strip())
+        except KeyPathError as exc:
+            raise ManifestError([(f"--vary {spec}", str(exc))]) from None
+        for text in values.split(","):
+            case = copy.deepcopy(manifest)
+            value = _value(manifest, path, text, spec)
+            try:
+                set_key_path(case, path, value)
+            except KeyPathError as exc:
+                raise ManifestError([(f"--vary {spec}", str(exc))]) from None
+            cases.append((f"{key.strip()}={text.strip()}", case))
+    return cases
+
+
+def _value(manifest: dict[str, Any], path: tuple[str | int, ...], text: str, spec: str) -> Any:
+    """A --vary value: `2x` multiplies the manifest's number (or each number of its list)."""
+    multiple = _MULTIPLE.match(text)
+    if multiple is None:
+        return yaml.safe_load(text)
+    node: Any = manifest
+    for part in path:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            raise ManifestError([(f"--vary {spec}", f"{text.strip()} multiplies the manifest's value, but it "
+                                  "has none at that key")]) from None
+    factor = float(multiple.group(1))
+    if isinstance(node, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in node):
+        return [v * factor for v in node]
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return node * factor
+    raise ManifestError([(f"--vary {spec}", f"{text.strip()} multiplies a number, but the manifest has "
+                          f"{node!r} there")])
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 1:
+        raise ManifestError([("--micro-batches", f"expected positive whole numbers separated by commas, not {text!r}")])
+    return sizes
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)
+
+
+def _progress(report: PointReport) -> None:
+    what = "read back" if report.skipped else (f"{report.wall_s:.1f} s" if report.status == "ok"
+                                               else f"failed: {report.error}")
+    err_console.print(f"layout {report.point.index + 1}: {what}", highlight=False, markup=False)
+
+
+def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float) -> None:
+    console = out_console()
+    counts = found.counts()
+    title = f"plan{'' if label is None else f' ({label})'}: {found.profile}, {found.capacity_bytes / GIB:.0f} GiB per GPU"
+    table = Table(title=title, title_justify="left")
+    for column, justify in (("#", "right"), ("layout", "left"), ("step s", "right"), ("TFLOP/s/GPU", "right"),
+                            ("MFU", "right"), ("memory GiB", "right"), ("exposed comm s", "right"),
+                            ("bubble s", "right")):
+        table.add_column(column, justify=justify)   # type: ignore[arg-type]
+    for row in found.rows()[: top if quiet else max(top, 10)]:
+        if row["status"] != SIMULATED:
+            break
+        table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", f"{row['tflops_per_gpu']:.0f}",
+                      f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", f"{row['exposed_comm_s']:.3f}",
+                      f"{row['bubble_s']:.3f}")
+    console.print(table)
+    console.print(f"layouts: {counts['tried']:,} tried, {counts['enumerated']:,} valid, {counts['fit']:,} fit in "
+                  f"memory, {counts['simulated'] + counts['failed']:,} simulated ({found.simulated:,} now, "
+                  f"{found.reused:,} from an earlier plan; {counts['failed']:,} failed), {counts['pruned']:,} "
+                  f"pruned by their bound, {counts['does not fit']:,} too big; {found.rounds} round(s), "
+                  f"{wall_s:.1f} s", highlight=False)
+
+
+def _print_vary(summary: list[tuple[str | None, Plan]]) -> None:
+    table = Table(title="the best layout per value", title_justify="left")
+    for column in ("value", "best layout", "step s", "TFLOP/s/GPU", "memory GiB"):
+        table.add_column(column, justify="left" if column in ("value", "best layout") else "right")
+    for label, found in summary:
+        best = next((c for c in found.ranked() if c.status == SIMULATED), None)
+        if best is None:
+            table.add_row(escape(str(label)), "none simulated", "", "", "")
+            continue
+        assert best.results is not None
+        table.add_row(escape(str(label)), escape(best.layout.label()), f"{best.step_s:.3f}",
+                      f"{best.results['tflops_per_gpu']:.0f}", f"{best.memory.total / GIB:.1f}")
+    out_console().print(table)

@@ -1,0 +1,266 @@
+"""The parallel layouts of a training job, and a lower bound on the step time of each.
+
+Search space. A layout is what Megatron-LM lets one choose for a fixed model, cluster and global
+batch: tensor parallel size tp (a divisor of the GPUs, within one node's NVLink domain, as
+Megatron's rank order keeps TP inside a node), pipeline stages pp (a divisor of the GPUs),
+model chunks per stage vp (the layers per virtual chunk an integer; vp > 1 only with pp > 1),
+context parallel size cp (a power of two up to `max_cp`), the micro-batch size, activation
+recomputation (none / selective / full) and the distributed optimizer; dp = GPUs / (tp pp cp)
+follows. Which combinations are valid is `JobSpec`'s validator's decision (heads and ffn_hidden
+divisible by tp, layers by pp x vp, seq by 2 cp, the global batch by dp x micro-batch,
+interleaving needing micro-batches divisible by pp: Megatron-LM's own argument checks in
+megatron/training/arguments.py); this module only skips the subtrees where tp pp cp does not
+divide the GPUs or tp leaves the node before asking it.
+
+Lower bound. The simulated step of a layout under the `achievable` compute model is never shorter
+than `lower_bound_s`: the GEMM and attention FLOPs of the busiest pipeline stage, at rates the
+compute model never exceeds, plus the pipeline's fill and drain. For equal stages it is the work
+per GPU times (1 + (p - 1) / (m v)), the bubble of (interleaved) 1F1B (Narayanan et al., SC'21,
+arXiv 2104.04473, section 2.2.2: the bubble (p - 1) / (m v) of the ideal compute time).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from pydantic import ValidationError
+
+from chakra_core.hardware.profiles import AttentionCurve, Profile
+from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.spec import Cluster, JobSpec
+
+RECOMPUTE = ("none", "selective", "full")
+
+MAX_PLANNED_GPUS = 1 << 24
+"""GPUs a plan searches at most (16,777,216: divisors are found by trial division up to the square
+root, 4,096 steps; far above any cluster built)."""
+OUTSIDE_NODE = "tp beyond the NVLink domain"
+GPUS_NOT_DIVISIBLE = "GPUs not divisible by tp x pp x cp"
+_REASONS: tuple[tuple[str, str], ...] = (
+    # a phrase of JobSpec._layout's message -> the short reason it is counted under
+    ("not divisible by tp x pp x cp", GPUS_NOT_DIVISIBLE),
+    ("must divide the attention heads", "tp does not divide the heads"),
+    ("must divide ffn_hidden", "tp does not divide ffn_hidden"),
+    ("not divisible by pp x vp", "layers not divisible by pp x vp"),
+    ("divisible by 2 x cp", "seq not divisible by 2 x cp"),
+    ("sequence parallelism needs", "sequence parallelism needs seq / cp divisible by tp"),
+    ("is not divisible by dp", "global batch not divisible by dp x micro-batch"),
+    ("interleaved pipelining needs", "interleaving needs micro-batches divisible by pp"),
+    ("vp needs pp > 1", "interleaving needs pp > 1"),
+    ("context parallelism needs", "cp needs flash attention"),
+    ("recompute_layers needs", "recompute_layers needs full recompute"),
+)
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One way to lay the job out; fields in the order layouts sort by."""
+
+    tp: int
+    pp: int
+    vp: int                 # 1: no interleaving (parallel.vp: None)
+    cp: int
+    dp: int
+    micro_batch: int
+    recompute: str
+    distributed_optimizer: bool
+
+    def overrides(self) -> dict[str, Any]:
+        """Key paths of a job manifest -> values; dp is implied by the GPU count, never set."""
+        return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
+                "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp,
+                "job.training.micro_batch": self.micro_batch, "job.training.recompute": self.recompute,
+                "job.training.distributed_optimizer": self.distributed_optimizer}
+
+    def label(self) -> str:
+        optimizer = "dist-opt" if self.distributed_optimizer else "no-dist-opt"
+        return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} MB{self.micro_batch} "
+                f"{self.recompute} {optimizer}")
+
+
+@dataclass
+class Enumeration:
+    layouts: list[Layout]                                  # the valid ones, sorted
+    tried: int                                             # combinations considered
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> combinations; adds up with layouts to tried
+
+
+def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batches: Sequence[int] = (1, 2, 4, 8),
+                      recompute: Sequence[str] = RECOMPUTE, distributed_optimizer: Sequence[bool] = (True, False),
+                      max_cp: int = 8) -> Enumeration:
+    """Every valid layout of `job` (a manifest's `job:` mapping, its cluster included); the
+    job's other keys (precision, seq, global batch, tp_comm_overlap, ...) are kept as given.
+    A ValidationError or ValueError says what is wrong with the job whatever the layout
+    (its cluster or model)."""
+    gpus = Cluster.model_validate(job.get("cluster")).gpus
+    base = {**job, "model": _model(job.get("model"))}
+    parallel = job.get("parallel") or {}
+    slots = base["model"].layers + (2 if isinstance(parallel, Mapping)
+                                    and parallel.get("account_for_embedding_and_loss") else 0)
+    inner = [(mb, rc, do) for mb in _unique(micro_batches) for rc in _unique(recompute)
+             for do in _unique(distributed_optimizer)]
+    cps = [1 << i for i in range(max(0, max_cp).bit_length()) if 1 << i <= max_cp]
+    layouts: list[Layout] = []
+    tried, rejected = 0, Counter[str]()
+    if gpus > MAX_PLANNED_GPUS:
+        raise ValueError(f"cluster.gpus {gpus:,} is more than plan searches ({MAX_PLANNED_GPUS:,})")
+    divisors = _divisors(gpus)
+    # chunks of whole layers; otherwise vp 1 alone, for JobSpec to reject
+    vps_of = {pp: [v for v in _divisors(slots // pp) if pp > 1 or v == 1] if slots % pp == 0 else [1]
+              for pp in divisors}
+    per_tp = sum(len(vps) for vps in vps_of.values()) * len(cps) * len(inner)
+    for tp in divisors:
+        if tp > gpus_per_node:   # the whole subtree, counted without walking it
+            tried += per_tp
+            rejected[OUTSIDE_NODE] += per_tp
+            continue
+        for pp in divisors:
+            vps = vps_of[pp]
+            for cp in cps:
+                subtree = len(vps) * len(inner)
+                tried += subtree
+                if gpus % (tp * pp * cp):
+                    rejected[GPUS_NOT_DIVISIBLE] += subtree
+                    continue
+                dp = gpus // (tp * pp * cp)
+                for vp in vps:
+                    for mb, rc, do in inner:
+                        layout = Layout(tp, pp, vp, cp, dp, mb, rc, do)
+                        try:
+                            _spec(base, layout)
+                        except ValidationError as exc:
+                            rejected[_reason(exc)] += 1
+                        else:
+                            layouts.append(layout)
+    return Enumeration(sorted(layouts), tried, dict(sorted(rejected.items())))
+
+
+def job_with(job: Mapping[str, Any], layout: Layout) -> JobSpec:
+    """The validated JobSpec of `job` laid out as `layout` (ValidationError if it is not valid)."""
+    return _spec(job, layout)
+
+
+def _spec(job: Mapping[str, Any], layout: Layout) -> JobSpec:
+    data: dict[str, Any] = {**job}
+    for path, value in layout.overrides().items():
+        _, section, key = path.split(".")
+        data[section] = {**(data.get(section) or {}), key: value}
+    return JobSpec.model_validate(data)
+
+
+def _model(model: Any) -> ModelSpec:
+    """The model resolved once, so that each layout's JobSpec reuses it."""
+    if isinstance(model, str):
+        return preset(model)
+    return model if isinstance(model, ModelSpec) else ModelSpec.model_validate(model)
+
+
+def _reason(exc: ValidationError) -> str:
+    """A rejected layout's first problem, as a short reason (numbers dropped) to count it under."""
+    message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ").split("; ")[0]
+    for phrase, reason in _REASONS:
+        if phrase in message:
+            return reason
+    return re.sub(r"\d+", "N", message)
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of n in order (trial division up to its square root)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+# The lower bound -----------------------------------------------------------------------------------
+def lower_bound_s(spec: JobSpec, profile: Profile) -> float:
+    """Seconds no simulated step of `spec` under the `achievable` compute model can beat.
+
+    Why each part can only be below what the simulation gives:
+    - only GEMMs (linear layers, output layer) and attention are counted, with the FLOPs
+      `jobs.kernels` gives their nodes; norms, activations, cross entropy, the optimizer step,
+      kernel gaps and every exposed communication add time;
+    - each is timed at a rate the compute model never exceeds: a GEMM at the MAMF of its type
+      (tile and wave quantization and the HBM bound only slow it, gemm.py), attention at the
+      highest point of its FlashAttention curve (interpolation stays between points, too few
+      CTAs only slow it) (`_Rates`);
+    - compute kernels of a rank run one after another (a stream), so a stage takes at least the
+      sum of its kernels;
+    - pipeline fill and drain: stage j starts with the forward of micro-batch 0 in its chunk 0
+      and ends with the backward of the last micro-batch in chunk 0 (schedule.stage_schedule,
+      1F1B and interleaved), so before it the forward and after it the backward of chunk 0 of
+      every earlier stage run, one after the other:
+          step >= max_j [ sum_{i<j} chunk0_i + work_j ].
+      With equal stages that is work (1 + (p - 1) / (m v)), SC'21's bubble; taking it stage by
+      stage keeps it a bound when stages differ (the output layer on the last stage, a first or
+      last chunk a layer short): the average work times the bubble factor is not a bound when
+      early stages are the heavier ones.
+    """
+    m, p, t = spec.shape, spec.parallel, spec.training
+    rates = _Rates(profile, t.precision)
+    b, s, tp, cp = t.micro_batch, t.seq, p.tp, p.cp
+    n = b * s // cp                                     # tokens of a micro-batch on this rank
+    a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp
+    up = 2 * f if m.mlp == "swiglu" else f
+    linear = 2 * n * (h * (a + 2 * g) * d + a * d * h + h * up + f * h)   # qkv, proj, fc1, fc2
+    if t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
+        attention = 4 * b * a * s * s * d // 2 // cp
+        attention_f = attention / rates.attention_forward
+        attention_b = attention * 5 // 2 / rates.attention_backward
+    else:                        # batched GEMMs over the whole s x s scores
+        attention_f = 4 * b * a * s * s * d / rates.activations
+        attention_b = 8 * b * a * s * s * d / rates.activations
+    forward = linear / rates.linear + attention_f
+    backward = 2 * linear / rates.linear + attention_b
+    head = 6 * n * h * (m.padded_vocab(tp) // tp) / rates.activations   # the output layer: bf16
+    full = t.recompute == "full"
+
+    def chunk(stage: int, index: int) -> float:
+        """One micro-batch's forward and backward (and recomputed forward) of a stage's chunk."""
+        layers = len(spec.chunk_layers(stage, index))
+        recomputed = min(layers, t.recompute_layers or layers) if full else 0
+        extra = head if (stage, index) == (p.pp - 1, spec.vp - 1) else 0.0
+        return layers * (forward + backward) + recomputed * forward + extra
+
+    micro = spec.microbatches
+    best, fill = 0.0, 0.0
+    for stage in range(p.pp):
+        work = micro * sum(chunk(stage, index) for index in range(spec.vp))
+        best = max(best, fill + work)
+        fill += chunk(stage, 0)
+    return best
+
+
+class _Rates:
+    """The highest FLOP/s the `achievable` compute model can time each kind of kernel at (the
+    profile's dense peaks where it has no achievable section)."""
+
+    def __init__(self, profile: Profile, precision: str):
+        gpu = profile.gpu
+        peaks = {dtype: rate.value * 1e12 for dtype, rate in gpu.peak_tflops.items()}
+        achievable = gpu.achievable
+        matmul = peaks if achievable is None else {d: r.value * 1e12 for d, r in achievable.matmul_tflops.items()}
+        act = "fp16" if precision == "fp16" else "bf16"   # kernels.py: activations, attention, output layer
+        # a type without a rate is timed at compute.dtype's: the fastest rate of any type bounds it
+        self.linear = matmul.get(precision) or max(matmul.values())
+        self.activations = matmul.get(act) or max(matmul.values())
+        curves = {} if achievable is None else achievable.attention
+        self.attention_forward = _fastest(curves, act, ("forward_causal", "forward")) or self.activations
+        self.attention_backward = _fastest(curves, act, ("backward",)) or self.activations
+
+
+def _fastest(curves: Mapping[str, Mapping[Any, AttentionCurve]], dtype: str, passes: Sequence[str]) -> float:
+    """The top of the curve the compute model takes for a pass (the first of `passes` there):
+    the type's own, or, when it lacks the pass, compute.dtype's, i.e. any type's; 0 if none."""
+    def top(per: Mapping[Any, AttentionCurve]) -> float:
+        found = next((per[name] for name in passes if name in per), None)
+        return 0.0 if found is None else max(found.tflops) * 1e12
+
+    own = curves.get(dtype, {})
+    return top(own) if passes[-1] in own else max((top(per) for per in curves.values()), default=0.0)

@@ -1,0 +1,240 @@
+"""Peak memory per GPU of a training job's layout, as Megatron-LM (mcore) trains it.
+
+Model state, per parameter a GPU holds (its layers' share under TP, its stage's layers under PP):
+- weights: 2 B (bf16/fp16). fp8 (Transformer Engine) adds 2 B per linear-layer weight: TE keeps
+  the high-precision weight plus an fp8 copy for the forward and, on Hopper, a transposed fp8 copy
+  for the backward (TE docs, Performance Considerations, "Handling transposes" and "Memory usage",
+  https://github.com/NVIDIA/TransformerEngine/blob/main/docs/features/low_precision_training/performance_considerations/performance_considerations.rst).
+- gradients: the main-gradient buffer in `grad_reduce_dtype` (fp32 4 B, bf16 2 B), never sharded.
+- optimizer: Adam's fp32 master weight and two moments, 12 B, plus an fp32 copy of the gradients
+  (4 B) when they are reduced in bf16; divided by dp x cp with the distributed optimizer (mcore
+  shards over the data-parallel group with context parallelism). Megatron-LM's table
+  (docs/source/api-guide/dist_optimizer.md, https://github.com/NVIDIA/Megatron-LM/blob/main/docs/source/api-guide/dist_optimizer.md):
+  "float16 param, fp32 grads: 18 | 6 + 12/d", "float16 param, float16 grads: 20 | 4 + 16/d".
+
+Activations of one layer and micro-batch (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", sec. 4, https://arxiv.org/abs/2205.05198), per token,
+2 B per element, h hidden, a heads, g key/value heads, d head dim, F ffn_hidden:
+- kept whole by every TP rank unless sequence parallel (then / t): the two norms' inputs 4h; the
+  QKV GEMM's input 2h; the first MLP GEMM's input 2h; with dropout two 1 B masks 2h;
+- split by TP: Q, K, V 2(a + 2g)d; the output projection's input (the attention output) 2ad; the
+  activation's input 2F (GeLU) or 4F (SwiGLU: the gated GEMM's two halves); the second MLP
+  GEMM's input 2F;
+- unfused attention without selective recompute also keeps, per token and head, the softmax output
+  over the s keys, 2s, and with dropout its mask s and output 2s (the paper's 5as^2 b).
+  FlashAttention recomputes the scores, and selective recompute does for unfused attention.
+For GPT (g = a, d = h/a, F = 4h, dropout): 10h + 24h = 34h per token, s b h (34 + 5as/h) per layer,
+sbh (10 + 24/t + 5as/(ht)) with TP only, and everything / t with sequence parallelism: the paper's
+Table 2. fp8: TE saves its GEMMs' inputs in fp8 (1 B) instead of bf16, except the attention output,
+which FlashAttention keeps in bf16 besides TE's fp8 copy (the TE page above). With CP every
+per-token term counts the sequence per CP rank. A layer under full recompute keeps only its
+input, 2h per token (/ t with sequence parallelism: Megatron checkpoints the sequence-parallel
+shard); `recompute_layers` recomputes the first N layers of each chunk (--recompute-method block).
+
+Around the layers, per micro-batch: the first stage keeps the token ids (int64, 8 B per token) and,
+with dropout, the embedding's mask, as Megatron's own estimate counts them
+(megatron/training/theoretical_memory_usage.py, https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/training/theoretical_memory_usage.py);
+the last keeps the final norm's and output layer's inputs and the vocab-parallel cross entropy's
+fp32 softmax, 4 B per logit (megatron/core/tensor_parallel/cross_entropy.py saves exp_logits of the
+logits cast to float), while the bf16 logits (2 B) exist only during the forward and their
+gradient only during the backward of that micro-batch.
+
+In-flight micro-batches: each stage runs mcore's schedule (megatron/core/pipeline_parallel/
+schedules.py, get_pp_rank_microbatches and get_schedule_table,
+https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/pipeline_parallel/schedules.py):
+1F1B warms up with pp - stage - 1 forwards, so the first stage holds min(pp, microbatches);
+interleaved 1F1B warms up with 2(pp - stage - 1) + (vp - 1) pp chunk forwards, the paper's
+(1 + (pp - 1)/(pp vp)) pp micro-batches of the first stage (sec. 4.2.3). The peak is found by
+walking the schedule: a forward adds its chunk's activations, a backward frees them, and the
+transient tensors of a step (the bf16 logits; a recomputed layer's full activations) sit on top.
+Current mcore no longer runs every forward first when microbatches == pp; neither does this walk
+(chakra_core.jobs.schedule still does, as older Megatron-LM did).
+
+buffers is 0: NCCL's buffers, the CUDA context, cuBLAS/TE workspaces and allocator fragmentation
+have no public per-job size to count, so they are not counted (torch.cuda.max_memory_allocated,
+the figure Megatron logs, leaves out NCCL and the context as well). Not counted either: activation
+gradients and temporaries of the backward of one layer, FlashAttention's softmax statistics (4 B
+per head and query, about 0.1% of a layer at head dim 128) and RNG states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
+
+GIB = 1 << 30
+PARAM_BYTES = 2
+"""bf16/fp16 parameters (dist_optimizer.md: "float16 param")."""
+ACT_BYTES = 2
+"""Activations are bf16 or fp16 (Korthikanti et al., sec. 4.1: "16-bit floating point")."""
+MASK_BYTES = 1
+"""A dropout mask element (Korthikanti et al., sec. 4.1: a mask of size sbh, one byte each)."""
+FP8_BYTES = 1
+"""An fp8 element (TE docs, Memory usage: "1 MB (input in FP8 saved for backward)" for 1M elements)."""
+FP8_WEIGHT_COPIES = 2
+"""fp8 copies TE keeps of a linear weight on Hopper: rowwise, and columnwise (transposed)."""
+TOKEN_ID_BYTES = 8
+"""int64 token ids per token (theoretical_memory_usage.py: "Input to embedding", 8 s b)."""
+SOFTMAX_BYTES = 4
+"""fp32 softmax the vocab-parallel cross entropy keeps per logit (megatron/core/tensor_parallel/
+cross_entropy.py: save_for_backward(exp_logits, ...) of the logits cast to float)."""
+ADAM_BYTES = 12
+"""fp32 master weight and two fp32 moments (dist_optimizer.md: 18 = 2 + 4 + 12)."""
+MAIN_GRAD_COPY_BYTES = 4
+"""fp32 copy of 16-bit gradients the optimizer keeps (dist_optimizer.md: 20 B per parameter with float16
+grads, 18 with fp32 ones; its key steps copy each rank's shard of the grads "into fp32 main grad elements")."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    stage: int            # pipeline stage this estimate is for
+    weights: int          # bytes per GPU
+    gradients: int
+    optimizer: int
+    activations: int      # everything the stage holds for its in-flight micro-batches at its peak
+    buffers: int          # communication / workspace buffers with a public size: none (see the module docstring)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    def parts(self) -> dict[str, int]:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "buffers": self.buffers}
+
+
+def _tokens(job: JobSpec) -> int:
+    """Tokens of one micro-batch on one CP rank."""
+    return job.training.micro_batch * (job.training.seq // job.parallel.cp)
+
+
+def layer_activations(job: JobSpec, recomputed: bool = False) -> int:
+    """Bytes one transformer layer keeps for the backward of one micro-batch on one GPU (the terms
+    of the module docstring); `recomputed`: the layer is under full recompute."""
+    m, t, tp = job.shape, job.training, job.parallel.tp
+    sp = tp if job.sp else 1                          # sequence parallelism splits what TP keeps whole
+    h, f, a, g, d = m.hidden, m.ffn_hidden, m.heads, m.groups, m.head_dim
+    n = _tokens(job)
+    if recomputed:
+        return n * ACT_BYTES * h // sp
+    fp8 = t.precision == "fp8"
+    gemm_in = FP8_BYTES if fp8 else ACT_BYTES        # what a TE GEMM saves of its input
+    mask = MASK_BYTES if t.dropout > 0 else 0
+    whole = 2 * ACT_BYTES * h + 2 * gemm_in * h + 2 * mask * h
+    gated = 2 if m.mlp == "swiglu" else 1
+    split = (ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
+             + ACT_BYTES * gated * f + gemm_in * f)
+    if t.attention == "unfused" and t.recompute != "selective":
+        split += a * job.training.seq * (ACT_BYTES + (MASK_BYTES + ACT_BYTES if mask else 0))
+    return n * whole // sp + n * split // tp
+
+
+def _layer_params(job: JobSpec) -> tuple[int, int]:
+    """Parameters of one layer on one GPU, and of those the linear-layer weights (fp8 copies)."""
+    m, tp = job.shape, job.parallel.tp
+    h = m.hidden
+    norms = (2 if m.norm == "layernorm" else 1) * 2 * h
+    row_biases = 2 * h if m.bias else 0            # the row-parallel GEMMs' biases are not split
+    linear = h * (m.heads + 2 * m.groups) * m.head_dim + m.heads * m.head_dim * h \
+        + (3 if m.mlp == "swiglu" else 2) * h * m.ffn_hidden
+    return (m.layer_params() - norms - row_biases) // tp + norms + row_biases, linear // tp
+
+
+def _stage_params(job: JobSpec, stage: int) -> tuple[int, int]:
+    """Parameters a GPU of `stage` holds, and of those the layers' linear weights."""
+    m, p = job.shape, job.parallel
+    layers = sum(len(job.chunk_layers(stage, chunk)) for chunk in range(job.vp))
+    per_layer, linear = _layer_params(job)
+    params = layers * per_layer
+    vocab_h = m.padded_vocab(p.tp) // p.tp * m.hidden
+    if stage == 0:
+        params += vocab_h + ((m.max_seq or job.training.seq) * m.hidden if m.position == "learned" else 0)
+    if stage == p.pp - 1:   # a tied output layer is the embedding itself only without PP
+        params += (0 if m.tied_embeddings and p.pp == 1 else vocab_h) \
+            + (2 if m.norm == "layernorm" else 1) * m.hidden
+    return params, layers * linear
+
+
+def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> tuple[int, int]:
+    """(bytes a chunk keeps per micro-batch until its backward, bytes it needs on top while it runs)."""
+    t, p = job.training, job.parallel
+    sp = p.tp if job.sp else 1
+    layers = job.chunk_layers(stage, chunk)
+    recomputed = len(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else 0
+    full = layer_activations(job)
+    kept = recomputed * layer_activations(job, recomputed=True) + (len(layers) - recomputed) * full
+    transient = full if recomputed else 0          # a recomputed layer rebuilt for its backward
+    n, h = _tokens(job), job.shape.hidden
+    if stage == 0 and chunk == 0:
+        kept += TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)
+    if stage == p.pp - 1 and chunk == job.vp - 1:
+        logits = n * (job.shape.padded_vocab(p.tp) // p.tp)
+        kept += 2 * n * ACT_BYTES * h // sp + SOFTMAX_BYTES * logits
+        transient = max(transient, ACT_BYTES * logits)
+    return kept, transient
+
+
+def _steps(stage: int, pp: int, vp: int, microbatches: int) -> Iterator[tuple[bool, int]]:
+    """(is a forward, model chunk) of each step of a stage, in mcore's order: warm-up forwards, then
+    a forward and a backward at a time, then the remaining backwards (module docstring)."""
+    total = microbatches * vp
+    if vp == 1:
+        warmup, table = min(pp - stage - 1, microbatches), [0] * total
+    else:   # get_schedule_table: groups of pp micro-batches, each through every chunk in turn
+        warmup = min(2 * (pp - stage - 1) + (vp - 1) * pp, total)
+        table = [c for start in range(0, microbatches, pp) for c in range(vp)
+                 for _ in range(start, min(start + pp, microbatches))]
+    for k in range(total):
+        yield True, table[k]
+        if k >= warmup:
+            yield False, vp - 1 - table[k - warmup]
+    for k in range(total - warmup, total):
+        yield False, vp - 1 - table[k]
+
+
+def _peak_activations(job: JobSpec, stage: int) -> int:
+    pp, vp = job.parallel.pp, job.vp
+    chunks = [_chunk_activations(job, stage, c) for c in range(vp)]
+    # Once warm, the chunks in flight repeat every pp x vp forwards: 5 pp micro-batches cover the
+    # warm-up and two such periods, so the walk stays short for long gradient accumulation.
+    held = peak = 0
+    for forward, chunk in _steps(stage, pp, vp, min(job.microbatches, 5 * pp)):
+        kept, transient = chunks[chunk]
+        held += kept if forward else 0
+        peak = max(peak, held + transient)
+        held -= 0 if forward else kept
+    return peak
+
+
+def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
+    """The memory of one GPU of pipeline stage `stage`."""
+    t, p = job.training, job.parallel
+    params, linear = _stage_params(job, stage)
+    weights = PARAM_BYTES * params + (FP8_WEIGHT_COPIES * FP8_BYTES * linear if t.precision == "fp8" else 0)
+    optimizer = params * (ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0))
+    shards = job.dp * p.cp if t.distributed_optimizer else 1
+    return MemoryEstimate(stage=stage, weights=weights, gradients=DTYPE_BYTES[t.grad_reduce_dtype] * params,
+                          optimizer=-(-optimizer // shards), activations=_peak_activations(job, stage), buffers=0)
+
+
+def memory_by_stage(job: JobSpec) -> list[MemoryEstimate]:
+    """One estimate per pipeline stage (the embedding on the first, output layer and loss on the last)."""
+    return [stage_memory(job, stage) for stage in range(job.parallel.pp)]
+
+
+def predict_memory(job: JobSpec) -> MemoryEstimate:
+    """The stage with the largest total (the first of equals)."""
+    return max(memory_by_stage(job), key=lambda e: e.total)
+
+
+def overflow(estimate: MemoryEstimate, capacity_bytes: int) -> str | None:
+    """None if the estimate fits in `capacity_bytes`; else one line: the need, the excess and the
+    parts, largest first."""
+    if estimate.total <= capacity_bytes:
+        return None
+    parts = sorted(((v, k) for k, v in estimate.parts().items() if v > 0), reverse=True)
+    listed = ", ".join(f"{name} {value / GIB:.1f} GiB" for value, name in parts)
+    return (f"needs {estimate.total / GIB:.1f} GiB of {capacity_bytes / GIB:.1f} GiB "
+            f"({(estimate.total - capacity_bytes) / GIB:.1f} GiB over): {listed}")

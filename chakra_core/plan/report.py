@@ -1,0 +1,113 @@
+"""What `chakra-sim plan` writes: the ranked table (CSV, Parquet, JSON) and two plots.
+
+- `plan.csv`, `plan.parquet`: one row per layout, simulated ones ranked by step time first, then
+  those left unsimulated (failed, pruned by their bound, too big for the GPU's memory);
+- `plan.json`: the counts, the GPU memory, the rows, and the search's settings;
+- `pareto.png`: step time against predicted peak memory per GPU of the simulated layouts, the
+  Pareto front (no other layout both faster and smaller) drawn through them;
+- `breakdown.png`: the step of the top layouts side by side, split as `results.json`'s
+  `training.breakdown_s` splits it (compute, exposed communication per parallelism, bubble).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import TYPE_CHECKING, Any
+
+from chakra_core.plan.search import GIB, SIMULATED, Candidate, Plan
+from chakra_core.sweep.table import table_csv, table_parquet
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recompute", "distributed_optimizer",
+           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_stage",
+           "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
+           "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
+KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
+         "micro_batch": "int", "recompute": "str", "distributed_optimizer": "bool", "status": "str",
+         "step_s": "float", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
+         "memory_stage": "int", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
+         "point": "str", **{c: "float" for c in COLUMNS if c.startswith("memory_") and c.endswith("_gib")}}
+BREAKDOWN_SHOWN = 8
+"""Layouts drawn side by side in breakdown.png."""
+
+
+def plan_files(plan: Plan, settings: dict[str, Any]) -> dict[str, str | bytes]:
+    """File name -> content of everything the plan writes (see the module docstring)."""
+    rows = plan.rows()
+    files: dict[str, str | bytes] = {
+        "plan.csv": table_csv(COLUMNS, rows, KINDS),
+        "plan.parquet": table_parquet(COLUMNS, rows, KINDS),
+        "plan.json": json.dumps({"counts": plan.counts(), "gpu_memory_gib": plan.capacity_bytes / GIB,
+                                 "profile": plan.profile, "rejected": plan.enumeration.rejected,
+                                 "settings": settings, "rows": rows}, indent=1, allow_nan=False) + "\n"}
+    simulated = [c for c in plan.ranked() if c.status == SIMULATED]
+    if simulated:
+        files["pareto.png"] = _png(pareto_figure(simulated, plan.capacity_bytes))
+        files["breakdown.png"] = _png(breakdown_figure(simulated[:BREAKDOWN_SHOWN]))
+    return files
+
+
+def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
+    """The simulated layouts no other one beats on both step time and memory, by memory."""
+    front: list[Candidate] = []
+    for c in sorted(candidates, key=lambda c: (c.memory.total, c.step_s)):
+        if not front or (c.step_s or 0.0) < (front[-1].step_s or 0.0):
+            front.append(c)
+    return front
+
+
+def pareto_figure(candidates: list[Candidate], capacity_bytes: int) -> Figure:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.5, 4.8), dpi=110)
+    axes = figure.add_subplot()
+    axes.scatter([c.memory.total / GIB for c in candidates], [c.step_s or 0.0 for c in candidates], s=18,
+                 color="tab:blue", alpha=0.6, label="simulated layouts")
+    front = pareto_front(candidates)
+    axes.plot([c.memory.total / GIB for c in front], [c.step_s or 0.0 for c in front], "-o", color="tab:red",
+              markersize=5, label="Pareto front")
+    for c in front[:6]:
+        axes.annotate(c.layout.label(), (c.memory.total / GIB, c.step_s or 0.0), fontsize=6,
+                      xytext=(4, 4), textcoords="offset points")
+    axes.axvline(capacity_bytes / GIB, color="gray", linestyle="--", label="GPU memory")
+    axes.set_xlabel("predicted peak memory per GPU (GiB)")
+    axes.set_ylabel("simulated step time (s)")
+    axes.set_title("step time vs memory of the simulated layouts")
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def breakdown_figure(candidates: list[Candidate]) -> Figure:
+    from matplotlib.figure import Figure
+
+    parts = list(dict.fromkeys(k for c in candidates for k in (c.results or {}).get("breakdown_s", {})))
+    parts = [p for p in parts if any((c.results or {})["breakdown_s"].get(p, 0.0) > 0 for c in candidates)]
+    figure = Figure(figsize=(8, 0.5 * len(candidates) + 1.8), dpi=110)
+    axes = figure.add_subplot()
+    colours = [f"C{i % 10}" for i in range(len(parts))]
+    hatches = ["", "//", "..", "xx"]
+    labels = [f"#{i + 1} {c.layout.label()}" for i, c in enumerate(candidates)]
+    left = [0.0] * len(candidates)
+    for index, part in enumerate(parts):
+        widths = [(c.results or {})["breakdown_s"].get(part, 0.0) for c in candidates]
+        axes.barh(labels, widths, left=left, color=colours[index], hatch=hatches[index // 10 % len(hatches)],
+                  label=part.replace("_", " "), edgecolor="white", linewidth=0.4)
+        left = [a + b for a, b in zip(left, widths)]
+    axes.invert_yaxis()
+    axes.set_xlabel("the step by part (s)")
+    axes.set_title("where the step goes, fastest layouts first")
+    axes.tick_params(axis="y", labelsize=7)
+    axes.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    figure.tight_layout()
+    return figure
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    return buffer.getvalue()

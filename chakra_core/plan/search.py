@@ -1,0 +1,256 @@
+"""The search of `chakra-sim plan`: every layout, cheap filters first, simulations only where they
+can still win.
+
+1. Every valid layout of the job (`layouts.enumerate_layouts`).
+2. Its predicted peak memory per GPU (`memory.predict_memory`) against the GPU's memory: a
+   layout that does not fit is kept in the table with what overflows and by how much.
+3. A lower bound on its step time: the FLOPs of its busiest stage at the fastest rate any
+   kernel reaches (`layouts.lower_bound_s`) for every layout, tightened for those that reach
+   the front of the queue by timing their kernels with the manifest's own compute model
+   (`compute_bound.ComputeBound`). Layouts that fit are simulated in order of their bound, in
+   rounds of `batch`, each round a sweep (`chakra_core.sweep`) of the job manifest with the
+   layout's keys set: resumable, locked, on local processes or Ray.
+4. A layout whose bound is not below the K-th best simulated step time cannot enter the top K:
+   it and every layout after it are left unsimulated ("pruned").
+
+Which layouts get simulated depends on `batch`, never on the executor or the number of workers,
+and the top K does not depend on either: a pruned layout's step time is at least its bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from chakra_core.errors import ManifestError
+from pydantic import ValidationError
+
+from chakra_core.hardware.profiles import Profile, load_profile
+from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.plan.compute_bound import ComputeBound
+from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, job_with, lower_bound_s
+from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
+from chakra_core.sweep.run import PointReport, run_sweep
+from chakra_core.sweep.spec import build_sweep
+
+GIB = 1 << 30
+METRIC = "training.step_time_s"
+SIMULATIONS = "simulations"
+"""The sweep of simulated layouts, in the plan's folder: its points, table and plot."""
+
+SIMULATED, PRUNED, TOO_BIG, FAILED = "simulated", "pruned", "does not fit", "failed"
+
+
+@dataclass
+class Candidate:
+    """One layout and what the plan found out about it."""
+
+    layout: Layout
+    memory: MemoryEstimate
+    bound_s: float
+    status: str = PRUNED
+    overflow: str | None = None
+    results: dict[str, Any] | None = None     # the `training` section of its results.json
+    error: str | None = None
+    point: str | None = None                  # its sweep point's folder
+
+    @property
+    def step_s(self) -> float | None:
+        return None if self.results is None else float(self.results["step_time_s"])
+
+    def row(self, rank: int | None) -> dict[str, Any]:
+        """Its line of the plan's table."""
+        r = self.results or {}
+        parts = r.get("breakdown_s", {})
+        exposed = sum(v for k, v in parts.items() if k.startswith("exposed_"))
+        lay = self.layout
+        return {
+            "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
+            "dp": lay.dp, "micro_batch": lay.micro_batch, "recompute": lay.recompute,
+            "distributed_optimizer": lay.distributed_optimizer, "status": self.status,
+            "step_s": self.step_s, "bound_s": self.bound_s,
+            "tflops_per_gpu": r.get("tflops_per_gpu"), "mfu": r.get("mfu"),
+            "memory_gib": self.memory.total / GIB, "memory_stage": self.memory.stage,
+            **{f"memory_{name}_gib": value / GIB for name, value in self.memory.parts().items()},
+            "exposed_comm_s": exposed if self.results else None,
+            "bubble_s": parts.get("bubble") if self.results else None,
+            "overflow": self.overflow, "error": self.error, "point": self.point,
+        }
+
+
+@dataclass
+class Plan:
+    """What `plan` found: every layout, ranked (simulated ones by step time first)."""
+
+    candidates: list[Candidate]
+    enumeration: Enumeration
+    capacity_bytes: int
+    profile: str
+    simulated: int = 0
+    reused: int = 0
+    rounds: int = 0
+    tightened: int = 0
+    """Layouts whose compute-model bound was computed (the others kept the FLOP bound)."""
+    warnings: list[str] = field(default_factory=list)
+
+    def ranked(self) -> list[Candidate]:
+        order = {SIMULATED: 0, FAILED: 1, PRUNED: 2, TOO_BIG: 3}
+        return sorted(self.candidates, key=lambda c: (order[c.status], c.step_s if c.step_s is not None else math.inf,
+                                                      c.bound_s, c.memory.total, c.layout))
+
+    def rows(self) -> list[dict[str, Any]]:
+        ranked = self.ranked()
+        return [c.row(i + 1 if c.status == SIMULATED else None) for i, c in enumerate(ranked)]
+
+    def counts(self) -> dict[str, int]:
+        found = {status: 0 for status in (SIMULATED, FAILED, PRUNED, TOO_BIG)}
+        for c in self.candidates:
+            found[c.status] += 1
+        return {"enumerated": len(self.candidates), "tried": self.enumeration.tried,
+                "fit": len(self.candidates) - found[TOO_BIG], **found}
+
+
+def capacity(profile: Profile) -> int:
+    return int(profile.gpu.memory_gib.value * GIB)
+
+
+def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int = 10, batch: int = 4,
+         executor: str = "local", workers: int | None = None, address: str | None = None, force: bool = False,
+         timeout: float | None = None, search: Mapping[str, Any] | None = None, include: tuple[Layout, ...] = (),
+         on_point: Callable[[PointReport], None] | None = None, source: str = "plan") -> Plan:
+    """Search the layouts of the job manifest `manifest` (its `job:` section's parallel and
+    micro-batch / recomputation / optimizer settings are what varies) and simulate those that
+    can still be among the `top` fastest; their runs go to `out_dir`/simulations. Layouts in
+    `include` that fit are simulated in the first round whatever their bound (to rank a given one)."""
+    job = manifest.get("job")
+    if not isinstance(job, Mapping):
+        raise ManifestError([(f"{source}: job", "required: plan searches the layouts of a training job "
+                                                 "(docs/plan.md)")])
+    if "cluster" not in job and isinstance(manifest.get("cluster"), Mapping):   # as a job manifest may say it
+        job = {**job, "cluster": manifest["cluster"]}
+        manifest = {**{k: v for k, v in manifest.items() if k != "cluster"}, "job": job}
+    _check_job(job, source)
+    cluster = Cluster.model_validate(job["cluster"])
+    try:
+        profile = load_profile(cluster.profile, base_dir)
+    except ManifestError as exc:
+        raise ManifestError([(f"{source}: job.cluster.profile", why) for _, why in exc.problems]) from None
+    gpus_per_node = cluster.gpus_per_node or profile.gpus_per_node
+    options = dict(search or {})
+    training = job.get("training")
+    if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
+        # FlashAttention recomputes the scores anyway: selective recomputation is none's layout
+        options.setdefault("recompute", ("none", "full"))
+    try:
+        enumeration = enumerate_layouts(job, gpus_per_node, **options)
+    except ValueError as exc:
+        raise ManifestError([(f"{source}: job", str(exc))]) from None
+    if not enumeration.layouts:
+        reasons = "; ".join(f"{why} ({count})" for why, count in sorted(enumeration.rejected.items()))
+        raise ManifestError([(f"{source}: job", f"no valid layout among {enumeration.tried} tried: {reasons}")])
+    limit = capacity(profile)
+    candidates = []
+    for layout in enumeration.layouts:
+        spec = job_with(job, layout)
+        estimate = predict_memory(spec)
+        candidate = Candidate(layout, estimate, lower_bound_s(spec, profile))
+        candidate.overflow = overflow(estimate, limit)
+        if candidate.overflow is not None:
+            candidate.status = TOO_BIG
+        candidates.append(candidate)
+    result = Plan(candidates, enumeration, limit, profile.name)
+    from chakra_core.plugins import make_plugin_host
+
+    tight = ComputeBound(manifest, base_dir, make_plugin_host(), profile.name, gpus_per_node,
+                         cluster.gpus)
+    queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(job_with(job, c.layout)))
+    chosen = [c for c in candidates if c.layout in include and c.status != TOO_BIG]
+    queue.remove(chosen)
+    while True:
+        kth = _kth_best(chosen, top)
+        round_ = list(chosen) if result.rounds == 0 else []   # the given layouts first
+        while len(round_) < batch:
+            following = queue.pop(kth)
+            if following is None:
+                break
+            round_.append(following)
+            chosen.append(following)
+        if not round_:
+            break
+        result.rounds += 1
+        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, executor, workers, address, force,
+                  timeout, on_point)
+    result.tightened = queue.tightened
+    result.reused = sum(c.status in (SIMULATED, FAILED) for c in candidates) - result.simulated
+    return result
+
+
+class _Queue:
+    """Layouts by bound: the cheap bound first; a layout's tight bound is computed when it reaches
+    the front, and it goes back in its place; one at the front with its tight bound is next."""
+
+    def __init__(self, candidates: list[Candidate], tighten: Callable[[Candidate], float]):
+        self.heap = [(c.bound_s, False, i, c) for i, c in enumerate(candidates)]
+        heapq.heapify(self.heap)
+        self.tighten = tighten
+        self.tightened = 0
+        self.removed: set[int] = set()
+
+    def remove(self, candidates: list[Candidate]) -> None:
+        self.removed |= {id(c) for c in candidates}
+
+    def pop(self, limit: float) -> Candidate | None:
+        """The layout with the lowest bound, if that is below `limit` (None: no layout can be)."""
+        while self.heap and self.heap[0][0] < limit:
+            key, tight, index, candidate = heapq.heappop(self.heap)
+            if id(candidate) in self.removed:
+                continue
+            if tight:
+                return candidate
+            candidate.bound_s = max(key, self.tighten(candidate))
+            self.tightened += 1
+            heapq.heappush(self.heap, (candidate.bound_s, True, index, candidate))
+        return None
+
+
+def _check_job(job: Mapping[str, Any], source: str) -> None:
+    """The job as written, its layout aside: a wrong type, an unknown key or model is an error
+    naming the key; the layout's own divisibility is the search's business."""
+    neutral = {**job, "parallel": {k: v for k, v in dict(job.get("parallel") or {}).items()
+                                   if k not in ("tp", "pp", "vp", "cp")}}
+    try:
+        JobSpec.model_validate(neutral)
+    except ValidationError as exc:   # errors at the top (loc ()) are the layout's: the search decides
+        fields = [e for e in exc.errors() if e["loc"]]
+        if fields:
+            raise ManifestError([(f"{source}: job{''.join(f'[{p}]' if isinstance(p, int) else f'.{p}' for p in e['loc'])}",
+                                  str(e["msg"])) for e in fields]) from None
+
+
+def _kth_best(chosen: list[Candidate], top: int) -> float:
+    times = sorted(c.step_s for c in chosen if c.step_s is not None)
+    return times[top - 1] if len(times) >= top else math.inf
+
+
+def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen: list[Candidate], result: Plan,
+              executor: str, workers: int | None, address: str | None, force: bool, timeout: float | None,
+              on_point: Callable[[PointReport], None] | None) -> None:
+    """One round: a sweep over every layout chosen so far (those of earlier rounds are read back)."""
+    data = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
+            "output": {"dir": str(out_dir)}}
+    sweep = build_sweep(data, base_dir, "plan", name="plan")
+    outcome = run_sweep(sweep, executor, workers, address, force and result.rounds == 1, on_point=on_point,
+                        timeout=timeout)
+    result.simulated += outcome.ran
+    result.warnings.extend(w for w in outcome.warnings if w not in result.warnings)
+    for candidate, point, row in zip(chosen, sweep.points, outcome.rows):
+        candidate.point = str(sweep.point_dir(point))
+        if row["status"] == "ok":
+            results = json.loads((sweep.point_dir(point) / "results.json").read_text(encoding="utf-8"))
+            candidate.status, candidate.results = SIMULATED, results["training"]
+        else:
+            candidate.status, candidate.error = FAILED, row["error"]
