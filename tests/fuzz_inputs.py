@@ -401,28 +401,26 @@ def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
                             "gpus-huge": ("cluster", {"gpus": 2**70}), "seq-text": ("training", {"seq": "x"}),
                             "profile-unknown": ("cluster", {"gpus": 64, "profile": "nope"}),
                             "unknown-key": ("nope", 1)}
+    def job_file(folder: Path, key: str, value: Any) -> str:
+        """The example job with `job.<key>` set to `value` (a mapping's keys merged into it)."""
+        data = copy.deepcopy(job)
+        if isinstance(value, dict) and isinstance(data["job"].get(key), dict):
+            data["job"][key] = {**data["job"][key], **value}
+        else:
+            data["job"][key] = value
+        (folder / "job.yaml").write_text(yaml.safe_dump(data))
+        return str(folder / "job.yaml")
+
     for name, (key, value) in jobs.items():
         def build(folder: Path, key: str = key, value: Any = value) -> list[str]:
-            data = copy.deepcopy(job)
-            if isinstance(value, dict) and isinstance(data["job"].get(key), dict):
-                data["job"][key] = {**data["job"][key], **value}
-            else:
-                data["job"][key] = value
-            (folder / "job.yaml").write_text(yaml.safe_dump(data))
-            return [str(folder / "job.yaml"), "--output", str(folder / "out" / "traces" / "t")]
+            return [job_file(folder, key, value), "--output", str(folder / "out" / "traces" / "t")]
         cases.append(Case("generate job", name, build, ("job.yaml",)))
     plans = {name: jobs[name] for name in ("model-unknown", "gpus-huge", "seq-text", "profile-unknown", "unknown-key")}
     plans["gpus-2^40"] = ("cluster", {"gpus": 2**40})
     plans["training-not-a-mapping"] = ("training", [1, 2])
     for name, (key, value) in plans.items():
         def build(folder: Path, key: str = key, value: Any = value) -> list[str]:
-            data = copy.deepcopy(job)
-            if isinstance(value, dict) and isinstance(data["job"].get(key), dict):
-                data["job"][key] = {**data["job"][key], **value}
-            else:
-                data["job"][key] = value
-            (folder / "job.yaml").write_text(yaml.safe_dump(data))
-            return [str(folder / "job.yaml"), "--out", str(folder / "out"), "--quiet"]
+            return [job_file(folder, key, value), "--out", str(folder / "out"), "--quiet"]
         cases.append(Case("plan", name, build, ("job.yaml",)))
     for name, extra in (("cluster-file-not-a-mapping", "[1, 2]\n"), ("cluster-file-unknown-key", "nope: 1\n"),
                         ("cluster-file-missing", None)):
