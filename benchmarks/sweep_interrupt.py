@@ -22,7 +22,6 @@ Prints each check and the timings; exit status 0 when every check passes.
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import shutil
 import signal
@@ -35,44 +34,14 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "examples" / "traces" / "all_reduce_8npus_1MB"
+sys.path.insert(0, str(ROOT))
+
+from tests.sweep_processes import descendants, finished_points, gzip_traces, running, table_without_wall  # noqa: E402
+
 CHAKRA_SIM = [sys.executable, "-m", "chakra_core.cli", "sweep"]
 TEMP_PREFIX = "chakra-sim"
 """What the sweep's temporary files in the system temp folder are named (its workers' folder,
 the streaming feeder's decompressed traces)."""
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def finished_points(out: Path) -> int:
-    return sum(1 for _ in out.glob("points/*/point.json"))
-
-
-def table_without_wall(out: Path) -> bytes:
-    lines = (out / "sweep.csv").read_bytes().splitlines(keepends=True)
-    return b"".join(line.rsplit(b",", 1)[0] + b"\n" for line in lines)
 
 
 def sweep(path: Path, out: Path, workers: int) -> subprocess.Popen[str]:
@@ -90,15 +59,10 @@ def main() -> int:
     checks: list[tuple[str, bool, str]] = []
     work = Path(tempfile.mkdtemp(prefix="sweep-interrupt-bench-"))
     try:
-        gz = work / "traces"
-        gz.mkdir()
-        for rank in range(8):
-            data = (TRACES / f"all_reduce.{rank}.et").read_bytes()
-            (gz / f"all_reduce.{rank}.et").write_bytes(gzip.compress(data, mtime=0))
         path = work / "sweep.yaml"
         path.write_text(yaml.safe_dump({
             "base": str(ROOT / "examples" / "allreduce_8npu.yaml"),
-            "grid": {"workload.trace": [str(gz / "all_reduce")],
+            "grid": {"workload.trace": [gzip_traces(work / "traces")],
                      "network.bandwidth[0]": [10 + i for i in range(args.points)]}}))
         whole, out = work / "whole", work / "interrupted"
 

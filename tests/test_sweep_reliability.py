@@ -6,7 +6,6 @@ it or its workers leave behind in the temp folder is theirs and visible."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -26,10 +25,10 @@ from chakra_core.errors import ManifestError
 from chakra_core.sweep import load_sweep, run_sweep
 from chakra_core.sweep.lock import LOCK_NAME, OutputLock, OutputLockedError
 from chakra_core.sweep.run import run_local
+from tests.sweep_processes import descendants, finished_points, gzip_traces, running, table_without_wall
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "examples" / "allreduce_8npu.yaml"
-TRACES = ROOT / "examples" / "traces" / "all_reduce_8npus_1MB"
 CHAKRA_SIM = [sys.executable, "-m", "chakra_core.cli"]
 
 
@@ -37,40 +36,6 @@ def write_sweep(folder: Path, body: dict) -> Path:
     path = folder / "sweep.yaml"
     path.write_text(yaml.safe_dump({"base": str(BASE), "output": {"dir": "out"}, **body}, sort_keys=False))
     return path
-
-
-def gzip_traces(folder: Path) -> str:
-    """The example's traces gzip-compressed: the streaming feeder decompresses each into a temp folder."""
-    folder.mkdir()
-    for rank in range(8):
-        data = (TRACES / f"all_reduce.{rank}.et").read_bytes()
-        (folder / f"all_reduce.{rank}.et").write_bytes(gzip.compress(data, mtime=0))
-    return str(folder / "all_reduce")
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def wait_until(condition, seconds: float, what: str) -> None:
@@ -81,10 +46,6 @@ def wait_until(condition, seconds: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def finished_points(out: Path) -> int:
-    return len(list(out.glob("points/*/point.json")))
-
-
 def leftovers(*folders: Path) -> list[str]:
     """Temporary files (and the lock) left in an output folder, or anything in a temp folder."""
     found = []
@@ -93,13 +54,6 @@ def leftovers(*folders: Path) -> list[str]:
             if folder.name == "tmp" or path.name.endswith(".tmp") or path.name == LOCK_NAME:
                 found.append(str(path))
     return found
-
-
-def table_without_wall(out: Path) -> bytes:
-    """sweep.csv but its last column, wall_s: the only one that differs between runs."""
-    lines = (out / "sweep.csv").read_bytes().splitlines(keepends=True)
-    assert lines[0].rstrip().endswith(b",wall_s")
-    return b"".join(line.rsplit(b",", 1)[0] + b"\n" for line in lines)
 
 
 # The output folder's lock ------------------------------------------------------------------------
@@ -306,10 +260,11 @@ def test_a_signal_stops_the_workers_removes_temp_files_and_the_sweep_resumes(tmp
 
 
 # Ray ----------------------------------------------------------------------------------------------
-RAY_SCRIPT = """
+RAY_SCRIPT = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + """
 import json, os, sys, time
 from pathlib import Path
 from chakra_core.sweep.run import run_ray
+from tests.sweep_processes import descendants
 
 def listening(pids):
     # Listening TCP sockets (state 0A) of these processes: their local addresses.
@@ -329,22 +284,6 @@ def listening(pids):
         except OSError:
             continue
     return sorted(found)
-
-def descendants(pid):
-    children = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 def point(task):
     time.sleep(task["sleep"])

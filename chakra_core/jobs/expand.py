@@ -176,7 +176,12 @@ def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
             config_cls = host.get(layer, section["plugin"]).cls.Config
         except PluginError:
             continue   # an unknown plugin: build_config reports it, listing the installed ones
-        # a required profile, and the GPUs per node wherever a layer takes them
-        keys = {field.alias or name for name, field in config_cls.model_fields.items()
-                if field.is_required() or (field.alias or name) == "gpus-per-node"}
-        job.manifest[layer] = {**{k: v for k, v in defaults.items() if k in keys and k not in section}, **section}
+        job.manifest[layer] = with_cluster_defaults(config_cls, section, defaults)
+
+
+def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """A layer's section with the cluster's `defaults` (profile, gpus-per-node) where its config
+    takes them and the section does not say: a required profile, the GPUs per node anywhere."""
+    keys = {field.alias or name for name, field in config_cls.model_fields.items()
+            if field.is_required() or (field.alias or name) == "gpus-per-node"}
+    return {**{k: v for k, v in defaults.items() if k in keys and k not in section}, **section}

@@ -24,6 +24,7 @@ from chakra_core.contract.layers import ComputeModel, SystemLayer
 from chakra_core.engine.events import EventQueue
 from chakra_core.errors import ManifestError
 from chakra_core.et.attrs import NodeView
+from chakra_core.jobs.expand import with_cluster_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -149,13 +150,9 @@ class ComputeBound:
 
 
 def _layer_config(impl_cls: Any, section: dict[str, Any], profile: str, gpus_per_node: int) -> Any:
-    """A layer's config with the cluster's profile and GPUs per node where it takes them (as a job's)."""
-    keys = {field.alias or key for key, field in impl_cls.Config.model_fields.items()}
-    if "profile" in keys:
-        section.setdefault("profile", profile)
-    if "gpus-per-node" in keys:
-        section.setdefault("gpus-per-node", gpus_per_node)
-    return impl_cls.Config.model_validate(section)
+    """A layer's config with the cluster's profile and GPUs per node where a job's would get them."""
+    defaults = {"profile": profile, "gpus-per-node": gpus_per_node}
+    return impl_cls.Config.model_validate(with_cluster_defaults(impl_cls.Config, section, defaults))
 
 
 def _system(manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str, gpus_per_node: int,

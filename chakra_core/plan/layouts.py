@@ -87,6 +87,7 @@ class Enumeration:
     layouts: list[Layout]                                  # the valid ones, sorted
     tried: int                                             # combinations considered
     rejected: dict[str, int] = field(default_factory=dict)  # reason -> combinations; adds up with layouts to tried
+    specs: dict[Layout, JobSpec] = field(default_factory=dict)  # each valid layout's job, as validated
 
 
 def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batches: Sequence[int] = (1, 2, 4, 8),
@@ -104,7 +105,7 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
     inner = [(mb, rc, do) for mb in _unique(micro_batches) for rc in _unique(recompute)
              for do in _unique(distributed_optimizer)]
     cps = [1 << i for i in range(max(0, max_cp).bit_length()) if 1 << i <= max_cp]
-    layouts: list[Layout] = []
+    specs: dict[Layout, JobSpec] = {}
     tried, rejected = 0, Counter[str]()
     if gpus > MAX_PLANNED_GPUS:
         raise ValueError(f"cluster.gpus {gpus:,} is more than plan searches ({MAX_PLANNED_GPUS:,})")
@@ -131,12 +132,10 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
                     for mb, rc, do in inner:
                         layout = Layout(tp, pp, vp, cp, dp, mb, rc, do)
                         try:
-                            _spec(base, layout)
+                            specs[layout] = _spec(base, layout)
                         except ValidationError as exc:
                             rejected[_reason(exc)] += 1
-                        else:
-                            layouts.append(layout)
-    return Enumeration(sorted(layouts), tried, dict(sorted(rejected.items())))
+    return Enumeration(sorted(specs), tried, dict(sorted(rejected.items())), specs)
 
 
 def job_with(job: Mapping[str, Any], layout: Layout) -> JobSpec:

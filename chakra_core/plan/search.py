@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from chakra_core.errors import ManifestError
 from pydantic import ValidationError
 
+from chakra_core.config.manifest import validation_problems
+from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
-from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, job_with, lower_bound_s
+from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.sweep.run import PointReport, run_sweep
 from chakra_core.sweep.spec import build_sweep
@@ -155,7 +156,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
     limit = capacity(profile)
     candidates = []
     for layout in enumeration.layouts:
-        spec = job_with(job, layout)
+        spec = enumeration.specs[layout]
         estimate = predict_memory(spec)
         candidate = Candidate(layout, estimate, lower_bound_s(spec, profile))
         candidate.overflow = overflow(estimate, limit)
@@ -167,7 +168,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
 
     tight = ComputeBound(manifest, base_dir, make_plugin_host(), profile.name, gpus_per_node,
                          cluster.gpus)
-    queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(job_with(job, c.layout)))
+    queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(enumeration.specs[c.layout]))
     chosen = [c for c in candidates if c.layout in include and c.status != TOO_BIG]
     queue.remove(chosen)
     while True:
@@ -225,10 +226,10 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     try:
         JobSpec.model_validate(neutral)
     except ValidationError as exc:   # errors at the top (loc ()) are the layout's: the search decides
-        fields = [e for e in exc.errors() if e["loc"]]
-        if fields:
-            raise ManifestError([(f"{source}: job{''.join(f'[{p}]' if isinstance(p, int) else f'.{p}' for p in e['loc'])}",
-                                  str(e["msg"])) for e in fields]) from None
+        problems = [problem for problem, error in zip(validation_problems(exc, ("job",), source), exc.errors())
+                    if error["loc"]]
+        if problems:
+            raise ManifestError(problems) from None
 
 
 def _kth_best(chosen: list[Candidate], top: int) -> float:

@@ -21,7 +21,7 @@ spend, for the chunk queues and the solver, which run them.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Final, Iterator, Mapping, Sequence
+from typing import Any, Callable, Final, Iterator, Mapping, Sequence
 
 from chakra_core.comm.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, ROOTED, collective_name
 from chakra_core.comm.matcher import OpenCollective
@@ -327,18 +327,20 @@ class CollectivePlanner:
 
     def flow_schedule(self, spec: PhaseSpec, n: int) -> StepSchedule | None:
         """The phase's steps of flows among n members (see `CollectiveAlgorithm.flow_schedule`)."""
-        key = (spec.algorithm, spec.comm_type, spec.size, n)
-        schedule = self._flow_schedules.get(key, _UNSET)
-        if schedule is _UNSET:
-            schedule = self._flow_schedules[key] = spec.algorithm.flow_schedule(spec.comm_type, spec.size, n)
-        return schedule
+        return self._memo(self._flow_schedules, spec, n, spec.algorithm.flow_schedule)
 
     def schedule(self, spec: PhaseSpec, n: int) -> StepSchedule | None:
         """The phase's step schedule among n members (None: it runs as member state machines)."""
+        return self._memo(self._schedules, spec, n, spec.algorithm.step_schedule)
+
+    @staticmethod
+    def _memo(cache: dict[tuple[CollectiveAlgorithm, int, int, int], StepSchedule | None], spec: PhaseSpec, n: int,
+              make: Callable[[int, int, int], StepSchedule | None]) -> StepSchedule | None:
+        """`make(comm_type, size, n)` once per algorithm, type, size and member count."""
         key = (spec.algorithm, spec.comm_type, spec.size, n)
-        schedule = self._schedules.get(key, _UNSET)
+        schedule = cache.get(key, _UNSET)
         if schedule is _UNSET:
-            schedule = self._schedules[key] = spec.algorithm.step_schedule(spec.comm_type, spec.size, n)
+            schedule = cache[key] = make(spec.comm_type, spec.size, n)
         return schedule
 
     def phase_machines(self, coll: Collective, spec: PhaseSpec, members: Sequence[int],

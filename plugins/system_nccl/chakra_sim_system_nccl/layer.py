@@ -144,18 +144,23 @@ class _P2PTiming:
                  on_arrival: Callable[[Any], None], arg: Any) -> None:
         """The message (and those it stands for) crossed the network: it arrives when NCCL's time
         alone says, or one step's latency after its last byte, whichever is later."""
-        if len(set(finishes)) > 1:
-            slow = max(range(len(pairs)), key=finishes.__getitem__)
-            reason = (f"the message {pairs[slow][0]} -> {pairs[slow][1]} takes {finishes[slow] - start:,} ns on "
-                      f"the network and {pairs[0][0]} -> {pairs[0][1]}, which it is folded with, "
-                      f"{finishes[0] - start:,} ns ({_ASYMMETRIC}); simulating every rank")
-            self.system.context.request_restart(reason, Unfold(reason))
-            return
-        self.system.context.scheduler.schedule_at(max(alone, finishes[0] + latency_ns), on_arrival, arg)
+        context = self.system.context
+        if not _apart(context, lambda i: f"the message {pairs[i][0]} -> {pairs[i][1]}", start, finishes):
+            context.scheduler.schedule_at(max(alone, finishes[0] + latency_ns), on_arrival, arg)
 
 
-_ASYMMETRIC = ("their flows cross the network differently: hash ECMP collisions, a failed or degraded link; "
-               "ecmp: dmodk routes equivalent ranks alike")
+def _apart(context: LayerContext, what: Callable[[int], str], start: int, finishes: list[int]) -> bool:
+    """Whether operations folded together (the i-th named `what(i)`) got through the network at
+    different instants; if so the run starts over unfolded, saying which two and when."""
+    if len(set(finishes)) == 1:
+        return False
+    slow = max(range(len(finishes)), key=finishes.__getitem__)
+    reason = (f"{what(slow)} takes {finishes[slow] - start:,} ns on the network and {what(0)}, which it is "
+              f"folded with, {finishes[0] - start:,} ns (their flows cross the network differently: hash ECMP "
+              "collisions, a failed or degraded link; ecmp: dmodk routes equivalent ranks alike); simulating "
+              "every rank")
+    context.request_restart(reason, Unfold(reason))
+    return True
 
 
 def _shown(members: Sequence[int]) -> str:
@@ -271,12 +276,7 @@ class NcclSystem(MatchingSystem[_Pending]):
                  cost: "_Cost", weight: int, finishes: list[int]) -> None:
         """A collective's inter-node flows have all arrived: it ends when NCCL's time alone says,
         or its latency after the network delivered its last byte, whichever is later."""
-        if len(set(finishes)) > 1:
-            slow = max(range(len(groups)), key=finishes.__getitem__)
-            reason = (f"group {_shown(groups[slow])} takes {finishes[slow] - start:,} ns on the network and "
-                      f"group {_shown(groups[0])}, which it is folded with, {finishes[0] - start:,} ns "
-                      f"({_ASYMMETRIC}); simulating every rank")
-            self.context.request_restart(reason, Unfold(reason))
+        if _apart(self.context, lambda i: f"group {_shown(groups[i])}", start, finishes):
             return
         end = max(start + cost.time_ns, finishes[0] + cost.latency_ns)
         self.choice_ns[cost.key] += (end - start - cost.time_ns) * weight
