@@ -25,6 +25,11 @@ is fitted. The sources:
 - Megatron-LM's docs/source/api-guide/dist_optimizer.md: bytes per parameter, d = 8.
 - Korthikanti et al. 2022, Table 2: activations per layer, as formulas, at GPT-3 175B's shape.
 
+A second table sets each prediction against the `hbm` memory layer's simulated peak for the same
+job: its traces generated with `tensors: true` (chakra_core.jobs.tensors), simulated folded with
+the achievable compute model and the nccl system layer; the peak is the largest of any rank, as
+the prediction is the largest of any stage.
+
 Not used: Korthikanti et al.'s per-GPU memory of the 22B-1T models (a bar chart; no numbers
 readable in the text found); the Llama 3 paper (no per-GPU memory figure found); NeMo and
 Megatron-Bridge performance tables (throughput only); the table of Megatron-LM PR #482 (Llama 2 7B
@@ -34,6 +39,7 @@ on H800, peaks 28.8-69.1 GB) does not give the sequence length, so its jobs cann
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +77,10 @@ SOURCES = {
 }
 
 NOTES = [
-    "[1] the peaks depend on the schedule walk following current mcore: warm-up of "
-    "2 (pp - stage - 1) + (vp - 1) pp chunk forwards even when micro-batches == pp. Running every forward "
-    "first (older Megatron-LM, and chakra_core.jobs.schedule) would put 4 micro-batches of fp32 logits on the "
-    "last stage, 15.3 GiB more (a prediction of 71.3 GiB against the 56.4 measured).",
+    "[1] the peaks depend on the schedule following current mcore (the walk and the generated traces): "
+    "warm-up of 2 (pp - stage - 1) + (vp - 1) pp chunk forwards even when micro-batches == pp. Running every "
+    "forward first (older Megatron-LM) would put 4 micro-batches of fp32 logits on the last stage, 15.3 GiB "
+    "more (a prediction of 71.3 GiB against the 56.4 measured).",
     "[1] after step, TP 1 PP 4: the last rank keeps about 1.1 GB more after the step than its weights, "
     "gradients and optimizer state (TP 4 PP 1: 0.1 GB); what it is was not found, so it is not counted.",
     "[1] GB200, TP 4 PP 1: the same job peaks 1.07 GB higher than on H100 (kernels and workspaces "
@@ -171,10 +177,52 @@ def table_2() -> list[str]:
     return rows
 
 
+SIMULATED_JOBS = [
+    ("[1] gpt3_7b_tp1_pp4_memory_speed", CI_MODEL, 8, {"tp": 1, "pp": 4, "vp": 8, "sp": False},
+     {"seq": 8192, "global_batch": 8, "micro_batch": 1, "dropout": 0.1}),
+    ("[1] gpt3_7b_tp4_pp1_memory_speed", CI_MODEL, 8, {"tp": 4, "pp": 1, "sp": False},
+     {"seq": 8192, "global_batch": 8, "micro_batch": 2, "dropout": 0.1}),
+    ("Llama 3 70B, examples/llama3-70b-64gpu.yaml", "llama3-70b", 64,
+     {"tp": 4, "pp": 4, "vp": 5, "cp": 2, "tp_comm_overlap": True},
+     {"seq": 8192, "global_batch": 128, "micro_batch": 1, "precision": "fp8"}),
+    ("SC'21 GPT 7.5B, full recompute, no distributed optimizer", "gpt-sc21-7.5b", 128, {"tp": 4, "pp": 1},
+     {"seq": 2048, "global_batch": 512, "micro_batch": 2, "precision": "fp16", "recompute": "full",
+      "distributed_optimizer": False, "attention": "unfused"}),
+    ("Llama 2 13B, FP8, TP1 PP4 VP10 (NeMo 24.07's layout)", "llama2-13b", 16, {"tp": 1, "pp": 4, "vp": 10},
+     {"seq": 4096, "global_batch": 128, "micro_batch": 1, "precision": "fp8", "grad_reduce_dtype": "bf16"}),
+]
+
+
+def simulated() -> list[str]:
+    """The prediction against the hbm layer's peak for the same job's traces."""
+    from chakra_core import run
+
+    rows = []
+    for label, model, gpus, parallel, training in SIMULATED_JOBS:
+        data = {"name": "memory", "model": model, "parallel": parallel, "training": training, "tensors": True,
+                "cluster": {"gpus": gpus, "profile": "h100-hgx-ndr400"}}
+        predicted = max(e.total for e in memory_by_stage(JobSpec.model_validate(data)))
+        with tempfile.TemporaryDirectory() as folder:
+            manifest = {"job": data, "output": {"dir": folder}, "compute": {"plugin": "achievable"},
+                        "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
+            results = run.simulate(run.load(manifest, base_dir=Path(folder))).results
+        peak = results["layers"]["memory"]["summary"]["peak_memory_bytes"]
+        p = JobSpec.model_validate(data).parallel
+        layout = f"TP {p.tp} PP {p.pp}" + (f" VP {p.vp}" if p.vp else "") + (f" CP {p.cp}" if p.cp > 1 else "")
+        rows.append(f"| {label} | {gpus} | {layout} | {predicted / GIB:,.3f} GiB | {peak / GIB:,.3f} GiB | "
+                    f"{100 * (peak - predicted) / predicted:+.3f}% |")
+    return rows
+
+
 def main() -> None:
     print("| source | configuration | published | predicted | error |")
     print("|---|---|---:|---:|---:|")
     for line in megatron_ci() + zero() + bytes_per_param() + table_2():
+        print(line)
+    print()
+    print("| job | GPUs | layout | predicted | hbm layer, simulated | difference |")
+    print("|---|---:|---|---:|---:|---:|")
+    for line in simulated():
         print(line)
     print()
     for note in NOTES:

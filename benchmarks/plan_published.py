@@ -50,16 +50,18 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3, help="layouts the plan must be sure of")
     args = parser.parse_args()
     runs = {run["id"]: run for run in yaml.safe_load(RUNS_FILE.read_text())["runs"]}
-    print("| run | published layout | its memory GiB (of GPU) | fits | its step s | its rank | best layout "
-          "| best step s | best / published | layouts valid / fit / simulated | plan wall s |")
-    print("|---|---|---:|---|---:|---:|---|---:|---:|---|---:|")
+    print("| run | published layout | its memory GiB (of GPU) | simulated GiB | fits | its step s | its rank "
+          "| best layout | best step s | best / published | layouts valid / fit / simulated | largest memory gap "
+          "| plan wall s |")
+    print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for run_id in RUNS:
             if args.only not in run_id:
                 continue
             job = job_of(runs[run_id])
             layout = published(job)
-            manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+            manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                        "memory": {"plugin": "hbm"}}
             started = time.perf_counter()
             found = plan(manifest, Path(tmp), Path(tmp) / run_id, top=args.top, include=(layout,), workers=2)
             wall = time.perf_counter() - started
@@ -70,11 +72,14 @@ def main() -> None:
             counts = found.counts()
             mine_step = f"{mine.step_s:.3f}" if mine.step_s is not None else "-"
             ratio = f"{best.step_s / mine.step_s:.3f}" if mine.step_s and best.step_s else "-"
+            simulated = "-" if mine.simulated_memory is None else f"{mine.simulated_memory / GIB:.1f}"
+            gaps = [abs(c.memory_check) for c in found.candidates if c.memory_check is not None]
+            gap = f"{100 * max(gaps):.3f}%" if gaps else "-"
             print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} ({found.capacity_bytes / GIB:.0f}) | "
-                  f"{'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
+                  f"{simulated} | {'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
                   f"{rank if rank is not None else '-'} of {len(ranked)} | {best.layout.label()} | {best.step_s:.3f} | "
                   f"{ratio} | {counts['enumerated']:,} / {counts['fit']:,} / {counts['simulated'] + counts['failed']:,} "
-                  f"| {wall:.0f} |", flush=True)
+                  f"| {gap} | {wall:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

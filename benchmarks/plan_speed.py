@@ -4,7 +4,9 @@
     python benchmarks/plan_speed.py --top 1
 
 The job is Llama 3 70B (the preset), sequence 8,192, global batch 2,048, BF16, on 1,024 H100
-(profile h100-hgx-ndr400), `achievable` compute and the `nccl` system layer; the search is the
+(profile h100-hgx-ndr400), `achievable` compute, the `nccl` system layer and the `hbm` memory
+layer following the traces' tensors (memory checked; `--no-check-memory` leaves it out); the
+search is the
 command's default (TP within the node, PP, VP, CP up to 8, micro-batches 1, 2, 4, 8,
 recomputation none or full, distributed optimizer on or off), two local workers. Printed: wall
 time, the layouts tried, valid, fitting in memory, bounded with the compute model, simulated
@@ -32,11 +34,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-check-memory", dest="check_memory", action="store_false")
     args = parser.parse_args()
-    manifest = {"job": JOB, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+    manifest = {"job": JOB, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                "memory": {"plugin": "hbm"}}
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        found = plan(manifest, Path(tmp), Path(tmp) / "plan", top=args.top, workers=args.workers)
+        found = plan(manifest, Path(tmp), Path(tmp) / "plan", top=args.top, workers=args.workers,
+                     check_memory=args.check_memory)
         wall = time.perf_counter() - started
     counts = found.counts()
     print(f"| top | wall s | tried | valid | fit | bounded by the compute model | simulated | pruned | rounds |")
@@ -44,12 +49,17 @@ def main() -> None:
     print(f"| {args.top} | {wall:.1f} | {counts['tried']:,} | {counts['enumerated']:,} | {counts['fit']:,} | "
           f"{found.tightened:,} | {counts['simulated'] + counts['failed']:,} | {counts['pruned']:,} | {found.rounds} |")
     print()
-    print("| rank | layout | step s | TFLOP/s per GPU | MFU | memory GiB |")
-    print("|---:|---|---:|---:|---:|---:|")
-    for i, c in enumerate([c for c in found.ranked() if c.status == SIMULATED][:5]):
+    print("| rank | layout | step s | TFLOP/s per GPU | MFU | memory GiB | simulated GiB |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    simulated = [c for c in found.ranked() if c.status == SIMULATED]
+    for i, c in enumerate(simulated[:5]):
         r = c.results or {}
+        checked = "-" if c.simulated_memory is None else f"{c.simulated_memory / 2**30:.1f}"
         print(f"| {i + 1} | {c.layout.label()} | {c.step_s:.3f} | {r['tflops_per_gpu']:.0f} | {100 * r['mfu']:.1f}% | "
-              f"{c.memory.total / 2**30:.1f} |")
+              f"{c.memory.total / 2**30:.1f} | {checked} |")
+    gaps = [abs(c.memory_check) for c in simulated if c.memory_check is not None]
+    if gaps:
+        print(f"\nsimulated peaks within {100 * max(gaps):.3f}% of the predictions ({len(gaps)} layouts)")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,13 @@ say what the NCCL choice table counts (a `choices_counted` key, column names) an
 us; their times are unchanged. Recorded again (issue 21, NCCL on the network): the 53 `nccl`
 results.json (52 cases and the llama3-70b example) changed only in the layer's `fidelity` text,
 which now says that a network layer carries what crosses nodes; none of them has a network.
+Recorded again (issue 23, memory checked): the local-HBM `hbm` layer folds, so the
+hbm_vs_pool example now simulates one rank for four (its rank rows, finish and weighted totals
+unchanged; its folding section, event count, pre_pass_ranks and memory_series name the
+representative only) and the DLRM hbm run's folding reason no longer names hbm; the
+llama3-70b example's echoed job gained `tensors: false`; the plan-gpt-1.7b example (a job
+manifest, now with an `hbm` memory layer) is recorded for the first time. 366 outputs stayed
+byte-identical.
 """
 
 from __future__ import annotations

@@ -131,7 +131,8 @@ def test_a_network_that_treats_equivalent_ranks_differently_unfolds_the_run(tmp_
 
 def test_a_layer_that_is_not_fold_safe_keeps_every_rank(tmp_path):
     prefix = write_ranks(tmp_path, [[collective(1, pb.ALL_REDUCE, 64)]] * 4)
-    result = simulate(manifest(prefix, _switch(4), memory={"plugin": "hbm"}))
+    result = simulate(manifest(prefix, _switch(4), memory={"plugin": "hbm", "memory-type": "MEMORY_POOL",
+                                                           "remote-mem-bw": 50}))
     assert result["folding"]["folded"] is False
     assert "memory plugin 'hbm'" in result["folding"]["reason"]
 

@@ -131,6 +131,14 @@ def test_schedules_run_every_microbatch_once_forward_before_backward(pp, vp, rou
         seen.add((kind, mb, chunk))
 
 
+def test_interleaved_warmup_is_mcores_even_when_microbatches_equal_pp():
+    # get_pp_rank_microbatches: warm-up 2 (pp - stage - 1) + (vp - 1) pp, capped at the total; the
+    # last stage of pp 4, vp 2, 4 micro-batches warms up with 4 forwards, then alternates
+    kinds = "".join(kind for kind, _, _ in stage_schedule(3, 4, 2, 4))
+    assert kinds == "FFFF" + "FB" * 4 + "BBBB"
+    assert "".join(kind for kind, _, _ in stage_schedule(0, 4, 2, 4)) == "F" * 8 + "B" * 8
+
+
 def test_the_pipeline_split_may_count_embedding_and_loss():
     spec = JobSpec.model_validate(job(model="llama3.1-405b",
                                       parallel={"tp": 8, "pp": 8, "vp": 8, "cp": 2,

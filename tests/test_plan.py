@@ -60,6 +60,22 @@ def test_a_given_layout_is_simulated_whatever_its_bound(tmp_path):
     assert next(c for c in found.candidates if c.layout == slow).status == SIMULATED
 
 
+def test_memory_is_checked_by_the_manifests_memory_layer(tmp_path):
+    checked = plan({**manifest(), "memory": {"plugin": "hbm"}}, tmp_path, tmp_path / "out", top=2, batch=2,
+                   workers=1, search=SEARCH)
+    simulated = [c for c in checked.candidates if c.status == SIMULATED]
+    assert checked.memory_checked and simulated
+    # the hbm layer's peak for the layout's traces is the prediction (the generator's norm weights aside)
+    assert all(c.memory_check is not None and abs(c.memory_check) < 0.002 for c in simulated)
+    row = next(r for r in checked.rows() if r["status"] == SIMULATED)
+    assert row["memory_simulated_gib"] == pytest.approx(row["memory_gib"], rel=0.002)
+    unchecked = plan(manifest(), tmp_path, tmp_path / "plain", top=2, batch=2, workers=1, search=SEARCH)
+    assert not unchecked.memory_checked and any("no memory layer" in w for w in unchecked.warnings)
+    assert all(c.simulated_memory is None for c in unchecked.candidates)
+    # listing tensors changes no step time
+    assert [c.step_s for c in unchecked.ranked()] == [c.step_s for c in checked.ranked()]
+
+
 def test_cli_writes_the_table_resumes_and_gives_the_same_answer(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(manifest()))
@@ -68,6 +84,7 @@ def test_cli_writes_the_table_resumes_and_gives_the_same_answer(tmp_path):
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     assert "layouts:" in first.output and "pruned by their bound" in first.output
+    assert "memory is not checked" in first.output and "simulated GiB" not in first.output
     for name in ("plan.csv", "plan.parquet", "plan.json", "pareto.png", "breakdown.png"):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "plan.csv").open()))

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
+from chakra_core.jobs.tensors import TensorLedger
 from chakra_core.schema import pb
 
 @lru_cache(maxsize=None)
@@ -64,6 +65,10 @@ class LayerKernels:
         self.stream.define_groups([(self.names[r], list(members)) for r, members in self.groups.items()])
         self.part = "forward"
         self.dp_group = "dp_cp" if "dp_cp" in self.groups else None
+        self.ledger = TensorLedger(job.tensors)
+        self.recomputed: set[int] = set()   # layers under full recompute (set by the step)
+        self._layer_key: tuple[int, int | str] = (0, 0)   # (micro-batch, layer) whose tensors are listed
+        self._saving = True                 # False in the forward of a layer under full recompute
 
     # Nodes ----------------------------------------------------------------------------------------
     def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -127,17 +132,18 @@ class LayerKernels:
         suffix = ".tp_reduce_scatter" if self.sp else ".tp_all_reduce"
         self.blocking(name + suffix, "tp", kind, self.n * self.h * self.e)
 
-    def _row_gemm(self, name: str, m: int, k: int, n: int) -> None:
+    def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
         """A row-parallel GEMM and the reduction of its output; with TP comm overlap the
         reduce-scatter is pipelined with the GEMM chunk by chunk (TE userbuffers), so the pair
         takes as long as the longer of the two."""
         if self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups:
             reduce = self.collective(name + ".tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, self.n * self.h * self.e)
-            self.gemm(name, m, k, n, cast=True)
+            node = self.gemm(name, m, k, n, cast=True)
             self.stream.wait(reduce)
-            return
-        self.gemm(name, m, k, n, cast=True)
+            return node
+        node = self.gemm(name, m, k, n, cast=True)
         self.tp_reduce(name)
+        return node
 
     def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False) -> int:
         """A column-parallel GEMM whose input is all-gathered first (or alongside, with TP comm
@@ -147,16 +153,29 @@ class LayerKernels:
         self.stream.wait(pending)
         return node
 
+    # Saved tensors (tensors.TensorLedger) ------------------------------------------------------------
+    @property
+    def gemm_in(self) -> int:
+        """Bytes per element of the input a GEMM saves: fp8 under Transformer Engine, else bf16."""
+        return 1 if self.fp8 and self.linear_fp8 else self.e
+
+    def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
+        if self._saving:
+            self.ledger.save(node, (*self._layer_key, what), elements, size, output)
+
+    def _read(self, node: int | None, *what: str) -> None:
+        self.ledger.use(node, *((*self._layer_key, w) for w in what))
+
     # A transformer layer ----------------------------------------------------------------------------
-    def norm(self, name: str) -> None:
+    def norm(self, name: str) -> int:
         """RMSNorm/LayerNorm; in fp8 fused with the cast of its output (TE's LayerNormLinear)."""
         out = self.e + (1 if self.fp8 and self.linear_fp8 else 0)
-        self.elementwise(name, self.nl * self.h, self.nl * self.h * (self.e + out) + self.h * self.e, NORM_OPS)
+        return self.elementwise(name, self.nl * self.h, self.nl * self.h * (self.e + out) + self.h * self.e, NORM_OPS)
 
-    def attention(self, name: str, backward: bool) -> None:
+    def attention(self, name: str, backward: bool) -> int:
+        """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
         if self.job.training.attention == "unfused":
-            self._unfused_attention(name, backward)
-            return
+            return self._unfused_attention(name, backward)
         b, a, g, d, s, sq = self.b, self.a, self.g, self.d, self.s, self.sq
         # causal attention over the whole sequence, split evenly over CP ranks (load-balanced chunks)
         flops = 4 * b * a * s * s * d // 2 // self.cp
@@ -170,52 +189,80 @@ class LayerKernels:
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", g)]
         # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
         ops, nbytes = (flops * 5 // 2, 2 * qkvo) if backward else (flops, qkvo)
-        self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
+        node = self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
+        if backward:
+            self._read(node, "qkv", "attn_out")
         self.stream.wait(ring)
         if backward and self.cp > 1:
             self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
+        return node
 
-    def _unfused_attention(self, name: str, backward: bool) -> None:
+    def _unfused_attention(self, name: str, backward: bool) -> int:
         """Attention as Megatron-LM ran it before FlashAttention: batched GEMMs around a fused
-        scale-mask-softmax over the whole s x s score matrix (and its dropout), written to memory."""
+        scale-mask-softmax over the whole s x s score matrix (and its dropout), written to memory.
+        The softmax output, dropout mask and dropout output are kept for the backward unless
+        selective recompute rebuilds them."""
         b, a, d, s = self.b, self.a, self.d, self.s
         scores = b * a * s * s
         mask = self.mask
+        kept = self.job.training.recompute != "selective"
         if not backward:
             self.bmm(name + ".scores", b * a, s, d, s)
-            self.elementwise(name + ".softmax", scores, 2 * scores * self.e, 4)
+            softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.e, 4)
+            self._keep(softmax if kept else None, "probs", scores, self.e)
             if self.dropout:
-                self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 2)
-            self.bmm(name + ".context", b * a, s, s, d)
-            return
-        self.bmm(name + ".context.dgrad", b * a, s, d, s)
-        self.bmm(name + ".context.wgrad", b * a, s, s, d)
+                drop = self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 2)
+                self._keep(drop if kept else None, "attn_mask", scores, mask)
+                self._keep(drop if kept else None, "attn_dropped", scores, self.e)
+            return self.bmm(name + ".context", b * a, s, s, d)
+        context = self.bmm(name + ".context.dgrad", b * a, s, d, s)
+        self._read(context, "qkv", "attn_out")
+        self._read(self.bmm(name + ".context.wgrad", b * a, s, s, d), "attn_dropped", "probs")
         if self.dropout:
-            self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 1)
-        self.elementwise(name + ".softmax", scores, 3 * scores * self.e, 3)
+            self._read(self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 1), "attn_mask")
+        self._read(self.elementwise(name + ".softmax", scores, 3 * scores * self.e, 3), "probs")
         self.bmm(name + ".scores.dgrad", b * a, s, s, d)
-        self.bmm(name + ".scores.wgrad", b * a, s, s, d)
+        self._read(self.bmm(name + ".scores.wgrad", b * a, s, s, d), "qkv")
+        return context
 
     def layer_forward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
+        nl, e = self.nl, self.e
+        recomputing = self.part == "recompute"
+        # under full recompute the forward keeps only the layer's input; the recompute keeps the rest
+        self._layer_key, self._saving = (mb, layer), not (layer in self.recomputed and not recomputing)
         self._await_params(layer)
-        self.norm(p + "norm1")
-        self._gemm_with(p + "qkv", n, h, (a + 2 * g) * d, gather=True)
+        norm1 = self.norm(p + "norm1")
+        if recomputing:
+            self._read(norm1, "x")
+        else:
+            self.ledger.save(norm1, (mb, layer, "x"), nl * h, e, output=False)
+        qkv = self._gemm_with(p + "qkv", n, h, (a + 2 * g) * d, gather=True)
+        self._keep(qkv, "qkv_in", nl * h, self.gemm_in, output=False)
+        self._keep(qkv, "qkv", n * (a + 2 * g) * d, e)
         if self.job.shape.position == "rope":
             self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)
-        self.attention(p + "attention", backward=False)
-        self._row_gemm(p + "proj", n, a * d, h)
-        self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.mask))
-        self.norm(p + "norm2")
+        self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, e)
+        proj = self._row_gemm(p + "proj", n, a * d, h)
+        if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
+            self._keep(proj, "proj_in", n * a * d, 1, output=False)
+        residual1 = self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.mask))
+        self._keep(residual1, "mask1", nl * h * self.mask, 1)
+        self._keep(self.norm(p + "norm2"), "x2", nl * h, e, output=False)
         up = 2 * self.f // self.tp if self.job.shape.mlp == "swiglu" else self.f // self.tp
-        self._gemm_with(p + "fc1", n, h, up, gather=True)
+        fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True)
+        self._keep(fc1, "fc1_in", nl * h, self.gemm_in, output=False)
+        self._keep(fc1, "fc1", n * up, e)
         fl = f // self.tp
-        self.elementwise(p + "activation", n * fl, (up + fl) * n * self.e, 4)
+        activation = self.elementwise(p + "activation", n * fl, (up + fl) * n * self.e, 4)
+        self._keep(activation, "act", n * fl, self.gemm_in)
         self._row_gemm(p + "fc2", n, fl, h)
-        self.elementwise(p + "residual2", self.nl * h, self.nl * h * (3 * self.e + self.mask))
+        residual2 = self.elementwise(p + "residual2", self.nl * h, self.nl * h * (3 * self.e + self.mask))
+        self._keep(residual2, "mask2", nl * h * self.mask, 1)
+        self._saving = True
 
-    def _column_backward(self, name: str, m: int, k: int, n: int) -> None:
+    def _column_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
         """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's
         reduce-scatter (all-reduce without SP) beside the wgrad; with SP the saved input shard is
         all-gathered again for the wgrad, beside the dgrad (as Megatron does)."""
@@ -227,66 +274,85 @@ class LayerKernels:
             kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
             reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.e, after=[dgrad])
         self.stream.wait(regather)
-        self.gemm(name + ".wgrad", n, m, k)
+        wgrad = self.gemm(name + ".wgrad", n, m, k)
         self.stream.wait(reduce)
+        return dgrad, wgrad
 
-    def _row_backward(self, name: str, m: int, k: int, n: int) -> None:
+    def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
         """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
-        self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True)
-        self.gemm(name + ".wgrad", k, m, n)
+        dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True)
+        return dgrad, self.gemm(name + ".wgrad", k, m, n)
 
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         fl = f // self.tp
         up = 2 * fl if self.job.shape.mlp == "swiglu" else fl
-        self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.mask))
-        self._row_backward(p + "fc2", n, fl, h)
-        self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * self.e, 6)
-        self._column_backward(p + "fc1", n, h, up)
-        self.elementwise(p + "norm2.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS)
-        self._row_backward(p + "proj", n, a * d, h)
+        self._layer_key = (mb, layer)
+        read = self._read
+        read(self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.mask)), "mask2")
+        read(self._row_backward(p + "fc2", n, fl, h)[1], "act")
+        read(self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * self.e, 6), "fc1")
+        read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
+        read(self.elementwise(p + "norm2.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS), "x2", "mask1")
+        read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         self.attention(p + "attention.bwd", backward=True)
         if self.job.shape.position == "rope":
             self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)
-        self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)
-        self.elementwise(p + "norm1.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS)
+        read(self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)[1], "qkv_in")
+        read(self.elementwise(p + "norm1.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS), "x")
         self._grad_ready(layer)
 
     # Embedding and output layer -------------------------------------------------------------------
     def embedding_forward(self, mb: int) -> None:
         self._await_params(-1)
         n, h = self.n, self.h
-        self._kernel(f"mb{mb}.embedding", "embedding", n * h, 2 * n * h * self.e, "bf16")
+        node = self._kernel(f"mb{mb}.embedding", "embedding", n * h, 2 * n * h * self.e, "bf16")
+        self._layer_key = (mb, "embedding")
+        self._keep(node, "tokens", n, 8, output=False)              # int64 token ids
+        self._keep(node, "mask", self.nl * h * self.mask, 1)       # the embedding's dropout mask
         self.tp_reduce(f"mb{mb}.embedding")
 
     def embedding_backward(self, mb: int) -> None:
         self.tp_gather(f"mb{mb}.embedding.bwd")
         n, h = self.n, self.h
-        self._kernel(f"mb{mb}.embedding.bwd", "embedding", n * h, n * h * (self.e + 2 * 4), "fp32")
+        node = self._kernel(f"mb{mb}.embedding.bwd", "embedding", n * h, n * h * (self.e + 2 * 4), "fp32")
+        self._layer_key = (mb, "embedding")
+        self._read(node, "tokens", "mask")
         self._grad_ready(-1)
 
     def head_forward(self, mb: int) -> None:
         self._await_params(-2)
         n, h, v = self.n, self.h, self.vocab
         p = f"mb{mb}."
+        self._layer_key = (mb, "head")
         self.linear_fp8 = False   # Megatron's output layer is not a Transformer Engine module: bf16
-        self.norm(p + "final_norm")
-        self._gemm_with(p + "lm_head", n, h, v, gather=True)
+        self._keep(self.norm(p + "final_norm"), "norm_in", self.nl * h, self.e, output=False)
+        head = self._gemm_with(p + "lm_head", n, h, v, gather=True)
+        self._keep(head, "head_in", self.nl * h, self.e, output=False)
+        self._keep(head, "logits", n * v, self.e)
         self.linear_fp8 = True
         # vocab-parallel cross entropy in fp32: max, exponentials, sum, loss
-        self.elementwise(p + "cross_entropy", n * v, n * v * (self.e + 4), 5, dtype="fp32")
+        loss = self.elementwise(p + "cross_entropy", n * v, n * v * (self.e + 4), 5, dtype="fp32")
+        self._read(loss, "logits")
+        self._keep(loss, "softmax", n * v, 4)     # exp_logits, saved as fp32
         for what in ("max", "target", "sum_exp"):
             self.blocking(f"{p}cross_entropy.tp_all_reduce_{what}", "tp", pb.ALL_REDUCE, n * 4)
 
     def head_backward(self, mb: int) -> None:
         n, h, v = self.n, self.h, self.vocab
         p = f"mb{mb}."
-        self.elementwise(p + "cross_entropy.bwd", n * v, n * v * (4 + self.e), 2, dtype="fp32")
+        self._layer_key = (mb, "head")
+        loss = self.elementwise(p + "cross_entropy.bwd", n * v, n * v * (4 + self.e), 2, dtype="fp32")
+        self._read(loss, "softmax")
+        self._keep(loss, "logits_grad", n * v, self.e)
         self.linear_fp8 = False
-        self._column_backward(p + "lm_head", n, h, v)
+        dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v)
+        self._read(dgrad, "logits_grad")
+        self._read(wgrad, "logits_grad", "head_in")
         self.linear_fp8 = True
-        self.elementwise(p + "final_norm.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS)
+        self._read(self.elementwise(p + "final_norm.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS),
+                   "norm_in")
         self._grad_ready(-2)
 
     # Hooks the step fills in (program.RankProgram) ------------------------------------------------

@@ -10,7 +10,8 @@ their FLOP and byte formulas; `comm_size` follows docs/collectives.md (an all-ga
 one rank's input, a reduce-scatter's and an all-reduce's the whole buffer).
 
 Not modelled: dropout (the presets train without it), the gradient-norm all-reduce of gradient
-clipping (a few bytes), the loss all-reduce, and tensors' lifetimes (no operand lists).
+clipping (a few bytes) and the loss all-reduce. With `tensors: true` nodes list the tensors the
+step keeps alive (chakra_core.jobs.tensors).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class RankProgram(LayerKernels):
         self.pending_grads: list[int] = []
         self.reductions = 0                               # gradient buckets reduced so far
         self.param_gather: dict[int, int] = {}           # unit -> its bucket's all-gather
+        t = job.training
+        if t.recompute == "full":
+            for chunk in range(self.vp):
+                layers = self.chunk_layers(chunk)
+                self.recomputed.update(layers[:t.recompute_layers or len(layers)])
 
     # Gradients and parameters -----------------------------------------------------------------------
     def _grad_ready(self, layer: int) -> None:
@@ -145,9 +151,8 @@ class RankProgram(LayerKernels):
                 if self.has_head(chunk):
                     self.head_backward(mb)
                 layers = self.chunk_layers(chunk)
-                recomputed = set(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else set()
                 for layer in reversed(layers):
-                    if layer in recomputed:
+                    if layer in self.recomputed:
                         self.part = "recompute"
                         self.layer_forward(mb, layer)
                         self.part = "backward"
@@ -155,8 +160,30 @@ class RankProgram(LayerKernels):
                 if self.has_embedding(chunk):
                     self.embedding_backward(mb)
                 self._send("bwd", mb, chunk)
-        self._optimizer(stage_params, shards, dist, buckets)
+        optimizer = self._optimizer(stage_params, shards, dist, buckets)
+        if self.ledger.enabled:
+            self._list_model_state(buckets, shards if dist else 1, optimizer)
+            self.ledger.write(self.stream.nodes)
         return self.stream.nodes
+
+    def _list_model_state(self, buckets: list[tuple[list[int], int]], shards: int, optimizer: int) -> None:
+        """Weights, main gradients and optimizer shards per bucket, and fp8 weight copies per layer:
+        listed by the rank's first node (they exist before the step) and read by the optimizer."""
+        ledger = self.ledger
+        state = []
+        fp32_copies = 3 if self.ge == 4 else 4   # master weight, two moments (and a gradient copy)
+        for _, size in buckets:
+            state += [ledger.new(size, self.e), ledger.new(size, self.ge)]
+            state += [ledger.new(-(-size // shards), 4) for _ in range(fp32_copies)]
+        if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
+            h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
+            gated = 2 if self.job.shape.mlp == "swiglu" else 1
+            linear = h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
+            layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
+            state += [ledger.new(linear, 1) for _ in range(2 * layers)]
+        for storage in state:
+            ledger.refer(0, storage, output=True)
+            ledger.refer(optimizer, storage, output=False)
 
     _first_forward = True
     _last_backward = False
@@ -167,7 +194,8 @@ class RankProgram(LayerKernels):
             params = self.unit_params(layer)
             self.elementwise(f"L{layer}.weights.cast_fp8", params, params * (self.e + 2))
 
-    def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> None:
+    def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> int:
+        """The gradient reductions left, the optimizer step (returned) and the parameters' all-gather."""
         t = self.job.training
         if not t.overlap_grad_reduce:
             self.part = "dp"
@@ -178,11 +206,12 @@ class RankProgram(LayerKernels):
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
         self.part = "optimizer"
         updated = -(-stage_params // shards) if dist else stage_params
-        self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
-                         dtype="fp32")
+        step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
+                                dtype="fp32")
         if dist and not t.overlap_param_gather:
             for i, (_, size) in enumerate(buckets):
                 self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
+        return step
 
     # Pipeline ---------------------------------------------------------------------------------------
     def _receive(self, direction: str, mb: int, chunk: int) -> None:

@@ -20,10 +20,9 @@ def stage_schedule(stage: int, pp: int, vp: int, microbatches: int) -> list[Step
         steps += [("B", mb, 0) for mb in range(microbatches - warmup, microbatches)]
         return steps
     total = microbatches * vp
-    if microbatches == pp:   # Megatron runs every forward first in this case
-        warmup = total
-    else:
-        warmup = min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
+    # mcore's get_pp_rank_microbatches; older Megatron-LM also ran every forward first when
+    # microbatches == pp, current mcore does not
+    warmup = min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
 
     def chunk(k: int, forward: bool) -> int:
         c = (k % (pp * vp)) // pp

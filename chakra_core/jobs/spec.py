@@ -80,6 +80,9 @@ class JobSpec(_Strict):
     parallel: Parallel = Field(default_factory=Parallel)
     training: Training
     cluster: Cluster
+    tensors: bool = Field(False, description="nodes list the tensors the step keeps alive (weights, "
+                                             "gradients, optimizer state, saved activations) as Chakra "
+                                             "IOInfo, so a memory layer such as hbm finds the peak memory")
 
     @field_validator("model")
     @classmethod

@@ -49,11 +49,14 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="fail a simulation that runs longer")
 @click.option("--force", is_flag=True, help="simulate again the layouts an earlier plan finished")
+@click.option("--check-memory/--no-check-memory", default=True, show_default=True,
+              help="list the traces' tensors so that the manifest's memory layer (e.g. memory: {plugin: hbm}) "
+                   "sets each simulated layout's peak memory beside the prediction")
 @click.option("--quiet", "-q", is_flag=True, help="no progress, only the best layouts")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
                  top: int, batch: int, micro_batches: str, vary: tuple[str, ...], out_dir: str | None,
-                 timeout: float | None, force: bool, quiet: bool, debug: bool) -> None:
+                 timeout: float | None, force: bool, check_memory: bool, quiet: bool, debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
 
     Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
@@ -82,14 +85,15 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         folder = output.get("dir") if isinstance(output, dict) and isinstance(output.get("dir"), str) else None
         out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
         cases = varied(manifest, vary)
-        settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary)}
+        settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
+                    "check_memory": check_memory}
         summary = []
         for label, case in cases:
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
             found = plan(case, base_dir, where, top=top, batch=batch, executor=executor, workers=workers,
                          address=address, force=force, timeout=timeout, search={"micro_batches": sizes},
-                         on_point=None if quiet else _progress, source=job_file)
+                         on_point=None if quiet else _progress, source=job_file, check_memory=check_memory)
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
@@ -196,17 +200,26 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
     counts = found.counts()
     title = f"plan{'' if label is None else f' ({label})'}: {found.profile}, {found.capacity_bytes / GIB:.0f} GiB per GPU"
     table = Table(title=title, title_justify="left")
-    for column, justify in (("#", "right"), ("layout", "left"), ("step s", "right"), ("TFLOP/s/GPU", "right"),
-                            ("MFU", "right"), ("memory GiB", "right"), ("exposed comm s", "right"),
-                            ("bubble s", "right")):
+    columns = [("#", "right"), ("layout", "left"), ("step s", "right"), ("TFLOP/s/GPU", "right"), ("MFU", "right"),
+               ("memory GiB", "right"), *([("simulated GiB", "right")] if found.memory_checked else []),
+               ("exposed comm s", "right"), ("bubble s", "right")]
+    for column, justify in columns:
         table.add_column(column, justify=justify)   # type: ignore[arg-type]
     for row in found.rows()[: top if quiet else max(top, 10)]:
         if row["status"] != SIMULATED:
             break
+        simulated = row["memory_simulated_gib"]
+        checked = [] if not found.memory_checked else ["-" if simulated is None else f"{simulated:.1f}"]
         table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", f"{row['tflops_per_gpu']:.0f}",
-                      f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", f"{row['exposed_comm_s']:.3f}",
-                      f"{row['bubble_s']:.3f}")
+                      f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", *checked,
+                      f"{row['exposed_comm_s']:.3f}", f"{row['bubble_s']:.3f}")
     console.print(table)
+    checks = [c for c in found.candidates if c.memory_check is not None]
+    if checks:
+        worst = max(checks, key=lambda c: abs(c.memory_check or 0.0))
+        console.print(f"memory: the hbm layer's simulated peaks of {len(checks):,} layout(s) are within "
+                      f"{100 * abs(worst.memory_check or 0.0):.2f}% of the predictions (worst: "
+                      f"{worst.layout.label()})", highlight=False, markup=False)
     console.print(f"layouts: {counts['tried']:,} tried, {counts['enumerated']:,} valid, {counts['fit']:,} fit in "
                   f"memory, {counts['simulated'] + counts['failed']:,} simulated ({found.simulated:,} now, "
                   f"{found.reused:,} from an earlier plan; {counts['failed']:,} failed), {counts['pruned']:,} "

@@ -45,10 +45,12 @@ https://github.com/NVIDIA/Megatron-LM/blob/main/megatron/core/pipeline_parallel/
 1F1B warms up with pp - stage - 1 forwards, so the first stage holds min(pp, microbatches);
 interleaved 1F1B warms up with 2(pp - stage - 1) + (vp - 1) pp chunk forwards, the paper's
 (1 + (pp - 1)/(pp vp)) pp micro-batches of the first stage (sec. 4.2.3). The peak is found by
-walking the schedule: a forward adds its chunk's activations, a backward frees them, and the
-transient tensors of a step (the bf16 logits; a recomputed layer's full activations) sit on top.
-Current mcore no longer runs every forward first when microbatches == pp; neither does this walk
-(chakra_core.jobs.schedule still does, as older Megatron-LM did).
+walking the schedule the generated traces run (chakra_core.jobs.schedule): a forward adds its
+chunk's activations; a backward releases them in the order it runs (the output layer, the layers
+in reverse, the embedding), and transient tensors sit on top where they exist: the bf16 logits
+at the loss's forward, their gradient at its backward, and a recomputed layer's activations
+(besides the checkpointed input they are rebuilt from) while its backward runs.
+Current mcore no longer runs every forward first when microbatches == pp (older Megatron-LM did).
 
 buffers is 0: NCCL's buffers, the CUDA context, cuBLAS/TE workspaces and allocator fragmentation
 have no public per-job size to count, so they are not counted (torch.cuda.max_memory_allocated,
@@ -60,8 +62,7 @@ per head and query, about 0.1% of a layer at head dim 128) and RNG states.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
-
+from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 
 GIB = 1 << 30
@@ -157,41 +158,36 @@ def _stage_params(job: JobSpec, stage: int) -> tuple[int, int]:
     return params, layers * linear
 
 
-def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> tuple[int, int]:
-    """(bytes a chunk keeps per micro-batch until its backward, bytes it needs on top while it runs)."""
+@dataclass(frozen=True)
+class _Chunk:
+    """What a model chunk holds per micro-batch: `kept` from its forward to its backward, `forward_top`
+    on top at the end of its forward, and its backward as (bytes on top, bytes released) in the
+    order the backward runs: the output layer, the layers in reverse, the embedding."""
+
+    kept: int
+    forward_top: int
+    backward: tuple[tuple[int, int], ...]
+
+
+def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     t, p = job.training, job.parallel
     sp = p.tp if job.sp else 1
     layers = job.chunk_layers(stage, chunk)
     recomputed = len(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else 0
-    full = layer_activations(job)
-    kept = recomputed * layer_activations(job, recomputed=True) + (len(layers) - recomputed) * full
-    transient = full if recomputed else 0          # a recomputed layer rebuilt for its backward
+    full, checkpoint = layer_activations(job), layer_activations(job, recomputed=True)
+    backward = [(0, full)] * (len(layers) - recomputed)
+    # a recomputed layer is rebuilt for its backward; the input it keeps is the checkpoint itself
+    backward += [(full - checkpoint, checkpoint)] * recomputed
+    forward_top = 0
     n, h = _tokens(job), job.shape.hidden
-    if stage == 0 and chunk == 0:
-        kept += TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)
     if stage == p.pp - 1 and chunk == job.vp - 1:
         logits = n * (job.shape.padded_vocab(p.tp) // p.tp)
-        kept += 2 * n * ACT_BYTES * h // sp + SOFTMAX_BYTES * logits
-        transient = max(transient, ACT_BYTES * logits)
-    return kept, transient
-
-
-def _steps(stage: int, pp: int, vp: int, microbatches: int) -> Iterator[tuple[bool, int]]:
-    """(is a forward, model chunk) of each step of a stage, in mcore's order: warm-up forwards, then
-    a forward and a backward at a time, then the remaining backwards (module docstring)."""
-    total = microbatches * vp
-    if vp == 1:
-        warmup, table = min(pp - stage - 1, microbatches), [0] * total
-    else:   # get_schedule_table: groups of pp micro-batches, each through every chunk in turn
-        warmup = min(2 * (pp - stage - 1) + (vp - 1) * pp, total)
-        table = [c for start in range(0, microbatches, pp) for c in range(vp)
-                 for _ in range(start, min(start + pp, microbatches))]
-    for k in range(total):
-        yield True, table[k]
-        if k >= warmup:
-            yield False, vp - 1 - table[k - warmup]
-    for k in range(total - warmup, total):
-        yield False, vp - 1 - table[k]
+        # the bf16 logits during the loss's forward, their gradient during its backward
+        forward_top = ACT_BYTES * logits
+        backward.insert(0, (ACT_BYTES * logits, 2 * n * ACT_BYTES * h // sp + SOFTMAX_BYTES * logits))
+    if stage == 0 and chunk == 0:
+        backward.append((0, TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)))
+    return _Chunk(sum(released for _, released in backward), forward_top, tuple(backward))
 
 
 def _peak_activations(job: JobSpec, stage: int) -> int:
@@ -200,11 +196,15 @@ def _peak_activations(job: JobSpec, stage: int) -> int:
     # Once warm, the chunks in flight repeat every pp x vp forwards: 5 pp micro-batches cover the
     # warm-up and two such periods, so the walk stays short for long gradient accumulation.
     held = peak = 0
-    for forward, chunk in _steps(stage, pp, vp, min(job.microbatches, 5 * pp)):
-        kept, transient = chunks[chunk]
-        held += kept if forward else 0
-        peak = max(peak, held + transient)
-        held -= 0 if forward else kept
+    for kind, _, index in stage_schedule(stage, pp, vp, min(job.microbatches, 5 * pp)):
+        chunk = chunks[index]
+        if kind == "F":
+            held += chunk.kept
+            peak = max(peak, held + chunk.forward_top)
+            continue
+        for on_top, released in chunk.backward:
+            peak = max(peak, held + on_top)
+            held -= released
     return peak
 
 

@@ -22,13 +22,14 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recompute", "distributed_optimizer",
-           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_stage",
+           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_simulated_gib",
+           "memory_check", "memory_stage",
            "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
            "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
          "micro_batch": "int", "recompute": "str", "distributed_optimizer": "bool", "status": "str",
          "step_s": "float", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
-         "memory_stage": "int", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
+         "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
          "point": "str", **{c: "float" for c in COLUMNS if c.startswith("memory_") and c.endswith("_gib")}}
 BREAKDOWN_SHOWN = 8
 """Layouts drawn side by side in breakdown.png."""

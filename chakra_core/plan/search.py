@@ -12,6 +12,10 @@ can still win.
    layout's keys set: resumable, locked, on local processes or Ray.
 4. A layout whose bound is not below the K-th best simulated step time cannot enter the top K:
    it and every layout after it are left unsimulated ("pruned").
+5. Memory is checked (`check_memory`, when the manifest names a memory layer): the simulated
+   layouts' traces list their tensors (`job.tensors`) and the memory layer follows them (the
+   `hbm` plugin does), so each simulated layout has its simulated peak beside the prediction
+   (`memory_check`: simulated / predicted - 1).
 
 Which layouts get simulated depends on `batch`, never on the executor or the number of workers,
 and the top K does not depend on either: a pruned layout's step time is at least its bound.
@@ -56,12 +60,20 @@ class Candidate:
     status: str = PRUNED
     overflow: str | None = None
     results: dict[str, Any] | None = None     # the `training` section of its results.json
+    simulated_memory: int | None = None       # the memory layer's peak bytes per GPU, when memory is checked
     error: str | None = None
     point: str | None = None                  # its sweep point's folder
 
     @property
     def step_s(self) -> float | None:
         return None if self.results is None else float(self.results["step_time_s"])
+
+    @property
+    def memory_check(self) -> float | None:
+        """The memory layer's simulated peak over the predicted one, minus 1."""
+        if self.simulated_memory is None:
+            return None
+        return self.simulated_memory / self.memory.total - 1
 
     def row(self, rank: int | None) -> dict[str, Any]:
         """Its line of the plan's table."""
@@ -76,6 +88,8 @@ class Candidate:
             "step_s": self.step_s, "bound_s": self.bound_s,
             "tflops_per_gpu": r.get("tflops_per_gpu"), "mfu": r.get("mfu"),
             "memory_gib": self.memory.total / GIB, "memory_stage": self.memory.stage,
+            "memory_simulated_gib": None if self.simulated_memory is None else self.simulated_memory / GIB,
+            "memory_check": self.memory_check,
             **{f"memory_{name}_gib": value / GIB for name, value in self.memory.parts().items()},
             "exposed_comm_s": exposed if self.results else None,
             "bubble_s": parts.get("bubble") if self.results else None,
@@ -96,6 +110,7 @@ class Plan:
     rounds: int = 0
     tightened: int = 0
     """Layouts whose compute-model bound was computed (the others kept the FLOP bound)."""
+    memory_checked: bool = False
     warnings: list[str] = field(default_factory=list)
 
     def ranked(self) -> list[Candidate]:
@@ -122,11 +137,13 @@ def capacity(profile: Profile) -> int:
 def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int = 10, batch: int = 4,
          executor: str = "local", workers: int | None = None, address: str | None = None, force: bool = False,
          timeout: float | None = None, search: Mapping[str, Any] | None = None, include: tuple[Layout, ...] = (),
-         on_point: Callable[[PointReport], None] | None = None, source: str = "plan") -> Plan:
+         on_point: Callable[[PointReport], None] | None = None, source: str = "plan",
+         check_memory: bool = True) -> Plan:
     """Search the layouts of the job manifest `manifest` (its `job:` section's parallel and
     micro-batch / recomputation / optimizer settings are what varies) and simulate those that
     can still be among the `top` fastest; their runs go to `out_dir`/simulations. Layouts in
-    `include` that fit are simulated in the first round whatever their bound (to rank a given one)."""
+    `include` that fit are simulated in the first round whatever their bound (to rank a given one).
+    `check_memory`: simulate with the traces' tensors listed, for the manifest's memory layer to follow."""
     job = manifest.get("job")
     if not isinstance(job, Mapping):
         raise ManifestError([(f"{source}: job", "required: plan searches the layouts of a training job "
@@ -164,6 +181,11 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
             candidate.status = TOO_BIG
         candidates.append(candidate)
     result = Plan(candidates, enumeration, limit, profile.name)
+    if check_memory:
+        manifest, why_not = memory_checked(manifest)
+        result.memory_checked = why_not is None
+        if why_not is not None:
+            result.warnings.append(f"memory is not checked: {why_not}")
     from chakra_core.plugins import make_plugin_host
 
     tight = ComputeBound(manifest, base_dir, make_plugin_host(), profile.name, gpus_per_node,
@@ -186,6 +208,14 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
         _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, executor, workers, address, force,
                   timeout, on_point)
     result.tightened = queue.tightened
+    blind = [c for c in candidates if c.status == SIMULATED and c.simulated_memory is None]
+    if result.memory_checked and blind:
+        result.warnings.append(f"memory is not checked for {len(blind)} simulated layout(s): their memory layer "
+                               "reported no peak_memory_bytes (it follows no tensors)")
+    for c in candidates:
+        if c.simulated_memory is not None and c.simulated_memory > limit:
+            result.warnings.append(f"{c.layout.label()}: its simulated peak, {c.simulated_memory / GIB:.1f} GiB, "
+                                   f"exceeds the GPU's {limit / GIB:.1f} GiB (predicted {c.memory.total / GIB:.1f} GiB)")
     result.reused = sum(c.status in (SIMULATED, FAILED) for c in candidates) - result.simulated
     return result
 
@@ -216,6 +246,16 @@ class _Queue:
             self.tightened += 1
             heapq.heappush(self.heap, (candidate.bound_s, True, index, candidate))
         return None
+
+
+def memory_checked(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The job manifest whose traces list their tensors (`job.tensors`), for its memory layer to
+    follow; or the manifest and why memory cannot be checked (it names no memory layer)."""
+    if not isinstance(manifest.get("memory"), Mapping):
+        return dict(manifest), ("the job manifest has no memory layer; add one that follows tensors "
+                                "(memory: {plugin: hbm}) to set each simulated layout's peak beside the "
+                                "prediction")
+    return {**manifest, "job": {**manifest["job"], "tensors": True}}, None
 
 
 def _check_job(job: Mapping[str, Any], source: str) -> None:
@@ -253,5 +293,8 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
         if row["status"] == "ok":
             results = json.loads((sweep.point_dir(point) / "results.json").read_text(encoding="utf-8"))
             candidate.status, candidate.results = SIMULATED, results["training"]
+            if result.memory_checked:   # MemoryModel.tracks_tensors: the summary's peak_memory_bytes
+                memory = results["layers"].get("memory") or {}
+                candidate.simulated_memory = (memory.get("summary") or {}).get("peak_memory_bytes")
         else:
             candidate.status, candidate.error = FAILED, row["error"]

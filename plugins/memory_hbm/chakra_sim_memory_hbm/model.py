@@ -16,13 +16,19 @@ latency, then transfers its bytes:
 Capacity. With `track_tensors` (default) the model follows the storages behind the
 tensors in every node's IOInfo (see `tensors.py`) and reports each rank's peak,
 a bounded bytes-in-use series, and out-of-memory against `capacity_gib`.
+
+Folding. Local HBM keeps only per-rank state (a rank's bandwidth, its tensors), so a run
+with `NO_MEMORY_EXPANSION` may simulate one rank per class of equivalent ranks
+(`fold_safe`); its run totals then count each simulated rank once per rank it stands for.
+Remote memory types simulate every rank: a node's expansion and the pool are shared by ranks
+that trace equivalence knows nothing about.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Final, Literal
+from typing import Any, Callable, Final, Literal, Sequence
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
@@ -31,7 +37,7 @@ from chakra_core import (
     SimulationError, pb,
 )
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
-from chakra_sim_memory_hbm.tensors import TensorTracker
+from chakra_sim_memory_hbm.tensors import RankTensors, TensorTracker
 
 NO_EXPANSION: Final = "NO_MEMORY_EXPANSION"
 PER_NODE: Final = "PER_NODE_MEMORY_EXPANSION"
@@ -115,12 +121,13 @@ class HBMConfig(PluginConfig):
 class _Access:
     """A memory node going through a shared bandwidth (latency, then its transfer)."""
 
-    __slots__ = ("node_id", "done", "link", "size", "issued", "latency_frac", "alone_ns", "remote")
+    __slots__ = ("node_id", "done", "link", "size", "issued", "latency_frac", "alone_ns", "remote", "weight")
 
     def __init__(self, node_id: int, done: Callable[[int], None], link: SharedBandwidth, size: int,
-                 issued: int, latency_frac: Fraction, alone_ns: int, remote: bool) -> None:
+                 issued: int, latency_frac: Fraction, alone_ns: int, remote: bool, weight: int = 1) -> None:
         self.node_id, self.done, self.link, self.size = node_id, done, link, size
         self.issued, self.latency_frac, self.alone_ns, self.remote = issued, latency_frac, alone_ns, remote
+        self.weight = weight        # ranks the issuing rank stands for (1 unless folded)
 
 
 class HBMMemory(MemoryModel):
@@ -137,6 +144,19 @@ class HBMMemory(MemoryModel):
 
     def __init__(self, config: HBMConfig, context: LayerContext) -> None:
         super().__init__(config, context)
+        # Local HBM: a rank's answers depend on its own accesses and tensors only, so one rank may
+        # stand for its equivalent ranks. A per-node expansion or the pool is shared by ranks chosen
+        # by rank number (rank // num-npus-per-node) and serves them in arrival order: a
+        # representative's timing depends on ranks it does not stand for, so every rank is
+        # simulated; per-NPU expansions stay unfolded too (not worth a special case).
+        self.fold_safe = config.memory_type == NO_EXPANSION
+        folding = context.inputs.folding
+        # folded runs: simulated rank -> ranks it stands for (empty when not folded)
+        self._weights = context.inputs.rank_weights
+        self._simulated: Sequence[int] = (range(context.num_ranks) if folding is None
+                                          else folding.representatives)
+        self._representative: Sequence[int] = (range(context.num_ranks) if folding is None
+                                               else folding.representative)
         self._scheduler = context.scheduler
         self._bw = config.bandwidth_gbps                    # bytes per ns
         self._bw_exact = exact(config.bandwidth_gbps, "bandwidth_gbps")
@@ -216,17 +236,18 @@ class HBMMemory(MemoryModel):
             self._stored[rank] += size
         else:
             self._loaded[rank] += size
+        weight = self._weights.get(rank, 1) if self._weights else 1
         scheduler = self._scheduler
         if not remote:
-            self.local_accesses += 1
+            self.local_accesses += weight
             link = self._local[rank]
             if link is None:
                 link = self._local[rank] = SharedBandwidth(scheduler, self._bw_exact, self.config.channels)
             alone = int(self._latency_exact + link.alone_ns(size))
-            self._shared(_Access(node.id, done, link, size, scheduler.now, self._latency_frac, alone, False),
-                         self._latency_whole)
+            self._shared(_Access(node.id, done, link, size, scheduler.now, self._latency_frac, alone, False,
+                                 weight), self._latency_whole)
             return
-        self.remote_accesses += 1
+        self.remote_accesses += weight
         queue = self._queue_of(rank)
         if self._fair:
             # fair: _queue_of gives every rank a queue (not narrowed at run time: a hot path)
@@ -236,7 +257,7 @@ class HBMMemory(MemoryModel):
                 assert queue is not None and self._remote_exact is not None
                 link = self._shared_remote[queue] = SharedBandwidth(scheduler, self._remote_exact)
             alone = self._remote_latency + int(link.alone_ns(size))
-            self._shared(_Access(node.id, done, link, size, scheduler.now, Fraction(0), alone, True),
+            self._shared(_Access(node.id, done, link, size, scheduler.now, Fraction(0), alone, True, weight),
                          self._remote_latency)
             return
         delay = self.remote_time_ns(size)
@@ -263,7 +284,7 @@ class HBMMemory(MemoryModel):
         delay = int(leftover + access.latency_frac)     # the latency's fraction of a ns, rounded once
         scheduler = self._scheduler
         scheduler.schedule(delay, access.done, access.node_id)
-        extra = scheduler.now + delay - access.issued - access.alone_ns
+        extra = (scheduler.now + delay - access.issued - access.alone_ns) * access.weight
         if access.remote:
             self.remote_sharing_delay_ns += extra
         else:
@@ -307,7 +328,10 @@ class HBMMemory(MemoryModel):
         return None
 
     def _out_of_memory(self, rank: int, node: NodeView, short: int, in_use: int) -> None:
-        message = (f"memory plugin 'hbm': rank {rank} is out of memory at node {node.id} ({node.name!r}), "
+        weight = self._weights.get(rank, 1) if self._weights else 1
+        # folded: the simulated rank's equivalent ranks run out of memory at the same point
+        who = f"rank {rank}" + (f" (and the {weight - 1} rank(s) equivalent to it)" if weight > 1 else "")
+        message = (f"memory plugin 'hbm': {who} is out of memory at node {node.id} ({node.name!r}), "
                    f"t={self._scheduler.now} ns: its tensors need {in_use} bytes, capacity_gib "
                    f"{self.config.capacity_gib} is {self.capacity_bytes} bytes, {short} bytes short")
         if self.config.oom == "fail":
@@ -317,6 +341,20 @@ class HBMMemory(MemoryModel):
             self.context.warn(message + " (oom: warn, first time on this rank; the run goes on)")
 
     # Results --------------------------------------------------------------------------------------
+    def _total(self, per_rank: Sequence[int]) -> int:
+        """Sum over ranks of a per-rank figure; folded runs count each simulated rank once per rank
+        it stands for (the others hold 0: they issue nothing)."""
+        weights = self._weights
+        if not weights:
+            return sum(per_rank)
+        return sum(per_rank[rank] * weight for rank, weight in weights.items())
+
+    def _simulated_tensors(self) -> list[RankTensors]:
+        """The tensor state of the simulated ranks (every rank unless folded), in rank order."""
+        assert self.tensors is not None      # called only when tracking
+        ranks = self.tensors.ranks
+        return [ranks[rank] for rank in self._simulated]
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "memory_type": self.config.memory_type,
@@ -327,8 +365,8 @@ class HBMMemory(MemoryModel):
             "accesses": self.local_accesses + self.remote_accesses,
             "local_accesses": self.local_accesses,
             "remote_accesses": self.remote_accesses,
-            "bytes_loaded": sum(self._loaded),
-            "bytes_stored": sum(self._stored),
+            "bytes_loaded": self._total(self._loaded),
+            "bytes_stored": self._total(self._stored),
             "remote_queueing_delay_ns": self.queueing_delay_ns,
             "remote_queued_accesses": self.queued_accesses,
             "local_sharing_delay_ns": self.local_sharing_delay_ns,
@@ -339,9 +377,13 @@ class HBMMemory(MemoryModel):
         if tracker is None:
             out["memory_series"] = {}
             return out
-        planned = [s.rank for s in tracker.ranks if s.plan is not None]
-        blind = [s.rank for s in tracker.ranks if not s.allocations]
-        known = [s.peak for s in tracker.ranks if s.allocations]
+        # Folded runs: rank lists and series name simulated ranks only (the others issued nothing;
+        # each shares its representative's figures, see results' "folding"), and the peak of a
+        # representative is its class mates' too.
+        states = self._simulated_tensors()
+        planned = [s.rank for s in states if s.plan is not None]
+        blind = [s.rank for s in states if not s.allocations]
+        known = [s.peak for s in states if s.allocations]
         out.update({
             "lifetime": self.config.lifetime,
             "tensor_nodes": self.config.tensor_nodes,
@@ -352,10 +394,10 @@ class HBMMemory(MemoryModel):
             # null, not 0 B, when no rank's nodes listed a tensor: the trace cannot tell
             "peak_memory_bytes": max(known) if known else None,
             "ranks_without_tensors": blind,
-            "storage_allocations": sum(s.allocations for s in tracker.ranks),
+            "storage_allocations": self._total([s.allocations for s in tracker.ranks]),
             "pre_pass_ranks": len(planned),
             "series_points": self.config.series_points,
-            "memory_series": {str(s.rank): s.series.export() for s in tracker.ranks},
+            "memory_series": {str(s.rank): s.series.export() for s in states},
         })
         if not known:
             out["peak_memory_note"] = self._no_tensors_reason()
@@ -369,26 +411,39 @@ class HBMMemory(MemoryModel):
         if self.config.tensor_nodes != "all":
             hints.append(f"tensor_nodes: {self.config.tensor_nodes} ignores "
                          + ("all but CPU operations" if self.config.tensor_nodes == "cpu" else "CPU operations"))
-        return ("no node listed a device tensor in its inputs/outputs, so peak memory is unknown"
+        # name only the nodes and tensors that count: with a tensor_nodes filter, other nodes may
+        # well list device tensors
+        nodes = {"all": "no node", "cpu": "no CPU operation",
+                 "gpu": "no node other than a CPU operation"}[self.config.tensor_nodes]
+        kind = "non-empty tensor" if self.config.count_host_tensors else "device tensor"
+        return (f"{nodes} listed a {kind} in its inputs/outputs, so peak memory is unknown"
                 + (f" ({'; '.join(hints)})" if hints else ""))
 
     def finish(self) -> None:
-        """Warn about the ranks whose peak is unknown rather than 0 B (no node listed a tensor)."""
+        """Warn about the simulated ranks whose peak is unknown rather than 0 B (no node listed a
+        tensor); in folded runs the ranks that were not simulated issued nothing and say nothing."""
         if self.tensors is None:
             return
-        ranks = [s.rank for s in self.tensors.ranks if not s.allocations]
+        ranks = [s.rank for s in self._simulated_tensors() if not s.allocations]
         if not ranks:
             return
-        where = "every rank" if len(ranks) == len(self.tensors.ranks) else f"rank(s) {', '.join(map(str, ranks))}"
-        self.context.warn(f"memory plugin 'hbm', {where}: {self._no_tensors_reason()}; peak_memory_bytes "
-                          "is null (converted PyTorch traces and `chakra-sim generate transformer` list "
-                          "tensors)")
+        if len(ranks) == len(self._simulated):
+            # the run-level figure is null only when no rank has one
+            where, null = "every rank", "peak_memory_bytes is null"
+        else:
+            mates = " and the ranks equivalent to them" if self._weights else ""
+            where = f"rank(s) {', '.join(map(str, ranks))}{mates}"
+            null = "their peak_memory_bytes is null"
+        self.context.warn(f"memory plugin 'hbm', {where}: {self._no_tensors_reason()}; {null} "
+                          "(converted PyTorch traces, `chakra-sim generate transformer` and training "
+                          "jobs with `tensors: true` list tensors)")
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         """The ranks with the highest peak memory (at most 8), when tensors were tracked."""
         if self.tensors is None:
             return []
-        ranks = sorted((s for s in self.tensors.ranks if s.peak), key=lambda s: (-s.peak, s.rank))[:8]
+        simulated = self._simulated_tensors()
+        ranks = sorted((s for s in simulated if s.peak), key=lambda s: (-s.peak, s.rank))[:8]
         columns = ["rank", "peak (bytes)", "peak (GiB)", "at (µs)"]
         if self.capacity_bytes is not None:
             columns.append("of capacity")
@@ -398,10 +453,15 @@ class HBMMemory(MemoryModel):
             if self.capacity_bytes is not None:
                 row.append(f"{100 * state.peak / self.capacity_bytes:.1f}%")
             rows.append(row)
-        title = "peak memory (tracked tensors)" + (" — highest 8 ranks" if len(self.tensors.ranks) > 8 else "")
+        title = "peak memory (tracked tensors)" + (" — highest 8 ranks" if len(self._simulated) > 8 else "")
+        if self._weights:
+            title += " — simulated ranks, one per class of equivalent ranks"
         return [(title, columns, rows)] if rows else []
 
     def rank_summary(self, rank: int) -> dict[str, Any]:
+        # folded runs: a rank that was not simulated has its representative's row (as results.json
+        # gives every rank its representative's row)
+        rank = self._representative[rank]
         row: dict[str, Any] = {"memory_bytes_loaded": self._loaded[rank],
                                "memory_bytes_stored": self._stored[rank]}
         if self.tensors is None:

@@ -68,10 +68,11 @@ TRACE_SERIES = [[0, 6 * MiB], [10_000, 11 * MiB], [20_000, 16 * MiB], [30_000, 1
 ISSUED_SERIES = [[0, 6 * MiB], [10_000, 11 * MiB], [20_000, 12 * MiB], [30_000, 10 * MiB + 4], [40_000, 0]]
 
 
-def run_trace(tmp_path: Path, ranks: int = 1, nodes=model_trace, **memory) -> dict:
+def run_trace(tmp_path: Path, ranks: int = 1, nodes=model_trace, fold: str = "auto", **memory) -> dict:
+    """`ranks` ranks running `nodes()`; identical ranks fold unless `fold` is "off"."""
     prefix = write_ranks(tmp_path / "trace", [nodes() for _ in range(ranks)])
     data = manifest(prefix, uniform_network(ranks), compute={"plugin": "replay"},
-                    memory={"plugin": "hbm", **memory})
+                    memory={"plugin": "hbm", **memory}, fold=fold)
     return simulate(data, base_dir=tmp_path)
 
 
@@ -204,7 +205,7 @@ def test_trace_rule_known_answer(tmp_path):
 
 
 def test_terminal_table_lists_the_peaks(tmp_path):
-    results = run_trace(tmp_path, ranks=2, capacity_gib=CAP_10_MIB)
+    results = run_trace(tmp_path, ranks=2, capacity_gib=CAP_10_MIB, fold="off")
     assert results["layers"]["memory"]["highlights"] == [{"title": "peak memory (tracked tensors)",
                              "columns": ["rank", "peak (bytes)", "peak (GiB)", "at (µs)", "of capacity"],
                              "rows": [["0", "16,777,216", "0.016", "20.000", "160.0%"],
@@ -331,11 +332,12 @@ def test_oom_fail_names_rank_node_and_bytes_short(tmp_path):
     with pytest.raises(SimulationError,
                        match=r"rank 0 is out of memory at node 3 \('relu'\), t=20000 ns: its tensors need "
                              r"16777216 bytes.* 15728640 bytes, 1048576 bytes short"):
-        run_trace(tmp_path, ranks=2, capacity_gib=CAP_15_MIB, oom="fail")
+        run_trace(tmp_path, ranks=2, capacity_gib=CAP_15_MIB, oom="fail", fold="off")
 
 
 def test_oom_warn_once_per_rank_and_go_on(tmp_path):
-    results = run_trace(tmp_path, ranks=2, capacity_gib=CAP_10_MIB)     # exceeded at t=10000, 20000, 30000
+    # exceeded at t=10000, 20000, 30000; every rank simulated (folded: test_hbm_folding.py)
+    results = run_trace(tmp_path, ranks=2, capacity_gib=CAP_10_MIB, fold="off")
     warnings = [w for w in results["warnings"] if "out of memory" in w]
     assert len(warnings) == 2
     for rank, warning in enumerate(warnings):
