@@ -201,13 +201,14 @@ def simulated() -> list[str]:
     for label, model, gpus, parallel, training in SIMULATED_JOBS:
         data = {"name": "memory", "model": model, "parallel": parallel, "training": training, "tensors": True,
                 "cluster": {"gpus": gpus, "profile": "h100-hgx-ndr400"}}
-        predicted = max(e.total for e in memory_by_stage(JobSpec.model_validate(data)))
+        spec = JobSpec.model_validate(data)
+        predicted = max(e.total for e in memory_by_stage(spec))
         with tempfile.TemporaryDirectory() as folder:
             manifest = {"job": data, "output": {"dir": folder}, "compute": {"plugin": "achievable"},
                         "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
             results = run.simulate(run.load(manifest, base_dir=Path(folder))).results
         peak = results["layers"]["memory"]["summary"]["peak_memory_bytes"]
-        p = JobSpec.model_validate(data).parallel
+        p = spec.parallel
         layout = f"TP {p.tp} PP {p.pp}" + (f" VP {p.vp}" if p.vp else "") + (f" CP {p.cp}" if p.cp > 1 else "")
         rows.append(f"| {label} | {gpus} | {layout} | {predicted / GIB:,.3f} GiB | {peak / GIB:,.3f} GiB | "
                     f"{100 * (peak - predicted) / predicted:+.3f}% |")
