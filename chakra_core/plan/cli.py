@@ -217,7 +217,7 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
     checks = [c for c in found.candidates if c.memory_check is not None]
     if checks:
         worst = max(checks, key=lambda c: abs(c.memory_check or 0.0))
-        console.print(f"memory: the hbm layer's simulated peaks of {len(checks):,} layout(s) are within "
+        console.print(f"memory: the memory layer's simulated peaks of {len(checks):,} layout(s) are within "
                       f"{100 * abs(worst.memory_check or 0.0):.2f}% of the predictions (worst: "
                       f"{worst.layout.label()})", highlight=False, markup=False)
     console.print(f"layouts: {counts['tried']:,} tried, {counts['enumerated']:,} valid, {counts['fit']:,} fit in "
