@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -107,10 +108,18 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     return JobRun(manifest, trace_files, folding, info)
 
 
+@lru_cache(maxsize=1)
+def generator_digest() -> str:
+    """A digest of the generator's own source: traces cached by an older generator are rebuilt."""
+    sources = sorted(Path(__file__).parent.glob("*.py"))
+    return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
+
+
 def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]) -> list[Path]:
-    """Write the ranks' traces unless the folder holds them for this very job already."""
-    digest = hashlib.sha256(json.dumps([GENERATOR, job.model_dump(mode="json"), placement.gpus_per_node, ranks],
-                                       sort_keys=True).encode()).hexdigest()
+    """Write the ranks' traces unless the folder holds them for this very job, written by this
+    very generator, already."""
+    digest = hashlib.sha256(json.dumps([GENERATOR, generator_digest(), job.model_dump(mode="json"),
+                                        placement.gpus_per_node, ranks], sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
     paths = [rank_path(folder / job.name, rank) for rank in ranks]
     if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in paths):

@@ -46,8 +46,10 @@ class RankProgram(LayerKernels):
 
     # Gradients and parameters -----------------------------------------------------------------------
     def _grad_ready(self, layer: int) -> None:
-        """In the last backward of a chunk, launch the reduction of every bucket now complete."""
-        if self._last_backward and layer in self.bucket_end:
+        """With overlap_grad_reduce, in the last backward of a chunk, launch the reduction of every
+        bucket now complete (Megatron's register_grad_ready); without it, every bucket is reduced
+        once after the backward passes (`_optimizer`: finish_grad_sync starts and waits for them)."""
+        if self.job.training.overlap_grad_reduce and self._last_backward and layer in self.bucket_end:
             self._reduce_bucket(self.bucket_end[layer])
 
     def _reduce_bucket(self, params: int) -> None:
