@@ -14,6 +14,7 @@ geomean error = exp(mean |ln(predicted / measured)|) - 1.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -27,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chakra_core import run as runner  # noqa: E402
+from chakra_core._atomic import atomic_write_text  # noqa: E402
+from chakra_core.hardware.profiles import load_profile  # noqa: E402
+from chakra_core.jobs.bands import RUNS_FILE  # noqa: E402
 from chakra_core.jobs.flops import model_flops  # noqa: E402
 from chakra_core.jobs.spec import JobSpec  # noqa: E402
 
@@ -107,6 +111,20 @@ def main() -> None:
             print(line, flush=True)
     args.doc.write_text(render(data, rows, breakdowns, logs))
     print(f"wrote {args.doc}")
+    if not args.only and args.doc == DOC:   # the error bands come from the whole table only
+        write_bands(rows)
+
+
+def write_bands(rows: list[Any]) -> None:
+    """Every run's predicted / measured step, for the error band of a job's results (chakra_core.jobs.bands)."""
+    out = []
+    for run, job, step, _, _ in rows:
+        gpu = load_profile(job["cluster"]["profile"]).gpu
+        out.append({"id": run["id"], "gpu_model": gpu.model, "architecture": gpu.architecture,
+                    "precision": run["precision"], "gpus": run["gpus"],
+                    "ratio": round(step / run["measured"]["step_time_s"], 6)})
+    atomic_write_text(RUNS_FILE, json.dumps({"generator": "benchmarks/training_accuracy.py", "runs": out}, indent=1) + "\n")
+    print(f"wrote {RUNS_FILE}")
 
 
 def _summary(errors: list[float]) -> tuple[float, float]:

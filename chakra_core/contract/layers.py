@@ -129,6 +129,12 @@ class ComputeModel(LayerModel):
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
         """Duration of a compute node in ns, or None to replay the trace's duration_micros."""
 
+    def rate_ceiling_flops(self) -> float | None:
+        """The highest rate, in FLOP/s, at which this model runs any kernel, or None if it does not
+        bound one (replayed durations). No step can achieve more model FLOP/s per GPU than this:
+        a training job's report checks its own figure against it."""
+        return None
+
 
 class MemoryModel(LayerModel):
     """Times MEM_LOAD/MEM_STORE nodes and tells compute models the memory bandwidth."""

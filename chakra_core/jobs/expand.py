@@ -26,7 +26,7 @@ from chakra_core.contract.folding import Folding
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import load_profile
-from chakra_core.jobs.flops import model_flops
+from chakra_core.jobs.flops import FORMULAS, model_flops
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -102,8 +102,9 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     info = {"job": job.model_dump(mode="json"), "model": job.shape.name or "inline",
             "gpus": placement.world, "gpus_per_node": gpn, "dp": job.dp,
             "microbatches": job.microbatches, "tokens_per_step": job.training.global_batch * job.training.seq,
-            "model_flops": model_flops(job, "nemo"), "placement": placement.where(),
+            "model_flops": {formula: model_flops(job, formula) for formula in FORMULAS}, "placement": placement.where(),
             "peak_tflops": profile.peak_flops(job.training.precision) / 1e12, "profile": profile.name,
+            "gpu_model": profile.gpu.model, "architecture": profile.gpu.architecture,
             "profile_name": job.cluster.profile}
     return JobRun(manifest, trace_files, folding, info)
 

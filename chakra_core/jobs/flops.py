@@ -1,15 +1,20 @@
 """Model FLOPs of a training step, counted as the published tables count them.
 
-TFLOP/s per GPU = model FLOPs per step / (step time x GPUs); MFU = that / the GPU's dense BF16
-peak. Which count a table uses moves the figure by up to 12%, so each comparison names one
-(benchmarks/data/training-runs.yaml quotes each source):
+TFLOP/s per GPU = model FLOPs per step / (step time x GPUs); MFU = that / the GPU's dense peak of
+the job's precision. Which count a table uses moves the figure by up to 12%, so each comparison
+names one (benchmarks/data/training-runs.yaml quotes each source). A run's own report uses
+`megatron_bridge` (REPORTED): it counts causal attention as the kernels run it, so the rate it gives
+can never exceed the rate the compute model runs kernels at, while `nemo`'s full s^2 attention can
+(at long sequences attention dominates, and half of it is never computed).
 
 - `nemo`: NeMo's nemo/utils/flops_formulas.py (llama2/llama3/gpt3), forward and backward without
   recomputation, attention counted as full s^2, the unpadded vocabulary:
   gbs s L h^2 (12 + 12 G/A + 18 F/h + 12 s/h + 6 V/(L h)) for SwiGLU models (12 F/h ... for a
   GELU MLP, i.e. 24 h^2 per layer with F = 4h: GPT-3).
-- `megatron_bridge`: Megatron-Bridge's flop_utils.transformer_flops: the same linear layers,
-  causal attention counted half (s/2), the vocabulary padded to 128 x TP.
+- `megatron_bridge`: Megatron-Bridge's flop_utils.transformer_flops, which is Megatron-Core's
+  num_floating_point_operations for a dense model (NVIDIA/Megatron-LM megatron/training/training.py
+  at d98e8a64ddf34856e74b24714e3bedb2f5a39553, transformer_flops: "/ 2  # causal mask"): the same
+  linear layers, causal attention counted half (s/2), the vocabulary padded to 128 x TP.
 - `megatron_sc21`: Narayanan et al., SC'21 (arXiv 2104.04473), eq. 3:
   96 B s l h^2 (1 + s / (6 h) + V / (16 l h)), counting the forward pass recomputed by full
   activation recomputation.
@@ -20,6 +25,17 @@ from __future__ import annotations
 from chakra_core.jobs.spec import JobSpec
 
 FORMULAS = ("nemo", "megatron_bridge", "megatron_sc21")
+REPORTED = "megatron_bridge"
+"""The formula of a run's own TFLOP/s and MFU."""
+DESCRIPTIONS = {
+    "nemo": "NeMo's nemo/utils/flops_formulas.py: forward and backward without recomputation, attention "
+            "counted as the full s x s matrix",
+    "megatron_bridge": "Megatron-Core's num_floating_point_operations (= Megatron-Bridge's flop_utils): "
+                       "forward and backward without recomputation, causal attention counted as the kernels "
+                       "run it (half the s x s matrix), the padded vocabulary",
+    "megatron_sc21": "Narayanan et al. SC'21 eq. 3: forward, backward and one recomputed forward, attention "
+                     "counted as the full s x s matrix",
+}
 
 
 def model_flops(job: JobSpec, formula: str = "nemo") -> float:

@@ -67,6 +67,17 @@ class ModelSpec(BaseModel):
         biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0
         return params + norms + biases
 
+    def layer_params_on(self, tp: int) -> int:
+        """Parameters of one layer on one GPU of a TP group: the linear layers and their column
+        biases are split, the norms and the row-parallel layers' biases are replicated (Megatron's
+        ColumnParallelLinear / RowParallelLinear and TENorm)."""
+        row_biases = 2 * self.hidden if self.bias else 0
+        return (self.layer_params() - self.norm_params() - row_biases) // tp + self.norm_params() + row_biases
+
+    def norm_params(self) -> int:
+        """Parameters of one layer's two norms (replicated over TP)."""
+        return (2 if self.norm == "layernorm" else 1) * 2 * self.hidden
+
     def params(self, tp: int = 1) -> int:
         """All parameters (embedding and output layer counted separately unless tied)."""
         v = self.padded_vocab(tp)

@@ -83,7 +83,7 @@ class RankProgram(LayerKernels):
         """Parameters this rank holds for a layer (>= 0), the embedding (-1) or the head (-2)."""
         m, h = self.job.shape, self.h
         if unit >= 0:
-            return m.layer_params() // self.tp
+            return m.layer_params_on(self.tp)
         if unit == -1:
             return self.vocab * h + (self.s * h if m.position == "learned" else 0)
         shared = m.tied_embeddings and self.pp == 1   # the head multiplies by the embedding itself
@@ -94,17 +94,24 @@ class RankProgram(LayerKernels):
         return units + ([-1] if self.has_embedding(chunk) else [])
 
     def plan_buckets(self) -> list[tuple[list[int], int]]:
-        """Megatron's buckets: parameters in backward order, cut when a bucket reaches
-        bucket_params; one set per model chunk. Returns each bucket's units and parameters;
-        sets bucket_end (a bucket's last unit -> its parameters)."""
+        """Megatron-Core's buckets: parameters in backward order, one set per model chunk, cut when
+        a bucket reaches bucket_params, but only in the first pipeline stage's first chunk with
+        overlap_grad_reduce; every other chunk is one bucket (NVIDIA/Megatron-LM
+        megatron/training/training.py at d98e8a64: resolve_ddp_bucket_size gives None without
+        overlap_grad_reduce, and get_model disables bucketing for chunks after the first and for
+        pp ranks > 0, "since data-parallel communication on these stages is not on the critical
+        path"). Returns each bucket's units and parameters; sets bucket_end (a bucket's last
+        unit -> its parameters)."""
         self.bucket_end: dict[int, int] = {}
         buckets: list[tuple[list[int], int]] = []
+        bucketing = self.job.training.overlap_grad_reduce and self.stage == 0
         for chunk in range(self.vp):
+            limit = self.job.bucket_params if bucketing and chunk == 0 else None
             units, size = [], 0
             for unit in self.backward_units(chunk):
                 units.append(unit)
                 size += self.unit_params(unit)
-                if size >= self.job.bucket_params:
+                if limit is not None and size >= limit:
                     buckets.append((units, size))
                     units, size = [], 0
             if units:
@@ -128,6 +135,9 @@ class RankProgram(LayerKernels):
                                        pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
                 if node is not None:
                     self.param_gather[units[-1]] = node
+        if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
+            self.part = "optimizer"
+            self.elementwise("optimizer.zero_grad_buffer", stage_params, stage_params * self.ge)
         seen_forward: set[int] = set()
         for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
             if kind == "F":
@@ -204,10 +214,21 @@ class RankProgram(LayerKernels):
             for _, size in buckets:
                 self._reduce_bucket(size)
         self.stream.wait(*self.pending_grads)
+        if self.job.effects.step_overheads and self.sp:
+            # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms)
+            layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
+            norms = layers * self.job.shape.norm_params()
+            self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.ge, "tp")
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
         self.part = "optimizer"
         updated = -(-stage_params // shards) if dist else stage_params
+        if self.job.effects.step_overheads:
+            # clip_grads.get_grad_norm_fp32: the squared norm of the (fp32) main gradients this
+            # rank updates, then an all-reduce of one float (Megatron's over every rank of the
+            # model and, with the distributed optimizer, its shards; here over dp x cp)
+            self.elementwise("optimizer.grad_norm", updated, updated * 4, 2, dtype="fp32")
+            self.blocking("optimizer.grad_norm_all_reduce", "dp_cp", pb.ALL_REDUCE, 4, "dp")
         step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
                                 dtype="fp32")
         if dist and not t.overlap_param_gather:

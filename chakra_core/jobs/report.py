@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from chakra_core.contract.layers import ComputeModel
 from chakra_core.engine.simulation import FinishedRun, RankRecord
 from chakra_core.errors import SimulationError
-from chakra_core.jobs.flops import FORMULAS
+from chakra_core.jobs.bands import error_band
+from chakra_core.jobs.flops import DESCRIPTIONS, REPORTED
 
 COMPUTE = ("forward", "backward", "recompute", "optimizer")
 ROLES = ("tp", "cp", "dp", "pp", "other")
@@ -47,10 +49,18 @@ def training_section(run: FinishedRun) -> dict[str, Any]:
     slowest = max(run.ranks, key=lambda r: (r.finish_ns, -r.rank))
     step_s = slowest.finish_ns / 1e9
     gpus = info["gpus"]
-    flops = info.pop("model_flops")
+    by_formula = info.pop("model_flops")
+    flops = by_formula[REPORTED]
     achieved = flops / step_s / gpus / 1e12 if step_s else 0.0
     peak = info["peak_tflops"]
     precision = job["training"]["precision"]
+    compute = run.layers.get("compute")
+    ceiling = compute.rate_ceiling_flops() if isinstance(compute, ComputeModel) else None
+    if ceiling is not None and achieved * 1e12 > ceiling * (1 + 1e-9):
+        raise SimulationError(f"internal error: the step achieves {achieved:.1f} model TFLOP/s per GPU, above "
+                              f"{ceiling / 1e12:.1f}, the fastest rate the compute layer runs any kernel at "
+                              "(please report this)")
+    band = error_band(info["gpu_model"], info["architecture"], precision, gpus)
     # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
     pp = job["parallel"]["pp"]
     records = {record.rank: record for record in run.ranks}
@@ -64,10 +74,12 @@ def training_section(run: FinishedRun) -> dict[str, Any]:
         "model_tflops_per_step": flops / 1e12,
         "tflops_per_gpu": achieved,
         "mfu": achieved / peak if peak else 0.0,
-        "flops_formula": ("NeMo's: forward and backward without recomputation, 6 FLOPs per parameter and "
-                          "token in every linear layer plus 12 s h per token and layer for attention "
-                          f"(NeMo's Llama formula); MFU against the GPU's dense {precision} peak of "
-                          f"{peak:g} TFLOP/s (chakra_core.jobs.flops: {', '.join(FORMULAS)})"),
+        "flops_formula": (f"{DESCRIPTIONS[REPORTED]}; MFU against the GPU's dense {precision} peak of "
+                          f"{peak:g} TFLOP/s (chakra_core.jobs.flops)"),
+        "rate_ceiling_tflops": None if ceiling is None else ceiling / 1e12,
+        "tflops_per_gpu_by_formula": {name: value / step_s / gpus / 1e12 if step_s else 0.0
+                                      for name, value in by_formula.items()},
+        "error_band": None if band is None else band.to_json(),
         "breakdown_s": _seconds(split(slowest)),
         "breakdown_rank": slowest.rank,
         "breakdown_by_stage_s": stages,

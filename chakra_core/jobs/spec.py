@@ -65,6 +65,17 @@ class Training(_Strict):
                             "gradients in fp32 unless told otherwise)")
 
 
+class Effects(_Strict):
+    """What a real step spends beyond its layers' GEMMs, attention and collectives: each can be
+    switched off to see what it costs (docs/training-accuracy.md's ablation); all on by default."""
+
+    fp8_overheads: bool = Field(True, description="fp8: Transformer Engine's casts, transposes and amax "
+                                                  "reductions around each fp8 GEMM")
+    step_overheads: bool = Field(True, description="zeroing the gradient buffers before the step, the "
+                                                   "gradient norm (a kernel and its all-reduce) and the "
+                                                   "sequence-parallel norm gradients' all-reduce over TP")
+
+
 class Cluster(_Strict):
     gpus: PositiveInt = Field(..., description="GPUs in the job")
     profile: str = Field(..., description="hardware profile of the nodes and network (chakra-sim profiles)")
@@ -80,6 +91,7 @@ class JobSpec(_Strict):
     parallel: Parallel = Field(default_factory=Parallel)
     training: Training
     cluster: Cluster
+    effects: Effects = Field(default_factory=Effects)
     tensors: bool = Field(False, description="nodes list the tensors the step keeps alive (weights, "
                                              "gradients, optimizer state, saved activations) as Chakra "
                                              "IOInfo, so a memory layer such as hbm finds the peak memory")

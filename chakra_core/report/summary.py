@@ -99,9 +99,20 @@ def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Ta
 def training_table(training: dict[str, Any]) -> Table:
     """A job's step: where its time went (the slowest rank's exclusive split) and its rates."""
     step = training["step_time_s"]
-    table = Table(title=f"training step: {training['model']} on {training['gpus']:,} GPUs — {step:.4g} s, "
+    band = training.get("error_band")
+    within = f" ±{band['geomean_error']:.0%}" if band else ""
+    table = Table(title=f"training step: {training['model']} on {training['gpus']:,} GPUs — {step:.4g} s{within}, "
                         f"{training['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {training['mfu']:.1%}, "
                         f"{training['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU", title_justify="left")
+    caption = ["TFLOP/s and MFU: " + training["flops_formula"].split(":")[0]]
+    if band:
+        lean = "fast" if band["mean_signed_error"] < 0 else "slow"
+        caption.insert(0, f"error band ±{band['geomean_error']:.0%}: the model's geomean error on {band['runs']} "
+                          f"published {band['scope']} runs (on average {abs(band['mean_signed_error']):.0%} too "
+                          f"{lean}, worst {band['worst_error']:.0%}; docs/training-accuracy.md)")
+    else:
+        caption.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
+    table.caption, table.caption_justify = "\n".join(caption), "left"
     table.add_column("part of the step (rank " + str(training["breakdown_rank"]) + ")")
     table.add_column("s", justify="right")
     table.add_column("share", justify="right")

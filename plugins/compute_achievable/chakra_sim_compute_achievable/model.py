@@ -89,11 +89,17 @@ class AchievableCompute(ComputeModel):
             except KernelTimesError as exc:
                 raise SimulationError(f"compute.kernel_times: {exc}") from None
         self._warned: set[str] = set()
+        self._fastest = 0.0                     # FLOP/s of the fastest modelled kernel so far
         self._by_attrs: dict[bytes, tuple[int | None, int, float]] = {}
         self._device_checked = False
         self._weights = context.inputs.rank_weights
         # per kind: [nodes, ns, FLOPs], weighted by the ranks each simulated rank stands for
         self._stats = [[0, 0, 0.0] for _ in KINDS]
+
+    def rate_ceiling_flops(self) -> float | None:
+        """The fastest rate this run timed a modelled kernel at (its FLOPs over its time); measured
+        and replayed times are not the model's, and bound nothing."""
+        return self._fastest or None
 
     # Per node -------------------------------------------------------------------------------------
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
@@ -133,9 +139,9 @@ class AchievableCompute(ComputeModel):
             flops = float(node.int("num_ops", 0)) if node.has("num_ops") else 0.0
             return self._ns(measured + self._gap, flops, None, node), _MEASURED, flops
         if kernel in ("gemm", "bmm") and node.has("gemm_m"):
-            return self._gemm(node)
+            return self._fastest_of(self._gemm(node))
         if kernel == "attention":
-            return self._attention_time(node)
+            return self._fastest_of(self._attention_time(node))
         if not node.has("num_ops"):
             return None, _REPLAYED, 0.0
         num_ops = float(node.int("num_ops"))
@@ -143,9 +149,15 @@ class AchievableCompute(ComputeModel):
         if kernel in ("gemm", "bmm") or _MATMUL_NAME.search(node.name):   # a matmul without its shape
             dtype, rate = self._matmul_rate(node)
             seconds = max(num_ops / rate, tensor_size / self._hbm) + self._gap
-            return self._ns(seconds, num_ops, self._peak[dtype], node), _MATMUL, num_ops
+            return self._fastest_of((self._ns(seconds, num_ops, self._peak[dtype], node), _MATMUL, num_ops))
         seconds = max(num_ops / self._vector, tensor_size / self._hbm) + self._gap
-        return self._ns(seconds, num_ops, self._vector, node), _OTHER, num_ops
+        return self._fastest_of((self._ns(seconds, num_ops, self._vector, node), _OTHER, num_ops))
+
+    def _fastest_of(self, work: tuple[int, int, float]) -> tuple[int, int, float]:
+        """Keep the fastest rate a modelled kernel ran at (rate_ceiling_flops)."""
+        ns, _, flops = work
+        self._fastest = max(self._fastest, flops / (ns * 1e-9))
+        return work
 
     def _measured(self, node: NodeView, kernel: str) -> float | None:
         """A measured time in seconds from kernel_times, or None."""

@@ -178,6 +178,10 @@ class RooflineCompute(ComputeModel):
                 f"not the HBM bandwidth of profile '{self.profile.name}' ({profile_bw:g} GB/s); set "
                 f"memory.bandwidth_gbps (or compute.memory_bandwidth_gbps) to choose")
 
+    def rate_ceiling_flops(self) -> float:
+        """No node runs faster than the highest peak it may be timed at."""
+        return max([self.peak, *self._peaks.values()])
+
     def bandwidth_bps(self, rank: int) -> float:
         """Bytes per second for `rank`: the configured value (or the profile's), else the memory layer's."""
         if self._fixed_bw is not None:

@@ -1,0 +1,99 @@
+"""How far to trust a predicted step: the error the model made on published runs like this one.
+
+`benchmarks/training_accuracy.py` compares predicted with published steps
+(docs/training-accuracy.md) and writes every run's outcome to `presets/accuracy-runs.json`. A job's
+band is taken from the closest class of those runs: the same GPU, precision class (8-bit or 16-bit)
+and scale (up to 64 GPUs, up to 1,024, more); when that class holds fewer than MIN_RUNS runs, the
+scale is dropped, then the precision, then the GPU model for its architecture, then everything. The
+band says which class it used, so a GPU no published run used is never given a tight band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+RUNS_FILE = Path(__file__).with_name("presets") / "accuracy-runs.json"
+MIN_RUNS = 3
+"""Fewest runs a class needs to stand for a job's error."""
+SCALES = ((64, "up to 64 GPUs"), (1024, "65 to 1,024 GPUs"), (None, "more than 1,024 GPUs"))
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run's outcome: predicted / measured step."""
+
+    id: str
+    gpu_model: str
+    architecture: str
+    precision: str
+    gpus: int
+    ratio: float
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """The error of the model on a class of published runs."""
+
+    scope: str
+    runs: int
+    geomean_error: float
+    """exp(mean |ln(predicted / measured)|) - 1."""
+    mean_signed_error: float
+    """exp(mean ln(predicted / measured)) - 1: negative when the model ran too fast."""
+    worst_error: float
+    """The largest |predicted / measured - 1|."""
+
+    def to_json(self) -> dict[str, object]:
+        return {"scope": self.scope, "runs": self.runs, "geomean_error": self.geomean_error,
+                "mean_signed_error": self.mean_signed_error, "worst_error": self.worst_error,
+                "source": "docs/training-accuracy.md (benchmarks/training_accuracy.py)"}
+
+
+def precision_class(precision: str) -> str:
+    return "8-bit" if precision == "fp8" else "16-bit"
+
+
+def scale_class(gpus: int) -> str:
+    return next(label for limit, label in SCALES if limit is None or gpus <= limit)
+
+
+@lru_cache(maxsize=1)
+def published_runs(path: Path = RUNS_FILE) -> tuple[PublishedRun, ...]:
+    if not path.is_file():
+        return ()
+    data = json.loads(path.read_text())
+    return tuple(PublishedRun(**row) for row in data["runs"])
+
+
+def band_of(runs: tuple[PublishedRun, ...] | list[PublishedRun]) -> tuple[float, float, float]:
+    logs = [math.log(run.ratio) for run in runs]
+    geomean = math.exp(sum(abs(x) for x in logs) / len(logs)) - 1
+    signed = math.exp(sum(logs) / len(logs)) - 1
+    return geomean, signed, max(abs(run.ratio - 1) for run in runs)
+
+
+def error_band(gpu_model: str, architecture: str, precision: str, gpus: int,
+               runs: tuple[PublishedRun, ...] | None = None) -> ErrorBand | None:
+    """The band of the closest class with at least MIN_RUNS runs (see the module docstring);
+    None when no published run was compared yet."""
+    runs = published_runs() if runs is None else runs
+    if not runs:
+        return None
+    bits, scale = precision_class(precision), scale_class(gpus)
+    classes: list[tuple[str, Callable[[PublishedRun], bool]]] = [
+        (f"{gpu_model}, {bits}, {scale}", lambda r: r.gpu_model == gpu_model and precision_class(r.precision) == bits
+         and scale_class(r.gpus) == scale),
+        (f"{gpu_model}, {bits}", lambda r: r.gpu_model == gpu_model and precision_class(r.precision) == bits),
+        (gpu_model, lambda r: r.gpu_model == gpu_model),
+        (f"{architecture} (none of the {gpu_model})", lambda r: r.architecture == architecture),
+    ]
+    for scope, keep in classes:
+        chosen = [run for run in runs if keep(run)]
+        if len(chosen) >= MIN_RUNS:
+            return ErrorBand(scope, len(chosen), *band_of(chosen))
+    return ErrorBand(f"(none of a {architecture} GPU: all)", len(runs), *band_of(runs))

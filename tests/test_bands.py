@@ -1,0 +1,46 @@
+"""Error bands (chakra_core.jobs.bands): the closest class of published runs with enough runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from chakra_core.jobs.bands import MIN_RUNS, PublishedRun, error_band, published_runs, scale_class
+
+
+def _runs() -> tuple[PublishedRun, ...]:
+    rows = [("h", "H100 SXM5 80GB", "hopper", "fp8", 8, 0.9), ("h", "H100 SXM5 80GB", "hopper", "fp8", 16, 0.8),
+            ("h", "H100 SXM5 80GB", "hopper", "fp8", 64, 1.1), ("h", "H100 SXM5 80GB", "hopper", "bf16", 1024, 0.95),
+            ("a", "A100 SXM4 80GB", "ampere", "fp16", 128, 1.2), ("a", "A100 SXM4 80GB", "ampere", "fp16", 512, 1.0),
+            ("a", "A100 SXM4 80GB", "ampere", "fp16", 3072, 0.7)]
+    return tuple(PublishedRun(f"{tag}{i}", model, arch, precision, gpus, ratio)
+                 for i, (tag, model, arch, precision, gpus, ratio) in enumerate(rows))
+
+
+def test_the_closest_class_with_enough_runs_sets_the_band():
+    band = error_band("H100 SXM5 80GB", "hopper", "fp8", 32, _runs())
+    assert band is not None and band.runs == MIN_RUNS and band.scope == "H100 SXM5 80GB, 8-bit, up to 64 GPUs"
+    logs = [math.log(r) for r in (0.9, 0.8, 1.1)]
+    assert band.geomean_error == pytest.approx(math.exp(sum(abs(x) for x in logs) / 3) - 1)
+    assert band.mean_signed_error == pytest.approx(math.exp(sum(logs) / 3) - 1)
+    assert band.worst_error == pytest.approx(0.2)
+
+
+def test_fewer_runs_widen_the_class_and_say_so():
+    assert error_band("H100 SXM5 80GB", "hopper", "bf16", 2048, _runs()).scope == "H100 SXM5 80GB"   # 4 H100 runs
+    assert error_band("A100 SXM4 80GB", "ampere", "fp16", 64, _runs()).scope == "A100 SXM4 80GB, 16-bit"
+    h200 = error_band("H200 SXM 141GB", "hopper", "bf16", 8, _runs())
+    assert h200.runs == 4 and "none of the H200" in h200.scope
+    blackwell = error_band("B200", "blackwell", "fp8", 8, _runs())
+    assert blackwell.runs == 7 and "none of a blackwell GPU" in blackwell.scope
+
+
+def test_no_published_runs_no_band():
+    assert error_band("H100 SXM5 80GB", "hopper", "fp8", 8, ()) is None
+    assert scale_class(64) == "up to 64 GPUs" and scale_class(65) == "65 to 1,024 GPUs"
+
+
+def test_the_shipped_runs_name_known_gpus_and_positive_ratios():
+    for run in published_runs():
+        assert run.ratio > 0 and run.gpus > 0 and run.precision in ("fp8", "bf16", "fp16")
