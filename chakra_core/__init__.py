@@ -60,6 +60,7 @@ _EXPORTS = {
     "FlowNetwork": "chakra_core.contract.network",
     "LayerContext": "chakra_core.contract.inputs", "RunInputs": "chakra_core.contract.inputs",
     "Scheduler": "chakra_core.contract.inputs", "Unfold": "chakra_core.contract.inputs",
+    "GpuLoad": "chakra_core.contract.inputs",
     "ValidationInputs": "chakra_core.contract.inputs", "Folding": "chakra_core.contract.folding",
     "CollectiveAlgorithm": "chakra_core.contract.algorithm", "StepSchedule": "chakra_core.contract.algorithm",
     "PhaseContext": "chakra_core.contract.algorithm",

@@ -4,7 +4,8 @@
 scheduler (the engine's clock and event queue), the layers built before this
 one (memory, then compute, network, system), the run-wide inputs as a typed
 `RunInputs`, and the few calls a layer makes back into the engine: `warn`,
-`comm_waiting` / `comm_released` (for the time breakdown) and `request_restart`.
+`comm_waiting` / `comm_released` (for the time breakdown) and `request_restart`, and
+`gpu_load`: what the communication in flight on a GPU takes from its compute kernels.
 """
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ class Scheduler(Protocol):
 
     def schedule_at(self, time: int, callback: Callable[[Any], None], arg: Any = None) -> None:
         """Call `callback(arg)` at absolute time `time` (>= now)."""
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    """What the communication kernels in flight on one GPU hold at an instant, so that a compute
+    model can time a kernel that starts beside them (`LayerContext.gpu_load`)."""
+
+    ctas: int = 0
+    """Thread blocks of communication kernels resident now: each occupies one SM that compute
+    kernels cannot use (NCCL runs one per channel; Transformer Engine's userbuffers `num_sm`)."""
+    hbm_gbps: float = 0.0
+    """HBM traffic their copies and reductions make, GB/s (10^9 B/s)."""
+    until_ns: int | None = None
+    """When the first of them ends (after which a kernel runs with the whole GPU again, to a first
+    approximation); None when one of them waits for peers and its end is not known yet."""
+
+
+NO_LOAD = GpuLoad()
 
 
 @dataclass(frozen=True)
@@ -113,6 +132,9 @@ class LayerContext:
     restart: RestartRequest | None = None
     """The first restart a layer asked for in this attempt (set by `request_restart`)."""
 
+    gpu_load: Callable[[int], GpuLoad] = lambda rank: NO_LOAD
+    """Set by the engine to the system layer's `SystemLayer.gpu_load` once that is built: what the
+    communication in flight on `rank` takes from compute kernels now (compute models call it)."""
     comm_state: Callable[[int, int, bool], None] | None = None
     comm_release: Callable[[Iterable[tuple[int, int]]], None] | None = None
     stop: Callable[[], None] | None = None

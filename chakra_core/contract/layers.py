@@ -28,7 +28,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from chakra_core.comm.collectives import CollectiveCall
-from chakra_core.contract.inputs import LayerContext, ValidationInputs
+from chakra_core.contract.inputs import NO_LOAD, GpuLoad, LayerContext, ValidationInputs
 from chakra_core.et.attrs import NodeView
 
 LAYERS = ("system", "compute", "memory", "network")
@@ -129,6 +129,12 @@ class ComputeModel(LayerModel):
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
         """Duration of a compute node in ns, or None to replay the trace's duration_micros."""
 
+    def alone_time_ns(self, node: NodeView) -> int | None:
+        """The node's duration with the GPU to itself and the host ahead of it: a lower bound on
+        what `compute_time_ns` answers in any run (`chakra-sim plan`'s bound uses it). Default:
+        `compute_time_ns` on rank 0, for models whose answer depends on the node alone."""
+        return self.compute_time_ns(0, node)
+
     def rate_ceiling_flops(self) -> float | None:
         """The highest rate, in FLOP/s, at which this model runs any kernel, or None if it does not
         bound one (replayed durations). No step can achieve more model FLOP/s per GPU than this:
@@ -223,6 +229,12 @@ class SystemLayer(LayerModel):
         engine declares a deadlock.
         """
         return False
+
+    def gpu_load(self, rank: int) -> GpuLoad:
+        """What the communication kernels this layer has in flight on `rank` hold now (thread blocks,
+        HBM traffic); a compute model times kernels that start beside them with what is left
+        (`LayerContext.gpu_load`). Default: nothing, as for communication that runs off the GPU's SMs."""
+        return NO_LOAD
 
     def traffic(self, rank: int) -> tuple[int, int] | None:
         """(bytes `rank` injected into the network, bytes it received), or None if not counted.

@@ -141,6 +141,8 @@ class Simulation:
                 f"(plugin '{self.network.name}') has {self.network.npus_count} NPUs; they must match: "
                 "change the network's size or give as many trace files as NPUs")
         self.system = self._required("system", SystemLayer)
+        if type(self.system).gpu_load is not SystemLayer.gpu_load:   # compute models ask only if it can answer
+            self.context.gpu_load = self.system.gpu_load
         if folding is None and not self.fold_note:
             self._check_foldable()
 

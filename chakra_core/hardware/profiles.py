@@ -119,6 +119,15 @@ class AchievableSpec(_Strict):
     hbm_gbps: Sourced = Field(..., description="achievable HBM bandwidth (STREAM-like kernel), GB/s (10^9 B/s)")
     sm_count: Sourced = Field(..., description="streaming multiprocessors: the width of one wave of CTAs")
     kernel_gap_us: Sourced = Field(..., description="GPU idle time between back-to-back kernels on a stream, µs")
+    host_launch_us: Sourced | None = Field(
+        None, description="host time to launch one kernel eagerly, µs: a stream of kernels shorter than "
+                          "this waits for the host")
+    sustained_fraction: Sourced | None = Field(
+        None, description="fraction of the kernel benchmarks' compute rate a power-capped, "
+                                      "continuous training load sustains (clock or power throttling)")
+    speed_spread: Sourced | None = Field(
+        None, description="speed difference between the fastest and slowest of 8 GPUs of one "
+                                      "model (chip-to-chip variation): a synchronous job runs at its slowest")
     attention: dict[str, dict[Literal["forward", "forward_causal", "backward"], AttentionCurve]] = Field(
         default_factory=dict, description="fused attention throughput per data type and pass "
                                           "(forward_causal: the causal forward kernel; else forward)")
@@ -130,6 +139,14 @@ class AchievableSpec(_Strict):
         if unknown:
             raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
         return value
+
+    @model_validator(mode="after")
+    def _fractions(self) -> "AchievableSpec":
+        if self.sustained_fraction is not None and not 0 < self.sustained_fraction.value <= 1:
+            raise ValueError("sustained_fraction must be in (0, 1]")
+        if self.speed_spread is not None and not 0 <= self.speed_spread.value < 1:
+            raise ValueError("speed_spread must be in [0, 1)")
+        return self
 
 
 class NodeSpec(_Strict):

@@ -14,7 +14,9 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
+from chakra_core.jobs.fp8 import Fp8Quantization
 from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.tensor_parallel import TensorParallel
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.jobs.tensors import TensorLedger
 from chakra_core.schema import pb
@@ -34,7 +36,7 @@ NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
 
-class LayerKernels:
+class LayerKernels(TensorParallel, Fp8Quantization):
     """A rank's place in the job and the nodes of its layers (see the module docstring)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
@@ -89,69 +91,47 @@ class LayerKernels:
         return self._kernel(name, "bmm", 2 * batch * m * k * n, batch * (m * k + k * n + m * n) * self.e,
                             self.act_dtype, shape)
 
-    def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False) -> int:
-        """[m,k] x [k,n]. In fp8 (Transformer Engine) a `cast` kernel first converts the [m,k]
-        operand and its transpose (cast_transpose), unless a fused norm already wrote it
-        (LayerNormLinear) or, in the backward, the dgrad's cast serves the wgrad too."""
+    def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
+             sm_margin: int = 0, accumulate: bool = False) -> int:
+        """[m,k] x [k,n]. In fp8 (Transformer Engine) `cast` first quantizes the [m,k] operand and
+        its transpose (fp8.Fp8Quantization.quantize; `tp_amax`: its amax is reduced over TP),
+        unless a fused norm already wrote it (LayerNormLinear) or, in the backward, the dgrad's
+        cast serves the wgrad too. `sm_margin`: SMs Transformer Engine keeps from the GEMM for the
+        communication beside it. `accumulate`: a weight gradient added into the main gradients
+        (Megatron's gradient accumulation fusion: C is read and written in their type)."""
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
-            self.elementwise(name + ".cast_fp8", m * k, m * k * (self.e + 2), dtype="bf16")
+            self.quantize(name, m * k, tp_amax)
         shape = [_attr("uint", "gemm_m", m), _attr("uint", "gemm_n", n), _attr("uint", "gemm_k", k),
                  _attr("uint", "gemm_batch", 1)]
+        if sm_margin:
+            shape.append(_attr("uint", "sm_margin", sm_margin))
+        out = 2 * self.ge if accumulate else self.e
+        if accumulate:
+            shape.append(_attr("uint", "gemm_c_bytes", out))
         opnd = 1 if fp8 else self.e
-        return self._kernel(name, "gemm", 2 * m * k * n, (m * k + k * n) * opnd + m * n * self.e,
+        return self._kernel(name, "gemm", 2 * m * k * n, (m * k + k * n) * opnd + m * n * out,
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
     def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
-                   after: Sequence[int] | None = None) -> int | None:
+                   after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
+        """A collective of `role`'s group; `ctas`: run by Transformer Engine's userbuffers on that
+        many thread blocks (`comm_ctas`) rather than by NCCL."""
         if role not in self.groups or size <= 0:
             return None
         attrs = [*read_collective(comm_type, size, self.names[role]), str_attr("step_part", part or role)]
+        if ctas:
+            attrs.append(_attr("uint", "comm_ctas", ctas))
         return self.stream.launch(pb.COMM_COLL_NODE, name, attrs=attrs, after=after)
 
     def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
         self.stream.wait(self.collective(name, role, comm_type, size, part))
 
-    # Tensor parallel communication ---------------------------------------------------------------
-    def tp_gather(self, name: str) -> int | None:
-        """Sequence parallel: all-gather the residual stream before a column-parallel GEMM;
-        with TP comm overlap the gather is returned for the GEMM to run beside it."""
-        if not self.sp:
-            return None
-        coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER, self.nl * self.h * self.e)
-        if not self.job.parallel.tp_comm_overlap:
-            self.stream.wait(coll)
-            return None
-        return coll
-
-    def tp_reduce(self, name: str) -> None:
-        """After a row-parallel GEMM: reduce-scatter (SP) or all-reduce its output."""
-        if "tp" not in self.groups:
-            return
-        kind = pb.REDUCE_SCATTER if self.sp else pb.ALL_REDUCE
-        suffix = ".tp_reduce_scatter" if self.sp else ".tp_all_reduce"
-        self.blocking(name + suffix, "tp", kind, self.n * self.h * self.e)
-
-    def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
-        """A row-parallel GEMM and the reduction of its output; with TP comm overlap the
-        reduce-scatter is pipelined with the GEMM chunk by chunk (TE userbuffers), so the pair
-        takes as long as the longer of the two."""
-        if self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups:
-            reduce = self.collective(name + ".tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, self.n * self.h * self.e)
-            node = self.gemm(name, m, k, n, cast=True)
-            self.stream.wait(reduce)
-            return node
-        node = self.gemm(name, m, k, n, cast=True)
-        self.tp_reduce(name)
-        return node
-
-    def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False) -> int:
-        """A column-parallel GEMM whose input is all-gathered first (or alongside, with TP comm
-        overlap: the GEMM then waits for both)."""
-        pending = self.tp_gather(name) if gather else None
-        node = self.gemm(name, m, k, n, cast)
-        self.stream.wait(pending)
-        return node
+    def linear_weights(self) -> int:
+        """Elements of a layer's linear weights on this rank (what fp8 quantizes)."""
+        gated = 2 if self.job.shape.mlp == "swiglu" else 1
+        h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
+        return h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
 
     # Saved tensors (tensors.TensorLedger) ------------------------------------------------------------
     @property
@@ -167,10 +147,14 @@ class LayerKernels:
         self.ledger.use(node, *((*self._layer_key, w) for w in what))
 
     # A transformer layer ----------------------------------------------------------------------------
-    def norm(self, name: str) -> int:
-        """RMSNorm/LayerNorm; in fp8 fused with the cast of its output (TE's LayerNormLinear)."""
-        out = self.e + (1 if self.fp8 and self.linear_fp8 else 0)
-        return self.elementwise(name, self.nl * self.h, self.nl * self.h * (self.e + out) + self.h * self.e, NORM_OPS)
+    def norm(self, name: str, feeds_fp8: bool = True) -> int:
+        """RMSNorm/LayerNorm before a GEMM; in fp8 its output is quantized as TE's LayerNormLinear
+        does (fused under delayed scaling, after it under current scaling)."""
+        out = self.norm_output_bytes() if feeds_fp8 else self.e
+        node = self.elementwise(name, self.nl * self.h, self.nl * self.h * (self.e + out) + self.h * self.e, NORM_OPS)
+        if feeds_fp8 and self.current_scaling:
+            self.quantize(name, self.nl * self.h, tp_amax=self.sp, amax_done=True)
+        return node
 
     def attention(self, name: str, backward: bool) -> int:
         """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
@@ -262,27 +246,6 @@ class LayerKernels:
         self._keep(residual2, "mask2", nl * h * self.mask, 1)
         self._saving = True
 
-    def _column_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
-        """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's
-        reduce-scatter (all-reduce without SP) beside the wgrad; with SP the saved input shard is
-        all-gathered again for the wgrad, beside the dgrad (as Megatron does)."""
-        regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
-                                   self.nl * self.h * self.e) if self.sp else None
-        dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
-        reduce = None
-        if "tp" in self.groups:
-            kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
-            reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.e, after=[dgrad])
-        self.stream.wait(regather)
-        wgrad = self.gemm(name + ".wgrad", n, m, k)
-        self.stream.wait(reduce)
-        return dgrad, wgrad
-
-    def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
-        """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
-        dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True)
-        return dgrad, self.gemm(name + ".wgrad", k, m, n)
-
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
@@ -314,7 +277,7 @@ class LayerKernels:
         self.tp_reduce(f"mb{mb}.embedding")
 
     def embedding_backward(self, mb: int) -> None:
-        self.tp_gather(f"mb{mb}.embedding.bwd")
+        self.stream.wait(self.tp_gather(f"mb{mb}.embedding.bwd", te=False))
         n, h = self.n, self.h
         node = self._kernel(f"mb{mb}.embedding.bwd", "embedding", n * h, n * h * (self.e + 2 * 4), "fp32")
         self._layer_key = (mb, "embedding")
@@ -327,8 +290,8 @@ class LayerKernels:
         p = f"mb{mb}."
         self._layer_key = (mb, "head")
         self.linear_fp8 = False   # Megatron's output layer is not a Transformer Engine module: bf16
-        self._keep(self.norm(p + "final_norm"), "norm_in", self.nl * h, self.e, output=False)
-        head = self._gemm_with(p + "lm_head", n, h, v, gather=True)
+        self._keep(self.norm(p + "final_norm", feeds_fp8=False), "norm_in", self.nl * h, self.e, output=False)
+        head = self._gemm_with(p + "lm_head", n, h, v, gather=True, te=False)
         self._keep(head, "head_in", self.nl * h, self.e, output=False)
         self._keep(head, "logits", n * v, self.e)
         self.linear_fp8 = True
@@ -347,7 +310,7 @@ class LayerKernels:
         self._read(loss, "softmax")
         self._keep(loss, "logits_grad", n * v, self.e)
         self.linear_fp8 = False
-        dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v)
+        dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v, te=False)
         self._read(dgrad, "logits_grad")
         self._read(wgrad, "logits_grad", "head_in")
         self.linear_fp8 = True

@@ -23,9 +23,12 @@ from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
 
-ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + 4 + 2
-"""Adam step per parameter: read and write the fp32 master weight and both moments, read the
-fp32 main gradient, write the bf16 weight."""
+ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + 4 + 4 + 2
+"""Adam step per parameter of the shard (Megatron-Core optimizer.py MixedPrecisionOptimizer.step
+at d98e8a64): read and write the fp32 master weight and both moments, read the fp32 main
+gradient (28 bytes), then copy the master weight to the 16-bit model weight (read 4, write 2)."""
+GRAD_COPY_BYTES = 2 + 4
+"""16-bit main gradients are first copied to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads)."""
 ADAM_OPS_PER_PARAM = 10
 """Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
 
@@ -37,7 +40,10 @@ class RankProgram(LayerKernels):
         super().__init__(job, placement, rank)
         self.pending_grads: list[int] = []
         self.reductions = 0                               # gradient buckets reduced so far
-        self.param_gather: dict[int, int] = {}           # unit -> its bucket's all-gather
+        self.param_gather: dict[int, int | None] = {}    # a bucket's first unit -> its all-gather, launched
+        self.gather_size: dict[int, int] = {}             # a bucket's first unit -> its parameters
+        self.gather_next: dict[int, int] = {}             # ... -> the next bucket's, launched beside it
+        self.gather_with: dict[int, list[int]] = {}       # chunk -> buckets launched at its first forward
         t = job.training
         if t.recompute == "full":
             for chunk in range(self.vp):
@@ -65,9 +71,43 @@ class RankProgram(LayerKernels):
             else:
                 self.stream.wait(node)
 
+    def _plan_param_gathers(self, buckets: list[tuple[list[int], int]]) -> None:
+        """When each bucket's parameter all-gather starts, as Megatron-Core dispatches them (at
+        d98e8a64): without interleaving, a chunk's first bucket at its first forward and each
+        next bucket when the one before is waited for (param_and_grad_buffer.py
+        finish_param_sync); interleaved (align_param_gather, Megatron-LM's default there), every
+        bucket of chunks 0 and 1 at the step's start and those of chunk c when chunk c - 1 starts
+        (pipeline_parallel/schedules.py, param_sync_func)."""
+        for chunk, chunk_buckets in enumerate(self._by_chunk(buckets)):
+            forward = [units[-1] for units, _ in reversed(chunk_buckets)]   # first units, forward order
+            for units, size in chunk_buckets:
+                self.gather_size[units[-1]] = size
+            if self.vp == 1:
+                self.gather_next.update(zip(forward, forward[1:]))
+            elif chunk < 2:
+                for unit in forward:
+                    self.param_gather[unit] = self._gather_params(unit)
+            else:
+                self.gather_with[chunk - 1] = forward
+
     def _await_params(self, layer: int) -> None:
-        node = self.param_gather.pop(layer, None)
+        """Before a bucket's first forward, wait for its parameters (launched now if nothing
+        launched them) and launch the next bucket's beside this one's forward."""
+        if layer not in self.gather_size:
+            return
+        node = self.param_gather.pop(layer) if layer in self.param_gather else self._gather_params(layer)
+        del self.gather_size[layer]
         self.stream.wait(node)
+        following = self.gather_next.pop(layer, None)
+        if following is not None:
+            self.param_gather[following] = self._gather_params(following)
+
+    def _gather_params(self, unit: int) -> int | None:
+        part, self.part = self.part, "dp"
+        node = self.collective(f"params.dp_all_gather.u{unit}", "dp_cp", pb.ALL_GATHER,
+                               -(-self.gather_size[unit] // len(self.groups["dp_cp"])) * self.e, "dp")
+        self.part = part
+        return node
 
     # Buckets --------------------------------------------------------------------------------------
     def chunk_layers(self, chunk: int) -> list[int]:
@@ -92,6 +132,14 @@ class RankProgram(LayerKernels):
     def backward_units(self, chunk: int) -> list[int]:
         units = ([-2] if self.has_head(chunk) else []) + self.chunk_layers(chunk)[::-1]
         return units + ([-1] if self.has_embedding(chunk) else [])
+
+    def _by_chunk(self, buckets: list[tuple[list[int], int]]) -> list[list[tuple[list[int], int]]]:
+        """The buckets of each model chunk (plan_buckets lists them chunk after chunk)."""
+        chunk_of = {unit: chunk for chunk in range(self.vp) for unit in self.backward_units(chunk)}
+        out: list[list[tuple[list[int], int]]] = [[] for _ in range(self.vp)]
+        for units, size in buckets:
+            out[chunk_of[units[0]]].append((units, size))
+        return out
 
     def plan_buckets(self) -> list[tuple[list[int], int]]:
         """Megatron-Core's buckets: parameters in backward order, one set per model chunk, cut when
@@ -127,14 +175,8 @@ class RankProgram(LayerKernels):
         stage_params = sum(size for _, size in buckets)
         shards = len(self.groups.get("dp_cp", (0,)))
         dist = t.distributed_optimizer and self.dp_group is not None
-        gather_early = dist and t.overlap_param_gather
-        if gather_early:   # parameters updated by the previous step arrive bucket by bucket
-            self.part = "dp"
-            for units, size in reversed(buckets):
-                node = self.collective(f"params.dp_all_gather.{len(self.param_gather)}", "dp_cp",
-                                       pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
-                if node is not None:
-                    self.param_gather[units[-1]] = node
+        if dist and t.overlap_param_gather:   # parameters updated by the previous step, bucket by bucket
+            self._plan_param_gathers(buckets)
         if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
             self.part = "optimizer"
             self.elementwise("optimizer.zero_grad_buffer", stage_params, stage_params * self.ge)
@@ -144,6 +186,9 @@ class RankProgram(LayerKernels):
                 self.part = "forward"
                 self._first_forward = chunk not in seen_forward
                 seen_forward.add(chunk)
+                if self._first_forward:
+                    for unit in self.gather_with.pop(chunk, ()):
+                        self.param_gather[unit] = self._gather_params(unit)
                 self._receive("fwd", mb, chunk)
                 if self.has_embedding(chunk):
                     self.embedding_forward(mb)
@@ -153,9 +198,7 @@ class RankProgram(LayerKernels):
                 if self.has_head(chunk):
                     self.head_forward(mb)
                 self._send("fwd", mb, chunk)
-                if self.fp8:   # delayed scaling: amax histories reduced once per forward
-                    self.blocking(f"mb{mb}.c{chunk}.amax_all_reduce", "amax", pb.ALL_REDUCE,
-                                  4 * 3 * 4 * len(self.chunk_layers(chunk)), "other")
+                self.amax_reduction(f"mb{mb}.c{chunk}.fwd", len(self.chunk_layers(chunk)))
             else:
                 self._last_backward = mb == m - 1
                 self._receive("bwd", mb, chunk)
@@ -172,6 +215,7 @@ class RankProgram(LayerKernels):
                 if self.has_embedding(chunk):
                     self.embedding_backward(mb)
                 self._send("bwd", mb, chunk)
+                self.amax_reduction(f"mb{mb}.c{chunk}.bwd", len(layers))
         optimizer = self._optimizer(stage_params, shards, dist, buckets)
         if self.ledger.enabled:
             self._list_model_state(buckets, shards if dist else 1, optimizer)
@@ -188,9 +232,7 @@ class RankProgram(LayerKernels):
             state += [ledger.new(size, self.e), ledger.new(size, self.ge)]
             state += [ledger.new(-(-size // shards), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
-            h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
-            gated = 2 if self.job.shape.mlp == "swiglu" else 1
-            linear = h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
+            linear = self.linear_weights()
             layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
             state += [ledger.new(linear, 1) for _ in range(2 * layers)]
         for storage in state:
@@ -201,10 +243,9 @@ class RankProgram(LayerKernels):
     _last_backward = False
 
     def _fp8_weights(self, layer: int) -> None:
-        """fp8: each weight is cast (and transposed for the backward) once per step."""
+        """fp8: each linear weight is quantized (and transposed for the backward) once per step."""
         if self.fp8 and self._first_forward:
-            params = self.unit_params(layer)
-            self.elementwise(f"L{layer}.weights.cast_fp8", params, params * (self.e + 2))
+            self.quantize(f"L{layer}.weights", self.linear_weights())
 
     def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> int:
         """The gradient reductions left, the optimizer step (returned) and the parameters' all-gather."""
@@ -229,6 +270,8 @@ class RankProgram(LayerKernels):
             # model and, with the distributed optimizer, its shards; here over dp x cp)
             self.elementwise("optimizer.grad_norm", updated, updated * 4, 2, dtype="fp32")
             self.blocking("optimizer.grad_norm_all_reduce", "dp_cp", pb.ALL_REDUCE, 4, "dp")
+        if self.ge == 2:
+            self.elementwise("optimizer.grads_to_fp32", updated, updated * GRAD_COPY_BYTES, dtype="fp32")
         step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
                                 dtype="fp32")
         if dist and not t.overlap_param_gather:

@@ -58,7 +58,7 @@ class ComputeBound:
         self._layers: dict[tuple[Any, ...], Times] = {}
 
     def _compute_ns(self, node: pb.Node) -> int:
-        duration = self.model.compute_time_ns(0, NodeView(node))
+        duration = self.model.alone_time_ns(NodeView(node))
         return node.duration_micros * 1000 if duration is None else duration
 
     def _time(self, nodes: list[pb.Node]) -> float:

@@ -8,6 +8,7 @@ from pydantic import Field, NonNegativeFloat, field_validator
 
 from chakra_core import PluginConfig
 from chakra_core.hardware.profiles import DTYPES, shipped_or_file
+from chakra_sim_compute_achievable.effects import AchievableEffects
 
 DEFAULT_DTYPE = "bf16"
 
@@ -27,6 +28,9 @@ class AchievableConfig(PluginConfig):
         None, description="GPU idle time per kernel, µs; default the profile's gpu.achievable.kernel_gap_us")
     fp32_as_tf32: bool = Field(
         False, description="time fp32 GEMMs and attention at the tf32 rates (PyTorch's allow_tf32)")
+    effects: AchievableEffects = Field(
+        default_factory=AchievableEffects, description="what a training step adds to kernels benchmarked "
+                                                       "alone, one switch each (all on)")
 
     @field_validator("profile")
     @classmethod

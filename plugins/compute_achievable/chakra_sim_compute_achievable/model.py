@@ -8,6 +8,9 @@
   nodes named like matmuls (aten::mm, addmm, conv ...) without shape attributes at the MAMF;
 - every modelled kernel adds the GPU's back-to-back kernel gap;
 - CPU ops and nodes without num_ops replay their traced duration, as the roofline does.
+
+What a training step adds to kernels benchmarked alone (communication beside them, sustained
+clocks, epilogues, the host, the slowest chip) is in `effects.py`, one switch each.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import re
 from bisect import bisect_left
 from typing import Any
 
-from chakra_core import ComputeModel, LayerContext, NodeView, SimulationError, ValidationInputs, replay_time_ns
+from chakra_core import ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs, replay_time_ns
 from chakra_core.et.dtypes import node_dtype
 from chakra_core.hardware.devices import device_mismatch
 from chakra_core.hardware.profiles import AttentionCurve, Profile, load_profile, profile_problems
 from chakra_sim_compute_achievable.config import AchievableConfig
+from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
 
@@ -33,6 +37,18 @@ _MATMUL_NAME = re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|conv|c
 _Q_TILE = 128
 """Query (forward) or key (backward) rows per FlashAttention CTA (Br = Bc = 128 at head dim 128 in
 both papers): fewer tiles than SMs leave SMs idle, which the papers' large batches never show."""
+_HBM_FLOOR = 0.1
+"""Share of the HBM bandwidth memory-bound work keeps however much communication copies take."""
+
+
+class _Work:
+    """How one node is timed: its kind and FLOPs, its time alone on the GPU (ns, None to replay),
+    and what a kernel beside communication needs to be timed again (`shape`)."""
+
+    __slots__ = ("ns", "kind", "flops", "shape", "margin")
+
+    def __init__(self, ns: int | None, kind: int, flops: float, shape: tuple[Any, ...] = (), margin: int = 0):
+        self.ns, self.kind, self.flops, self.shape, self.margin = ns, kind, flops, shape, margin
 
 
 class AchievableCompute(ComputeModel):
@@ -90,11 +106,46 @@ class AchievableCompute(ComputeModel):
                 raise SimulationError(f"compute.kernel_times: {exc}") from None
         self._warned: set[str] = set()
         self._fastest = 0.0                     # FLOP/s of the fastest modelled kernel so far
-        self._by_attrs: dict[bytes, tuple[int | None, int, float]] = {}
+        self._by_attrs: dict[bytes, _Work] = {}
         self._device_checked = False
         self._weights = context.inputs.rank_weights
         # per kind: [nodes, ns, FLOPs], weighted by the ranks each simulated rank stands for
         self._stats = [[0, 0, 0.0] for _ in KINDS]
+        self._setup_effects(config, context)
+
+    def _setup_effects(self, config: AchievableConfig, context: LayerContext) -> None:
+        """The factors and per-rank state of `compute.effects` (effects.py)."""
+        ach, on = self.profile.gpu.achievable, config.effects
+        assert ach is not None   # __init__ checked
+        missing = []
+        # compute-bound rates: the sustained share of the benchmarks', at the slowest chip's pace
+        self._compute_scale = 1.0
+        self.slowest_excess = 0.0
+        if on.sustained_clock:
+            if ach.sustained_fraction is None:
+                missing.append("sustained_clock (gpu.achievable.sustained_fraction)")
+            else:
+                self._compute_scale = ach.sustained_fraction.value
+        if on.gpu_variation:
+            if ach.speed_spread is None:
+                missing.append("gpu_variation (gpu.achievable.speed_spread)")
+            else:
+                self.slowest_excess = slowest_of(context.num_ranks, ach.speed_spread.value)
+                self._compute_scale /= 1 + self.slowest_excess
+        self._host = 0.0
+        if on.host_launch:
+            if ach.host_launch_us is None:
+                missing.append("host_launch (gpu.achievable.host_launch_us)")
+            else:
+                self._host = ach.host_launch_us.value * 1e-6
+        self._host_ready: dict[int, float] = {}   # rank -> when the host has launched its next kernel (s)
+        self._sharing = on.comm_sms or on.comm_hbm
+        self._epilogue = on.gemm_epilogue
+        self._causal_backward = on.causal_backward
+        self._loaded: dict[tuple[int, int, int], int] = {}   # (work id, free SMs, HBM GB/s) -> ns
+        if missing:
+            self._warn("effects", f"profile '{self.profile.name}' has no source for {', '.join(missing)}; "
+                       "those effects are left out (docs/hardware.md)")
 
     def rate_ceiling_flops(self) -> float | None:
         """The fastest rate this run timed a modelled kernel at (its FLOPs over its time); measured
@@ -106,17 +157,57 @@ class AchievableCompute(ComputeModel):
         work = node.memo.get(self)
         if work is None:
             work = node.memo[self] = self._cached_work(node)
-        duration, kind, flops = work
-        if kind == _REPLAYED and not self._device_checked:
+        if work.kind == _REPLAYED and not self._device_checked:
             self._check_device(rank)
+        duration = work.ns
+        if duration is not None and work.kind != _MEASURED:
+            if self._sharing and work.shape:
+                load = self.context.gpu_load(rank)
+                if load.ctas > work.margin or load.hbm_gbps:
+                    duration = self._beside(work, load, duration)
+            if self._host:
+                duration = self._after_host(rank, duration)
         weight = self._weights.get(rank, 1) if self._weights else 1
-        stats = self._stats[kind]
+        stats = self._stats[work.kind]
         stats[0] += weight
         stats[1] += weight * (replay_time_ns(node) if duration is None else duration)
-        stats[2] += weight * flops
+        stats[2] += weight * work.flops
         return duration
 
-    def _cached_work(self, node: NodeView) -> tuple[int | None, int, float]:
+    def alone_time_ns(self, node: NodeView) -> int | None:
+        """With the GPU to itself and the host ahead: the kernel's own time (nothing counted)."""
+        work = node.memo.get(self)
+        if work is None:
+            work = node.memo[self] = self._cached_work(node)
+        return work.ns
+
+    def _after_host(self, rank: int, duration: int) -> int:
+        """The kernel starts once the host has launched it: the host launches one kernel per
+        host_launch_us without waiting for the GPU, so only kernels shorter than that wait."""
+        now = self.context.scheduler.now * 1e-9
+        launched = self._host_ready.get(rank, 0.0) + self._host
+        self._host_ready[rank] = launched
+        wait = launched - now
+        return duration + int(math.ceil(wait * 1e9)) if wait > 0 else duration
+
+    def _beside(self, work: _Work, load: GpuLoad, alone: int) -> int:
+        """A kernel's time on the SMs and HBM bandwidth that communication in flight leaves it, up
+        to when the first of those operations ends; the rest of its work at its own pace."""
+        on = self.config.effects
+        busy = max(0, load.ctas - work.margin) if on.comm_sms else 0   # the margin's SMs take the first
+        hbm = int(load.hbm_gbps) if on.comm_hbm else 0
+        key = (id(work), busy, hbm)
+        loaded = self._loaded.get(key)
+        if loaded is None:
+            bandwidth = max(self._hbm * _HBM_FLOOR, self._hbm - hbm * 1e9)
+            loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + self._gap,
+                                                  work.flops, None, None)
+        shared = None if load.until_ns is None else load.until_ns - self.context.scheduler.now
+        if shared is None or shared <= 0 or shared >= loaded:   # overdue: waiting for peers, still holding
+            return loaded
+        return shared + int(math.ceil((1 - shared / loaded) * alone))
+
+    def _cached_work(self, node: NodeView) -> _Work:
         """`_work`, shared by nodes with the same attributes (a training step repeats each kernel
         for every micro-batch); not when measured times are matched by node name."""
         if self._times is not None and self._times.patterns:
@@ -129,35 +220,53 @@ class AchievableCompute(ComputeModel):
             work = self._by_attrs[key] = self._work(node)
         return work
 
-    def _work(self, node: NodeView) -> tuple[int | None, int, float]:
-        """(ns or None to replay, kind, FLOPs) of a node: a function of the node alone."""
+    def _work(self, node: NodeView) -> _Work:
+        """How a node is timed: a function of the node alone."""
         if node.is_cpu_op:
-            return None, _REPLAYED, 0.0
+            return _Work(None, _REPLAYED, 0.0)
         kernel = node.str("kernel", "").lower() if node.has("kernel") else ""
         measured = self._measured(node, kernel)
         if measured is not None:
             flops = float(node.int("num_ops", 0)) if node.has("num_ops") else 0.0
-            return self._ns(measured + self._gap, flops, None, node), _MEASURED, flops
+            return _Work(self._ns(measured + self._gap, flops, None, node), _MEASURED, flops)
         if kernel in ("gemm", "bmm") and node.has("gemm_m"):
-            return self._fastest_of(self._gemm(node))
+            return self._timed(self._gemm_shape(node), _GEMM, node)
         if kernel == "attention":
-            return self._fastest_of(self._attention_time(node))
+            return self._timed(self._attention_shape(node), _ATTENTION, node)
         if not node.has("num_ops"):
-            return None, _REPLAYED, 0.0
+            return _Work(None, _REPLAYED, 0.0)
         num_ops = float(node.int("num_ops"))
         tensor_size = float(node.int("tensor_size", 0))
         if kernel in ("gemm", "bmm") or _MATMUL_NAME.search(node.name):   # a matmul without its shape
             dtype, rate = self._matmul_rate(node)
-            seconds = max(num_ops / rate, tensor_size / self._hbm) + self._gap
-            return self._fastest_of((self._ns(seconds, num_ops, self._peak[dtype], node), _MATMUL, num_ops))
-        seconds = max(num_ops / self._vector, tensor_size / self._hbm) + self._gap
-        return self._fastest_of((self._ns(seconds, num_ops, self._vector, node), _OTHER, num_ops))
+            return self._timed(("rate", num_ops, tensor_size, rate, self._peak[dtype]), _MATMUL, node)
+        return self._timed(("rate", num_ops, tensor_size, self._vector, self._vector), _OTHER, node)
 
-    def _fastest_of(self, work: tuple[int, int, float]) -> tuple[int, int, float]:
-        """Keep the fastest rate a modelled kernel ran at (rate_ceiling_flops)."""
-        ns, _, flops = work
-        self._fastest = max(self._fastest, flops / (ns * 1e-9))
+    def _timed(self, shape: tuple[Any, ...], kind: int, node: NodeView) -> _Work:
+        """A modelled kernel's work: its time with the whole GPU, checked against its peak."""
+        flops, peak = shape[1], shape[-1]
+        margin = node.int("sm_margin", 0) if node.has("sm_margin") else 0
+        work = _Work(None, kind, flops, shape, margin if self.config.effects.comm_sms else 0)
+        work.ns = self._ns(self._seconds(work, 0, self._hbm) + self._gap, flops, peak, node)
+        self._fastest = max(self._fastest, flops / (work.ns * 1e-9))
         return work
+
+    def _seconds(self, work: _Work, busy: int, hbm: float) -> float:
+        """Seconds a modelled kernel takes beside communication holding `busy` SMs (beyond its own
+        SM margin) and leaving `hbm` B/s of HBM, without the launch gap."""
+        shape, scale = work.shape, self._compute_scale
+        sms = self._sms - work.margin
+        if shape[0] == "gemm":
+            _, _, m, n, k, batch, mamf, width, c_bytes, _ = shape
+            return gemm_time(m, n, k, batch, mamf * scale, hbm, width, self._sms, sms,
+                             c_bytes if self._epilogue else 0.0, busy).seconds
+        sms = max(1, sms - busy)
+        if shape[0] == "attention":
+            _, flops, rate, ctas, _ = shape
+            full = flops / (rate * scale * min(1.0, ctas / self._sms)) if flops else 0.0
+            return full * max(1.0, min(ctas, self._sms) / sms)   # fewer SMs than CTAs: more waves
+        _, ops, nbytes, rate, _ = shape
+        return max(ops / (rate * scale), nbytes / hbm)
 
     def _measured(self, node: NodeView, kernel: str) -> float | None:
         """A measured time in seconds from kernel_times, or None."""
@@ -173,18 +282,20 @@ class AchievableCompute(ComputeModel):
         micros = self._times.by_name(node.name)
         return None if micros is None else micros * 1e-6
 
-    def _gemm(self, node: NodeView) -> tuple[int, int, float]:
+    def _gemm_shape(self, node: NodeView) -> tuple[Any, ...]:
         m, n, k = node.int("gemm_m"), node.int("gemm_n"), node.int("gemm_k")
         batch = node.int("gemm_batch", 1)
         if min(m, n, k, batch) <= 0:
             raise SimulationError(f"node {node.id} ({node.name!r}): gemm_m/n/k/batch must be > 0, "
                                   f"found {m}, {n}, {k}, {batch}")
         dtype, mamf = self._matmul_rate(node)
-        timed = gemm_time(m, n, k, batch, mamf, self._hbm, _WIDTH[dtype], self._sms)
-        flops = 2.0 * m * n * k * batch
-        return self._ns(timed.seconds + self._gap, flops, self._peak[dtype], node), _GEMM, flops
+        width = _WIDTH[dtype]
+        # what the epilogue moves per element of C: its write (bf16 unless the node says), and the
+        # read of an accumulating GEMM (gemm_c_bytes counts both)
+        c_bytes = float(node.int("gemm_c_bytes")) if node.has("gemm_c_bytes") else float(max(width, 2))
+        return ("gemm", 2.0 * m * n * k * batch, m, n, k, batch, mamf, width, c_bytes, self._peak[dtype])
 
-    def _attention_time(self, node: NodeView) -> tuple[int, int, float]:
+    def _attention_shape(self, node: NodeView) -> tuple[Any, ...]:
         flops = float(node.int("num_ops"))
         passname = node.str("attn_pass", "forward").lower()
         if passname not in ("forward", "backward"):
@@ -204,13 +315,17 @@ class AchievableCompute(ComputeModel):
             raise SimulationError(f"profile '{self.profile.name}' has no {dtype} {passname} attention curve "
                                   "(gpu.achievable.attention) for attention nodes")
         seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
-        rate = _interpolate(curve, math.sqrt(seq_q * seq_kv)) * 1e12
+        seq = math.sqrt(seq_q * seq_kv)
+        rate = _interpolate(curve, seq) * 1e12
+        if causal and passname == "backward" and self._causal_backward:
+            # no causal backward curve: the causal forward's share of the non-causal forward
+            forward, causal_fwd = curves.get("forward"), curves.get("forward_causal")
+            if forward is not None and causal_fwd is not None:
+                rate *= _interpolate(causal_fwd, seq) / _interpolate(forward, seq)
         # too few CTAs to fill the GPU: a wave of them, partly empty, costs a whole wave
         rows = seq_q if passname == "forward" else seq_kv
         ctas = node.int("attn_batch", 1) * -(-rows // _Q_TILE)
-        rate *= min(1.0, ctas / self._sms)
-        seconds = (flops / rate if flops else 0.0) + self._gap
-        return self._ns(seconds, flops, self._peak[dtype], node), _ATTENTION, flops
+        return ("attention", flops, rate, ctas, self._peak[dtype])
 
     # Data types and rates -------------------------------------------------------------------------
     def _dtype(self, node: NodeView, rates: dict[str, Any], what: str) -> tuple[str, bool]:
@@ -235,10 +350,10 @@ class AchievableCompute(ComputeModel):
         dtype, _ = self._dtype(node, self._mamf, "matmul")
         return dtype, self._mamf[dtype]
 
-    def _ns(self, seconds: float, flops: float, peak: float | None, node: NodeView) -> int:
+    def _ns(self, seconds: float, flops: float, peak: float | None, node: NodeView | None) -> int:
         """Seconds to integer ns, checking that the time never implies more than the peak."""
         ns = max(1, int(math.ceil(seconds * 1e9)))
-        if peak is not None and flops > peak * ns * 1e-9 * (1 + 1e-9):
+        if peak is not None and node is not None and flops > peak * ns * 1e-9 * (1 + 1e-9):
             raise SimulationError(f"internal error in compute plugin 'achievable': node {node.id} "
                                   f"({node.name!r}) would reach {flops / ns / 1e3:.1f} TFLOP/s, above the "
                                   f"peak {peak / 1e12:g}")

@@ -10,14 +10,20 @@ from chakra_core import LayerContext, NodeView, RunInputs, SimulationError, pb
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.testing import EventQueue, comp, make_metadata, manifest, simulate, uniform_network, write_et
 from chakra_sim_compute_achievable import AchievableCompute, AchievableConfig
+from chakra_sim_compute_achievable.effects import AchievableEffects
 from chakra_sim_compute_achievable.gemm import gemm_time, quantization
 
 H100 = load_profile("h100-sxm-hgx")
 A100 = load_profile("a100-sxm-hgx")
 
 
+BARE = {name: False for name in AchievableEffects.model_fields}
+"""Kernels alone on the GPU, as benchmarked (test_effects.py switches each effect on)."""
+
+
 def model(profile: str = "h100-sxm-hgx", inputs: RunInputs | None = None, **config) -> AchievableCompute:
     context = LayerContext(num_ranks=1, scheduler=EventQueue(), inputs=inputs or RunInputs())
+    config.setdefault("effects", BARE)
     return AchievableCompute(AchievableConfig(profile=profile, **config), context)
 
 

@@ -38,7 +38,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from pydantic import Field, PositiveInt
 
 from chakra_core import (
-    LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, Unfold, ValidationInputs,
+    GpuLoad, LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, Unfold, ValidationInputs,
     collective_name, pb,
 )
 from chakra_core.comm.collectives import collective_wait
@@ -46,6 +46,7 @@ from chakra_core.comm.matcher import OpenCollective
 from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
+from chakra_sim_system_nccl.footprint import P2P_CTAS, GpuFootprint, hbm_bytes_per_byte
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 
@@ -197,6 +198,10 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
         self.load = FabricLoad(n)
+        self.footprint = GpuFootprint(n, 3 * self._link_gbps())
+        # (type, size, id(members)) -> (members, (channels, HBM GB/s, time alone in ns)); the members
+        # kept to check the id
+        self._alone: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, float, int]]] = {}
         network = context.network
         self.internode = None if network is None else NetworkTraffic(network, context.scheduler)
         self.mirrors_folded_traffic = network is not None
@@ -236,6 +241,10 @@ class NcclSystem(MatchingSystem[_Pending]):
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
         coll.done[rank] = done
+        ctas, hbm, alone = self._footprint(coll)
+        if node.has("comm_ctas"):   # run by Transformer Engine's userbuffers, on their own thread blocks
+            ctas = node.int("comm_ctas")
+        self.footprint.start(rank, node.id, ctas, hbm, self.context.scheduler.now + alone)
         self.open[rank][node.id] = coll
         if self.folded is not None:
             self.folded.issue(rank, coll)
@@ -330,9 +339,54 @@ class NcclSystem(MatchingSystem[_Pending]):
                               group_shape(members, self.gpus_per_node))
         return 0 if chosen is None else _ns(chosen[0].time_us)
 
+    def _footprint(self, coll: _Pending) -> tuple[int, float, int]:
+        """What the collective's kernel takes from each member's GPU (footprint.py): NCCL's
+        channels, its HBM traffic, and its time alone."""
+        key = (coll.comm_type, coll.size, id(coll.members))
+        hit = self._alone.get(key)
+        if hit is None or hit[0] is not coll.members:
+            chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, self.shape(coll.members))
+            if chosen is None:
+                value = (0, 0.0, 0)
+            else:
+                time_ns = max(1, _ns(chosen[0].time_us))
+                value = (chosen[0].channels, hbm_bytes_per_byte(coll.comm_type) * chosen[3] / time_ns, time_ns)
+            hit = self._alone[key] = (coll.members, value)
+        return hit[1]
+
+    def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        self._p2p_footprint(rank, node)
+        super().issue_send(rank, node, self._releasing(rank, done))
+
+    def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
+        self._p2p_footprint(rank, node)
+        super().issue_recv(rank, node, self._releasing(rank, done))
+
+    def _p2p_footprint(self, rank: int, node: NodeView) -> None:
+        """A send or receive holds its thread blocks for as long as the message takes alone."""
+        same = self.same_node(node.int("comm_src", rank), node.int("comm_dst", rank))
+        alone = self.model.p2p_latency_us(same) + node.int("comm_size", 0) / (1000 * self.model.p2p_bandwidth_gbps(same))
+        self.footprint.start(rank, node.id, P2P_CTAS, 0.0, self.context.scheduler.now + _ns(alone))
+
+    def _releasing(self, rank: int, done: Callable[[int], None]) -> Callable[[int], None]:
+        def release(node_id: int) -> None:
+            self.footprint.end(rank, node_id)
+            done(node_id)
+        return release
+
+    def gpu_load(self, rank: int) -> GpuLoad:
+        return self.footprint.load(rank)
+
+    def _link_gbps(self) -> float:
+        """What one GPU's links carry each way, GB/s: its NVLink and its share of the node's NICs."""
+        gpu, network = self.profile.gpu, self.profile.network
+        nics = 0.0 if network is None else network.nics_per_node.value * network.nic_gbits.value / 8
+        return gpu.nvlink_gbps.value + nics / self.gpus_per_node
+
     def _finished(self, arg: tuple[int, _Pending]) -> None:
         rank, coll = arg
         node_id = coll.nodes[rank]
+        self.footprint.end(rank, node_id)
         del self.open[rank][node_id]
         self.collectives_done[rank] += 1
         coll.done[rank](node_id)

@@ -1,0 +1,84 @@
+"""Transformer Engine's fp8 quantization around each fp8 GEMM: the kernels and reductions a layer
+runs besides its GEMMs (a mixin of `kernels.LayerKernels`).
+
+Read at NVIDIA/TransformerEngine d0067d0da6cb01811b8072a7d304f0e00344ce2b and NVIDIA/Megatron-LM
+d98e8a64ddf34856e74b24714e3bedb2f5a39553:
+
+- delayed scaling: a GEMM input is cast and transposed in one kernel (read bf16, write the fp8 copy
+  and its transpose), with its amax taken on the way; LayerNormLinear's norm writes fp8 itself
+  (normalization.cpp: FULLY_FUSED for fp8 quantizers). Megatron wraps the whole block in one
+  fp8_autocast (transformer_block.py), at whose exit TE reduces every amax of the pass in one
+  all-reduce (quantization.py reduce_and_update_fp8_tensors, over TP x DP x CP:
+  get_amax_reduction_group) and updates the scales: once per forward and once per backward of a
+  model chunk.
+- current scaling (Float8CurrentScalingQuantizer::quantize_impl, quantizer.cpp): every quantized
+  tensor first gets its own amax pass (a full read), then its scale (a tiny kernel), then the cast;
+  a sequence-parallel column-parallel input (forward) and a row-parallel layer's output gradient
+  (backward) all-reduce that amax over TP first (linear.py: amax reduction group). Norms write bf16
+  and their amax (FUSED_NORM_AMAX_FP8) and are quantized after.
+- weights are quantized once per step (Megatron passes is_first_microbatch).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
+
+AMAX_BYTES = 4 * 3 * 4
+"""Per layer and pass: fp32 amaxes of the inputs, weights and outputs (or gradients) of its four
+fp8 GEMMs (QKV, projection, FC1, FC2), reduced in one buffer."""
+
+
+class Fp8Quantization:
+    """The quantization kernels of fp8 GEMMs (see the module docstring)."""
+
+    job: "JobSpec"
+    e: int
+    fp8: bool
+    linear_fp8: bool
+    part: str
+    groups: dict[str, tuple[int, ...]]
+
+    if TYPE_CHECKING:   # provided by kernels.LayerKernels
+        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
+            raise NotImplementedError
+
+        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
+            raise NotImplementedError
+
+    @property
+    def fp8_on(self) -> bool:
+        """fp8 GEMMs with Transformer Engine's overheads (job.effects.fp8_overheads)."""
+        return self.fp8 and self.linear_fp8 and self.job.effects.fp8_overheads
+
+    @property
+    def current_scaling(self) -> bool:
+        return self.job.training.fp8_recipe == "current"
+
+    def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+        """Quantize a bf16 tensor to fp8 and its transpose before a GEMM reads it; `tp_amax`: its
+        amax is all-reduced over TP first (current scaling); `amax_done`: a fused kernel (a norm)
+        already took it."""
+        if not self.fp8_on:
+            return
+        if self.current_scaling:
+            if not amax_done:
+                self.elementwise(name + ".amax", elements, elements * self.e)
+            if tp_amax and "tp" in self.groups:
+                self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 4, "tp")
+            self.elementwise(name + ".scale", 1, 8, dtype="fp32")
+        self.elementwise(name + ".cast_fp8", elements, elements * (self.e + 2))
+
+    def norm_output_bytes(self) -> int:
+        """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one
+        under delayed scaling (fused), bf16 only under current scaling (quantized after)."""
+        return self.e + (1 if self.fp8 and self.linear_fp8 and not self.current_scaling else 0)
+
+    def amax_reduction(self, name: str, layers: int) -> None:
+        """Delayed scaling: the amaxes of a pass of a chunk's layers, reduced at the fp8_autocast exit."""
+        if self.fp8 and self.job.effects.fp8_overheads and not self.current_scaling and layers:
+            self.blocking(name + ".amax_all_reduce", "amax", pb.ALL_REDUCE, AMAX_BYTES * layers, "other")

@@ -1,0 +1,147 @@
+"""The tensor-parallel communication around a layer's GEMMs (a mixin of `kernels.LayerKernels`).
+
+With sequence parallelism the residual stream is all-gathered before each column-parallel GEMM
+and the output of each row-parallel GEMM reduce-scattered (all-reduced without SP); in the
+backward the saved input shard is all-gathered again beside the dgrad and the input gradient
+reduce-scattered beside the wgrad, as Megatron-LM does (NCCL, whose kernels take SMs from the
+GEMMs beside them: `SystemLayer.gpu_load`).
+
+With `parallel.tp_comm_overlap`, Transformer Engine's userbuffers run them instead, with TE's
+defaults (transformer_engine/pytorch/module/base.py initialize_ub, NVIDIA/TransformerEngine at
+d0067d0da6cb01811b8072a7d304f0e00344ce2b; comm_gemm_overlap.cpp):
+- "ring_exchange" for the all-gathers before a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
+  fc2_dgrad): the GEMM runs in tp chunks as the pieces arrive, copied by the copy engine with
+  one signalling thread block;
+- "pipeline" for the reduce-scatters after the row-parallel forward GEMMs (proj_fprop,
+  fc2_fprop): the GEMM in num_splits = 4 chunks on the SMs left by an SM margin of num_sm = 16,
+  each chunk's reduce-scatter on those 16 beside the next chunk; the last one is exposed;
+- "bulk" for the backward's all-gather and reduce-scatter (qkv/fc1 dgrad and wgrad): one
+  collective on num_sm = 16 thread blocks, no margin, beside the GEMM.
+The output layer is not a Transformer Engine module and keeps NCCL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from chakra_core.et.build import Stream
+from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
+
+UB_RING_CTAS = 1
+"""ring_exchange: num_sm 1, copies on the copy engine (userbuffers.cu: signalonly with use_ce)."""
+UB_PIPELINE_CTAS = 16
+"""pipeline: num_sm 16 with set_sm_margin (the GEMM launched on sm_count - num_sm SMs)."""
+UB_PIPELINE_SPLITS = 4
+"""pipeline: num_splits 4."""
+UB_BULK_CTAS = 16
+"""bulk: num_sm 16, no margin."""
+
+
+class TensorParallel:
+    """TP/SP collectives and the GEMMs they feed or follow (see the module docstring)."""
+
+    job: "JobSpec"
+    stream: Stream
+    groups: dict[str, tuple[int, ...]]
+    sp: bool
+    tp: int
+    n: int
+    nl: int
+    h: int
+    e: int
+
+    if TYPE_CHECKING:   # provided by kernels.LayerKernels
+        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
+                 sm_margin: int = 0, accumulate: bool = False) -> int:
+            raise NotImplementedError
+
+        def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
+                       after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
+            raise NotImplementedError
+
+        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
+            raise NotImplementedError
+
+        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+            raise NotImplementedError
+
+    def _userbuffers(self, te: bool) -> bool:
+        return te and self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups
+
+    def tp_gather(self, name: str, te: bool = True) -> int | None:
+        """Sequence parallel: the all-gather of the residual stream before a column-parallel GEMM;
+        returned for the GEMM to run beside it with userbuffers, else waited for."""
+        if not self.sp:
+            return None
+        overlap = self._userbuffers(te)
+        coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER, self.nl * self.h * self.e,
+                               ctas=UB_RING_CTAS if overlap else 0)
+        if not overlap:
+            self.stream.wait(coll)
+            return None
+        return coll
+
+    def tp_reduce(self, name: str) -> None:
+        """After a row-parallel GEMM: reduce-scatter (SP) or all-reduce its output."""
+        if "tp" not in self.groups:
+            return
+        kind = pb.REDUCE_SCATTER if self.sp else pb.ALL_REDUCE
+        suffix = ".tp_reduce_scatter" if self.sp else ".tp_all_reduce"
+        self.blocking(name + suffix, "tp", kind, self.n * self.h * self.e)
+
+    def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
+        """A row-parallel GEMM and the reduction of its output; with userbuffers, TE's pipeline:
+        num_splits chunks on the SMs its margin leaves, each chunk's reduce-scatter beside the next."""
+        if not self._userbuffers(True):
+            node = self.gemm(name, m, k, n, cast=True)
+            self.tp_reduce(name)
+            return node
+        splits = UB_PIPELINE_SPLITS if m % UB_PIPELINE_SPLITS == 0 else 1
+        size = self.n * self.h * self.e // splits
+        reductions, node = [], 0
+        self.quantize(name, m * k)   # the whole input, before the first chunk
+        for i in range(splits):
+            node = self.gemm(f"{name}.{i}", m // splits, k, n, sm_margin=UB_PIPELINE_CTAS)
+            reductions.append(self.collective(f"{name}.{i}.tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, size,
+                                              after=[node], ctas=UB_PIPELINE_CTAS))
+        self.stream.wait(*reductions)
+        return node
+
+    def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
+                   tp_amax: bool = False, te: bool = True) -> int:
+        """A column-parallel GEMM whose input is all-gathered first; with userbuffers, TE's ring
+        exchange: the GEMM in tp chunks beside the gather, the last chunk after it."""
+        pending = self.tp_gather(name, te) if gather else None
+        if pending is None or m % self.tp:
+            node = self.gemm(name, m, k, n, cast, tp_amax)
+            self.stream.wait(pending)
+            return node
+        for i in range(self.tp - 1):   # the local shard is quantized and its fp8 copy exchanged
+            self.gemm(f"{name}.{i}", m // self.tp, k, n, cast and i == 0, tp_amax)
+        self.stream.wait(pending)
+        return self.gemm(f"{name}.{self.tp - 1}", m // self.tp, k, n)
+
+    def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True) -> tuple[int, int]:
+        """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's
+        reduce-scatter (all-reduce without SP) beside the wgrad; with SP the saved input shard is
+        all-gathered again for the wgrad, beside the dgrad (as Megatron does; userbuffers' bulk)."""
+        ctas = UB_BULK_CTAS if self._userbuffers(te) else 0
+        regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
+                                   self.nl * self.h * self.e, ctas=ctas) if self.sp else None
+        dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
+        reduce = None
+        if "tp" in self.groups:
+            kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
+            reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.e, after=[dgrad], ctas=ctas)
+        self.stream.wait(regather)
+        wgrad = self.gemm(name + ".wgrad", n, m, k, accumulate=True)
+        self.stream.wait(reduce)
+        return dgrad, wgrad
+
+    def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
+        """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
+        dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True, tp_amax=self.sp)
+        return dgrad, self.gemm(name + ".wgrad", k, m, n, accumulate=True)

@@ -1,0 +1,64 @@
+"""What NCCL's kernels in flight take from the GPU they run on: thread blocks and HBM bandwidth
+(`SystemLayer.gpu_load`), so that a compute model can time kernels that run beside them.
+
+- Thread blocks: NCCL launches one per channel (NVIDIA/nccl src/enqueue.cc at
+  5067397c2676d5aed50042fc39e5c8ee96eb0027: `dim3 grid = {(unsigned)nChannels, 1, 1}`), from the
+  moment the rank issues the collective, its peers there or not; the channels are those NCCL's
+  choice runs (fewer for small messages). A collective Transformer Engine's userbuffers run says
+  its own (`comm_ctas`). A send or receive takes NCCL's minimum of 2 channels per peer
+  (src/graph/paths.cc ncclTopoGetNchannels: 2 per PCIe or network peer, more over NVLink: a
+  lower bound).
+- HBM: a reducing collective reads its input and the incoming chunk and writes the result (3
+  bytes of HBM traffic per byte it moves), a copying one reads and writes (2): NCCL's ring
+  primitives (src/device/all_reduce.h runRing: recvReduceSend, recvCopySend). Derived from the
+  source, not measured; sends and receives are not counted. Together they make at most 3 bytes
+  per byte the GPU's links carry (NVLink and its NICs), whatever static shares they were given.
+- Both are counted from the issue for as long as the operation takes alone: what a rank's own
+  kernels see depends on that rank's issues only, not on the order in which its peers' issues
+  reach the simulator at one instant (so a folded run sees what an unfolded one does).
+"""
+
+from __future__ import annotations
+
+from chakra_core import GpuLoad, pb
+from chakra_core.contract.inputs import NO_LOAD
+
+P2P_CTAS = 2
+REDUCING = frozenset({pb.ALL_REDUCE, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK, pb.REDUCE, pb.BARRIER})
+
+
+def hbm_bytes_per_byte(comm_type: int) -> int:
+    return 3 if comm_type in REDUCING else 2
+
+
+class GpuFootprint:
+    """Per rank: thread blocks and HBM traffic of the communication in flight."""
+
+    def __init__(self, ranks: int, hbm_cap_gbps: float):
+        self.ctas = [0] * ranks
+        self.hbm_gbps = [0.0] * ranks
+        self.hbm_cap = hbm_cap_gbps
+        # per rank: node id -> (ctas, GB/s, expected end in ns)
+        self._held: list[dict[int, tuple[int, float, int]]] = [{} for _ in range(ranks)]
+
+    def start(self, rank: int, node_id: int, ctas: int, gbps: float, end_ns: int) -> None:
+        """An operation holds `ctas` thread blocks and makes `gbps` of HBM traffic until about
+        `end_ns` (its issue plus its time alone)."""
+        self._held[rank][node_id] = (ctas, gbps, end_ns)
+        self.ctas[rank] += ctas
+        self.hbm_gbps[rank] += gbps
+
+    def end(self, rank: int, node_id: int) -> None:
+        held = self._held[rank].pop(node_id, None)
+        if held is not None:
+            self.ctas[rank] -= held[0]
+            self.hbm_gbps[rank] = max(0.0, self.hbm_gbps[rank] - held[1])
+
+    def load(self, rank: int) -> GpuLoad:
+        """Thread blocks and HBM traffic now (the traffic at most what the GPU's links can feed:
+        operations in flight together share them), and when the first of them is expected to end."""
+        held = self._held[rank]
+        if not held:
+            return NO_LOAD
+        until = min(end for _, _, end in held.values())
+        return GpuLoad(self.ctas[rank], min(self.hbm_gbps[rank], self.hbm_cap), until)
