@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3, help="layouts the plan must be sure of")
     args = parser.parse_args()
     runs = {run["id"]: run for run in yaml.safe_load(RUNS_FILE.read_text())["runs"]}
-    print("| run | published layout | its memory GiB (of GPU) | simulated GiB | fits | its step s | its rank "
+    print("| run | published layout | its memory + reserve GiB (usable) | simulated GiB | fits | its step s | its rank "
           "| best layout | best step s | best / published | layouts valid / fit / simulated | largest memory gap "
           "| plan wall s |")
     print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---|---:|---:|")
@@ -75,7 +75,8 @@ def main() -> None:
             simulated = "-" if mine.simulated_memory is None else f"{mine.simulated_memory / GIB:.1f}"
             gaps = [abs(c.memory_check) for c in found.candidates if c.memory_check is not None]
             gap = f"{100 * max(gaps):.3f}%" if gaps else "-"
-            print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} ({found.capacity_bytes / GIB:.0f}) | "
+            print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} + {mine.reserve.total / GIB:.1f} "
+                  f"({found.usable_bytes / GIB:.1f}) | "
                   f"{simulated} | {'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
                   f"{rank if rank is not None else '-'} of {len(ranked)} | {best.layout.label()} | {best.step_s:.3f} | "
                   f"{ratio} | {counts['enumerated']:,} / {counts['fit']:,} / {counts['simulated'] + counts['failed']:,} "

@@ -10,7 +10,8 @@ search is the
 command's default (TP within the node, PP, VP, CP up to 8, micro-batches 1, 2, 4, 8,
 recomputation none or full, distributed optimizer on or off), two local workers. Printed: wall
 time, the layouts tried, valid, fitting in memory, bounded with the compute model, simulated
-and pruned, and the best few. Each run starts from an empty output folder.
+and pruned, and the best few (predicted memory and the reserve beside it: docs/plan.md). Each
+run starts from an empty output folder.
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ def main() -> None:
     print(f"| {args.top} | {wall:.1f} | {counts['tried']:,} | {counts['enumerated']:,} | {counts['fit']:,} | "
           f"{found.tightened:,} | {counts['simulated'] + counts['failed']:,} | {counts['pruned']:,} | {found.rounds} |")
     print()
-    print("| rank | layout | step s | TFLOP/s per GPU | MFU | memory GiB | simulated GiB |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| rank | layout | step s | TFLOP/s per GPU | MFU | memory GiB | reserve GiB | simulated GiB |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     simulated = [c for c in found.ranked() if c.status == SIMULATED]
     for i, c in enumerate(simulated[:5]):
         r = c.results or {}
         checked = "-" if c.simulated_memory is None else f"{c.simulated_memory / 2**30:.1f}"
         print(f"| {i + 1} | {c.layout.label()} | {c.step_s:.3f} | {r['tflops_per_gpu']:.0f} | {100 * r['mfu']:.1f}% | "
-              f"{c.memory.total / 2**30:.1f} | {checked} |")
+              f"{c.memory.total / 2**30:.1f} | {c.reserve.total / 2**30:.1f} | {checked} |")
     gaps = [abs(c.memory_check) for c in simulated if c.memory_check is not None]
     if gaps:
         print(f"\nsimulated peaks within {100 * max(gaps):.3f}% of the predictions ({len(gaps)} layouts)")

@@ -165,15 +165,18 @@ class Validation:
 
 def validate(config: RunConfig, host: PluginHost | None = None) -> Validation:
     """What a run of `config` would reject, found without simulating: the layers are built as for
-    a run, the traces read through (config.checks), the output folder checked."""
+    a run, the traces read through (config.checks), the output folder checked. Its warnings are
+    those a run would give before simulating, the layers' included."""
     host = host if host is not None else make_plugin_host()
     spec = config.spec
     problems: list[str] = []
     warnings: list[str] = list(spec.warnings)
     try:
-        Simulation(spec, host)
+        built = Simulation(spec, host)
     except ChakraSimError as exc:
         problems.append(f"{config.source}: {exc}")
+    else:   # what the layers warn of when they are built (e.g. rates a profile inherited), a run would too
+        warnings.extend(w for w in built.context.warnings if w not in warnings)
     system = spec.layers.get("system")
     system_cls = system.impl.cls if system is not None and issubclass(system.impl.cls, SystemLayer) else None
     check_traces(spec, system_cls, config.source, problems, warnings)

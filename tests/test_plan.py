@@ -50,8 +50,10 @@ def test_layouts_that_do_not_fit_say_what_overflows(tmp_path):
                  top=1, batch=2, workers=1, search={**SEARCH, "recompute": ("full",)})
     too_big = [c for c in found.candidates if c.status == TOO_BIG]
     assert too_big
-    assert all("GiB" in (c.overflow or "") and c.memory.total > found.capacity_bytes for c in too_big)
-    assert all(c.memory.total <= found.capacity_bytes for c in found.candidates if c.status != TOO_BIG)
+    assert all("GiB" in (c.overflow or "") and c.memory.total + c.reserve.total > found.usable_bytes
+               for c in too_big)
+    assert all(c.memory.total + c.reserve.total <= found.usable_bytes for c in found.candidates
+               if c.status != TOO_BIG)
 
 
 def test_a_given_layout_is_simulated_whatever_its_bound(tmp_path):

@@ -176,6 +176,11 @@ def test_overflow_names_the_excess_and_the_biggest_parts() -> None:
     assert line == ("needs 92.4 GiB of 80.0 GiB (12.4 GiB over): activations 51.0 GiB, optimizer 21.9 GiB, "
                     "weights 10.1 GiB, gradients 9.4 GiB")
     assert "buffers" not in line and "\n" not in line
+    # with a reserve beside the peak (chakra_core.plan.headroom): the need counts it
+    assert overflow(e, e.total + GIB, reserve_bytes=GIB) is None
+    assert overflow(e, 93 * GIB, reserve_bytes=2 * GIB) == (
+        "needs 92.4 GiB + 2.0 GiB reserve of 93.0 GiB (1.4 GiB over): activations 51.0 GiB, optimizer 21.9 GiB, "
+        "weights 10.1 GiB, gradients 9.4 GiB")
 
 
 def test_a_big_job_overflows_an_80_gib_gpu() -> None:

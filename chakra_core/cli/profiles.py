@@ -133,3 +133,17 @@ def profiles(name_or_path: str | None, as_json: bool) -> None:
             click.echo(json.dumps(profile.model_dump(mode="json", exclude_none=True), indent=2))
         else:
             out_console().print(_profile_table(profile))
+            _print_inherited(profile)
+
+
+def _print_inherited(profile: Profile) -> None:
+    """The rates the profile keeps from its parent although what they depend on changed."""
+    from chakra_core.cli.output import out_console
+
+    if not profile.inherited_rates:
+        return
+    console = out_console()
+    console.print(f"[bold yellow]{len(profile.inherited_rates)} rate(s) inherited although what they depend on "
+                  "changed[/bold yellow] (runs that use them warn; restate each with a source, docs/hardware.md):")
+    for rate in profile.inherited_rates:
+        console.print(f"  {escape(rate.message())}", highlight=False)

@@ -201,7 +201,8 @@ def validate(manifest: str | None, workload: str | None, astra_system: str | Non
     trace file reads to the end with a usable dependency graph, that each
     communicator group's k-th collectives agree in type and size across ranks
     (in node-id order), and that the output folder can be written. Exit status 2
-    when anything is wrong.
+    when anything is wrong; what a run would warn of before simulating (the layers'
+    warnings, e.g. rates a hardware profile inherits) is shown, exit status 0.
 
     \b
     Examples:

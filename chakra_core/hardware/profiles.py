@@ -8,11 +8,14 @@ NCCL's public source, never a measurement that the accuracy tables judge.
 
 `extends: <profile>` starts from another profile and overrides keys
 (a scale-out profile extends its node's), merged key by key; a sourced value the
-extending file changes must carry its own source (the parent's would be untrue).
+extending file changes must carry its own source (the parent's would be untrue), and a rate it
+keeps although what the rate depends on changed is recorded (`Profile.inherited_rates`,
+chakra_core.hardware.inheritance) for the layers that use it to say so.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from chakra_core.config.files import check_values, load_yaml
 from chakra_core.errors import ManifestError
+from chakra_core.hardware.inheritance import InheritedRate, Origin, inherited, origins
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 """Data types a profile may give a dense peak for (TFLOP/s, or TOP/s for int8)."""
@@ -51,6 +55,9 @@ class GpuSpec(_Strict):
         ..., description="dense peak per data type (TFLOP/s; TOP/s for int8), without sparsity")
     memory_bandwidth_gbps: Sourced = Field(..., description="HBM bandwidth, GB/s (10^9 B/s)")
     memory_gib: Sourced
+    usable_memory_gib: Sourced | None = Field(
+        None, description="memory a program can allocate per GPU, GiB: the device's total as CUDA reports it "
+                          "(the memory less what the driver reserves); default memory_gib")
     nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
     nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
     achievable: AchievableSpec | None = Field(
@@ -65,6 +72,14 @@ class GpuSpec(_Strict):
         if not value:
             raise ValueError("needs at least one data type")
         return value
+
+    @model_validator(mode="after")
+    def _usable_within_memory(self) -> "GpuSpec":
+        usable = self.usable_memory_gib
+        if usable is not None and not 0 < usable.value <= self.memory_gib.value:
+            raise ValueError(f"usable_memory_gib ({usable.value:g}) must be above 0 and at most memory_gib "
+                             f"({self.memory_gib.value:g})")
+        return self
 
     @model_validator(mode="after")
     def _achievable_below_peak(self) -> "GpuSpec":
@@ -242,6 +257,9 @@ class Profile(_Strict):
     nccl: NcclSpec
     network: NetworkSpec | None = None
     calibration: Calibration | None = None
+    inherited_rates: list[InheritedRate] = Field(
+        default_factory=list, description="rates kept from the parent profile although a value they depend on "
+                                          "changed (worked out when the profile loads)")
 
     @model_validator(mode="after")
     def _staging_needs_pcie(self) -> "Profile":
@@ -249,6 +267,10 @@ class Profile(_Strict):
             raise ValueError("network.transport host_staged copies every network step through host memory: "
                              "give node.pcie_gbps (the GPU's PCIe bandwidth)")
         return self
+
+    def inherited(self, prefix: str) -> list[InheritedRate]:
+        """The inherited rates whose key path starts with `prefix` (e.g. "gpu.achievable.")."""
+        return [rate for rate in self.inherited_rates if rate.key.startswith(prefix)]
 
     @property
     def gpus_per_node(self) -> int:
@@ -316,7 +338,27 @@ def _path_of(name: str | Path, base_dir: Path) -> Path:
     return builtin
 
 
-def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+@dataclass
+class _Resolved:
+    """A profile file with its `extends` chain merged, and where each rate that depends on another
+    value was stated (chakra_core.hardware.inheritance)."""
+
+    data: dict[str, Any]
+    origins: dict[str, Origin]
+
+
+def _records(data: dict[str, Any], path: Path) -> list[InheritedRate]:
+    """A flat profile's record of the rates it inherited (written by --json or calibrate)."""
+    raw = data.pop("inherited_rates", None) or []
+    try:
+        if not isinstance(raw, list):
+            raise ValueError("a list of the rates the profile inherited")
+        return [InheritedRate.model_validate(item) for item in raw]
+    except (ValueError, ValidationError) as exc:
+        raise ManifestError([(f"{path}: inherited_rates", f"not a record of inherited rates: {exc}")]) from None
+
+
+def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
     if path in seen:
         raise ManifestError([(str(path), "profile 'extends' chain loops: "
                               + " -> ".join(p.name for p in (*seen, path)))])
@@ -331,9 +373,11 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
         raise ManifestError([(str(path), f"not valid YAML: {exc}")]) from None
     if not isinstance(data, dict):
         raise ManifestError([(str(path), "a profile is a mapping of keys")])
+    name = data["name"] if isinstance(data.get("name"), str) else path.stem
+    records = _records(data, path)
     parent = data.pop("extends", None)
     if parent is None:
-        return data
+        return _Resolved(data, origins(data, data, name, None, {}, records))
     if not isinstance(parent, str) or not parent:
         raise ManifestError([(f"{path}: extends", "give a shipped profile's name or a .yaml path")])
     # Resolved, so that a loop through '..' or a symlink is seen as one.
@@ -342,23 +386,25 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
     except ManifestError as exc:   # name the file that says `extends`
         raise ManifestError([(f"{path}: extends: {where}", why) for where, why in exc.problems]) from None
     base = _raw(parent_path.resolve(), (*seen, path))
-    base.pop("name", None)   # a profile is named after its own file unless it says otherwise
+    parent_name = base.data.pop("name", parent_path.stem)   # a profile is named after its own file unless it says
     problems: list[tuple[str, str]] = []
-    merged = _merge(base, data, "", problems, parent)
+    merged = _merge(base.data, data, "", problems, parent)
     if problems:
         raise ManifestError([(f"{path}: {where}", why) for where, why in problems])
-    return merged
+    return _Resolved(merged, origins(merged, data, name, str(parent_name), base.origins, records))
 
 
 @lru_cache(maxsize=64)
 def _load(path: Path) -> Profile:
-    data = _raw(path, ())
+    resolved = _raw(path, ())
+    data = resolved.data
     data.setdefault("name", path.stem)
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         raise ManifestError([(f"{path}: {'.'.join(str(p) for p in err['loc'])}", err["msg"])
                              for err in exc.errors()]) from None
+    return profile.model_copy(update={"inherited_rates": inherited(data, resolved.origins)})
 
 
 def load_profile(name: str | Path, base_dir: Path = Path(".")) -> Profile:

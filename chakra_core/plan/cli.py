@@ -49,6 +49,9 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="fail a simulation that runs longer")
 @click.option("--force", is_flag=True, help="simulate again the layouts an earlier plan finished")
+@click.option("--headroom", "headroom_gib", type=click.FloatRange(min=0), metavar="GIB",
+              help="memory each GPU keeps beside a layout's predicted peak (CUDA context, NCCL buffers, "
+                   "fragmentation), GiB, for every layout  [default: worked out per layout; docs/plan.md]")
 @click.option("--check-memory/--no-check-memory", default=True, show_default=True,
               help="list the traces' tensors so that the manifest's memory layer (e.g. memory: {plugin: hbm}) "
                    "sets each simulated layout's peak memory beside the prediction")
@@ -56,13 +59,16 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
                  top: int, batch: int, micro_batches: str, vary: tuple[str, ...], out_dir: str | None,
-                 timeout: float | None, force: bool, check_memory: bool, quiet: bool, debug: bool) -> None:
+                 timeout: float | None, force: bool, headroom_gib: float | None, check_memory: bool, quiet: bool,
+                 debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
 
     Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
     optimizer layout of JOB.yaml's `job:` (a job manifest, docs/training.md), predicts each one's
-    peak memory per GPU and drops those that do not fit, then simulates in order of a lower bound
-    on the step time until no remaining layout can enter the --top fastest. Writes plan.csv,
+    peak memory per GPU and drops those that do not fit, with a reserve for the CUDA context, NCCL
+    and fragmentation (--headroom sets it), in the memory a program can use; then simulates in
+    order of a lower bound on the step time until no remaining layout can enter the --top
+    fastest. Writes plan.csv,
     plan.parquet, plan.json, pareto.png and breakdown.png to OUT, the simulations to
     OUT/simulations (a sweep: rerunning the command resumes it). See docs/plan.md.
 
@@ -86,14 +92,15 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
         cases = varied(manifest, vary)
         settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
-                    "check_memory": check_memory}
+                    "check_memory": check_memory, "headroom_gib": headroom_gib}
         summary = []
         for label, case in cases:
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
             found = plan(case, base_dir, where, top=top, batch=batch, executor=executor, workers=workers,
                          address=address, force=force, timeout=timeout, search={"micro_batches": sizes},
-                         on_point=None if quiet else _progress, source=job_file, check_memory=check_memory)
+                         on_point=None if quiet else _progress, source=job_file, check_memory=check_memory,
+                         headroom_gib=headroom_gib)
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
@@ -198,11 +205,12 @@ def _progress(report: PointReport) -> None:
 def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float) -> None:
     console = out_console()
     counts = found.counts()
-    title = f"plan{'' if label is None else f' ({label})'}: {found.profile}, {found.capacity_bytes / GIB:.0f} GiB per GPU"
+    title = (f"plan{'' if label is None else f' ({label})'}: {found.profile}, {found.usable_bytes / GIB:.2f} GiB "
+             "usable per GPU")
     table = Table(title=title, title_justify="left")
     columns = [("#", "right"), ("layout", "left"), ("step s", "right"), ("TFLOP/s/GPU", "right"), ("MFU", "right"),
                ("memory GiB", "right"), *([("simulated GiB", "right")] if found.memory_checked else []),
-               ("exposed comm s", "right"), ("bubble s", "right")]
+               ("reserve GiB", "right"), ("exposed comm s", "right"), ("bubble s", "right")]
     for column, justify in columns:
         table.add_column(column, justify=justify)   # type: ignore[arg-type]
     for row in found.rows()[: top if quiet else max(top, 10)]:
@@ -212,8 +220,9 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
         checked = [] if not found.memory_checked else ["-" if simulated is None else f"{simulated:.1f}"]
         table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", f"{row['tflops_per_gpu']:.0f}",
                       f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", *checked,
-                      f"{row['exposed_comm_s']:.3f}", f"{row['bubble_s']:.3f}")
+                      f"{row['memory_reserve_gib']:.1f}", f"{row['exposed_comm_s']:.3f}", f"{row['bubble_s']:.3f}")
     console.print(table)
+    console.print(f"memory: {found.headroom.describe()}", highlight=False, markup=False, soft_wrap=True)
     checks = [c for c in found.candidates if c.memory_check is not None]
     if checks:
         worst = max(checks, key=lambda c: abs(c.memory_check or 0.0))

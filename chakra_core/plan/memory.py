@@ -53,10 +53,11 @@ at the loss's forward, their gradient at its backward, and a recomputed layer's 
 Current mcore no longer runs every forward first when microbatches == pp (older Megatron-LM did).
 
 buffers is 0: NCCL's buffers, the CUDA context, cuBLAS/TE workspaces and allocator fragmentation
-have no public per-job size to count, so they are not counted (torch.cuda.max_memory_allocated,
-the figure Megatron logs, leaves out NCCL and the context as well). Not counted either: activation
-gradients and temporaries of the backward of one layer, FlashAttention's softmax statistics (4 B
-per head and query, about 0.1% of a layer at head dim 128) and RNG states.
+are outside what the allocator holds for a job (torch.cuda.max_memory_allocated, the figure
+Megatron logs, leaves out NCCL and the context as well); the plan holds the prediction against the
+GPU's usable memory less a reserve for them (chakra_core.plan.headroom). Not counted either:
+activation gradients and temporaries of the backward of one layer, FlashAttention's softmax
+statistics (4 B per head and query, about 0.1% of a layer at head dim 128) and RNG states.
 """
 
 from __future__ import annotations
@@ -229,12 +230,14 @@ def predict_memory(job: JobSpec) -> MemoryEstimate:
     return max(memory_by_stage(job), key=lambda e: e.total)
 
 
-def overflow(estimate: MemoryEstimate, capacity_bytes: int) -> str | None:
-    """None if the estimate fits in `capacity_bytes`; else one line: the need, the excess and the
-    parts, largest first."""
-    if estimate.total <= capacity_bytes:
+def overflow(estimate: MemoryEstimate, capacity_bytes: int, reserve_bytes: int = 0) -> str | None:
+    """None if the estimate and `reserve_bytes` (what else the GPU must hold: chakra_core.plan.headroom)
+    fit in `capacity_bytes`; else one line: the need, the excess and the parts, largest first."""
+    need = estimate.total + reserve_bytes
+    if need <= capacity_bytes:
         return None
     parts = sorted(((v, k) for k, v in estimate.parts().items() if v > 0), reverse=True)
     listed = ", ".join(f"{name} {value / GIB:.1f} GiB" for value, name in parts)
-    return (f"needs {estimate.total / GIB:.1f} GiB of {capacity_bytes / GIB:.1f} GiB "
-            f"({(estimate.total - capacity_bytes) / GIB:.1f} GiB over): {listed}")
+    reserve = f" + {reserve_bytes / GIB:.1f} GiB reserve" if reserve_bytes else ""
+    return (f"needs {estimate.total / GIB:.1f} GiB{reserve} of {capacity_bytes / GIB:.1f} GiB "
+            f"({(need - capacity_bytes) / GIB:.1f} GiB over): {listed}")

@@ -2,7 +2,8 @@
 
 - `plan.csv`, `plan.parquet`: one row per layout, simulated ones ranked by step time first, then
   those left unsimulated (failed, pruned by their bound, too big for the GPU's memory);
-- `plan.json`: the counts, the GPU memory, the rows, and the search's settings;
+- `plan.json`: the counts, the GPU memory, the usable memory and the reserve rule, the rows, and
+  the search's settings;
 - `pareto.png`: step time against predicted peak memory per GPU of the simulated layouts, the
   Pareto front (no other layout both faster and smaller) drawn through them;
 - `breakdown.png`: the step of the top layouts side by side, split as `results.json`'s
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recompute", "distributed_optimizer",
-           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_simulated_gib",
-           "memory_check", "memory_stage",
+           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_reserve_gib",
+           "memory_usable_gib", "memory_simulated_gib", "memory_check", "memory_stage",
            "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
            "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
@@ -41,12 +42,12 @@ def plan_files(plan: Plan, settings: dict[str, Any]) -> dict[str, str | bytes]:
     files: dict[str, str | bytes] = {
         "plan.csv": table_csv(COLUMNS, rows, KINDS),
         "plan.parquet": table_parquet(COLUMNS, rows, KINDS),
-        "plan.json": json.dumps({"counts": plan.counts(), "gpu_memory_gib": plan.capacity_bytes / GIB,
+        "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(),
                                  "profile": plan.profile, "rejected": plan.enumeration.rejected,
                                  "settings": settings, "rows": rows}, indent=1, allow_nan=False) + "\n"}
     simulated = [c for c in plan.ranked() if c.status == SIMULATED]
     if simulated:
-        files["pareto.png"] = _png(pareto_figure(simulated, plan.capacity_bytes))
+        files["pareto.png"] = _png(pareto_figure(simulated, plan.usable_bytes))
         files["breakdown.png"] = _png(breakdown_figure(simulated[:BREAKDOWN_SHOWN]))
     return files
 
@@ -60,7 +61,7 @@ def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
     return front
 
 
-def pareto_figure(candidates: list[Candidate], capacity_bytes: int) -> Figure:
+def pareto_figure(candidates: list[Candidate], usable_bytes: int) -> Figure:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(7.5, 4.8), dpi=110)
@@ -73,7 +74,7 @@ def pareto_figure(candidates: list[Candidate], capacity_bytes: int) -> Figure:
     for c in front[:6]:
         axes.annotate(c.layout.label(), (c.memory.total / GIB, c.step_s or 0.0), fontsize=6,
                       xytext=(4, 4), textcoords="offset points")
-    axes.axvline(capacity_bytes / GIB, color="gray", linestyle="--", label="GPU memory")
+    axes.axvline(usable_bytes / GIB, color="gray", linestyle="--", label="usable GPU memory (before the reserve)")
     axes.set_xlabel("predicted peak memory per GPU (GiB)")
     axes.set_ylabel("simulated step time (s)")
     axes.set_title("step time vs memory of the simulated layouts")

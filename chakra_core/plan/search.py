@@ -2,8 +2,10 @@
 can still win.
 
 1. Every valid layout of the job (`layouts.enumerate_layouts`).
-2. Its predicted peak memory per GPU (`memory.predict_memory`) against the GPU's memory: a
-   layout that does not fit is kept in the table with what overflows and by how much.
+2. Its predicted peak memory per GPU (`memory.predict_memory`) and a reserve for the CUDA
+   context, NCCL's buffers and fragmentation against the memory a program can use
+   (`headroom.Headroom`): a layout that does not fit is kept in the table with what overflows
+   and by how much.
 3. A lower bound on its step time: the FLOPs of its busiest stage at the fastest rate any
    kernel reaches (`layouts.lower_bound_s`) for every layout, tightened for those that reach
    the front of the queue by timing their kernels with the manifest's own compute model
@@ -34,9 +36,10 @@ from pydantic import ValidationError
 
 from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
-from chakra_core.hardware.profiles import Profile, load_profile
+from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
+from chakra_core.plan.headroom import Headroom, Reserve
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.sweep.run import PointReport, run_sweep
@@ -57,6 +60,8 @@ class Candidate:
     layout: Layout
     memory: MemoryEstimate
     bound_s: float
+    reserve: Reserve = field(default_factory=Reserve)
+    """What the GPU holds beside the predicted peak (CUDA context, NCCL, fragmentation)."""
     status: str = PRUNED
     overflow: str | None = None
     results: dict[str, Any] | None = None     # the `training` section of its results.json
@@ -75,8 +80,8 @@ class Candidate:
             return None
         return self.simulated_memory / self.memory.total - 1
 
-    def row(self, rank: int | None) -> dict[str, Any]:
-        """Its line of the plan's table."""
+    def row(self, rank: int | None, usable_bytes: int) -> dict[str, Any]:
+        """Its line of the plan's table (`usable_bytes`: the memory a program can use per GPU)."""
         r = self.results or {}
         parts = r.get("breakdown_s", {})
         exposed = sum(v for k, v in parts.items() if k.startswith("exposed_"))
@@ -87,7 +92,8 @@ class Candidate:
             "distributed_optimizer": lay.distributed_optimizer, "status": self.status,
             "step_s": self.step_s, "bound_s": self.bound_s,
             "tflops_per_gpu": r.get("tflops_per_gpu"), "mfu": r.get("mfu"),
-            "memory_gib": self.memory.total / GIB, "memory_stage": self.memory.stage,
+            "memory_gib": self.memory.total / GIB, "memory_reserve_gib": self.reserve.total / GIB,
+            "memory_usable_gib": usable_bytes / GIB, "memory_stage": self.memory.stage,
             "memory_simulated_gib": None if self.simulated_memory is None else self.simulated_memory / GIB,
             "memory_check": self.memory_check,
             **{f"memory_{name}_gib": value / GIB for name, value in self.memory.parts().items()},
@@ -103,7 +109,8 @@ class Plan:
 
     candidates: list[Candidate]
     enumeration: Enumeration
-    capacity_bytes: int
+    headroom: Headroom
+    """The memory a program can use per GPU, and how each layout's reserve is worked out."""
     profile: str
     simulated: int = 0
     reused: int = 0
@@ -118,9 +125,13 @@ class Plan:
         return sorted(self.candidates, key=lambda c: (order[c.status], c.step_s if c.step_s is not None else math.inf,
                                                       c.bound_s, c.memory.total, c.layout))
 
+    @property
+    def usable_bytes(self) -> int:
+        return self.headroom.usable
+
     def rows(self) -> list[dict[str, Any]]:
         ranked = self.ranked()
-        return [c.row(i + 1 if c.status == SIMULATED else None) for i, c in enumerate(ranked)]
+        return [c.row(i + 1 if c.status == SIMULATED else None, self.usable_bytes) for i, c in enumerate(ranked)]
 
     def counts(self) -> dict[str, int]:
         found = {status: 0 for status in (SIMULATED, FAILED, PRUNED, TOO_BIG)}
@@ -130,20 +141,18 @@ class Plan:
                 "fit": len(self.candidates) - found[TOO_BIG], **found}
 
 
-def capacity(profile: Profile) -> int:
-    return int(profile.gpu.memory_gib.value * GIB)
-
-
 def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int = 10, batch: int = 4,
          executor: str = "local", workers: int | None = None, address: str | None = None, force: bool = False,
          timeout: float | None = None, search: Mapping[str, Any] | None = None, include: tuple[Layout, ...] = (),
          on_point: Callable[[PointReport], None] | None = None, source: str = "plan",
-         check_memory: bool = True) -> Plan:
+         check_memory: bool = True, headroom_gib: float | None = None) -> Plan:
     """Search the layouts of the job manifest `manifest` (its `job:` section's parallel and
     micro-batch / recomputation / optimizer settings are what varies) and simulate those that
     can still be among the `top` fastest; their runs go to `out_dir`/simulations. Layouts in
     `include` that fit are simulated in the first round whatever their bound (to rank a given one).
-    `check_memory`: simulate with the traces' tensors listed, for the manifest's memory layer to follow."""
+    `check_memory`: simulate with the traces' tensors listed, for the manifest's memory layer to follow.
+    `headroom_gib`: the reserve of every layout beside its predicted peak (default: worked out per
+    layout, chakra_core.plan.headroom)."""
     job = manifest.get("job")
     if not isinstance(job, Mapping):
         raise ManifestError([(f"{source}: job", "required: plan searches the layouts of a training job "
@@ -170,17 +179,19 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
     if not enumeration.layouts:
         reasons = "; ".join(f"{why} ({count})" for why, count in sorted(enumeration.rejected.items()))
         raise ManifestError([(f"{source}: job", f"no valid layout among {enumeration.tried} tried: {reasons}")])
-    limit = capacity(profile)
+    headroom = Headroom.of(profile, headroom_gib)
     candidates = []
     for layout in enumeration.layouts:
         spec = enumeration.specs[layout]
         estimate = predict_memory(spec)
-        candidate = Candidate(layout, estimate, lower_bound_s(spec, profile))
-        candidate.overflow = overflow(estimate, limit)
+        reserve = headroom.reserve(layout, estimate.total)
+        candidate = Candidate(layout, estimate, lower_bound_s(spec, profile), reserve)
+        candidate.overflow = overflow(estimate, headroom.usable, reserve.total)
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
         candidates.append(candidate)
-    result = Plan(candidates, enumeration, limit, profile.name)
+    result = Plan(candidates, enumeration, headroom, profile.name)
+    result.warnings.extend(headroom.warnings)
     if check_memory:
         manifest, why_not = memory_checked(manifest)
         result.memory_checked = why_not is None
@@ -188,8 +199,11 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
             result.warnings.append(f"memory is not checked: {why_not}")
     from chakra_core.plugins import make_plugin_host
 
-    tight = ComputeBound(manifest, base_dir, make_plugin_host(), profile.name, gpus_per_node,
+    # the profile as the job names it: a file's path, not the name it loads under
+    tight = ComputeBound(manifest, base_dir, make_plugin_host(), cluster.profile, gpus_per_node,
                          cluster.gpus)
+    # what the compute model warns of when built (e.g. rates its profile inherited), a run would too
+    result.warnings.extend(w for w in tight.model.context.warnings if w not in result.warnings)
     queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(enumeration.specs[c.layout]))
     chosen = [c for c in candidates if c.layout in include and c.status != TOO_BIG]
     queue.remove(chosen)
@@ -213,9 +227,10 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
         result.warnings.append(f"memory is not checked for {len(blind)} simulated layout(s): their memory layer "
                                "reported no peak_memory_bytes (it follows no tensors)")
     for c in candidates:
-        if c.simulated_memory is not None and c.simulated_memory > limit:
-            result.warnings.append(f"{c.layout.label()}: its simulated peak, {c.simulated_memory / GIB:.1f} GiB, "
-                                   f"exceeds the GPU's {limit / GIB:.1f} GiB (predicted {c.memory.total / GIB:.1f} GiB)")
+        if c.simulated_memory is not None and c.simulated_memory + c.reserve.total > headroom.usable:
+            result.warnings.append(f"{c.layout.label()}: its simulated peak, {c.simulated_memory / GIB:.1f} GiB, and "
+                                   f"its {c.reserve.total / GIB:.1f} GiB reserve exceed the GPU's "
+                                   f"{headroom.usable / GIB:.1f} GiB usable (predicted {c.memory.total / GIB:.1f} GiB)")
     result.reused = sum(c.status in (SIMULATED, FAILED) for c in candidates) - result.simulated
     return result
 

@@ -106,6 +106,10 @@ class AchievableCompute(ComputeModel):
                 raise SimulationError(f"compute.kernel_times: {exc}") from None
         self._warned: set[str] = set()
         self._fastest = 0.0                     # FLOP/s of the fastest modelled kernel so far
+        # a rate kept from a parent profile whose peak, bandwidth or model this one changed times
+        # this GPU's kernels with another GPU's measurement: say so (docs/hardware.md)
+        for rate in profile.inherited("gpu.achievable."):
+            self._warn(f"inherited:{rate.key}", f"profile '{profile.name}': {rate.message()}")
         self._by_attrs: dict[bytes, _Work] = {}
         self._device_checked = False
         self._weights = context.inputs.rank_weights

@@ -1,0 +1,176 @@
+"""Rates a profile inherits although what they depend on changed (issue 31): recorded at load,
+shown by `chakra-sim profiles`, warned of by a run on the `achievable` model and by `validate`;
+a profile that restates them (docs/hardware.md's B200-like what-if) and a network-only
+extension warn of nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from chakra_core.cli import main
+from chakra_core.errors import ManifestError
+from chakra_core.hardware.profiles import builtin_profiles, load_profile
+from chakra_core.run import load, simulate, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+# raises an H100 cluster's peaks, memory and bandwidth to a B200's and restates no rate
+WHAT_IF = """\
+extends: h100-hgx-ndr400
+description: what-if, rates not restated
+gpu:
+  peak_tflops:
+    bf16: {value: 2250, source: "NVIDIA DGX B200 datasheet"}
+    fp16: {value: 2250, source: "NVIDIA DGX B200 datasheet"}
+    fp8: {value: 4500, source: "NVIDIA DGX B200 datasheet"}
+  memory_gib: {value: 180, source: "NVIDIA DGX B200 datasheet"}
+  memory_bandwidth_gbps: {value: 8000, source: "NVIDIA DGX B200 datasheet"}
+"""
+INHERITED = {"gpu.achievable.matmul_tflops.bf16", "gpu.achievable.matmul_tflops.fp16",
+             "gpu.achievable.matmul_tflops.fp8", "gpu.achievable.hbm_gbps", "gpu.usable_memory_gib",
+             *(f"gpu.achievable.attention.{d}.{p}" for d in ("bf16", "fp16") for p in ("forward", "forward_causal",
+                                                                                       "backward")),
+             "gpu.achievable.attention.fp8.forward"}
+ACHIEVABLE = {key for key in INHERITED if key.startswith("gpu.achievable.")}
+
+
+def docs_what_if() -> str:
+    """The B200-like override docs/hardware.md shows, restating every rate."""
+    text = (ROOT / "docs" / "hardware.md").read_text()
+    found = re.search(r"```yaml\n(# b200-whatif\.yaml\n.*?)```", text, re.S)
+    assert found, "docs/hardware.md lost its b200-whatif.yaml example"
+    return found.group(1)
+
+
+def job(profile: str) -> dict[str, Any]:
+    return {"job": {"name": "t", "model": {"layers": 2, "hidden": 1024, "ffn_hidden": 2816, "heads": 16,
+                                          "kv_heads": 4, "vocab": 32000},
+                    "training": {"seq": 2048, "global_batch": 8}, "cluster": {"gpus": 8, "profile": profile}},
+            "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+
+
+def step_and_warnings(tmp_path: Path, profile: str) -> tuple[float, list[str]]:
+    results = simulate(load(job(profile), base_dir=tmp_path, out_dir=tmp_path / "out")).results
+    return results["training"]["step_time_s"], results["warnings"]
+
+
+def test_the_what_if_records_every_rate_it_inherits(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    profile = load_profile(tmp_path / "b200.yaml")
+    assert {rate.key for rate in profile.inherited_rates} == INHERITED
+    bf16 = next(r for r in profile.inherited_rates if r.key == "gpu.achievable.matmul_tflops.bf16")
+    assert (bf16.value, bf16.parent, bf16.stated_in) == (794.5, "h100-hgx-ndr400", "h100-sxm-hgx")
+    assert bf16.message() == ("gpu.achievable.matmul_tflops.bf16 = 794.5 inherited from h100-hgx-ndr400 (stated in "
+                              "h100-sxm-hgx) although gpu.peak_tflops.bf16 changed 989.5 -> 2250: restate it with a "
+                              "source")
+    hbm = next(r for r in profile.inherited_rates if r.key == "gpu.achievable.hbm_gbps")
+    assert "gpu.memory_bandwidth_gbps changed 3350 -> 8000" in hbm.message()
+    usable = next(r for r in profile.inherited_rates if r.key == "gpu.usable_memory_gib")
+    assert "gpu.memory_gib changed 80 -> 180" in usable.message()
+
+
+def test_a_run_on_the_what_if_warns_of_each_rate_and_is_the_h100s_step(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    step, warnings = step_and_warnings(tmp_path, "b200.yaml")
+    for key in ACHIEVABLE:
+        assert any(key in w and "inherited from h100-hgx-ndr400" in w for w in warnings), key
+    assert not any("usable_memory_gib" in w for w in warnings)   # the compute model does not use it
+    h100_step, h100_warnings = step_and_warnings(tmp_path, "h100-hgx-ndr400")
+    assert step == h100_step and not any("inherited" in w for w in h100_warnings)
+    # restated (the docs' example), the rates are the B200's: faster, and nothing to warn of
+    (tmp_path / "b200-whatif.yaml").write_text(docs_what_if())
+    restated_step, restated_warnings = step_and_warnings(tmp_path, "b200-whatif.yaml")
+    assert restated_step < step and not any("inherited" in w for w in restated_warnings)
+
+
+def test_validate_shows_the_warnings_and_passes(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    found = validate(load(job("b200.yaml"), base_dir=tmp_path, out_dir=tmp_path / "out"))
+    assert found.ok
+    assert sum("inherited from h100-hgx-ndr400" in w for w in found.warnings) == len(ACHIEVABLE)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job("b200.yaml")))
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "v")])
+    assert result.exit_code == 0, result.output
+    assert "matmul_tflops.bf16 = 794.5 inherited" in " ".join(result.output.split())
+
+
+def test_the_docs_example_restates_every_rate(tmp_path):
+    text = docs_what_if()
+    data = yaml.safe_load(text)
+    assert data["extends"] == "h100-hgx-ndr400"
+    (tmp_path / "b200-whatif.yaml").write_text(text)
+    profile = load_profile(tmp_path / "b200-whatif.yaml")
+    assert profile.inherited_rates == []
+    assert profile.gpu.achievable is not None and profile.gpu.achievable.matmul_tflops["bf16"].value == 1745.0
+    # the same file without its rates keeps 16 achievable ones and the usable memory
+    del data["gpu"]["achievable"], data["gpu"]["usable_memory_gib"]
+    (tmp_path / "bare.yaml").write_text(yaml.safe_dump(data))
+    kept = load_profile(tmp_path / "bare.yaml")
+    assert len(kept.inherited("gpu.achievable.")) == 16 and len(kept.inherited_rates) == 17
+    assert any(r.key == "gpu.achievable.sm_count" and "gpu.model changed" in r.message() for r in kept.inherited_rates)
+
+
+@pytest.mark.parametrize("name", builtin_profiles())
+def test_no_shipped_profile_inherits_a_rate_whose_basis_changed(name):
+    """Network-only extensions (and OCI's A100 40GB, which restates what it changes) keep nothing."""
+    assert load_profile(name).inherited_rates == []
+
+
+def test_a_rate_restated_up_the_chain_or_a_change_undone_is_not_inherited(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    # a network-only profile over the what-if inherits its records, through it
+    (tmp_path / "cluster.yaml").write_text("extends: b200.yaml\nnetwork:\n  fabric: IB\n  nics_per_node: {value: 8, "
+                                           "source: x}\n  nic_gbits: {value: 400, source: x}\n")
+    chained = load_profile(tmp_path / "cluster.yaml")
+    assert {r.key for r in chained.inherited_rates} == INHERITED
+    assert {(r.parent, r.stated_in) for r in chained.inherited_rates} == {("b200", "h100-sxm-hgx")}
+    # putting the bf16 peak back: the bf16 rates hold again
+    (tmp_path / "back.yaml").write_text('extends: b200.yaml\ngpu:\n  peak_tflops:\n'
+                                        '    bf16: {value: 989.5, source: "H100 datasheet"}\n')
+    back = {r.key for r in load_profile(tmp_path / "back.yaml").inherited_rates}
+    bf16 = {"gpu.achievable.matmul_tflops.bf16",
+            *(f"gpu.achievable.attention.bf16.{p}" for p in ("forward", "forward_causal", "backward"))}
+    assert back == INHERITED - bf16
+    # restating a rate with the parent's number and a source of its own is a statement that it holds
+    (tmp_path / "kept.yaml").write_text(WHAT_IF + '  usable_memory_gib: {value: 79.2, source: "kept knowingly"}\n')
+    assert "gpu.usable_memory_gib" not in {r.key for r in load_profile(tmp_path / "kept.yaml").inherited_rates}
+
+
+def test_a_flat_copy_keeps_its_record_until_the_rate_changes(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    result = CliRunner().invoke(main, ["profiles", str(tmp_path / "b200.yaml"), "--json"])
+    assert result.exit_code == 0, result.output
+    flat = json.loads(result.output)
+    assert {r["key"] for r in flat["inherited_rates"]} == INHERITED
+    (tmp_path / "flat.yaml").write_text(yaml.safe_dump(flat))
+    assert load_profile(tmp_path / "flat.yaml").inherited_rates == load_profile(tmp_path / "b200.yaml").inherited_rates
+    flat["gpu"]["achievable"]["hbm_gbps"] = {"value": 5888, "source": "restated"}
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(flat))
+    assert {r.key for r in load_profile(tmp_path / "edited.yaml").inherited_rates} == INHERITED - {
+        "gpu.achievable.hbm_gbps"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**flat, "inherited_rates": [{"key": "x"}]}))
+    with pytest.raises(ManifestError, match=r"bad\.yaml: inherited_rates: not a record of inherited rates"):
+        load_profile(tmp_path / "bad.yaml")
+
+
+def test_profiles_shows_the_inherited_rates(tmp_path):
+    (tmp_path / "b200.yaml").write_text(WHAT_IF)
+    result = CliRunner().invoke(main, ["profiles", str(tmp_path / "b200.yaml")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert f"{len(INHERITED)} rate(s) inherited although what they depend on changed" in text
+    assert all(key in text for key in INHERITED)
+    assert "rate(s) inherited" not in CliRunner().invoke(main, ["profiles", "h100-hgx-ndr400"]).output
+
+
+def test_usable_memory_may_not_exceed_the_memory(tmp_path):
+    (tmp_path / "small.yaml").write_text('extends: h100-sxm-hgx\ngpu:\n  memory_gib: {value: 64, source: "x"}\n')
+    with pytest.raises(ManifestError, match=r"usable_memory_gib \(79\.2\) must be above 0 and at most memory_gib "
+                                            r"\(64\)"):
+        load_profile(tmp_path / "small.yaml")
