@@ -1,24 +1,31 @@
-"""Predicted vs published training steps: regenerates docs/training-accuracy.md.
+"""Predicted vs published training steps: regenerates docs/training-accuracy.md and the error bands
+a job's results carry (chakra_core/jobs/presets/accuracy-runs.json).
 
-    python benchmarks/training_accuracy.py                 # every run of benchmarks/data/training-runs.yaml
-    python benchmarks/training_accuracy.py --only sc21     # runs whose id contains "sc21"
-    python benchmarks/training_accuracy.py --fold-check 64 # also run fold: off for runs up to 64 GPUs
+    python benchmarks/training_accuracy.py                   # every verified run, all mechanisms on
+    python benchmarks/training_accuracy.py --ablation        # also each mechanism off, for the ablation table
+    python benchmarks/training_accuracy.py --only sc21       # runs whose id contains "sc21" (doc to --doc)
+    python benchmarks/training_accuracy.py --workers 2       # runs in parallel processes
 
-Each run is described as the source describes it (model preset, GPUs, batch sizes, TP/PP/CP/VP,
-precision) plus the settings its configuration notes give (JOB_SETTINGS below, each with why);
-where a source is silent the job's defaults apply. Predictions are spec-only: the hardware
-profiles' public constants, nothing fitted to these step times. Error = |predicted / measured - 1|;
-geomean error = exp(mean |ln(predicted / measured)|) - 1.
+Each run is described as its source describes it (model preset, GPUs, batch sizes, TP/PP/VP/CP,
+precision) plus the settings its `settings` list gives in benchmarks/data/training-runs.yaml
+(each with why: the source's launcher or config, or the default taken where it is silent).
+Predictions are spec-only: the hardware profiles' public constants, nothing fitted to these step
+times. Error = |predicted / measured - 1|; geomean error = exp(mean |ln(predicted / measured)|) - 1;
+mean signed error = exp(mean ln(predicted / measured)) - 1. Results are cached per run, variant
+and source digest (--cache), so a re-render after an interrupted or partial run reuses them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,169 +37,226 @@ sys.path.insert(0, str(ROOT))
 from chakra_core import run as runner  # noqa: E402
 from chakra_core._atomic import atomic_write_text  # noqa: E402
 from chakra_core.hardware.profiles import load_profile  # noqa: E402
-from chakra_core.jobs.bands import RUNS_FILE  # noqa: E402
+from chakra_core.jobs.bands import RUNS_FILE, band_of, PublishedRun  # noqa: E402
 from chakra_core.jobs.flops import model_flops  # noqa: E402
-from chakra_core.jobs.spec import JobSpec  # noqa: E402
+from chakra_core.jobs.spec import Effects, JobSpec  # noqa: E402
+
+from chakra_sim_compute_achievable.effects import AchievableEffects  # noqa: E402
 
 RUNS = ROOT / "benchmarks" / "data" / "training-runs.yaml"
 DOC = ROOT / "docs" / "training-accuracy.md"
+CACHE = ROOT / "benchmarks" / ".cache" / "training-accuracy"
 PROFILES = {"h100-sxm": "h100-hgx-ndr400", "a100-sxm-80gb": "a100-hgx-hdr200"}
 """DGX H100 (8 x ConnectX-7 NDR 400) and Selene's DGX A100 (8 x HDR 200 for compute traffic)."""
 
-SC21 = {"recompute": "full", "distributed_optimizer": False, "overlap_grad_reduce": False,
-        "overlap_param_gather": False, "attention": "unfused", "dropout": 0.1}
-"""SC'21 (sec. 5.1): full activation recomputation, counted by eq. 3. The Megatron-LM of 2021
-(v2.x, megatron/arguments.py) had no distributed optimizer and all-reduced gradients after the
-backward pass, no FlashAttention (which appeared in 2022: explicit score GEMMs around its fused
-scale-mask-softmax kernel), and --attention-dropout / --hidden-dropout defaulting to 0.1."""
-JOB_SETTINGS: dict[str, dict[str, Any]] = {
-    "nemo-24.07-llama3-70b": {"parallel": {"tp_comm_overlap": True}},       # launcher conf: ub_tp_comm_overlap true
-    "nemo-24.07-gpt3-175b": {"parallel": {"tp_comm_overlap": True},          # launcher conf gpt3/175b.yaml
-                             "training": {"recompute": "selective"}},
-    "mbridge": {"training": {"grad_reduce_dtype": "bf16"}},                   # perf scripts: grad_reduce_in_fp32=False
-    # NeMo-Framework-Launcher's Llama examples (examples/training/llama/h100/llama*_{bf16,fp8}.sh)
-    # all pass +training.model.optim.grad_sync_dtype=bf16
-    "nemo-24.07-llama": {"training": {"grad_reduce_dtype": "bf16"}},
-    "llama3.1-405b": {"parallel": {"account_for_embedding_and_loss": True}},  # 126 layers in 8 x 8 x 2 slots
-}
+MECHANISMS = [(f"compute.{name}", field.description or name) for name, field in AchievableEffects.model_fields.items()]
+MECHANISMS += [(f"job.{name}", field.description or name) for name, field in Effects.model_fields.items()]
+"""Every mechanism's switch: `compute.effects.<name>` or `job.effects.<name>`."""
 
 
 def job_of(run: dict[str, Any]) -> dict[str, Any]:
     parallel: dict[str, Any] = {"tp": run["tp"], "pp": run["pp"], "cp": run["cp"] or 1}
     if run.get("vp"):
         parallel["vp"] = run["vp"]
-    precision = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}[run["precision"]]
     training: dict[str, Any] = {"seq": run["seq"], "global_batch": run["gbs"], "micro_batch": run["mbs"] or 1,
-                                "precision": precision}
-    if run["id"].startswith("sc21"):
-        training.update(SC21)
-    for key, extra in JOB_SETTINGS.items():
-        if key in run["id"]:
-            parallel.update(extra.get("parallel", {}))
-            training.update(extra.get("training", {}))
+                                "precision": run["precision"]}
+    profile = PROFILES[run["gpu"]]
+    for setting in run.get("settings", []):
+        parallel.update(setting.get("parallel", {}))
+        training.update(setting.get("training", {}))
+        profile = setting.get("profile", profile)
+    if training["precision"] != "fp8":
+        training.pop("fp8_recipe", None)
     return {"name": "step", "model": run["model"], "parallel": parallel, "training": training,
-            "cluster": {"gpus": run["gpus"], "profile": PROFILES[run["gpu"]]}}
+            "cluster": {"gpus": run["gpus"], "profile": profile}}
 
 
-def simulate(job: dict[str, Any], out: Path, fold: str = "auto") -> tuple[dict[str, Any], float]:
-    manifest = {"job": job, "workload": {"fold": fold}, "output": {"dir": str(out)},
-                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
-    started = time.perf_counter()
-    result = runner.simulate(runner.load(manifest, base_dir=out, name=job["name"]))
-    return result.results, time.perf_counter() - started
+def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, Any]:
+    compute: dict[str, Any] = {"plugin": "achievable"}
+    job = json.loads(json.dumps(job))
+    if off is not None:
+        layer, name = off.split(".")
+        if layer == "compute":
+            compute["effects"] = {name: False}
+        else:
+            job["effects"] = {name: False}
+    return {"job": job, "output": {"dir": str(out)}, "compute": compute, "system": {"plugin": "nccl"}}
+
+
+@lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """What a cached result depends on besides its run: the simulator's code and profiles."""
+    digest = hashlib.sha256()
+    for folder in (ROOT / "chakra_core", ROOT / "plugins"):
+        for path in sorted(folder.rglob("*")):
+            if path.suffix in (".py", ".yaml") and "tests" not in path.parts:
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]:
+    """One run (one variant) in this process; its step, split and wall time."""
+    run, off, cache = task
+    job = job_of(run)
+    key = hashlib.sha256(json.dumps([run["id"], job, off, _source_digest()], sort_keys=True).encode()).hexdigest()[:20]
+    path = Path(cache) / f"{run['id']}--{off or 'model'}--{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        result = runner.simulate(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
+        wall = time.perf_counter() - started
+    training = result.results["training"]
+    record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
+              "wall": wall}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(record))
+    return record
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="only runs whose id contains this")
-    parser.add_argument("--fold-check", type=int, default=0, help="also simulate fold: off up to this many GPUs")
+    parser.add_argument("--ablation", action="store_true", help="also simulate every run with each mechanism off")
+    parser.add_argument("--workers", type=int, default=1, help="runs simulated in parallel processes")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="folder of cached results")
     parser.add_argument("--doc", type=Path, default=DOC)
     args = parser.parse_args()
     data = yaml.safe_load(RUNS.read_text())
-    rows, breakdowns, logs = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for run in data["runs"]:
-            if args.only not in run["id"] or not run.get("verified", True):
-                continue
-            job = job_of(run)
-            results, wall = simulate(job, Path(tmp) / run["id"])
-            training = results["training"]
-            step = training["step_time_s"]
-            flops = model_flops(JobSpec.model_validate(job), run["flops_formula"])
-            measured = run["measured"]["step_time_s"]
-            rows.append((run, job, step, flops / step / run["gpus"] / 1e12, wall))
-            breakdowns.append((run["id"], training["breakdown_s"], step))
-            line = f"{run['id']}: measured {measured:.3f} s, predicted {step:.3f} s ({step / measured - 1:+.1%}), {wall:.1f} s"
-            if run["gpus"] <= args.fold_check:
-                unfolded, _ = simulate(job, Path(tmp) / (run["id"] + "-off"), "off")
-                same = unfolded["ranks"] == results["ranks"] and unfolded["training"] == training
-                line += f"; fold off identical: {same}"
-                logs.append((run["id"], same))
-            print(line, flush=True)
-    args.doc.write_text(render(data, rows, breakdowns, logs))
+    runs = [r for r in data["runs"] if args.only in r["id"] and r.get("verified", True)]
+    variants: list[str | None] = [None] + ([name for name, _ in MECHANISMS] if args.ablation else [])
+    tasks = [(run, off, str(args.cache)) for off in variants for run in runs]
+    results: dict[tuple[str, str | None], dict[str, Any]] = {}
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        for record in pool.map(simulate_one, tasks):
+            results[(record["id"], record["off"])] = record
+            measured = next(r for r in runs if r["id"] == record["id"])["measured"]["step_time_s"]
+            print(f"{record['id']} [{record['off'] or 'model'}]: measured {measured:.3f} s, predicted "
+                  f"{record['step']:.3f} s ({record['step'] / measured - 1:+.1%}), {record['wall']:.1f} s", flush=True)
+    excluded = [r for r in data["runs"] if args.only in r["id"] and not r.get("verified", True)]
+    args.doc.write_text(render(runs, results, variants, excluded))
     print(f"wrote {args.doc}")
     if not args.only and args.doc == DOC:   # the error bands come from the whole table only
-        write_bands(rows)
+        write_bands(runs, results)
 
 
-def write_bands(rows: list[Any]) -> None:
+def write_bands(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]]) -> None:
     """Every run's predicted / measured step, for the error band of a job's results (chakra_core.jobs.bands)."""
     out = []
-    for run, job, step, _, _ in rows:
-        gpu = load_profile(job["cluster"]["profile"]).gpu
+    for run in runs:
+        gpu = load_profile(job_of(run)["cluster"]["profile"]).gpu
         out.append({"id": run["id"], "gpu_model": gpu.model, "architecture": gpu.architecture,
                     "precision": run["precision"], "gpus": run["gpus"],
-                    "ratio": round(step / run["measured"]["step_time_s"], 6)})
+                    "ratio": round(results[(run["id"], None)]["step"] / run["measured"]["step_time_s"], 6)})
     atomic_write_text(RUNS_FILE, json.dumps({"generator": "benchmarks/training_accuracy.py", "runs": out}, indent=1) + "\n")
     print(f"wrote {RUNS_FILE}")
 
 
-def _summary(errors: list[float]) -> tuple[float, float]:
-    if not errors:
-        return float("nan"), float("nan")
-    return math.exp(sum(abs(e) for e in errors) / len(errors)) - 1, max(abs(math.exp(e) - 1) for e in errors)
+def _stats(ratios: list[float]) -> tuple[float, float, float]:
+    return band_of([PublishedRun("", "", "", "", 1, r) for r in ratios]) if ratios else (math.nan,) * 3
 
 
-def _group(run: dict[str, Any]) -> str:
+def _source(run: dict[str, Any]) -> str:
     release = run["source"].get("release") or run["source"]["title"]
-    return f"{release} ({run['gpu']}, {run['precision']})"
+    return release
 
 
-def render(data: dict[str, Any], rows: list[Any], breakdowns: list[Any], logs: list[Any]) -> str:
-    errors = [math.log(step / run["measured"]["step_time_s"]) for run, _, step, _, _ in rows]
-    geo, worst = _summary(errors)
-    groups: dict[str, list[float]] = {}
-    for (run, _, _, _, _), error in zip(rows, errors):
-        groups.setdefault(_group(run), []).append(error)
+def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]],
+           variants: list[str | None], excluded: list[dict[str, Any]]) -> str:
+    ratio = {run["id"]: results[(run["id"], None)]["step"] / run["measured"]["step_time_s"] for run in runs}
+    geo, signed, worst = _stats(list(ratio.values()))
+    sources: dict[str, list[float]] = {}
+    for run in runs:
+        sources.setdefault(_source(run), []).append(ratio[run["id"]])
+    classes: dict[str, list[float]] = {}
+    for run in runs:
+        gpu = "H100" if run["gpu"].startswith("h100") else "A100"
+        classes.setdefault(f"{gpu}, {'fp8' if run['precision'] == 'fp8' else '16-bit'}", []).append(ratio[run["id"]])
     out = ["# Training steps: predicted vs published", "",
-           "Generated by `python benchmarks/training_accuracy.py` from `benchmarks/data/training-runs.yaml`",
-           "(each run's source, table and configuration notes are there). Spec-only: the jobs are described",
-           "as the sources describe them, timed by the `achievable` compute layer and the `nccl` system layer",
-           "with the shipped hardware profiles; nothing is fitted to these step times. TFLOP/s per GPU use the",
-           "formula the source uses (chakra_core/jobs/flops.py), so their error equals the step time's.", "",
-           f"**{len(rows)} runs: geomean error {geo:.1%}, worst {worst:.1%}** "
-           "(geomean error = exp(mean |ln(predicted/measured)|) - 1; worst = the largest "
-           "|predicted/measured - 1|). By source:", "",
-           "| source | runs | geomean error | worst | mean signed error |", "|---|---:|---:|---:|---:|"]
-    for name, group in groups.items():
-        g, w = _summary(group)
-        mean = math.exp(sum(group) / len(group)) - 1
-        out.append(f"| {name} | {len(group)} | {g:.1%} | {w:.1%} | {mean:+.1%} |")
-    out += ["",
-           "| run | GPUs | layout (TP/PP/VP/CP/DP, MBS, GBS) | precision | measured step s | predicted step s "
-           "| error | measured TFLOP/s/GPU | predicted TFLOP/s/GPU | simulated in s |",
-           "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
-    for run, job, step, tflops, wall in rows:
+           "Generated by `python benchmarks/training_accuracy.py --ablation --workers 2` from "
+           "`benchmarks/data/training-runs.yaml` (each run's source, table, the settings taken from its launcher "
+           "or config and why, and configuration notes are there). Spec-only: the jobs are described as the "
+           "sources describe them, timed by the `achievable` compute layer and the `nccl` system layer with the "
+           "shipped hardware profiles; nothing is fitted to these step times. TFLOP/s per GPU use the formula "
+           "each source uses (chakra_core/jobs/flops.py), so their error equals the step time's.", "",
+           f"**{len(runs)} runs from {len(sources)} sources: geomean error {geo:.1%}, mean signed error "
+           f"{signed:+.1%}, worst {worst:.1%}** (geomean error = exp(mean |ln(predicted/measured)|) - 1; mean signed "
+           "error = exp(mean ln(predicted/measured)) - 1, negative when too fast; worst = the largest "
+           "|predicted/measured - 1|). A job's results carry the error of the closest class of these runs "
+           "(chakra_core/jobs/bands.py).", "",
+           "| class | runs | geomean error | mean signed error | worst |", "|---|---:|---:|---:|---:|"]
+    for name, group in sorted(classes.items()):
+        g, s, w = _stats(group)
+        out.append(f"| {name} | {len(group)} | {g:.1%} | {s:+.1%} | {w:.1%} |")
+    out += ["", "By source:", "", "| source | runs | geomean error | mean signed error | worst |", "|---|---:|---:|---:|---:|"]
+    for name, group in sources.items():
+        g, s, w = _stats(group)
+        out.append(f"| {name} | {len(group)} | {g:.1%} | {s:+.1%} | {w:.1%} |")
+    out += _ablation(runs, results, variants, geo, signed)
+    out += ["", "## Runs", "",
+            "| run | GPUs | layout (TP/PP/VP/CP/DP, MBS, GBS) | precision | measured step s | predicted step s "
+            "| error | measured TFLOP/s/GPU | predicted TFLOP/s/GPU | simulated in s |",
+            "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        job = job_of(run)
         spec = JobSpec.model_validate(job)
-        p = spec.parallel
+        p, step = spec.parallel, results[(run["id"], None)]["step"]
         layout = f"{p.tp}/{p.pp}/{p.vp or 1}/{p.cp}/{spec.dp}, {spec.training.micro_batch}, {spec.training.global_batch}"
         measured = run["measured"]["step_time_s"]
-        out.append(f"| [{run['id']}]({run['source']['url']}) | {run['gpus']:,} | {layout} | {run['precision']} | "
-                   f"{measured:.3f} | {step:.3f} | {step / measured - 1:+.1%} | {run['measured']['tflops_per_gpu']:g} | "
-                   f"{tflops:.0f} | {wall:.1f} |")
+        tflops = model_flops(spec, run["flops_formula"]) / step / run["gpus"] / 1e12
+        published = run["measured"].get("tflops_per_gpu")
+        shown = f"{published:g}" if published is not None else "-"
+        precision = run["precision"] + (f" ({spec.training.fp8_recipe})" if run["precision"] == "fp8" else "")
+        out.append(f"| [{run['id']}]({run['source']['url']}) | {run['gpus']:,} | {layout} | {precision} | "
+                   f"{measured:.3f} | {step:.3f} | {step / measured - 1:+.1%} | {shown} | {tflops:.0f} | "
+                   f"{results[(run['id'], None)]['wall']:.1f} |")
     out += ["", "## Where the time goes", "",
             "The slowest rank's step, split exclusively (sums to the step): compute by part, communication "
             "exposed (nothing computing) by communicator, and the pipeline bubble (waiting for a pipeline "
             "neighbour, or nothing in flight). Seconds.", "",
             "| run | forward | backward | recompute | optimizer | other compute | TP | CP | DP | PP | bubble | step |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for run_id, b, step in breakdowns:
+    for run in runs:
+        record = results[(run["id"], None)]
+        b = record["breakdown"]
         cells = [b["compute_forward"], b["compute_backward"], b["compute_recompute"], b["compute_optimizer"],
                  b["compute_other"], b["exposed_tp"], b["exposed_cp"], b["exposed_dp"], b["exposed_pp"] + b["exposed_other"],
-                 b["bubble"], step]
-        out.append(f"| {run_id} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
-    if logs:
-        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage) against `off` (every rank):", ""]
-        out += [f"- {run_id}: {'identical results' if same else 'DIFFERENT results'}" for run_id, same in logs]
-    out += ["", "## Assumptions where the sources are silent", "",
-            "- SC'21 Table 1 gives no micro-batch size or interleaving degree: micro-batch 1, no interleaving.",
-            "- SC'21 says 'mixed precision' on A100: fp16 GEMMs (same peak as bf16).",
-            "- NeMo 24.07 Llama runs reduce gradients in bf16: the launcher's example scripts "
-            "(NeMo-Framework-Launcher examples/training/llama/h100) pass optim.grad_sync_dtype=bf16.",
-            "- Runs whose configuration notes were not readable use the job defaults (no recomputation, distributed "
-            "optimizer with overlapped gradient reduce-scatter and parameter all-gather, sequence parallelism with TP).",
-            ""]
+                 b["bubble"], record["step"]]
+        out.append(f"| {run['id']} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    if excluded:
+        out += ["", "## Published runs not compared", ""]
+        out += [f"- {run['id']}: {run.get('excluded') or 'not verified against its primary source'}" for run in excluded]
+    out += ["", "## Settings taken where the sources are silent", "",
+            "Every run's settings and why are in `benchmarks/data/training-runs.yaml`; the defaults taken where a "
+            "source says nothing:", ""]
+    whys: dict[str, list[str]] = {}
+    for run in runs:
+        for setting in run.get("settings", []):
+            whys.setdefault(setting["why"], []).append(run["id"])
+    for why, ids in whys.items():
+        if any(word in why for word in ("not stated", "taken", "assumed", "silent", "defaults")):
+            out.append(f"- {why} ({len(ids)} run{'s' if len(ids) > 1 else ''}: {ids[0]}{', ...' if len(ids) > 1 else ''})")
+    out.append("")
     return "\n".join(out)
+
+
+def _ablation(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]],
+              variants: list[str | None], geo: float, signed: float) -> list[str]:
+    if len(variants) < 2:
+        return []
+    out = ["", "## What each mechanism moves", "",
+           "Each mechanism switched off alone (`compute.effects.<name>: false` or `job.effects.<name>: false`), "
+           "every run simulated again: the geomean and mean signed errors without it, and how far it moves them.", "",
+           "| mechanism | what it models | geomean error without it | mean signed error without it | its effect on the "
+           "mean signed error |", "|---|---|---:|---:|---:|",
+           f"| (all on) | | {geo:.1%} | {signed:+.1%} | |"]
+    for off in variants[1:]:
+        ratios = [results[(run["id"], off)]["step"] / run["measured"]["step_time_s"] for run in runs
+                  if (run["id"], off) in results]
+        g, s, _ = _stats(ratios)
+        what = dict(MECHANISMS)[off or ""]
+        out.append(f"| `{off}` | {what} | {g:.1%} | {s:+.1%} | {(1 + signed) / (1 + s) - 1:+.1%} |")
+    return out
 
 
 if __name__ == "__main__":

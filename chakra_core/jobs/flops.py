@@ -15,6 +15,9 @@ can never exceed the rate the compute model runs kernels at, while `nemo`'s full
   num_floating_point_operations for a dense model (NVIDIA/Megatron-LM megatron/training/training.py
   at d98e8a64ddf34856e74b24714e3bedb2f5a39553, transformer_flops: "/ 2  # causal mask"): the same
   linear layers, causal attention counted half (s/2), the vocabulary padded to 128 x TP.
+- `dgxc_mha`: NVIDIA/dgxc-benchmarking's README notes for Nemotron-4 and GPT-3 (at 35a9aecc):
+  s (24 L h^2 + 12 L h s + 48 L h^2 + 6 V h) per sequence, multi-head attention projections
+  whatever the model's query groups.
 - `megatron_sc21`: Narayanan et al., SC'21 (arXiv 2104.04473), eq. 3:
   96 B s l h^2 (1 + s / (6 h) + V / (16 l h)), counting the forward pass recomputed by full
   activation recomputation.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from chakra_core.jobs.spec import JobSpec
 
-FORMULAS = ("nemo", "megatron_bridge", "megatron_sc21")
+FORMULAS = ("nemo", "megatron_bridge", "megatron_sc21", "dgxc_mha")
 REPORTED = "megatron_bridge"
 """The formula of a run's own TFLOP/s and MFU."""
 DESCRIPTIONS = {
@@ -35,6 +38,8 @@ DESCRIPTIONS = {
                        "run it (half the s x s matrix), the padded vocabulary",
     "megatron_sc21": "Narayanan et al. SC'21 eq. 3: forward, backward and one recomputed forward, attention "
                      "counted as the full s x s matrix",
+    "dgxc_mha": "NVIDIA dgxc-benchmarking's Nemotron and GPT-3 notes: 72 L h^2 + 12 L h s + 6 V h per token, "
+                "attention projections counted as multi-head (query groups ignored), a 4h MLP, full s x s attention",
 }
 
 
@@ -45,6 +50,8 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     if formula == "megatron_sc21":
         V = m.vocab
         return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    if formula == "dgxc_mha":
+        return float(B * s * (72 * l * h * h + 12 * l * h * s + 6 * m.vocab * h))
     if formula not in FORMULAS:
         raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FORMULAS)}")
     d, f = m.head_dim, m.ffn_hidden

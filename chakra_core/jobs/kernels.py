@@ -92,13 +92,14 @@ class LayerKernels(TensorParallel, Fp8Quantization):
                             self.act_dtype, shape)
 
     def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-             sm_margin: int = 0, accumulate: bool = False) -> int:
+             sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
         """[m,k] x [k,n]. In fp8 (Transformer Engine) `cast` first quantizes the [m,k] operand and
         its transpose (fp8.Fp8Quantization.quantize; `tp_amax`: its amax is reduced over TP),
         unless a fused norm already wrote it (LayerNormLinear) or, in the backward, the dgrad's
         cast serves the wgrad too. `sm_margin`: SMs Transformer Engine keeps from the GEMM for the
         communication beside it. `accumulate`: a weight gradient added into the main gradients
-        (Megatron's gradient accumulation fusion: C is read and written in their type)."""
+        (Megatron's gradient accumulation fusion: C is read and written in their type). `chunks`:
+        run as that many GEMMs of m / chunks rows one after the other (`gemm_chunks`)."""
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
             self.quantize(name, m * k, tp_amax)
@@ -106,6 +107,8 @@ class LayerKernels(TensorParallel, Fp8Quantization):
                  _attr("uint", "gemm_batch", 1)]
         if sm_margin:
             shape.append(_attr("uint", "sm_margin", sm_margin))
+        if chunks > 1:
+            shape.append(_attr("uint", "gemm_chunks", chunks))
         out = 2 * self.ge if accumulate else self.e
         if accumulate:
             shape.append(_attr("uint", "gemm_c_bytes", out))
@@ -259,6 +262,12 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
         read(self.elementwise(p + "norm2.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS), "x2", "mask1")
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
+        if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
+            # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
+            # sec. 5: QK^T, softmax, softmax dropout, attention over V); FlashAttention does it anyway
+            part, self.part, self._saving = self.part, "recompute", False
+            self._unfused_attention(p + "attention", backward=False)
+            self.part, self._saving = part, True
         self.attention(p + "attention.bwd", backward=True)
         if self.job.shape.position == "rope":
             self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)

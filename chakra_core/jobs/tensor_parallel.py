@@ -11,7 +11,7 @@ defaults (transformer_engine/pytorch/module/base.py initialize_ub, NVIDIA/Transf
 d0067d0da6cb01811b8072a7d304f0e00344ce2b; comm_gemm_overlap.cpp):
 - "ring_exchange" for the all-gathers before a GEMM (qkv_fprop, fc1_fprop, proj_dgrad,
   fc2_dgrad): the GEMM runs in tp chunks as the pieces arrive, copied by the copy engine with
-  one signalling thread block;
+  one signalling thread block (the last chunk waits for the gather);
 - "pipeline" for the reduce-scatters after the row-parallel forward GEMMs (proj_fprop,
   fc2_fprop): the GEMM in num_splits = 4 chunks on the SMs left by an SM margin of num_sm = 16,
   each chunk's reduce-scatter on those 16 beside the next chunk; the last one is exposed;
@@ -55,7 +55,7 @@ class TensorParallel:
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels
         def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-                 sm_margin: int = 0, accumulate: bool = False) -> int:
+                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
             raise NotImplementedError
 
         def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
@@ -94,35 +94,38 @@ class TensorParallel:
 
     def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
         """A row-parallel GEMM and the reduction of its output; with userbuffers, TE's pipeline:
-        num_splits chunks on the SMs its margin leaves, each chunk's reduce-scatter beside the next."""
+        num_splits chunks on the SMs its margin leaves, each chunk's reduce-scatter beside the next
+        (one GEMM node of `gemm_chunks`, the first chunks' reduce-scatter beside it), the last
+        chunk's reduce-scatter after it."""
         if not self._userbuffers(True):
             node = self.gemm(name, m, k, n, cast=True)
             self.tp_reduce(name)
             return node
         splits = UB_PIPELINE_SPLITS if m % UB_PIPELINE_SPLITS == 0 else 1
-        size = self.n * self.h * self.e // splits
-        reductions, node = [], 0
+        size = self.n * self.h * self.e
         self.quantize(name, m * k)   # the whole input, before the first chunk
-        for i in range(splits):
-            node = self.gemm(f"{name}.{i}", m // splits, k, n, sm_margin=UB_PIPELINE_CTAS)
-            reductions.append(self.collective(f"{name}.{i}.tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, size,
-                                              after=[node], ctas=UB_PIPELINE_CTAS))
-        self.stream.wait(*reductions)
+        early = self.collective(name + ".tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, size - size // splits,
+                                ctas=UB_PIPELINE_CTAS) if splits > 1 else None
+        node = self.gemm(name, m, k, n, sm_margin=UB_PIPELINE_CTAS, chunks=splits)
+        last = self.collective(name + ".tp_reduce_scatter_last", "tp", pb.REDUCE_SCATTER, size // splits,
+                               after=[node], ctas=UB_PIPELINE_CTAS)
+        self.stream.wait(early, last)
         return node
 
     def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
                    tp_amax: bool = False, te: bool = True) -> int:
         """A column-parallel GEMM whose input is all-gathered first; with userbuffers, TE's ring
-        exchange: the GEMM in tp chunks beside the gather, the last chunk after it."""
+        exchange: the GEMM in tp chunks beside the gather (one node of `gemm_chunks`), the last
+        chunk after it."""
         pending = self.tp_gather(name, te) if gather else None
         if pending is None or m % self.tp:
             node = self.gemm(name, m, k, n, cast, tp_amax)
             self.stream.wait(pending)
             return node
-        for i in range(self.tp - 1):   # the local shard is quantized and its fp8 copy exchanged
-            self.gemm(f"{name}.{i}", m // self.tp, k, n, cast and i == 0, tp_amax)
+        chunk = m // self.tp   # the local shard is quantized and its fp8 copy exchanged
+        self.gemm(name + ".chunks", m - chunk, k, n, cast, tp_amax, chunks=self.tp - 1)
         self.stream.wait(pending)
-        return self.gemm(f"{name}.{self.tp - 1}", m // self.tp, k, n)
+        return self.gemm(name, chunk, k, n)
 
     def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True) -> tuple[int, int]:
         """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's

@@ -261,9 +261,10 @@ class AchievableCompute(ComputeModel):
         shape, scale = work.shape, self._compute_scale
         sms = self._sms - work.margin
         if shape[0] == "gemm":
-            _, _, m, n, k, batch, mamf, width, c_bytes, _ = shape
-            return gemm_time(m, n, k, batch, mamf * scale, hbm, width, self._sms, sms,
-                             c_bytes if self._epilogue else 0.0, busy).seconds
+            _, _, m, n, k, batch, mamf, width, c_bytes, chunks, _ = shape
+            one = gemm_time(-(-m // chunks), n, k, batch, mamf * scale, hbm, width, self._sms, sms,
+                            c_bytes if self._epilogue else 0.0, busy).seconds
+            return chunks * one + (chunks - 1) * self._gap
         sms = max(1, sms - busy)
         if shape[0] == "attention":
             _, flops, rate, ctas, _ = shape
@@ -297,7 +298,10 @@ class AchievableCompute(ComputeModel):
         # what the epilogue moves per element of C: its write (bf16 unless the node says), and the
         # read of an accumulating GEMM (gemm_c_bytes counts both)
         c_bytes = float(node.int("gemm_c_bytes")) if node.has("gemm_c_bytes") else float(max(width, 2))
-        return ("gemm", 2.0 * m * n * k * batch, m, n, k, batch, mamf, width, c_bytes, self._peak[dtype])
+        # gemm_chunks: that many GEMMs of m / chunks rows one after the other (Transformer Engine's
+        # communication overlap splits its GEMMs so)
+        chunks = max(1, node.int("gemm_chunks", 1)) if node.has("gemm_chunks") else 1
+        return ("gemm", 2.0 * m * n * k * batch, m, n, k, batch, mamf, width, c_bytes, chunks, self._peak[dtype])
 
     def _attention_shape(self, node: NodeView) -> tuple[Any, ...]:
         flops = float(node.int("num_ops"))
