@@ -5,6 +5,7 @@ a job's results carry (chakra_core/jobs/presets/accuracy-runs.json).
     python benchmarks/training_accuracy.py --ablation        # also each mechanism off, for the ablation table
     python benchmarks/training_accuracy.py --only sc21       # runs whose id contains "sc21" (doc to --doc)
     python benchmarks/training_accuracy.py --workers 2       # runs in parallel processes
+    python benchmarks/training_accuracy.py --fold-check 64   # also run fold: off up to 64 GPUs and compare
 
 Each run is described as its source describes it (model preset, GPUs, batch sizes, TP/PP/VP/CP,
 precision) plus the settings its `settings` list gives in benchmarks/data/training-runs.yaml
@@ -71,9 +72,16 @@ def job_of(run: dict[str, Any]) -> dict[str, Any]:
             "cluster": {"gpus": run["gpus"], "profile": profile}}
 
 
+FOLD_OFF = "workload.fold_off"
+"""The variant simulated unfolded (--fold-check): its results must equal the folded run's."""
+
+
 def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, Any]:
     compute: dict[str, Any] = {"plugin": "achievable"}
     job = json.loads(json.dumps(job))
+    if off == FOLD_OFF:
+        return {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(out)}, "compute": compute,
+                "system": {"plugin": "nccl"}}
     if off is not None:
         layer, name = off.split(".")
         if layer == "compute":
@@ -107,8 +115,9 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
         result = runner.simulate(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
         wall = time.perf_counter() - started
     training = result.results["training"]
+    same = hashlib.sha256(json.dumps([result.results["ranks"], training], sort_keys=True).encode()).hexdigest()
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
-              "wall": wall}
+              "wall": wall, "results_digest": same}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record))
     return record
@@ -119,6 +128,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="only runs whose id contains this")
     parser.add_argument("--ablation", action="store_true", help="also simulate every run with each mechanism off")
     parser.add_argument("--workers", type=int, default=1, help="runs simulated in parallel processes")
+    parser.add_argument("--fold-check", type=int, default=0, metavar="GPUS",
+                        help="also simulate runs of up to GPUS unfolded (workload.fold: off) and compare")
     parser.add_argument("--cache", type=Path, default=CACHE, help="folder of cached results")
     parser.add_argument("--doc", type=Path, default=DOC)
     args = parser.parse_args()
@@ -126,15 +137,22 @@ def main() -> None:
     runs = [r for r in data["runs"] if args.only in r["id"] and r.get("verified", True)]
     variants: list[str | None] = [None] + ([name for name, _ in MECHANISMS] if args.ablation else [])
     tasks = [(run, off, str(args.cache)) for off in variants for run in runs]
+    tasks += [(run, FOLD_OFF, str(args.cache)) for run in runs if run["gpus"] <= args.fold_check]
     results: dict[tuple[str, str | None], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         for record in pool.map(simulate_one, tasks):
             results[(record["id"], record["off"])] = record
+            if record["off"] == FOLD_OFF:
+                same = record["results_digest"] == results[(record["id"], None)]["results_digest"]
+                print(f"{record['id']} [fold off]: {'identical results' if same else 'DIFFERENT results'}", flush=True)
+                continue
             measured = next(r for r in runs if r["id"] == record["id"])["measured"]["step_time_s"]
             print(f"{record['id']} [{record['off'] or 'model'}]: measured {measured:.3f} s, predicted "
                   f"{record['step']:.3f} s ({record['step'] / measured - 1:+.1%}), {record['wall']:.1f} s", flush=True)
     excluded = [r for r in data["runs"] if args.only in r["id"] and not r.get("verified", True)]
-    args.doc.write_text(render(runs, results, variants, excluded))
+    folds = [(run["id"], results[(run["id"], FOLD_OFF)]["results_digest"] == results[(run["id"], None)]["results_digest"])
+             for run in runs if (run["id"], FOLD_OFF) in results]
+    args.doc.write_text(render(runs, results, variants, excluded, folds))
     print(f"wrote {args.doc}")
     if not args.only and args.doc == DOC:   # the error bands come from the whole table only
         write_bands(runs, results)
@@ -162,7 +180,7 @@ def _source(run: dict[str, Any]) -> str:
 
 
 def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]],
-           variants: list[str | None], excluded: list[dict[str, Any]]) -> str:
+           variants: list[str | None], excluded: list[dict[str, Any]], folds: list[tuple[str, bool]]) -> str:
     ratio = {run["id"]: results[(run["id"], None)]["step"] / run["measured"]["step_time_s"] for run in runs}
     geo, signed, worst = _stats(list(ratio.values()))
     sources: dict[str, list[float]] = {}
@@ -173,7 +191,7 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
         gpu = "H100" if run["gpu"].startswith("h100") else "A100"
         classes.setdefault(f"{gpu}, {'fp8' if run['precision'] == 'fp8' else '16-bit'}", []).append(ratio[run["id"]])
     out = ["# Training steps: predicted vs published", "",
-           "Generated by `python benchmarks/training_accuracy.py --ablation --workers 2` from "
+           "Generated by `python benchmarks/training_accuracy.py --ablation --workers 2 --fold-check 64` from "
            "`benchmarks/data/training-runs.yaml` (each run's source, table, the settings taken from its launcher "
            "or config and why, and configuration notes are there). Spec-only: the jobs are described as the "
            "sources describe them, timed by the `achievable` compute layer and the `nccl` system layer with the "
@@ -223,6 +241,9 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
                  b["compute_other"], b["exposed_tp"], b["exposed_cp"], b["exposed_dp"], b["exposed_pp"] + b["exposed_other"],
                  b["bubble"], record["step"]]
         out.append(f"| {run['id']} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    if folds:
+        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage) against `off` (every rank):", ""]
+        out += [f"- {run_id}: {'identical results' if same else 'DIFFERENT results'}" for run_id, same in folds]
     if excluded:
         out += ["", "## Published runs not compared", ""]
         out += [f"- {run['id']}: {run.get('excluded') or 'not verified against its primary source'}" for run in excluded]

@@ -159,3 +159,23 @@ def test_local_and_ray_give_the_same_plan(tmp_path):
     strip = [{k: v for k, v in row.items() if k != "point"} for row in local.rows()]
     assert strip == [{k: v for k, v in row.items() if k != "point"} for row in remote.rows()]
     assert remote.simulated == local.simulated > 0
+
+
+def test_layouts_within_the_error_band_of_the_best_are_ties(tmp_path):
+    """A simulated layout slower than the best by less than the model's error on published runs
+    like the job is marked a tie (the rows, and so plan.csv/json and the terminal)."""
+    found = plan(manifest(), tmp_path, tmp_path / "out", top=3, batch=3, workers=1, search=SEARCH)
+    simulated = [c for c in found.ranked() if c.status == SIMULATED]
+    assert len(simulated) >= 3
+    best, third = simulated[0].step_s, simulated[2].step_s
+    assert best is not None and third is not None and third > best
+    band = (third / best - 1) * 0.99   # the third is just outside, the second (if slower) inside or equal
+    for c in simulated:
+        assert c.results is not None
+        c.results["error_band"] = {"scope": "test", "runs": 3, "geomean_error": band, "mean_signed_error": -0.01,
+                                   "worst_error": band}
+    rows = {row["rank"]: row for row in found.rows() if row["rank"] is not None}
+    assert rows[1]["vs_best"] == 0 and rows[1]["tie"]
+    assert rows[2]["tie"] == (rows[2]["vs_best"] < band)
+    assert rows[3]["tie"] is False and rows[3]["vs_best"] == pytest.approx(third / best - 1)
+    assert found.error_band()["geomean_error"] == band

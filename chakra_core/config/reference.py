@@ -87,6 +87,10 @@ def render(host: PluginHost) -> str:
             else:
                 lines.append("No settings.")
             lines.append("")
+            for key, field in fields.items():   # a nested section: its own table
+                section = field.annotation
+                if isinstance(section, type) and issubclass(section, BaseModel):
+                    lines += [f"`{field.alias or key}`:", "", *model_table(section), ""]
     lines.append(END)
     return "\n".join(lines)
 

@@ -137,6 +137,11 @@ class AchievableSpec(_Strict):
     host_launch_us: Sourced | None = Field(
         None, description="host time to launch one kernel eagerly, µs: a stream of kernels shorter than "
                           "this waits for the host")
+    gemm_schedule: Literal["waves", "stream_k"] = Field(
+        "waves", description="how cuBLAS's GEMMs spread tiles over SMs: in whole waves (NVIDIA's Matrix "
+                             "Multiplication Background guide), or stream_k: persistent blocks sharing the "
+                             "main loops out evenly (no wave quantization)")
+    gemm_schedule_source: str | None = Field(None, description="the public evidence for stream_k")
     sustained_fraction: Sourced | None = Field(
         None, description="fraction of the kernel benchmarks' compute rate a power-capped, "
                                       "continuous training load sustains (clock or power throttling)")
@@ -157,6 +162,8 @@ class AchievableSpec(_Strict):
 
     @model_validator(mode="after")
     def _fractions(self) -> "AchievableSpec":
+        if self.gemm_schedule != "waves" and not self.gemm_schedule_source:
+            raise ValueError("gemm_schedule stream_k needs gemm_schedule_source (the public evidence)")
         if self.sustained_fraction is not None and not 0 < self.sustained_fraction.value <= 1:
             raise ValueError("sustained_fraction must be in (0, 1]")
         if self.speed_spread is not None and not 0 <= self.speed_spread.value < 1:

@@ -62,8 +62,10 @@ def scale_class(gpus: int) -> str:
     return next(label for limit, label in SCALES if limit is None or gpus <= limit)
 
 
-@lru_cache(maxsize=1)
-def published_runs(path: Path = RUNS_FILE) -> tuple[PublishedRun, ...]:
+@lru_cache(maxsize=4)
+def published_runs(path: Path | None = None) -> tuple[PublishedRun, ...]:
+    """The published runs' outcomes (`RUNS_FILE` unless `path`); none before the benchmark wrote them."""
+    path = RUNS_FILE if path is None else path
     if not path.is_file():
         return ()
     data = json.loads(path.read_text())

@@ -208,7 +208,8 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
     title = (f"plan{'' if label is None else f' ({label})'}: {found.profile}, {found.usable_bytes / GIB:.2f} GiB "
              "usable per GPU")
     table = Table(title=title, title_justify="left")
-    columns = [("#", "right"), ("layout", "left"), ("step s", "right"), ("TFLOP/s/GPU", "right"), ("MFU", "right"),
+    columns = [("#", "right"), ("layout", "left"), ("step s", "right"), ("vs #1", "right"), ("TFLOP/s/GPU", "right"),
+               ("MFU", "right"),
                ("memory GiB", "right"), *([("simulated GiB", "right")] if found.memory_checked else []),
                ("reserve GiB", "right"), ("exposed comm s", "right"), ("bubble s", "right")]
     for column, justify in columns:
@@ -218,10 +219,19 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
             break
         simulated = row["memory_simulated_gib"]
         checked = [] if not found.memory_checked else ["-" if simulated is None else f"{simulated:.1f}"]
-        table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", f"{row['tflops_per_gpu']:.0f}",
+        vs = "" if row["rank"] == 1 else f"{100 * row['vs_best']:+.1f}%" + (" tie" if row["tie"] else "")
+        table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", vs, f"{row['tflops_per_gpu']:.0f}",
                       f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", *checked,
                       f"{row['memory_reserve_gib']:.1f}", f"{row['exposed_comm_s']:.3f}", f"{row['bubble_s']:.3f}")
     console.print(table)
+    band = found.error_band()
+    if band is not None:
+        console.print(f"error band: ±{100 * band['geomean_error']:.0f}%, the model's geomean error on {band['runs']} "
+                      f"published {band['scope']} runs (docs/training-accuracy.md); a layout within it of #1 is a "
+                      "tie: the model cannot tell the two apart", highlight=False, markup=False, soft_wrap=True)
+    else:
+        console.print("error band: none (no published run compared yet): steps are not ranked beyond the model's "
+                      "own precision", highlight=False, markup=False, soft_wrap=True)
     console.print(f"memory: {found.headroom.describe()}", highlight=False, markup=False, soft_wrap=True)
     checks = [c for c in found.candidates if c.memory_check is not None]
     if checks:

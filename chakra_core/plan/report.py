@@ -23,13 +23,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recompute", "distributed_optimizer",
-           "status", "step_s", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_reserve_gib",
+           "status", "step_s", "vs_best", "tie", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_reserve_gib",
            "memory_usable_gib", "memory_simulated_gib", "memory_check", "memory_stage",
            "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
            "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
          "micro_batch": "int", "recompute": "str", "distributed_optimizer": "bool", "status": "str",
-         "step_s": "float", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
+         "step_s": "float", "vs_best": "float", "tie": "bool", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
          "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
          "point": "str", **{c: "float" for c in COLUMNS if c.startswith("memory_") and c.endswith("_gib")}}
 BREAKDOWN_SHOWN = 8
@@ -42,7 +42,7 @@ def plan_files(plan: Plan, settings: dict[str, Any]) -> dict[str, str | bytes]:
     files: dict[str, str | bytes] = {
         "plan.csv": table_csv(COLUMNS, rows, KINDS),
         "plan.parquet": table_parquet(COLUMNS, rows, KINDS),
-        "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(),
+        "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(), "error_band": plan.error_band(),
                                  "profile": plan.profile, "rejected": plan.enumeration.rejected,
                                  "settings": settings, "rows": rows}, indent=1, allow_nan=False) + "\n"}
     simulated = [c for c in plan.ranked() if c.status == SIMULATED]

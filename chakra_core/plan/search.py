@@ -129,9 +129,24 @@ class Plan:
     def usable_bytes(self) -> int:
         return self.headroom.usable
 
+    def error_band(self) -> dict[str, Any] | None:
+        """The model's error on published runs like this job (every layout's results carry the
+        same: one GPU, precision and job size), None before a simulation or without one."""
+        best = next((c for c in self.ranked() if c.status == SIMULATED), None)
+        return None if best is None or best.results is None else best.results.get("error_band")
+
     def rows(self) -> list[dict[str, Any]]:
+        """Every layout's line; a simulated one says how much slower than the best it is and
+        whether that is within the error band (a tie: the model cannot tell the two apart)."""
         ranked = self.ranked()
-        return [c.row(i + 1 if c.status == SIMULATED else None, self.usable_bytes) for i, c in enumerate(ranked)]
+        rows = [c.row(i + 1 if c.status == SIMULATED else None, self.usable_bytes) for i, c in enumerate(ranked)]
+        band = self.error_band()
+        best = ranked[0].step_s if ranked and ranked[0].status == SIMULATED else None
+        for row in rows:
+            slower = None if best is None or row["step_s"] is None else row["step_s"] / best - 1
+            row["vs_best"] = slower
+            row["tie"] = None if slower is None or band is None else slower < band["geomean_error"]
+        return rows
 
     def counts(self) -> dict[str, int]:
         found = {status: 0 for status in (SIMULATED, FAILED, PRUNED, TOO_BIG)}

@@ -13,7 +13,14 @@ cuBLAS picks from (256x128 and 128x256 most efficient, then 128x128, 256x64/64x2
 
 An SM margin Transformer Engine asks for leaves a GEMM fewer SMs that cuBLAS knows of (`sms`: it
 picks its tile for them); communication kernels in flight hold SMs it does not know of (`busy`:
-the tile it picked for the SMs it was told of runs its waves on the rest). With `c_bytes` the output (C, and what an accumulating
+the tile it picked for the SMs it was told of runs its waves on the rest).
+
+On Hopper (`gpu.achievable.gemm_schedule: stream_k`) cuBLAS's GEMMs do not lose whole waves: a
+persistent kernel of one block per SM shares the tiles' main loops out among its blocks (stream-K),
+so only tile quantization is left; the evidence is the kernel benchmark itself: mamf-finder reached
+the H100's FP8 MAMF at 1024 x 9216 x 14336, where whole waves of the guide's tiles would lose 27%.
+A persistent kernel beside communication holding SMs it was not told of has blocks that wait for
+an SM to free up (`model.AchievableCompute._beside`). With `c_bytes` the output (C, and what an accumulating
 GEMM reads of it) is written after the main loop at the achievable HBM bandwidth, not hidden behind
 it: with the MAMF as the main loop's rate this reproduces DeepGEMM's published H800 FP8 table at
 M = 4096 (deepseek-ai/DeepGEMM README at a6d97a1c, K from 512 to 16384: 590-1358 TFLOP/s) with a
@@ -40,9 +47,12 @@ def tile_efficiency(tm: int, tn: int) -> float:
     return min(1.0, tm * tn / (tm + tn) / _FULL_REUSE)
 
 
-def quantization(m: int, n: int, batch: int, tm: int, tn: int, sm_count: int) -> float:
-    """Useful work / work the SMs spend (tile and wave quantization together), in (0, 1]."""
+def quantization(m: int, n: int, batch: int, tm: int, tn: int, sm_count: int, stream_k: bool = False) -> float:
+    """Useful work / work the SMs spend (tile and wave quantization together; tile quantization
+    only with `stream_k`, whose persistent blocks share the tiles' main loops out evenly), in (0, 1]."""
     tiles = -(-m // tm) * -(-n // tn) * batch
+    if stream_k:
+        return (m * n * batch) / (tiles * tm * tn)
     waves = -(-tiles // sm_count)
     return (m * n * batch) / (waves * sm_count * tm * tn)
 
@@ -58,15 +68,16 @@ class GemmTime:
 @lru_cache(maxsize=65536)   # a training step repeats the same few shapes thousands of times
 def gemm_time(m: int, n: int, k: int, batch: int, mamf_flops: float, hbm_bps: float,
               elem_bytes: float, sm_count: int, sms: int | None = None, c_bytes: float = 0.0,
-              busy: int = 0) -> GemmTime:
+              busy: int = 0, stream_k: bool = False) -> GemmTime:
     """The time of a (batched) M x N x K GEMM, launch gap excluded, in the tile that is fastest on
-    `sms` of the GPU's `sm_count` SMs (default all), run on those minus `busy`.
+    `sms` of the GPU's `sm_count` SMs (default all), run on those minus `busy` (in waves; a
+    `stream_k` kernel is timed on all it was told of: its caller handles the blocks that wait).
 
     Without `c_bytes`: max(FLOPs / (MAMF x efficiency), bytes / achievable HBM bandwidth), bytes
     being A, B and C once each (the least traffic the kernel can have). With `c_bytes` (bytes per
     element of C the epilogue moves): max(main loop, A and B) + C's bytes / HBM bandwidth."""
     told = sm_count if sms is None else max(1, min(sms, sm_count))
-    used = max(1, told - busy)
+    used = told if stream_k else max(1, told - busy)
     flops = 2.0 * m * n * k * batch
     operands = (m * k + k * n) * batch * elem_bytes
     if c_bytes:
@@ -75,7 +86,7 @@ def gemm_time(m: int, n: int, k: int, batch: int, mamf_flops: float, hbm_bps: fl
         memory, epilogue = (operands + m * n * batch * elem_bytes) / hbm_bps, 0.0
     best: GemmTime | None = None
     for tm, tn in TILES:
-        eff = quantization(m, n, batch, tm, tn, told) * tile_efficiency(tm, tn)
+        eff = quantization(m, n, batch, tm, tn, told, stream_k) * tile_efficiency(tm, tn)
         compute = flops / (mamf_flops * told / sm_count * eff)
         seconds = max(compute, memory) + epilogue
         if best is None or seconds < best.seconds:

@@ -54,9 +54,11 @@ class _Work:
 class AchievableCompute(ComputeModel):
     name = "achievable"
     fidelity = ("achievable throughput: GEMMs at the measured max achievable matmul FLOP/s with tile and "
-                "wave quantization, attention at FlashAttention-2/3 efficiencies, other kernels against "
-                "the CUDA-core peak and measured HBM bandwidth, plus a per-kernel gap; no L2 reuse, "
-                "overlap of kernels or clock throttling")
+                "wave quantization and their output written after the main loop, attention at FlashAttention-2/3 "
+                "efficiencies, other kernels against the CUDA-core peak and measured HBM bandwidth, plus a "
+                "per-kernel gap; beside communication on the SMs and HBM bandwidth it leaves, at the clock a "
+                "power-capped load sustains, waiting for the host's launches, at the job's slowest chip's pace "
+                "(compute.effects); no L2 reuse")
     Config = AchievableConfig
     fold_safe = True            # the answer is a pure function of the node
 
@@ -144,6 +146,7 @@ class AchievableCompute(ComputeModel):
                 self._host = ach.host_launch_us.value * 1e-6
         self._host_ready: dict[int, float] = {}   # rank -> when the host has launched its next kernel (s)
         self._sharing = on.comm_sms or on.comm_hbm
+        self._stream_k = ach.gemm_schedule == "stream_k"
         self._epilogue = on.gemm_epilogue
         self._causal_backward = on.causal_backward
         self._loaded: dict[tuple[int, int, int], int] = {}   # (work id, free SMs, HBM GB/s) -> ns
@@ -207,6 +210,11 @@ class AchievableCompute(ComputeModel):
             loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + self._gap,
                                                   work.flops, None, None)
         shared = None if load.until_ns is None else load.until_ns - self.context.scheduler.now
+        if busy and self._stream_k and work.shape[0] == "gemm":
+            # a persistent kernel's blocks that found no SM start when one frees up: when the
+            # communication ends, or when the first blocks end; each then runs as long as the rest
+            wait = alone if shared is None or shared <= 0 else min(alone, shared)
+            return loaded + wait
         if shared is None or shared <= 0 or shared >= loaded:   # overdue: waiting for peers, still holding
             return loaded
         return shared + int(math.ceil((1 - shared / loaded) * alone))
@@ -263,7 +271,7 @@ class AchievableCompute(ComputeModel):
         if shape[0] == "gemm":
             _, _, m, n, k, batch, mamf, width, c_bytes, chunks, _ = shape
             one = gemm_time(-(-m // chunks), n, k, batch, mamf * scale, hbm, width, self._sms, sms,
-                            c_bytes if self._epilogue else 0.0, busy).seconds
+                            c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
             return chunks * one + (chunks - 1) * self._gap
         sms = max(1, sms - busy)
         if shape[0] == "attention":
