@@ -30,8 +30,10 @@ from chakra_core.schema import pb
 if TYPE_CHECKING:
     from chakra_core.jobs.spec import JobSpec
 
-UB_RING_CTAS = 1
-"""ring_exchange: num_sm 1, copies on the copy engine (userbuffers.cu: signalonly with use_ce)."""
+UB_RING_CTAS = 0
+"""ring_exchange: the copies run on the copy engine (use_ce, TE's default) and num_sm's one block
+only signals each step (userbuffers.cu: signalonly with use_ce, one block of one thread): no SM
+is held while the pieces travel."""
 UB_PIPELINE_CTAS = 16
 """pipeline: num_sm 16 with set_sm_margin (the GEMM launched on sm_count - num_sm SMs)."""
 UB_PIPELINE_SPLITS = 4

@@ -19,8 +19,9 @@ On Hopper (`gpu.achievable.gemm_schedule: stream_k`) cuBLAS's GEMMs do not lose 
 persistent kernel of one block per SM shares the tiles' main loops out among its blocks (stream-K),
 so only tile quantization is left; the evidence is the kernel benchmark itself: mamf-finder reached
 the H100's FP8 MAMF at 1024 x 9216 x 14336, where whole waves of the guide's tiles would lose 27%.
-A persistent kernel beside communication holding SMs it was not told of has blocks that wait for
-an SM to free up (`model.AchievableCompute._beside`). With `c_bytes` the output (C, and what an accumulating
+Beside communication holding SMs, its work is shared out over the SMs left (in proportion), which
+is what Lee et al. (arXiv 2507.03114) measured on average: 18.9% slower compute under overlap on
+A100 and H100, at most 40%; a kernel that waited for the held SMs would double. With `c_bytes` the output (C, and what an accumulating
 GEMM reads of it) is written after the main loop at the achievable HBM bandwidth, not hidden behind
 it: with the MAMF as the main loop's rate this reproduces DeepGEMM's published H800 FP8 table at
 M = 4096 (deepseek-ai/DeepGEMM README at a6d97a1c, K from 512 to 16384: 590-1358 TFLOP/s) with a
@@ -70,14 +71,14 @@ def gemm_time(m: int, n: int, k: int, batch: int, mamf_flops: float, hbm_bps: fl
               elem_bytes: float, sm_count: int, sms: int | None = None, c_bytes: float = 0.0,
               busy: int = 0, stream_k: bool = False) -> GemmTime:
     """The time of a (batched) M x N x K GEMM, launch gap excluded, in the tile that is fastest on
-    `sms` of the GPU's `sm_count` SMs (default all), run on those minus `busy` (in waves; a
-    `stream_k` kernel is timed on all it was told of: its caller handles the blocks that wait).
+    `sms` of the GPU's `sm_count` SMs (default all), run on those minus `busy` (in waves, or
+    sharing its main loops out over them with `stream_k`).
 
     Without `c_bytes`: max(FLOPs / (MAMF x efficiency), bytes / achievable HBM bandwidth), bytes
     being A, B and C once each (the least traffic the kernel can have). With `c_bytes` (bytes per
     element of C the epilogue moves): max(main loop, A and B) + C's bytes / HBM bandwidth."""
     told = sm_count if sms is None else max(1, min(sms, sm_count))
-    used = told if stream_k else max(1, told - busy)
+    used = max(1, told - busy)
     flops = 2.0 * m * n * k * batch
     operands = (m * k + k * n) * batch * elem_bytes
     if c_bytes:
@@ -95,6 +96,6 @@ def gemm_time(m: int, n: int, k: int, batch: int, mamf_flops: float, hbm_bps: fl
     if used == told:
         return best
     tm, tn = best.tile
-    eff = quantization(m, n, batch, tm, tn, used) * tile_efficiency(tm, tn)
+    eff = quantization(m, n, batch, tm, tn, used, stream_k) * tile_efficiency(tm, tn)
     compute = flops / (mamf_flops * used / sm_count * eff)
     return GemmTime(max(compute, memory) + epilogue, best.tile, eff, memory > compute)

@@ -210,11 +210,6 @@ class AchievableCompute(ComputeModel):
             loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + self._gap,
                                                   work.flops, None, None)
         shared = None if load.until_ns is None else load.until_ns - self.context.scheduler.now
-        if busy and self._stream_k and work.shape[0] == "gemm":
-            # a persistent kernel's blocks that found no SM start when one frees up: when the
-            # communication ends, or when the first blocks end; each then runs as long as the rest
-            wait = alone if shared is None or shared <= 0 else min(alone, shared)
-            return loaded + wait
         if shared is None or shared <= 0 or shared >= loaded:   # overdue: waiting for peers, still holding
             return loaded
         return shared + int(math.ceil((1 - shared / loaded) * alone))

@@ -82,18 +82,17 @@ def test_an_accumulating_weight_gradient_moves_more_in_its_epilogue():
 
 # SMs and HBM taken by communication ----------------------------------------------------------------------
 def test_a_one_wave_gemm_beside_a_24_channel_collective_takes_two_waves():
-    """The NVIDIA forum's H100 case: a GEMM of exactly 132 tiles 'nearly doubles' beside a
-    24-block all-gather (compute-communication overlap ... tail effect): the persistent kernel's
-    blocks that found no SM start when the first ones end, or when the collective does."""
+    """In whole waves (A100) a GEMM of exactly as many tiles as SMs takes two beside a 24-block
+    collective: the NVIDIA forum's case ('nearly doubles'); a stream-K kernel (H100) shares its
+    work out over the SMs left: 132/108 as long, the 18.9% Lee et al. measured on average."""
     loads = Loads()
     node = gemm(11 * 256, 12 * 128, 8192)   # 11 x 12 = 132 tiles of 256 x 128
     alone = model("comm_sms", loads=loads).compute_time_ns(0, node)
     loads.by_rank[0] = GpuLoad(ctas=24)
     beside = model("comm_sms", loads=loads).compute_time_ns(0, node)
-    assert 1.8 < beside / alone <= 2.0
+    assert 1.1 < beside / alone <= 132 / 108
     loads.by_rank[0] = GpuLoad(ctas=24, until_ns=alone // 4)   # the collective ends early
-    early = model("comm_sms", loads=loads).compute_time_ns(0, node)
-    assert early == pytest.approx(alone + alone // 4, abs=2)
+    assert alone < model("comm_sms", loads=loads).compute_time_ns(0, node) < beside
     a100 = Loads({0: GpuLoad(ctas=24)})   # whole waves: 108 tiles on 84 SMs take two
     one_wave = gemm(9 * 256, 12 * 128, 8192)
     ratio = (model("comm_sms", loads=a100, profile="a100-sxm-hgx").compute_time_ns(0, one_wave)

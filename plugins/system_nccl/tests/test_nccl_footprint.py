@@ -49,5 +49,6 @@ def gemm_beside_all_reduce(tmp_path, comm_sms: bool) -> int:
 
 def test_a_gemm_beside_an_all_reduce_loses_the_sms_nccl_runs_on(tmp_path):
     alone, beside = gemm_beside_all_reduce(tmp_path, False), gemm_beside_all_reduce(tmp_path, True)
-    # one full wave of 132 tiles on 132 - 16 (NVLS channels) SMs takes two
-    assert beside == pytest.approx(2 * alone, rel=0.05)
+    # NCCL runs the 1 GiB all-reduce as NVLS on 16 channels: H100's stream-K GEMM shares its main
+    # loops out over the 116 SMs left
+    assert beside == pytest.approx(alone * 132 / 116, rel=0.01)
