@@ -3,6 +3,8 @@ a job's results carry (chakra_core/jobs/presets/accuracy-runs.json).
 
     python benchmarks/training_accuracy.py                   # every verified run, all mechanisms on
     python benchmarks/training_accuracy.py --ablation        # also each mechanism off, for the ablation table
+                                                             # (on the smallest run of each source and
+                                                             # precision; --ablation-all: on every run)
     python benchmarks/training_accuracy.py --only sc21       # runs whose id contains "sc21" (doc to --doc)
     python benchmarks/training_accuracy.py --workers 2       # runs in parallel processes
     python benchmarks/training_accuracy.py --fold-check 64   # also run fold: off up to 64 GPUs and compare
@@ -126,7 +128,9 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="only runs whose id contains this")
-    parser.add_argument("--ablation", action="store_true", help="also simulate every run with each mechanism off")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also simulate with each mechanism off the smallest run of each source and precision")
+    parser.add_argument("--ablation-all", action="store_true", help="the ablation on every run")
     parser.add_argument("--workers", type=int, default=1, help="runs simulated in parallel processes")
     parser.add_argument("--fold-check", type=int, default=0, metavar="GPUS",
                         help="also simulate runs of up to GPUS unfolded (workload.fold: off) and compare")
@@ -135,8 +139,10 @@ def main() -> None:
     args = parser.parse_args()
     data = yaml.safe_load(RUNS.read_text())
     runs = [r for r in data["runs"] if args.only in r["id"] and r.get("verified", True)]
-    variants: list[str | None] = [None] + ([name for name, _ in MECHANISMS] if args.ablation else [])
-    tasks = [(run, off, str(args.cache)) for off in variants for run in runs]
+    variants: list[str | None] = [None] + ([name for name, _ in MECHANISMS] if args.ablation or args.ablation_all else [])
+    ablated = runs if args.ablation_all else ablation_set(runs)
+    tasks = [(run, None, str(args.cache)) for run in runs]
+    tasks += [(run, off, str(args.cache)) for off in variants[1:] for run in ablated]
     tasks += [(run, FOLD_OFF, str(args.cache)) for run in runs if run["gpus"] <= args.fold_check]
     results: dict[tuple[str, str | None], dict[str, Any]] = {}
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
@@ -158,6 +164,17 @@ def main() -> None:
         write_bands(runs, results)
 
 
+def ablation_set(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs the ablation simulates again: of each source and precision the one on the
+    fewest GPUs (a rule that does not look at the errors; every source and precision appears)."""
+    chosen: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for run in runs:
+        key = (_source(run), run["precision"])
+        if key not in chosen or run["gpus"] < chosen[key]["gpus"]:
+            chosen[key] = run
+    return [run for run in runs if any(run is c for c in chosen.values())]
+
+
 def write_bands(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]]) -> None:
     """Every run's predicted / measured step, for the error band of a job's results (chakra_core.jobs.bands)."""
     out = []
@@ -174,6 +191,18 @@ def _stats(ratios: list[float]) -> tuple[float, float, float]:
     return band_of([PublishedRun("", "", "", "", 1, r) for r in ratios]) if ratios else (math.nan,) * 3
 
 
+PUBLICATIONS = {"nemo-24.07": "NVIDIA NeMo performance summary (24.07)", "nemo-24.03": "NVIDIA NeMo performance summary (24.03, long sequences)",
+                "mbridge": "NVIDIA Megatron-Bridge performance summary", "sc21": "Narayanan et al., SC'21",
+                "korthikanti22": "Korthikanti et al. 2022", "mcore080": "Megatron-LM README (Megatron-Core 0.8)",
+                "dgxc": "NVIDIA dgxc-benchmarking", "nemotron4": "Nemotron-4 15B report", "bloom": "BigScience BLOOM",
+                "llama3": "Meta, The Llama 3 Herd of Models"}
+"""Each run's publication (by its id's prefix): the unit the headline counts sources in."""
+
+
+def publication(run: dict[str, Any]) -> str:
+    return next(name for prefix, name in PUBLICATIONS.items() if run["id"].startswith(prefix))
+
+
 def _source(run: dict[str, Any]) -> str:
     release = run["source"].get("release") or run["source"]["title"]
     return release
@@ -186,6 +215,11 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
     sources: dict[str, list[float]] = {}
     for run in runs:
         sources.setdefault(_source(run), []).append(ratio[run["id"]])
+    by_pub: dict[str, list[float]] = {}
+    for run in runs:
+        by_pub.setdefault(publication(run), []).append(ratio[run["id"]])
+    pubs = {name: len(group) for name, group in by_pub.items()}
+    pub_geo = math.exp(sum(math.log(1 + _stats(g)[0]) for g in by_pub.values()) / len(by_pub)) - 1
     classes: dict[str, list[float]] = {}
     for run in runs:
         gpu = "H100" if run["gpu"].startswith("h100") else "A100"
@@ -197,11 +231,12 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
            "sources describe them, timed by the `achievable` compute layer and the `nccl` system layer with the "
            "shipped hardware profiles; nothing is fitted to these step times. TFLOP/s per GPU use the formula "
            "each source uses (chakra_core/jobs/flops.py), so their error equals the step time's.", "",
-           f"**{len(runs)} runs from {len(sources)} sources: geomean error {geo:.1%}, mean signed error "
+           f"**{len(runs)} runs from {len({publication(r) for r in runs})} publications: geomean error {geo:.1%}, mean signed error "
            f"{signed:+.1%}, worst {worst:.1%}** (geomean error = exp(mean |ln(predicted/measured)|) - 1; mean signed "
            "error = exp(mean ln(predicted/measured)) - 1, negative when too fast; worst = the largest "
            "|predicted/measured - 1|). A job's results carry the error of the closest class of these runs "
-           "(chakra_core/jobs/bands.py).", "",
+           f"(chakra_core/jobs/bands.py). One publication holds {max(pubs.values())} of the runs; weighting every "
+           f"publication alike (the geomean of their geomean errors): {pub_geo:.1%}.", "",
            "| class | runs | geomean error | mean signed error | worst |", "|---|---:|---:|---:|---:|"]
     for name, group in sorted(classes.items()):
         g, s, w = _stats(group)
@@ -265,15 +300,20 @@ def _ablation(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], 
               variants: list[str | None], geo: float, signed: float) -> list[str]:
     if len(variants) < 2:
         return []
+    ablated = [run for run in runs if all((run["id"], off) in results for off in variants[1:])]
+    base = [results[(run["id"], None)]["step"] / run["measured"]["step_time_s"] for run in ablated]
+    geo, signed, _ = _stats(base)
+    subset = "every run" if len(ablated) == len(runs) else (
+        f"the {len(ablated)} runs that are the smallest of their source and precision")
     out = ["", "## What each mechanism moves", "",
-           "Each mechanism switched off alone (`compute.effects.<name>: false` or `job.effects.<name>: false`), "
-           "every run simulated again: the geomean and mean signed errors without it, and how far it moves them.", "",
-           "| mechanism | what it models | geomean error without it | mean signed error without it | its effect on the "
-           "mean signed error |", "|---|---|---:|---:|---:|",
+           f"Each mechanism switched off alone (`compute.effects.<name>: false` or `job.effects.<name>: false`) on "
+           f"{subset}: the geomean and mean signed errors of those runs without it, and how far it moves the "
+           "step on average (the ratio of the mean signed errors).", "",
+           "| mechanism | what it models | geomean error without it | mean signed error without it | what it adds "
+           "to the step |", "|---|---|---:|---:|---:|",
            f"| (all on) | | {geo:.1%} | {signed:+.1%} | |"]
     for off in variants[1:]:
-        ratios = [results[(run["id"], off)]["step"] / run["measured"]["step_time_s"] for run in runs
-                  if (run["id"], off) in results]
+        ratios = [results[(run["id"], off)]["step"] / run["measured"]["step_time_s"] for run in ablated]
         g, s, _ = _stats(ratios)
         what = dict(MECHANISMS)[off or ""]
         out.append(f"| `{off}` | {what} | {g:.1%} | {s:+.1%} | {(1 + signed) / (1 + s) - 1:+.1%} |")
