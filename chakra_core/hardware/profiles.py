@@ -215,6 +215,9 @@ class Calibration(_Strict):
                                 "network.extra_latency_us)")
     launch_us: float | None = Field(None, ge=0, description="host time to launch one kernel, µs "
                                                             "(spec-only: node.kernel_launch_us)")
+    proxy_post_us: float | None = Field(
+        None, ge=0, description="host time NCCL's proxy thread spends on one network step, µs (spec-only: "
+                                "NCCL's network post overhead, 1 µs on Intel hosts, 2 on AMD)")
 
 
 class Profile(_Strict):

@@ -39,9 +39,9 @@ from functools import lru_cache
 from chakra_core.hardware.profiles import Profile
 from chakra_sim_system_nccl import execution, tuning
 from chakra_sim_system_nccl.tuning import (
-    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BASE_LATENCY, BROADCAST, COLLECTIVES, HW_LATENCY, LL, MAX_THREADS, NVLS,
-    NVLS_TREE, PROTOCOLS, REDUCE, REDUCE_SCATTER, RING, SIMPLE, THREAD_THRESHOLD, TREE, TREE_CORRECTION, Pair,
-    log2i,
+    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BASE_LATENCY, BROADCAST, COLLECTIVES, HW_LATENCY, LL, MAX_THREADS,
+    NET_OVERHEAD_US, NVLS, NVLS_TREE, PROTOCOLS, REDUCE, REDUCE_SCATTER, RING, SIMPLE, THREAD_THRESHOLD, TREE,
+    TREE_CORRECTION, Pair, log2i,
 )
 
 __all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BROADCAST", "COLLECTIVES", "HW_LATENCY", "PROTOCOLS",
@@ -74,28 +74,34 @@ class Choice:
 class NcclModel:
     """NCCL's algorithm and protocol choice and time for one hardware profile."""
 
-    def __init__(self, profile: Profile, gpus_per_thread: int = 1, cuda_graph: bool = False) -> None:
+    def __init__(self, profile: Profile, gpus_per_thread: int = 1, cuda_graph: bool = False,
+                 nccl_version: tuple[int, int, int] | None = None) -> None:
         self.profile = profile
+        self.tuner = tuning.tuner_for(nccl_version)
+        """The tables NCCL chooses with (its release's; chakra_sim_system_nccl.tuning.TUNERS)."""
         calibration = profile.calibration
         launch = profile.node.kernel_launch_us.value if profile.node.kernel_launch_us else 0.0
         if calibration is not None and calibration.launch_us is not None:
             launch = calibration.launch_us
         self.host_issue_us = execution.host_issue_us(gpus_per_thread, cuda_graph, launch)
         """Host time to issue one collective (the launch mode): a floor on back-to-back collectives."""
-        self._tables: dict[tuple[str, int, int, bool, float], tuple[Pair, ...]] = {}
+        self._tables: dict[tuple[str, int, int, bool, float, tuning.Tuner], tuple[Pair, ...]] = {}
         self.time_us = lru_cache(maxsize=4096)(self._time_us)
 
     # -- the tuning table ------------------------------------------------------------------------
     def pairs(self, collective: str, nranks: int, nodes: int, priced: bool = False,
-              nic_share: float = 1.0) -> tuple[Pair, ...]:
+              nic_share: float = 1.0, tuner: tuning.Tuner | None = None) -> tuple[Pair, ...]:
         """Every (algorithm, protocol) NCCL considers, with its latency and bandwidth (uncalibrated):
         as NCCL estimates them to choose, or with `priced` as the hardware runs them (where the
         network plugin reports NCCL another latency than a step costs). `nic_share`: the
-        fraction of each node's NICs the communicator's GPUs drive (1: the whole node)."""
-        key = (collective, nranks, nodes, priced, nic_share)
+        fraction of each node's NICs the communicator's GPUs drive (1: the whole node). `tuner`:
+        whose tables (default the model's NCCL release's)."""
+        tuner = tuner or self.tuner
+        key = (collective, nranks, nodes, priced, nic_share, tuner)
         table = self._tables.get(key)
         if table is None:
-            table = self._tables[key] = tuple(tuning.build(self.profile, collective, nranks, nodes, priced, nic_share))
+            table = self._tables[key] = tuple(tuning.build(self.profile, collective, nranks, nodes, priced,
+                                                           nic_share, tuner))
         return table
 
     # -- one collective ---------------------------------------------------------------------------
@@ -111,8 +117,11 @@ class NcclModel:
         return self._executed(self._chosen(collective, nbytes, nranks, nodes, nic_share), collective, nbytes,
                               nranks, nodes)
 
-    def _chosen(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float) -> Pair:
-        """The pair NCCL's estimate ranks fastest, with the network priced as the hardware runs it."""
+    def _chosen(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float,
+                tuner: tuning.Tuner = tuning.NEWEST) -> Pair:
+        """The pair NCCL's estimate (its release's tables) ranks fastest, as `tuner`'s tables price it
+        with the network as the hardware runs it: the newest's for the execution (its per-hop
+        figures are the latest NCCL publishes), the release's own for its estimate."""
         best: tuple[float, Pair] | None = None
         for pair in self.pairs(collective, nranks, nodes, nic_share=nic_share):
             latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
@@ -121,8 +130,9 @@ class NcclModel:
                 best = (estimate, pair)
         assert best is not None
         pair = best[1]
-        if self.profile.network is not None and nodes > 1:   # priced as the hardware runs it
-            pair = next(p for p in self.pairs(collective, nranks, nodes, True, nic_share)
+        priced = self.profile.network is not None and nodes > 1   # priced as the hardware runs it
+        if priced or tuner != self.tuner:
+            pair = next(p for p in self.pairs(collective, nranks, nodes, priced, nic_share, tuner)
                         if (p.algorithm, p.protocol) == (pair.algorithm, pair.protocol))
         return pair
 
@@ -131,7 +141,7 @@ class NcclModel:
         what this layer took as the time before it timed the execution; for comparisons."""
         if collective == ALL_TO_ALL or nranks <= 1 or nbytes <= 0:
             return self.time_us(collective, nbytes, nranks, nodes).time_us
-        pair = self._chosen(collective, nbytes, nranks, nodes, 1.0)
+        pair = self._chosen(collective, nbytes, nranks, nodes, 1.0, self.tuner)
         latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
         if pair.algorithm in (RING, TREE):   # each running channel at its own rate
             bw = min(bw, pair.channel_gbps * self._running_channels(pair, nbytes, nranks))
@@ -174,6 +184,12 @@ class NcclModel:
             latency += plan.copy_hops * HW_LATENCY[intra_hw][RING][2] * hop_scale
         if plan.fill_chunks and math.isfinite(channel_gbps):
             latency += plan.fill_chunks * plan.chunk_bytes / (1000 * channel_gbps)
+        if nodes > 1 and profile.network is not None and plan.net_steps:
+            # one proxy thread per GPU posts every network step of the channels it serves, one after
+            # another (execution.proxy_us): small chunks across nodes wait for it, not for the NIC
+            proxy = execution.proxy_us(plan.net_steps, channels, nranks // nodes, self.proxy_post_us())
+            if proxy > 0:
+                bw = min(bw, nbytes / (1000 * proxy))
         transfer = nbytes / (1000 * bw)
         # back-to-back collectives cannot go faster than the host issues them
         latency = max(latency, self.host_issue_us - transfer)
@@ -189,6 +205,14 @@ class NcclModel:
         assert pcie is not None   # the profile's own check (Profile._staging_needs_pcie)
         nic_total = network.nics_per_node.value * network.nic_gbits.value / 8
         return pcie.value, pcie.value * self.profile.gpus_per_node / nic_total
+
+    def proxy_post_us(self) -> float:
+        """What the proxy thread spends on one network step: calibrated, or NCCL's getNetOverhead
+        (src/graph/tuning.cc: 1 us on Intel hosts, 2 on AMD)."""
+        calibration = self.profile.calibration
+        if calibration is not None and calibration.proxy_post_us is not None:
+            return calibration.proxy_post_us
+        return NET_OVERHEAD_US.get(self.profile.node.cpu_vendor, 1.0)
 
     def _network_latency_us(self) -> float:
         """What one network step costs beyond NCCL's table: calibrated, or the profile's."""
@@ -248,17 +272,31 @@ class NcclModel:
         scale = self.profile.calibration.hop_latency_scale if self.profile.calibration is not None else 1.0
         return BASE_LATENCY[RING][2] + HW_LATENCY["nvlink"][RING][2] * scale
 
+    def p2p_transfer_us(self, nbytes: float, same_node: bool, peers: int = 1,
+                        posts_per_chunk: int = 1) -> float:
+        """Moving `nbytes` to `peers` peers, split evenly (beyond the step's latency): the link's
+        time, and across nodes at least the proxy's, which posts each network chunk
+        (execution.p2p_chunk) of each peer `posts_per_chunk` times (2 when it also receives as
+        much)."""
+        time = nbytes / (1000 * self.p2p_bandwidth_gbps(same_node))
+        if not same_node and self.profile.network is not None and nbytes > 0:
+            per_peer = nbytes / max(1, peers)
+            chunks = math.ceil(per_peer / execution.p2p_chunk(per_peer))
+            time = max(time, chunks * max(1, peers) * posts_per_chunk * self.proxy_post_us())
+        return time
+
     def p2p_time_us(self, nbytes: int, same_node: bool) -> float:
         """A send of `nbytes` to one peer (NCCL send/recv)."""
-        return self.p2p_latency_us(same_node) + nbytes / (1000 * self.p2p_bandwidth_gbps(same_node))
+        return self.p2p_latency_us(same_node) + self.p2p_transfer_us(nbytes, same_node)
 
-    def fan_time_us(self, local_bytes: float, remote_bytes: float) -> Choice:
-        """One GPU exchanging `local_bytes` with peers of its node and `remote_bytes` with other
-        nodes' at once (all-to-all; a gather's or scatter's root): the slower side plus one step."""
+    def fan_time_us(self, local_bytes: float, remote_bytes: float, remote_peers: int = 1) -> Choice:
+        """One GPU exchanging `local_bytes` with peers of its node and `remote_bytes` with
+        `remote_peers` peers on other nodes at once, sending and receiving as much (all-to-all; a
+        gather's or scatter's root): the slower side plus one step."""
         remote = remote_bytes > 0 and self.profile.network is not None
         time = local_bytes / (1000 * self.p2p_bandwidth_gbps(True))
         if remote:
-            time = max(time, remote_bytes / (1000 * self.p2p_bandwidth_gbps(False)))
+            time = max(time, self.p2p_transfer_us(remote_bytes, False, remote_peers, posts_per_chunk=2))
         latency = self.p2p_latency_us(not remote)
         total = local_bytes + remote_bytes
         bw = total / (1000 * time) if time > 0 else math.inf
@@ -267,4 +305,5 @@ class NcclModel:
     def _all_to_all(self, nbytes: int, nranks: int, nodes: int) -> Choice:
         per_peer = nbytes / nranks
         local_peers = nranks // nodes - 1
-        return self.fan_time_us(per_peer * local_peers, per_peer * (nranks - 1 - local_peers))
+        remote_peers = nranks - 1 - local_peers
+        return self.fan_time_us(per_peer * local_peers, per_peer * remote_peers, remote_peers)

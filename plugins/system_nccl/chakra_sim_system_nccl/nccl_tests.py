@@ -56,6 +56,10 @@ where not printed), whether `# Blocking Enabled` (-z) was printed before the dev
 another number of ranks than nThread x nGpus x processes, or a second `# nThread` line that
 differs from the first.
 
+The NCCL release comes from the header's `nccl-library=` code (`# nccl-tests version 2.17.9
+nccl-headers=22403 nccl-library=22403`: NCCL_VERSION_CODE, 2.24.3) or NCCL's own `NCCL version
+2.24.3+cuda12.6` banner (`NcclTestsLog.nccl_version`, None where neither is printed).
+
 Azure's AI-benchmarking-guide publishes Markdown tables of in-place busbw only;
 `parse_busbw_table` converts them back to times with the same definitions.
 
@@ -124,7 +128,7 @@ def parse(text: str, path: str = "<text>", *, collective: str | None = None,
     gpu = ", ".join(sorted(set(scan.devices.values()))) if scan.devices else None
     return NcclTestsLog(path, chosen_collective, chosen_ranks, gpu, flat,
                         ranks_source=source, line_numbers=line_numbers, launch=launch,
-                        columns_line=scan.columns_line)
+                        columns_line=scan.columns_line, nccl_version=scan.nccl_version)
 
 
 def load(path: str | Path, *, collective: str | None = None, ranks: int | None = None) -> NcclTestsLog:

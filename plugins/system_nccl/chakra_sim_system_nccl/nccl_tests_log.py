@@ -70,6 +70,7 @@ class NcclTestsLog:
     line_numbers: tuple[int, ...] = field(default=(), repr=False, compare=False)
     launch: LaunchInfo | None = None   # from the `# nThread` header line (None: not printed)
     columns_line: int | None = field(default=None, compare=False)   # the `# size count ...` column titles
+    nccl_version: tuple[int, int, int] | None = None   # `nccl-library=` or NCCL's `NCCL version` line
 
     @property
     def dtypes(self) -> tuple[str, ...]:

@@ -26,8 +26,18 @@ _GRAPH = re.compile(r"\bgraph:\s*(\d+)")
 _BLOCKING = re.compile(r"^#\s*Blocking Enabled\b", re.IGNORECASE)
 _USING_DEVICES = re.compile(r"^#\s*Using devices\b", re.IGNORECASE)
 _COMMAND = re.compile(r"^#\s*command:(.*)$", re.IGNORECASE)
+_LIBRARY = re.compile(r"\bnccl-library=(\d+)")                  # `# nccl-tests version ... nccl-library=22403`
+_NCCL_VERSION = re.compile(r"^NCCL version (\d+)\.(\d+)\.(\d+)")   # NCCL's own banner, `NCCL version 2.24.3+cuda12.6`
 _INT = re.compile(r"^-?\d+$")
 _DEFAULT_KEYS = ("size", "count", "type", "redop", "root")
+
+
+def version_of_code(code: int) -> tuple[int, int, int]:
+    """NCCL_VERSION_CODE (src/nccl.h.in): major x 10000 + minor x 100 + patch since 2.9, major x 1000 +
+    minor x 100 + patch before."""
+    if code >= 20900:
+        return code // 10000, code // 100 % 100, code % 100
+    return code // 1000, code // 100 % 10, code % 100
 
 
 def strip_prefix(line: str) -> str:
@@ -179,6 +189,7 @@ class _Scan:
     processes: dict[int, tuple[str, int]] = field(default_factory=dict)   # rank -> (host, Pid)
     columns_line: int | None = None
     cpu_time: bool = False                                   # `cputime` column title (-C)
+    nccl_version: tuple[int, int, int] | None = None         # the NCCL library the run used
 
 
 def _collective_in_header(program: str) -> str:
@@ -230,6 +241,8 @@ def scan_lines(text: str, problems: Problems) -> _Scan:
                     scan.processes[int(match.group(1))] = (process.group(2), int(process.group(1)))
             elif match := _COMMAND.match(line):
                 scan.command_collectives |= collectives_named_in(match.group(1))
+            elif match := _LIBRARY.search(line):
+                scan.nccl_version = scan.nccl_version or version_of_code(int(match.group(1)))
             else:
                 words = line.lstrip("#").split()
                 if words[:2] == ["size", "count"]:          # the column-name header
@@ -243,6 +256,9 @@ def scan_lines(text: str, problems: Problems) -> _Scan:
                     scan.cpu_time = time_at < len(words) and words[time_at] == "cputime"
                 elif words and all(word in ("out-of-place", "in-place") for word in words):
                     placements = tuple(word == "in-place" for word in words)
+            continue
+        if match := _NCCL_VERSION.match(line):
+            scan.nccl_version = scan.nccl_version or (int(match[1]), int(match[2]), int(match[3]))
             continue
         tokens = line.split()
         if not _INT.match(tokens[0]) or (len(tokens) > 1 and not _INT.match(tokens[1])):

@@ -67,6 +67,41 @@ NVLS_MIN_LOCAL_GPUS = 2
 
 
 @dataclass(frozen=True)
+class Tuner:
+    """What changed in NCCL's tuner between the releases modelled, for the algorithms the profiles
+    run. Everything else in the tables above is the same from 2.23 to 2.30."""
+
+    since: tuple[int, int, int]   # the first release with these tables
+    nvls_nvlink_us: float         # hwLatencies[NVLINK][NVLS and NVLS_TREE][SIMPLE]
+    nvls_tree_net_us: float       # hwLatencies[NET][NVLS_TREE][SIMPLE]
+    nvls_efficiency: bool         # NVLS bandwidth from nvlsEfficiency (2.28+), else the graph's x 5/6
+
+    @property
+    def name(self) -> str:
+        return ".".join(map(str, self.since))
+
+
+TUNERS = (
+    # src/graph/tuning.cc ncclTopoTuneModel at v2.23.4-1 .. v2.27.7-1: hwLat NVLink NVLS 25, NET NVLSTree 14;
+    # NVLS bw = min(bwIntra, bwInter), NVLSTree min(bwIntra, bwInter / 2 beyond 2 nodes), x nChannels, x 5/6
+    # for all-reduce ("Convert bus BW to algorithm BW"); the ring and tree formulas are the newest's
+    Tuner((2, 23, 0), 25.0, 14.0, False),
+    Tuner((2, 28, 0), 25.0, 14.0, True),    # v2.28.3-1: nvlsEfficiency, perChMaxNVLSTreeBws
+    Tuner((2, 28, 9), 25.0, 20.9, True),    # v2.28.9-1 (dbc86fd0) and later: hwLat NET NVLSTree 20.9
+)
+NEWEST: Final = TUNERS[-1]
+
+
+def tuner_for(version: tuple[int, int, int] | None) -> Tuner:
+    """The tuner of NCCL `version` (the newest modelled for None). Releases before 2.23 get 2.23's:
+    their ring LL and LL128 factors, tree caps and NVLS latencies differ again (v2.19.3-1 to
+    v2.22.3-1), which is not modelled."""
+    if version is None:
+        return NEWEST
+    return next((t for t in reversed(TUNERS) if t.since <= version), TUNERS[0])
+
+
+@dataclass(frozen=True)
 class Pair:
     """One (algorithm, protocol) NCCL considers: its tuner latency and bandwidth, and what the
     execution model needs to time it."""
@@ -131,7 +166,9 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     bw = min(nic_gbps * nic_share, channels * bw_intra / nics)
     return nics, bw, bw, latency
 
+
 def algorithms(profile: Profile, collective: str, nodes: int, local: int) -> list[AlgorithmName]:
+    """The algorithms NCCL considers for this collective on this hardware."""
     spec = profile.nccl
     nvls = profile.node.nvls and spec.nvls_channels is not None and spec.nvls_bus_bw_gbps is not None
     # ncclNvlsInit (src/transport/nvls.cc): no NVLS for a communicator of 2 or fewer GPUs on a node
@@ -145,7 +182,12 @@ def algorithms(profile: Profile, collective: str, nodes: int, local: int) -> lis
         return [RING, NVLS]
     return [RING]
 
-def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bool, nic_share: float) -> Iterator[Pair]:
+
+def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bool, nic_share: float,
+          tuner: Tuner | None = None) -> Iterator[Pair]:
+    """Every (algorithm, protocol) NCCL considers, with `tuner`'s latency and bandwidth (default the
+    newest modelled) and the fields the execution model reads."""
+    tuner = tuner or NEWEST
     arch = _ARCH[profile.gpu.architecture]
     index2 = min(nodes, 3) - 1
     cpu = profile.node.cpu_vendor
@@ -164,12 +206,14 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
             if (algorithm in (NVLS, NVLS_TREE) and protocol != SIMPLE) or protocol not in allowed:
                 continue
             intra = HW_LATENCY[intra_hw][algorithm][p]
+            if algorithm in (NVLS, NVLS_TREE) and intra_hw == "nvlink":
+                intra = tuner.nvls_nvlink_us
             inter_hw = 0.0
             net_hops = 0.0   # network latencies a pass pays (a Simple step twice with the flush)
             hops = Hops()
             if nodes > 1:
                 hop = TREE if algorithm == RING and local == 1 else algorithm
-                inter_hw = HW_LATENCY["net"][hop][p]
+                inter_hw = HW_LATENCY["net"][hop][p] if hop != NVLS_TREE else tuner.nvls_tree_net_us
                 net_hops = 2.0 if protocol == SIMPLE and flush else 1.0
             base = BASE_LATENCY[algorithm][p]
             if algorithm == RING:
@@ -209,6 +253,9 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
                 bus = min(per_channel, across, cap) * graph_channels
                 conversion = nranks / nsteps if collective == ALL_REDUCE else 1.0
                 algbw = bus * conversion
+                if not tuner.nvls_efficiency:   # 2.19-2.27: the graph's bandwidth, 5/6 of it for all-reduce
+                    legacy = min(bw_intra, bw_inter if algorithm == NVLS or nodes <= 2 else bw_inter / 2)
+                    algbw = legacy * graph_channels * (5 / 6 if collective == ALL_REDUCE else 1.0)
                 # executed: the graph's bandwidth without NCCL's empirical nvlsEfficiency (the
                 # per-chunk syncs execution counts stand for it), under the same caps: in one
                 # node bwInter is NVLink too; across nodes the NICs and NCCL's NVLS-tree cap
