@@ -7,14 +7,15 @@ The choice follows the cost model NCCL runs on Volta to Blackwell GPUs, as publi
   which cites NCCL's tables);
 - NCCL estimates a collective of `nbytes` at `latency + nbytes / (1000 x bandwidth)` microseconds
   on each pair (tree bandwidths scaled by NCCL's `treeCorrectionFactor` for medium sizes) and
-  runs it with the fastest;
+  runs it with the fastest, with the tables of the NCCL release that ran (`tuning.TUNERS`: what
+  changed between releases; the newest modelled by default);
 - at run time NCCL gives small messages fewer channels (`while (nBytes < nc*nt*threadThreshold)
   nc--` in `topoGetAlgoInfo`).
 
 That estimate ranks algorithms; it is not the time. The time is what NCCL then executes
 (chakra_sim_system_nccl.execution): the chunks, loops and steps of the chosen algorithm, each
-step's hop latency and synchronisation, the NVLS pipeline, the host's launches, over the
-bandwidth of the channels that run.
+step's hop latency and synchronisation, the NVLS pipeline, the proxy thread's network steps
+across nodes, the host's launches, over the bandwidth of the channels that run.
 
 Algorithms: ring, tree, NVLS (NVLink SHARP, one node) and NVLS-tree (NVLS in each node, a tree
 between nodes). CollNet (in-network reduction with SHARP switches) and PAT are not modelled: NCCL

@@ -178,3 +178,20 @@ def test_calibration_fits_the_proxy_on_multi_node_logs():
     assert fitted.calibration.proxy_post_us == pytest.approx(2.5, rel=0.1)
     single = [cal.Observation(nccl.ALL_GATHER, 2**20, 8, 1, 30.0, "t")]
     assert "proxy_post_us" not in cal.exercised(load_profile(NDR), single)
+
+
+@pytest.mark.parametrize("version, parsed", [("2.24.3", (2, 24, 3)), ("2.28", (2, 28, 0)), (None, None)])
+def test_the_release_setting_reads_as_a_version(version, parsed):
+    from chakra_sim_system_nccl.layer import NcclSystemConfig
+
+    config = NcclSystemConfig.model_validate({"profile": NDR, **({"nccl_version": version} if version else {})})
+    assert config.version() == parsed
+
+
+def test_a_release_that_is_not_a_version_is_refused():
+    from pydantic import ValidationError
+
+    from chakra_sim_system_nccl.layer import NcclSystemConfig
+
+    with pytest.raises(ValidationError, match="nccl_version"):
+        NcclSystemConfig.model_validate({"profile": NDR, "nccl_version": "latest"})
