@@ -172,6 +172,9 @@ class NetworkSpec(_Strict):
     fabric: str
     nics_per_node: Sourced
     nic_gbits: Sourced = Field(..., description="line rate of one NIC, Gb/s")
+    nccl_devices_per_node: Sourced | None = Field(
+        None, description="network devices NCCL sees per node, where the network plugin groups several "
+                          "NICs into one device (their rates add up); default: one per NIC")
     extra_latency_us: Sourced | None = Field(
         None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport); "
                           "what a network step really costs on top of NCCL's table")

@@ -161,10 +161,44 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     nic_gbps = network.nic_gbits.value / 8
     if algorithm == NVLS_TREE:
         return channels, bw_intra, network.nics_per_node.value * nic_share * nic_gbps / channels, latency
-    nics = int(network.nics_per_node.value)
-    # one channel per NIC of the node; with part of the node, each gets its part of a NIC
-    bw = min(nic_gbps * nic_share, channels * bw_intra / nics)
+    # one channel per NIC the communicator's GPUs drive (at least one, sharing its NIC with the other
+    # rails' GPUs when the group has fewer GPUs on a node than the node has NICs), at the NIC's rate
+    # capped by what NVLink gives that channel; search.cc ncclTopoDupChannels doubles fast channels
+    devices = network.nccl_devices_per_node.value if network.nccl_devices_per_node else network.nics_per_node.value
+    device_gbps = network.nics_per_node.value * nic_gbps / devices
+    reach = devices * nic_share
+    nics = min(MAX_SEARCH_CHANNELS, max(1, math.ceil(reach - 1e-9)))
+    bw = min(device_gbps * reach / nics, channels * bw_intra / int(devices))
+    nics, bw = dup_channels(profile, nics, bw)
     return nics, bw, bw, latency
+
+
+MAXCHANNELS: Final = 32
+"""src/include/device.h MAXCHANNELS."""
+MAX_SEARCH_CHANNELS: Final = MAXCHANNELS // 2
+"""src/init.cc: ringGraph->maxChannels = MAXCHANNELS/2 (the tree graph takes the ring's channels)."""
+
+
+def dup_channels(profile: Profile, channels: int, bw: float) -> tuple[int, float]:
+    """src/graph/search.cc ncclTopoDupChannels (v2.24.3-1): a graph whose channels run at 25 GB/s or
+    more is duplicated at half the bandwidth each, except on Hopper with more than 4 channels
+    under 50 GB/s."""
+    cc = {"volta": 70, "ampere": 80, "hopper": 90}[profile.gpu.architecture]
+    if bw < 25.0 or (cc > 80 and bw < 50.0 and channels > 4):
+        return channels, bw
+    doubled = min(2 * channels, MAX_SEARCH_CHANNELS)
+    return doubled, bw / math.ceil(doubled / channels)
+
+
+def comm_channels(profile: Profile, graph_channels: int, bw: float) -> int:
+    """comm->nChannels of a communicator across nodes (src/graph/connect.cc ncclTopoPostset,
+    v2.24.3-1): the search's channels doubled ("Duplication should be complete now"), doubled
+    again on Hopper when they run faster than 45 GB/s and are fewer than 16 ("Use 4 compute
+    channels per search channel to reach peak BW on <8 PPN"), at most MAXCHANNELS."""
+    channels = min(MAXCHANNELS, 2 * graph_channels)
+    if profile.gpu.architecture == "hopper" and bw > 45.0 and channels < 16:
+        channels = 2 * channels
+    return channels
 
 
 def algorithms(profile: Profile, collective: str, nodes: int, local: int) -> list[AlgorithmName]:
@@ -271,8 +305,12 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
                     base = 0.0
             latency = base + hops.intra_us + hops.inter_hops * (inter_hw + net_hops * latency_inter)
             # NVLS only when the profile gives nvls_channels (algorithms)
-            channels = int(cast(Sourced, profile.nccl.nvls_channels).value) \
-                if algorithm in (NVLS, NVLS_TREE) else int(profile.nccl.channels.value)
+            if algorithm in (NVLS, NVLS_TREE):
+                channels = int(cast(Sourced, profile.nccl.nvls_channels).value)
+            elif nodes > 1 and network is not None:   # across nodes: the channels the NICs' search found
+                channels = comm_channels(profile, graph_channels, bw_inter)
+            else:
+                channels = int(profile.nccl.channels.value)
             if algorithm in (NVLS, NVLS_TREE):   # NVLS always runs on all of its channels
                 per_channel /= channels
             elif nodes > 1:   # rings and trees across nodes: the NICs bound them

@@ -40,13 +40,13 @@ def test_network_steps_per_channel_follow_the_algorithm():
 
 
 def test_small_chunks_across_nodes_wait_for_the_proxy_thread():
-    # 4 x 8 H100, all-gather of 4 MiB: ring/LL128 on 24 channels moves 5 KiB chunks; each of the 8
-    # proxies posts 31 steps x 2 ends x 3 channels at NCCL's 1 µs (Intel host)
+    # 4 x 8 H100, all-gather of 4 MiB: ring/LL128 on 16 channels moves 8 KiB chunks; each of the 8
+    # proxies posts 31 steps x 2 ends x 2 channels at NCCL's 1 µs (Intel host)
     base = with_post(NDR, None)
     choice = base.time_us(nccl.ALL_GATHER, 4 << 20, 32, 4)
-    assert (choice.algorithm, choice.protocol, choice.channels) == ("ring", "LL128", 24)
-    proxy = execution.proxy_us(2 * 31, 24, 8, 1.0)
-    assert proxy == pytest.approx(186.0)
+    assert (choice.algorithm, choice.protocol, choice.channels) == ("ring", "LL128", 16)
+    proxy = execution.proxy_us(2 * 31, 16, 8, 1.0)
+    assert proxy == pytest.approx(124.0)
     assert choice.time_us == pytest.approx(choice.latency_us + proxy)
     # a slower host is slower by exactly the proxy's share; one node has no proxy work
     assert with_post(NDR, 2.0).time_us(nccl.ALL_GATHER, 4 << 20, 32, 4).time_us == \
@@ -56,6 +56,26 @@ def test_small_chunks_across_nodes_wait_for_the_proxy_thread():
     # large chunks are bound by the NICs, not by the proxy
     big = base.time_us(nccl.ALL_GATHER, 8 << 30, 32, 4)
     assert big.time_us == with_post(NDR, 0.0).time_us(nccl.ALL_GATHER, 8 << 30, 32, 4).time_us
+
+
+def test_channels_across_nodes_are_the_nics_search_doubled():
+    # ncclTopoPostset doubles the search's channels; Hopper doubles again above 45 GB/s under 16
+    ndr = load_profile(NDR)
+    assert tuning.graph(ndr, "ring", 4, True, 1.0)[:2] == (8, 45.0)    # 8 NICs; NVLink caps 360/8
+    assert tuning.comm_channels(ndr, 8, 45.0) == 16
+    assert tuning.comm_channels(ndr, 2, 46.0) == 8                     # 2 x 2, doubled again
+    # one GPU a node: its one NIC, duplicated at half the bandwidth (ncclTopoDupChannels), x 2
+    channels, bw = tuning.graph(ndr, "ring", 4, True, 1 / 8)[:2]
+    assert (channels, bw) == (2, 22.5) and tuning.comm_channels(ndr, channels, bw) == 4
+    # p5: the EFA plugin groups each GPU's 4 network cards into one device (32 cards, 8 devices)
+    p5 = load_profile("h100-aws-p5-efa")
+    assert tuning.graph(p5, "ring", 2, True, 1.0)[:2] == (8, 45.0)
+    # p4de: 4 x 100 Gb/s cards, slower than 25 GB/s, not duplicated: 8 channels
+    p4de = load_profile("a100-aws-p4de-efa")
+    assert tuning.graph(p4de, "ring", 2, True, 1.0)[:2] == (4, 12.5)
+    assert nccl.NcclModel(p4de).time_us(nccl.ALL_REDUCE, 64 << 20, 16, 2).channels == 8
+    # one node keeps the intra-node search's channels
+    assert nccl.NcclModel(ndr).time_us(nccl.ALL_GATHER, 64 << 20, 8, 1).channels == 24
 
 
 def test_spec_post_cost_is_nccls_by_cpu_vendor():
