@@ -168,7 +168,7 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     device_gbps = network.nics_per_node.value * nic_gbps / devices
     reach = devices * nic_share
     nics = min(MAX_SEARCH_CHANNELS, max(1, math.ceil(reach - 1e-9)))
-    bw = min(device_gbps * reach / nics, channels * bw_intra / int(devices))
+    bw = min(device_gbps * reach / nics, channels * bw_intra / nics)
     nics, bw = dup_channels(profile, nics, bw)
     return nics, bw, bw, latency
 

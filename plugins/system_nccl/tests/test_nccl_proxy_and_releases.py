@@ -64,9 +64,9 @@ def test_channels_across_nodes_are_the_nics_search_doubled():
     assert tuning.graph(ndr, "ring", 4, True, 1.0)[:2] == (8, 45.0)    # 8 NICs; NVLink caps 360/8
     assert tuning.comm_channels(ndr, 8, 45.0) == 16
     assert tuning.comm_channels(ndr, 2, 46.0) == 8                     # 2 x 2, doubled again
-    # one GPU a node: its one NIC, duplicated at half the bandwidth (ncclTopoDupChannels), x 2
+    # one GPU a node: its one 50 GB/s NIC, duplicated at half the bandwidth (ncclTopoDupChannels), x 2
     channels, bw = tuning.graph(ndr, "ring", 4, True, 1 / 8)[:2]
-    assert (channels, bw) == (2, 22.5) and tuning.comm_channels(ndr, channels, bw) == 4
+    assert (channels, bw) == (2, 25.0) and tuning.comm_channels(ndr, channels, bw) == 4
     # p5: the EFA plugin groups each GPU's 4 network cards into one device (32 cards, 8 devices)
     p5 = load_profile("h100-aws-p5-efa")
     assert tuning.graph(p5, "ring", 2, True, 1.0)[:2] == (8, 45.0)
