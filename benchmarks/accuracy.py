@@ -32,7 +32,7 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from chakra_sim_system_nccl import accuracy as acc  # noqa: E402
 from chakra_sim_system_nccl import calibrate as cal  # noqa: E402
 from chakra_sim_system_nccl import model as nccl  # noqa: E402
+from chakra_sim_system_nccl.launch import LaunchInfo  # noqa: E402
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog, load, parse_busbw_table  # noqa: E402
 from chakra_core.hardware.profiles import Profile, load_profile  # noqa: E402
 from chakra_core.plugins import PluginHost, make_plugin_host  # noqa: E402
@@ -68,6 +69,7 @@ class Dataset:
     max_bytes: int = 8 * 2**30
     note: str = ""
     table: tuple[str, int] | None = None   # a bus-bandwidth table: (collective, ranks)
+    launch: LaunchInfo | None = None       # how a table was run, from the script that made it (no header)
 
     def log(self, folder: Path = LOGS) -> NcclTestsLog:
         if self.table is not None:   # a results page: its "NCCL Bandwidth" section's table
@@ -75,8 +77,15 @@ class Dataset:
             text = path.read_text()
             section = text.split("## NCCL Bandwidth", 1)[-1].split("\n## ", 1)[0]
             table = "\n".join(line for line in section.splitlines() if line.lstrip().startswith("|"))
-            return parse_busbw_table(table, *self.table, path=str(path))
+            return replace(parse_busbw_table(table, *self.table, path=str(path)), launch=self.launch)
         return load(folder / self.file)
+
+
+# Azure/AI-benchmarking-guide Benchmarks/NCCLBandwidth.py at 5751982 (the version of 25 Sep 2024, when
+# the ND A100 v4 page was written; the H100 and H200 pages of 24 Sep come from 1923741, the same command):
+# `NCCL_ALGO=<Tree|Ring|NVLS|NVLSTree> ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40`, one process
+# and one thread driving the node's 8 GPUs, once per forced algorithm; the page keeps one column.
+AZURE_LAUNCH = LaunchInfo(threads_per_process=1, gpus_per_thread=8, processes=1)
 
 
 DATASETS = (
@@ -102,12 +111,16 @@ EXTRA = (
     Dataset("8 x H100, all-reduce (Voltage Park, one process)", "h100_voltagepark_1node_8gpu_allreduce.txt",
             "h100-sxm-hgx", note="one process drives 8 GPUs (-g 8)"),
     Dataset("8 x H100, all-reduce (Azure ND H100 v5, busbw table)",
-            "h100_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "azure-nd-h100-v5", table=("all_reduce", 8)),
+            "h100_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "azure-nd-h100-v5", table=("all_reduce", 8),
+            launch=AZURE_LAUNCH, note="NVLS forced (the page says), one process drives 8 GPUs (-g 8)"),
     Dataset("8 x H200, all-reduce (Azure ND H200 v5, busbw table)",
-            "h200_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "h200-sxm-hgx", table=("all_reduce", 8)),
+            "h200_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "h200-sxm-hgx", table=("all_reduce", 8),
+            launch=AZURE_LAUNCH, note="NVLS forced (the page says), one process drives 8 GPUs (-g 8)"),
     Dataset("8 x A100, all-reduce (Azure ND A100 v4, busbw table)",
             "a100_azure-ndv4_1node_8gpu_allreduce_busbw-table.txt", "a100-sxm-hgx", goal=0.15,
-            table=("all_reduce", 8)),
+            table=("all_reduce", 8), launch=AZURE_LAUNCH,
+            note="Tree or Ring forced, the page does not say which (it names NVLS, which A100 cannot run); "
+                 "one process drives 8 GPUs (-g 8)"),
 )
 
 # Calibration transfer: fit on one log (one collective, one scale), judge on another collective or
@@ -161,7 +174,7 @@ def evaluate(host: PluginHost, dataset: Dataset, folder: Path, work: Path, nativ
                         max_bytes=dataset.max_bytes)
     result = acc.evaluate(plan, profile, host)
     launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"])
+    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version)
     tuner = [model.tuner_estimate_us(plan.collective, plan.model_bytes(s), plan.ranks, plan.nodes)
              for s in plan.sizes]
     points = cal.observations([log], plan.gpus_per_node, in_place, dataset.min_bytes, dataset.max_bytes)
@@ -191,10 +204,10 @@ def summary_table(rows: list[Evaluated], natives: bool) -> list[str]:
         band_cells = " | ".join(f"{pct(bands[name][0])}{' ⚠' if bands[name][0] > BAND_GOAL else ''}"
                                 if name in bands else "–" for name in BAND_NAMES)
         launch = plan.launch
-        mode = ("from the log's table" if launch is None and ev.dataset.table else
-                "not printed: 1 GPU per process" if launch is None else
+        mode = ("not printed: 1 GPU per process" if launch is None else
                 f"{launch.gpus_per_thread} GPU{'s' if launch.gpus_per_thread > 1 else ''} per thread"
-                + (", CUDA graph" if launch.cuda_graph_iters else ""))
+                + (", CUDA graph" if launch.cuda_graph_iters else "")
+                + (" (the table's script)" if ev.dataset.launch is not None else ""))
         sizes = f"{acc.size_label(plan.sizes[0].nbytes)} – {acc.size_label(plan.sizes[-1].nbytes)} ({len(plan.sizes)})"
         goal = f"≤ {100 * ev.dataset.goal:.0f}%" if ev.dataset.goal else ""
         line = (f"| {ev.dataset.label}{' — ' + ev.dataset.note if ev.dataset.note else ''} | {sizes} | "

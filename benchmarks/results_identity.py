@@ -43,7 +43,14 @@ unchanged; its folding section, event count, pre_pass_ranks and memory_series na
 representative only) and the DLRM hbm run's folding reason no longer names hbm; the
 llama3-70b example's echoed job gained `tensors: false`; the plan-gpt-1.7b example (a job
 manifest, now with an `hbm` memory layer) is recorded for the first time. 366 outputs stayed
-byte-identical.
+byte-identical. Recorded again (issue 31, part 7, NCCL across nodes): 55 of 371 outputs changed,
+all of the `nccl` layer. Every `nccl` results.json echoes the layer's new `nccl_version` setting
+(null); those across nodes (the p5 and p4de nccl-tests sizes, the two `scale ... nccl` runs)
+also changed times, from the proxy thread's network steps and the channels NCCL's search finds
+on the NICs (p5 all-reduce of 64 MiB 625 -> 407 us: 16 channels on its 8 plugin devices make
+NCCL's tuner pick NVLS-tree; the scale runs +0.03% and +0.09%); the llama3-70b and plan-gpt-1.7b
+examples moved by +0.004% and -0.005%; the accuracy tables changed. The other 316 outputs
+stayed byte-identical.
 """
 
 from __future__ import annotations

@@ -211,6 +211,9 @@ class NetworkSpec(_Strict):
     fabric: str
     nics_per_node: Sourced
     nic_gbits: Sourced = Field(..., description="line rate of one NIC, Gb/s")
+    nccl_devices_per_node: Sourced | None = Field(
+        None, description="network devices NCCL sees per node, where the network plugin groups several "
+                          "NICs into one device (their rates add up); default: one per NIC")
     extra_latency_us: Sourced | None = Field(
         None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport); "
                           "what a network step really costs on top of NCCL's table")
@@ -254,6 +257,9 @@ class Calibration(_Strict):
                                 "network.extra_latency_us)")
     launch_us: float | None = Field(None, ge=0, description="host time to launch one kernel, µs "
                                                             "(spec-only: node.kernel_launch_us)")
+    proxy_post_us: float | None = Field(
+        None, ge=0, description="host time NCCL's proxy thread spends on one network step, µs (spec-only: "
+                                "NCCL's network post overhead, 1 µs on Intel hosts, 2 on AMD)")
 
 
 class Profile(_Strict):

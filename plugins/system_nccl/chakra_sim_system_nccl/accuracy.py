@@ -81,6 +81,7 @@ class Plan:
     launch: LaunchInfo | None
     in_place: bool
     sizes: tuple[Size, ...]
+    nccl_version: tuple[int, int, int] | None = None   # the log's NCCL release (its tuner chooses)
 
     @property
     def launch_config(self) -> dict[str, Any]:
@@ -89,9 +90,13 @@ class Plan:
                                                                             "cuda_graph": False}
 
     def system(self) -> dict[str, Any]:
-        """The `system` section of the manifest each size is simulated with."""
-        return {"plugin": "nccl", "profile": self.profile, "gpus-per-node": self.gpus_per_node,
-                "launch": self.launch_config}
+        """The `system` section of the manifest each size is simulated with (the log's NCCL release
+        chooses, where it prints one)."""
+        system = {"plugin": "nccl", "profile": self.profile, "gpus-per-node": self.gpus_per_node,
+                  "launch": self.launch_config}
+        if self.nccl_version is not None:
+            system["nccl_version"] = ".".join(map(str, self.nccl_version))
+        return system
 
     def comm_size(self, size: Size) -> int:
         """The trace's comm_size for a size: nccl-tests counts an all-gather by its output."""
@@ -198,7 +203,7 @@ def plan_log(log: NcclTestsLog, profile: Profile, profile_name: str, *, in_place
         raise ManifestError([(log.path, f"no {placement} size from {min_bytes:,} B{upper} with a measured time "
                               "(check --min-bytes, --max-bytes, --in-place)")])
     return Plan(log.path, log.collective, collective, ranks, nodes, gpus_per_node, profile_name, launch,
-                in_place, tuple(sizes))
+                in_place, tuple(sizes), log.nccl_version)
 
 
 # --------------------------------------------------------------------------- simulating
@@ -238,7 +243,7 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
 def nccl_choices(plan: Plan, profile: Profile) -> list[nccl.Choice]:
     """NCCL's algorithm, protocol and channels for each size (chakra_sim_system_nccl.model)."""
     launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"])
+    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version)
     return [model.time_us(plan.collective, plan.model_bytes(size), plan.ranks, plan.nodes) for size in plan.sizes]
 
 

@@ -9,7 +9,8 @@ Calibration), so a fit on one collective at one scale carries to the others:
   collectives reach;
 - `nic_efficiency` and `network_latency_us`: the same for the network, when a log spans nodes;
 - `launch_us`: the host's cost of one kernel launch, when a log was run with one thread driving
-  several GPUs.
+  several GPUs;
+- `proxy_post_us`: what NCCL's proxy thread spends on one network step, when a log spans nodes.
 
 Only the parameters the measurements exercise are fitted; the others keep their spec-only
 values. The fit minimises a robust (pseudo-Huber) loss of the log errors of the predicted times,
@@ -31,6 +32,7 @@ from typing import Iterable, Sequence
 from chakra_core.hardware.profiles import Calibration, Profile
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog
+from chakra_sim_system_nccl.tuning import NET_OVERHEAD_US
 
 ROBUST_SCALE = 0.05
 """Log error where the fit's loss turns from quadratic to linear (about 5%)."""
@@ -70,6 +72,9 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("launch_us", (0.0, 100.0), (2.0, 10.0),
               "asynchronous kernel launches measured at 3.0-4.9 µs (NVIDIA CUDA Graphs blog: 3.8 µs; "
               "JuliaGPU/CUDAdrv.jl PR 15: 4.9 µs from C)"),
+    Parameter("proxy_post_us", (0.0, 30.0), (1.0, 6.0),
+              "NCCL's own network post overhead per step (src/graph/tuning.cc getNetOverhead): 1 µs on "
+              "Intel hosts, 2 on AMD, three times that for a Simple ring step"),
 )}
 
 
@@ -85,6 +90,7 @@ class Observation:
     log: str
     gpus_per_thread: int = 1
     cuda_graph: bool = False
+    nccl_version: tuple[int, int, int] | None = None   # the release whose tuner chose (the log's)
 
 
 def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: bool = False,
@@ -104,7 +110,8 @@ def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: boo
         graph = bool(launch.cuda_graph_iters) if launch is not None else False
         for size, time_us in sorted(log.times(in_place).items()):
             if size >= min_bytes and (max_bytes is None or size <= max_bytes) and time_us > 0:
-                out.append(Observation(collective, size, log.ranks, nodes, time_us, log.path, per_thread, graph))
+                out.append(Observation(collective, size, log.ranks, nodes, time_us, log.path, per_thread, graph,
+                                       getattr(log, "nccl_version", None)))
     return out
 
 
@@ -120,10 +127,10 @@ def split_odd_powers(points: Sequence[Observation]) -> tuple[list[Observation], 
 
 
 def predict(profile: Profile, points: Sequence[Observation]) -> list[nccl.Choice]:
-    models: dict[tuple[int, bool], nccl.NcclModel] = {}
+    models: dict[tuple[int, bool, tuple[int, int, int] | None], nccl.NcclModel] = {}
     out = []
     for p in points:
-        key = (p.gpus_per_thread, p.cuda_graph)
+        key = (p.gpus_per_thread, p.cuda_graph, p.nccl_version)
         model = models.get(key)
         if model is None:
             model = models[key] = nccl.NcclModel(profile, *key)
@@ -149,7 +156,8 @@ def spec_values(profile: Profile) -> dict[str, float]:
     return {"step_overhead_us": nccl.HW_LATENCY[intra_hw][nccl.RING][0], "hop_latency_scale": 1.0,
             "nvlink_efficiency": 1.0, "nic_efficiency": 1.0,
             "network_latency_us": network.extra_latency_us.value if network and network.extra_latency_us else 0.0,
-            "launch_us": launch.value if launch is not None else 0.0}
+            "launch_us": launch.value if launch is not None else 0.0,
+            "proxy_post_us": NET_OVERHEAD_US.get(profile.node.cpu_vendor, 1.0)}
 
 
 SENSITIVITY = 0.01
@@ -168,7 +176,7 @@ def exercised(profile: Profile, points: Sequence[Observation]) -> list[str]:
             if choice.protocol == nccl.SIMPLE:
                 used.add("step_overhead_us")
         elif profile.network is not None:
-            used.update({"nic_efficiency", "network_latency_us"})
+            used.update({"nic_efficiency", "network_latency_us", "proxy_post_us"})
         if p.gpus_per_thread > 1 and not p.cuda_graph:
             used.add("launch_us")
     sensitive = []

@@ -19,6 +19,14 @@ algorithm, protocol and channels and times what the kernels then do (NVIDIA/nccl
 - **Across nodes** every step is posted by the proxy thread (NCCL's `getNetOverhead`: 1 us on
   Intel hosts, 2 on AMD, three times for Simple; counted in the hops' latency as NCCL counts it)
   and crosses the network once more for the GPUDirect flush where the profile says so.
+- **The proxy thread is one per GPU** (NCCL 2.24.3, tag v2.24.3-1: `src/proxy.cc`
+  ncclProxyProgress, one "NCCL Progress" thread per device, loops `progressOps` over every
+  active operation in turn), and every network step of every channel is a separate
+  `ncclNet->isend` or `irecv` it posts and tests (`src/transport/net.cc` sendProxyProgress /
+  recvProxyProgress: one request per `sliceSteps` of a channel's connection). So a GPU's network
+  steps, over all the channels it serves, are posted one after another, each costing what
+  NCCL's tuner calls the network post overhead (`getNetOverhead`, `src/graph/tuning.cc`: 1 us on
+  Intel hosts, 2 on AMD): `proxy_us`. Small chunks across nodes are bound by it, not by the NIC.
 - **NVLS** (`src/device/all_reduce.h`, NVLS single node): without registered buffers each
   chunk goes through four warp groups (scatter to the heads, multimem reduce, multimem
   store, gather), so the pipeline fills over 3 chunk times, after NCCL's NVLS latency
@@ -65,6 +73,7 @@ class Plan:
     steps: int            # steps each channel executes
     fill_chunks: int      # chunk times the pipeline takes to fill beyond the hops' latency
     copy_hops: int        # NVLink Simple hops of NVLS's copies in and out
+    net_steps: float = 0.0   # network sends and receives per channel on each node (proxy posts)
 
 
 def ring_chunk(protocol: str, channel_bytes: int, nranks: int) -> tuple[int, int]:
@@ -111,6 +120,13 @@ def nvls_chunk(nbytes: int, channels: int, heads: int, nodes: int) -> int:
     return chunk
 
 
+def tree_net_steps(chunks: int, nodes: int) -> float:
+    """Network sends and receives per channel and node of a tree's chunks: each chunk crosses every
+    edge of the channel's tree over the nodes (N - 1 edges; NCCL's double binary tree,
+    `src/graph/trees.cc` ncclGetDtree) up and down, a send at one end and a receive at the other."""
+    return chunks * 4 * (nodes - 1) / nodes
+
+
 def plan(algorithm: str, collective: str, protocol: str, nbytes: int, nranks: int, nodes: int,
          channels: int) -> Plan:
     """The chunks and steps of one channel (calcCollChunking and the device code's loops)."""
@@ -118,19 +134,45 @@ def plan(algorithm: str, collective: str, protocol: str, nbytes: int, nranks: in
     if algorithm in ("nvls", "nvls_tree"):
         chunk = nvls_chunk(nbytes, channels, nranks // nodes, nodes)
         chunks = max(1, math.ceil(channel_bytes / chunk))
-        return Plan(chunk, chunk, chunks, NVLS_UNREGISTERED_STAGES.get(collective, 3) - 1, 2)
+        return Plan(chunk, chunk, chunks, NVLS_UNREGISTERED_STAGES.get(collective, 3) - 1, 2,
+                    tree_net_steps(chunks, nodes) if algorithm == "nvls_tree" else 0.0)
     if algorithm == "tree":
         chunk = tree_chunk(protocol, nbytes, channels, nranks, nodes)
         chunks = max(1, math.ceil(channel_bytes / chunk))
-        return Plan(chunk, chunk, 2 * chunks - 1, 0, 0)   # every link carries each chunk up and down
+        # every link carries each chunk up and down
+        return Plan(chunk, chunk, 2 * chunks - 1, 0, 0, tree_net_steps(chunks, nodes))
     if collective in ("broadcast", "reduce"):   # a chain of chunks along the ring
         chunk, _ = ring_chunk(protocol, channel_bytes, 1)
         chunks = max(1, math.ceil(channel_bytes / chunk))
-        return Plan(chunk, chunk, nranks - 1 + chunks - 1, 0, 0)
+        # each chunk crosses the N - 1 node boundaries of the chain once: a send and a receive each
+        return Plan(chunk, chunk, nranks - 1 + chunks - 1, 0, 0, chunks * 2 * (nodes - 1) / nodes)
     chunk, loops = ring_chunk(protocol, channel_bytes, nranks)
     nsteps = 2 * (nranks - 1) if collective == "all_reduce" else nranks - 1
     slices = RING_CHUNK_STEPS // RING_SLICE_STEPS if protocol == "Simple" else 1
-    return Plan(chunk, max(1, math.ceil(chunk / slices)), nsteps * loops, 0, 0)
+    # every step of the ring crosses each node boundary, one request per slice (sliceSteps): a send
+    # leaving each node, a receive entering it
+    net_steps = 2.0 * nsteps * loops * slices if nodes > 1 else 0.0
+    return Plan(chunk, max(1, math.ceil(chunk / slices)), nsteps * loops, 0, 0, net_steps)
+
+
+P2P_NET_CHUNK: Final = 1 << 17
+"""src/init.cc NCCL_P2P_NET_CHUNKSIZE (128 KiB): the step of a send/receive across nodes (v2.24.3-1,
+computeBuffSizes: comm->p2pChunkSize when nNodes > 1)."""
+
+
+def p2p_chunk(nbytes: float) -> int:
+    """The chunk one network step of a send or receive carries (src/enqueue.cc at v2.24.3-1, the
+    p2p chunking of each direction: a quarter of the step below one step, half below eight)."""
+    if nbytes < P2P_NET_CHUNK:
+        return P2P_NET_CHUNK // 4
+    return P2P_NET_CHUNK // 2 if nbytes < 8 * P2P_NET_CHUNK else P2P_NET_CHUNK
+
+
+def proxy_us(net_steps: float, channels: int, proxies: int, post_us: float) -> float:
+    """Time a node's proxy threads need to post and complete their network steps: `net_steps` per
+    channel over `channels` channels, shared by `proxies` threads (one per GPU of the
+    communicator on the node), `post_us` each, one after another on each thread."""
+    return net_steps * channels / max(1, proxies) * post_us
 
 
 def effective_gbps(cap_gbps: float, channels: int, channel_gbps: float, slice_bytes: int, sync_us: float) -> float:

@@ -81,6 +81,18 @@ class NcclSystemConfig(PluginConfig):
     gpus_per_node: PositiveInt | None = Field(
         None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
     launch: LaunchConfig = Field(default_factory=LaunchConfig, description="how the host launches collectives")
+    nccl_version: str | None = Field(
+        None, pattern=r"^\d+\.\d+(\.\d+)?$",
+        description="the NCCL release whose tuner chooses algorithms and protocols (its tables differ by "
+                    "release, e.g. 2.24.3); default: the newest modelled. The time is what the hardware "
+                    "executes, whichever release chose")
+
+    def version(self) -> tuple[int, int, int] | None:
+        """`nccl_version` as (major, minor, patch)."""
+        if self.nccl_version is None:
+            return None
+        parts = [int(part) for part in self.nccl_version.split(".")] + [0]
+        return parts[0], parts[1], parts[2]
 
 
 class _Pending(OpenCollective):
@@ -119,7 +131,7 @@ class _P2PTiming:
         same_node = system.same_node(src, dst)
         model = system.model
         latency = model.p2p_latency_us(same_node)
-        transfer = size / (1000 * model.p2p_bandwidth_gbps(same_node))
+        transfer = model.p2p_transfer_us(size, same_node)
         scheduler = system.context.scheduler
         now = scheduler.now
         traffic = system.internode
@@ -187,7 +199,8 @@ class NcclSystem(MatchingSystem[_Pending]):
     def __init__(self, config: NcclSystemConfig, context: LayerContext):
         super().__init__(config, context)
         self.profile = load_profile(config.profile, context.base_dir)
-        self.model = nccl.NcclModel(self.profile, config.launch.gpus_per_thread, config.launch.cuda_graph)
+        self.model = nccl.NcclModel(self.profile, config.launch.gpus_per_thread, config.launch.cuda_graph,
+                                    config.version())
         self.gpus_per_node = config.gpus_per_node or self.profile.gpus_per_node
         n = context.num_ranks
         if n > self.gpus_per_node and self.profile.network is None:
@@ -319,7 +332,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         if comm_type in (pb.GATHER, pb.SCATTER):   # the root exchanges S with every other member
             root_node = root // self.gpus_per_node
             local = sum(1 for rank in members if rank // self.gpus_per_node == root_node) - 1
-            choice = self.model.fan_time_us(size * local, size * (n - 1 - local))
+            choice = self.model.fan_time_us(size * local, size * (n - 1 - local), n - 1 - local)
             return choice, collective_name(comm_type).lower(), size, size * (n - 1) // n
         name = _NCCL_NAME[comm_type]
         nbytes = BARRIER_BYTES if comm_type == pb.BARRIER else size
