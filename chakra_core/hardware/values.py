@@ -1,0 +1,20 @@
+"""The values a hardware profile is made of: a number with the public document it comes from."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+"""Data types a profile may give a dense peak for (TFLOP/s, or TOP/s for int8)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(_Strict):
+    """A number and the public document it comes from."""
+
+    value: float = Field(..., ge=0)
+    source: str = Field(..., min_length=1)
+    note: str | None = None
