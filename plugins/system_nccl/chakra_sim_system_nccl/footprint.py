@@ -20,8 +20,11 @@
 
 from __future__ import annotations
 
-from chakra_core import GpuLoad, pb
+from typing import Any, Callable
+
+from chakra_core import GpuLoad, NodeView, pb
 from chakra_core.contract.inputs import NO_LOAD
+from chakra_core.hardware.profiles import Profile
 
 P2P_CTAS = 2
 REDUCING = frozenset({pb.ALL_REDUCE, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK, pb.REDUCE, pb.BARRIER})
@@ -29,6 +32,13 @@ REDUCING = frozenset({pb.ALL_REDUCE, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK,
 
 def hbm_bytes_per_byte(comm_type: int) -> int:
     return 3 if comm_type in REDUCING else 2
+
+
+def link_gbps(profile: Profile, gpus_per_node: int) -> float:
+    """What one GPU's links carry each way, GB/s: its NVLink and its share of the node's NICs."""
+    network = profile.network
+    nics = 0.0 if network is None else network.nics_per_node.value * network.nic_gbits.value / 8
+    return profile.gpu.nvlink_gbps.value + nics / gpus_per_node
 
 
 class GpuFootprint:
@@ -40,6 +50,34 @@ class GpuFootprint:
         self.hbm_cap = hbm_cap_gbps
         # per rank: node id -> (ctas, GB/s, expected end in ns)
         self._held: list[dict[int, tuple[int, float, int]]] = [{} for _ in range(ranks)]
+        # (type, size, id(members)) -> (members, (channels, GB/s, time alone)); members kept to check the id
+        self._collectives: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, float, int]]] = {}
+
+    def of_collective(self, comm_type: int, size: int, members: tuple[int, ...],
+                      choose: Callable[[], Any]) -> tuple[int, float, int]:
+        """NCCL's channels for a collective, its HBM traffic and its time alone in ns, from
+        `choose()` (the layer's (Choice, name, bytes, moved) or None), once per group and size."""
+        key = (comm_type, size, id(members))
+        hit = self._collectives.get(key)
+        if hit is None or hit[0] is not members:
+            chosen = choose()
+            value = (0, 0.0, 0)
+            if chosen is not None:
+                time_ns = max(1, int(round(chosen[0].time_us * 1000)))
+                value = (chosen[0].channels, hbm_bytes_per_byte(comm_type) * chosen[3] / time_ns, time_ns)
+            hit = self._collectives[key] = (members, value)
+        return hit[1]
+
+    def message(self, rank: int, node: NodeView, now: int, alone_ns: int,
+                done: Callable[[int], None]) -> Callable[[int], None]:
+        """A send or receive holds P2P_CTAS for as long as it takes alone; returns its completion
+        callback, which releases them first."""
+        self.start(rank, node.id, P2P_CTAS, 0.0, now + alone_ns)
+
+        def release(node_id: int) -> None:
+            self.end(rank, node_id)
+            done(node_id)
+        return release
 
     def start(self, rank: int, node_id: int, ctas: int, gbps: float, end_ns: int) -> None:
         """An operation holds `ctas` thread blocks and makes `gbps` of HBM traffic until about

@@ -46,7 +46,7 @@ from chakra_core.comm.matcher import OpenCollective
 from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
-from chakra_sim_system_nccl.footprint import P2P_CTAS, GpuFootprint, hbm_bytes_per_byte
+from chakra_sim_system_nccl.footprint import GpuFootprint, link_gbps
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 
@@ -211,10 +211,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
         self.load = FabricLoad(n)
-        self.footprint = GpuFootprint(n, 3 * self._link_gbps())
-        # (type, size, id(members)) -> (members, (channels, HBM GB/s, time alone in ns)); the members
-        # kept to check the id
-        self._alone: dict[tuple[int, int, int], tuple[tuple[int, ...], tuple[int, float, int]]] = {}
+        self.footprint = GpuFootprint(n, 3 * link_gbps(self.profile, self.gpus_per_node))
         network = context.network
         self.internode = None if network is None else NetworkTraffic(network, context.scheduler)
         self.mirrors_folded_traffic = network is not None
@@ -353,48 +350,23 @@ class NcclSystem(MatchingSystem[_Pending]):
         return 0 if chosen is None else _ns(chosen[0].time_us)
 
     def _footprint(self, coll: _Pending) -> tuple[int, float, int]:
-        """What the collective's kernel takes from each member's GPU (footprint.py): NCCL's
-        channels, its HBM traffic, and its time alone."""
-        key = (coll.comm_type, coll.size, id(coll.members))
-        hit = self._alone.get(key)
-        if hit is None or hit[0] is not coll.members:
-            chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, self.shape(coll.members))
-            if chosen is None:
-                value = (0, 0.0, 0)
-            else:
-                time_ns = max(1, _ns(chosen[0].time_us))
-                value = (chosen[0].channels, hbm_bytes_per_byte(coll.comm_type) * chosen[3] / time_ns, time_ns)
-            hit = self._alone[key] = (coll.members, value)
-        return hit[1]
+        """What the collective's kernel takes from each member's GPU (footprint.py)."""
+        return self.footprint.of_collective(coll.comm_type, coll.size, coll.members, lambda: self._choose(
+            coll.comm_type, coll.size, coll.members, coll.root, self.shape(coll.members)))
 
     def issue_send(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self._p2p_footprint(rank, node)
-        super().issue_send(rank, node, self._releasing(rank, done))
+        super().issue_send(rank, node, self.footprint.message(rank, node, self.context.scheduler.now, self._p2p_ns(rank, node), done))
 
     def issue_recv(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
-        self._p2p_footprint(rank, node)
-        super().issue_recv(rank, node, self._releasing(rank, done))
+        super().issue_recv(rank, node, self.footprint.message(rank, node, self.context.scheduler.now, self._p2p_ns(rank, node), done))
 
-    def _p2p_footprint(self, rank: int, node: NodeView) -> None:
-        """A send or receive holds its thread blocks for as long as the message takes alone."""
+    def _p2p_ns(self, rank: int, node: NodeView) -> int:
+        """A message's time alone (the time its thread blocks are held)."""
         same = self.same_node(node.int("comm_src", rank), node.int("comm_dst", rank))
-        alone = self.model.p2p_latency_us(same) + node.int("comm_size", 0) / (1000 * self.model.p2p_bandwidth_gbps(same))
-        self.footprint.start(rank, node.id, P2P_CTAS, 0.0, self.context.scheduler.now + _ns(alone))
-
-    def _releasing(self, rank: int, done: Callable[[int], None]) -> Callable[[int], None]:
-        def release(node_id: int) -> None:
-            self.footprint.end(rank, node_id)
-            done(node_id)
-        return release
+        return _ns(self.model.p2p_latency_us(same) + node.int("comm_size", 0) / (1000 * self.model.p2p_bandwidth_gbps(same)))
 
     def gpu_load(self, rank: int) -> GpuLoad:
         return self.footprint.load(rank)
-
-    def _link_gbps(self) -> float:
-        """What one GPU's links carry each way, GB/s: its NVLink and its share of the node's NICs."""
-        gpu, network = self.profile.gpu, self.profile.network
-        nics = 0.0 if network is None else network.nics_per_node.value * network.nic_gbits.value / 8
-        return gpu.nvlink_gbps.value + nics / self.gpus_per_node
 
     def _finished(self, arg: tuple[int, _Pending]) -> None:
         rank, coll = arg
