@@ -158,7 +158,7 @@ def main() -> None:
     excluded = [r for r in data["runs"] if args.only in r["id"] and not r.get("verified", True)]
     folds = [(run["id"], results[(run["id"], FOLD_OFF)]["results_digest"] == results[(run["id"], None)]["results_digest"])
              for run in runs if (run["id"], FOLD_OFF) in results]
-    args.doc.write_text(render(runs, results, variants, excluded, folds))
+    atomic_write_text(args.doc, render(runs, results, variants, excluded, folds))
     print(f"wrote {args.doc}")
     if not args.only and args.doc == DOC:   # the error bands come from the whole table only
         write_bands(runs, results)
