@@ -6,7 +6,7 @@ import inspect
 from pathlib import Path
 
 from chakra_core.contract import hookspecs
-from chakra_core.config.reference import update
+from chakra_core.reference import update
 from chakra_core.plugins import make_plugin_host
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ HOOKS = [name for name, fn in vars(hookspecs).items()
 def test_manifest_reference_is_generated_from_the_models():
     path = DOCS / "manifest.md"
     assert update(path, make_plugin_host()) == path.read_text(), (
-        "docs/manifest.md is out of date: run python -m chakra_core.config.reference --write docs/manifest.md")
+        "docs/manifest.md is out of date: run python -m chakra_core.reference --write docs/manifest.md")
 
 
 def test_every_hook_is_documented_with_its_exact_signature():

@@ -59,6 +59,12 @@ def tool_errors(writing: str, debug: bool = False) -> Iterator[None]:
         raise CliError(f"cannot write {writing}: {exc.strerror or exc}") from exc
 
 
+def note(messages: Iterable[str]) -> None:
+    """Each message as a `note:` line on stderr."""
+    for message in messages:
+        err_console.print(f"note: {escape(message)}", soft_wrap=True, highlight=False)
+
+
 def warn(messages: Iterable[str]) -> None:
     """Each message as a `warning:` line on stderr."""
     for message in messages:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
-from chakra_core.cli.output import CliError, err_console, fail, out_console, warn
+from chakra_core.cli.output import CliError, err_console, fail, note, out_console, warn
 from chakra_core.config.spec import RunConfig
 from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError
@@ -89,8 +89,7 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
                            "--workload/--astra-*/--comm-group/--network do not apply (edit the manifest)")
         data, notes = override_manifest(host, data, workload, astra_system, astra_network, astra_memory,
                                         comm_group, backend)
-        for note in notes:
-            err_console.print(f"note: {note}", soft_wrap=True, highlight=False, markup=False)
+        note(notes)
         return load(data, host, base_dir=Path(manifest).resolve().parent, name=manifest, out_dir=out_dir)
     if not (workload and astra_system and astra_network):
         raise CliError("give a manifest, or --workload, --astra-system and --astra-network")
@@ -134,6 +133,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
             host = make_plugin_host()
             config = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
                                  comm_group, backend, out_dir)
+            note(config.notes)
             prepared = prepare(config, host)
             # After the layers accepted the inputs (no folder for a rejected run), before the run.
             prepare_output_dir(config.output_dir)

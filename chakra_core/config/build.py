@@ -46,7 +46,7 @@ def build_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, sour
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:
-        problems.extend(validation_problems(exc, (), source))
+        problems.extend(validation_problems(exc, (), source, Manifest))
         manifest = None
     if manifest is None:
         # Report layer problems too, where the sections themselves are well formed.

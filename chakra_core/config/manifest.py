@@ -21,6 +21,8 @@ reference, and tests/test_docs.py checks it against them.
 
 from __future__ import annotations
 
+import difflib
+import typing
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
@@ -114,13 +116,51 @@ def format_loc(loc: tuple[str | int, ...]) -> str:
     return out or "(top level)"
 
 
-def validation_problems(exc: ValidationError, prefix: tuple[str | int, ...], source: str) -> list[tuple[str, str]]:
-    """(location, reason) per error of a pydantic validation, located in `source`."""
+def validation_problems(exc: ValidationError, prefix: tuple[str | int, ...], source: str,
+                        schema: type[BaseModel] | None = None) -> list[tuple[str, str]]:
+    """(location, reason) per error of a pydantic validation, located in `source`; with the
+    validated `schema`, an unknown key's reason lists the keys its section accepts."""
     problems = []
     for error in exc.errors():
-        loc = tuple(prefix) + tuple(p for p in error["loc"] if p not in ("function-after",))
-        message = error["msg"]
+        loc = tuple(part for part in error["loc"] if not _is_pydantic_tag(part))
+        message = str(error["msg"]).removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        problems.append((f"{source}: {format_loc(loc)}", message))
+            message = unknown_key(schema, loc)
+        problems.append((f"{source}: {format_loc(tuple(prefix) + loc)}", message))
     return problems
+
+
+def _is_pydantic_tag(part: str | int) -> bool:
+    """pydantic's own steps in an error's location ('function-after[_shape(), ModelSpec]'), not keys."""
+    return isinstance(part, str) and ("[" in part or part.startswith("function-"))
+
+
+def unknown_key(schema: type[BaseModel] | None, loc: tuple[str | int, ...]) -> str:
+    """'unknown key', with the accepted keys of its section and the closest one when known."""
+    keys = _section_keys(schema, loc[:-1]) if schema is not None else None
+    if not keys:
+        return "unknown key"
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown key{hint}; accepted: {', '.join(keys)}"
+
+
+def _section_keys(schema: type[BaseModel], path: tuple[str | int, ...]) -> list[str] | None:
+    section: type[BaseModel] | None = schema
+    for part in path:
+        if isinstance(part, int) or section is None:
+            continue
+        field = section.model_fields.get(part)
+        section = _model_in(field.annotation) if field is not None else None
+    return sorted(section.model_fields) if section is not None else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (directly, optionally, or in a list)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -73,3 +73,6 @@ class RunConfig:
     """Names the input in messages: the manifest's path, "command line", a sweep point."""
     timeline: bool = False
     """Also write timeline.json (the run records every node's interval)."""
+    notes: list[str] = field(default_factory=list)
+    """Said on stderr before the run and kept out of the results (which must not depend on
+    whether a job's traces were reused)."""

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from chakra_core.config.build import build_config
 from chakra_core.config.manifest import LAYER_DEFAULTS, fold_setting, validation_problems
 from chakra_core.config.spec import RunConfig
+from chakra_core._version import __version__
 from chakra_core.contract.folding import Folding
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.plugins import PluginHost
@@ -44,13 +45,15 @@ class JobRun:
     traces: list[Path]
     folding: Folding | None
     info: dict[str, Any] = field(default_factory=dict)
+    reused: bool = False
+    """The traces were already in the output folder, written for this job by this generator."""
 
 
 def read_job(data: Any, source: str) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(validation_problems(exc, ("job",), source)) from None
+        raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
 
 
 def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None) -> JobRun:
@@ -79,7 +82,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
     ranks = placement.representatives if folded else list(range(placement.world))
     try:
-        traces = _generate(job, placement, folder / "traces", ranks)
+        traces, reused = _generate(job, placement, folder / "traces", ranks)
     except OSError as exc:
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
                               f"{exc.strerror or exc}")]) from None
@@ -106,7 +109,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
             "peak_tflops": profile.peak_flops(job.training.precision) / 1e12, "profile": profile.name,
             "gpu_model": profile.gpu.model, "architecture": profile.gpu.architecture,
             "profile_name": job.cluster.profile}
-    return JobRun(manifest, trace_files, folding, info)
+    return JobRun(manifest, trace_files, folding, info, reused)
 
 
 @lru_cache(maxsize=1)
@@ -116,20 +119,20 @@ def generator_digest() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
 
 
-def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]) -> list[Path]:
+def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]) -> tuple[list[Path], bool]:
     """Write the ranks' traces unless the folder holds them for this very job, written by this
-    very generator, already."""
-    digest = hashlib.sha256(json.dumps([GENERATOR, generator_digest(), job.model_dump(mode="json"),
+    very release and generator, already; the paths and whether they were reused."""
+    digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
                                         placement.gpus_per_node, ranks], sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
     paths = [rank_path(folder / job.name, rank) for rank in ranks]
     if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in paths):
-        return paths
+        return paths, True
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     write_job(job, placement, folder / job.name, ranks)
     stamp.write_text(digest)
-    return paths
+    return paths, False
 
 
 def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None) -> list[Path]:
@@ -172,6 +175,10 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     config.spec.step_parts = True
     config.spec.training = job.info
     config.spec.manifest["job"] = job.info["job"]
+    if job.reused:
+        config.notes.append(f"reusing the job's traces in {Path(job.manifest['workload']['trace']).parent} "
+                            f"(generated for this job by chakra-sim {__version__}; a changed job or "
+                            "generator regenerates them)")
     return config
 
 

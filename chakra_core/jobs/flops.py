@@ -55,7 +55,7 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     if formula not in FORMULAS:
         raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FORMULAS)}")
     d, f = m.head_dim, m.ffn_hidden
-    linear = h * (m.heads + 2 * m.groups) * d + h * h + (3 if m.mlp == "swiglu" else 2) * h * f
+    linear = h * (m.heads + 2 * m.groups) * d + h * h + (3 if m.gated else 2) * h * f
     if formula == "nemo":
         attention, V = 12 * s * h, m.vocab          # per token and layer, fwd + bwd, full s^2
     else:

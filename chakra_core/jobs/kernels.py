@@ -132,7 +132,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
 
     def linear_weights(self) -> int:
         """Elements of a layer's linear weights on this rank (what fp8 quantizes)."""
-        gated = 2 if self.job.shape.mlp == "swiglu" else 1
+        gated = 2 if self.job.shape.gated else 1
         h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
         return h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
 
@@ -237,7 +237,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         residual1 = self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.mask))
         self._keep(residual1, "mask1", nl * h * self.mask, 1)
         self._keep(self.norm(p + "norm2"), "x2", nl * h, e, output=False)
-        up = 2 * self.f // self.tp if self.job.shape.mlp == "swiglu" else self.f // self.tp
+        up = 2 * self.f // self.tp if self.job.shape.gated else self.f // self.tp
         fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True)
         self._keep(fc1, "fc1_in", nl * h, self.gemm_in, output=False)
         self._keep(fc1, "fc1", n * up, e)
@@ -253,7 +253,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         fl = f // self.tp
-        up = 2 * fl if self.job.shape.mlp == "swiglu" else fl
+        up = 2 * fl if self.job.shape.gated else fl
         self._layer_key = (mb, layer)
         read = self._read
         read(self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.mask)), "mask2")

@@ -20,21 +20,24 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    layers: PositiveInt
-    hidden: PositiveInt
-    ffn_hidden: PositiveInt = Field(..., description="MLP hidden size (per branch for SwiGLU)")
-    heads: PositiveInt
+    layers: PositiveInt = Field(..., description="transformer layers (--num-layers)")
+    hidden: PositiveInt = Field(..., description="hidden size (--hidden-size)")
+    ffn_hidden: PositiveInt = Field(..., description="MLP hidden size, per up-projection when gated (--ffn-hidden-size)")
+    heads: PositiveInt = Field(..., description="attention heads (--num-attention-heads)")
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (query groups); "
                                                              "default heads (no GQA); 1 is MQA")
     vocab: PositiveInt = Field(..., description="the tokenizer's size, before Megatron's padding")
-    max_seq: PositiveInt | None = None
-    mlp: Literal["swiglu", "gelu"] = "swiglu"
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    position: Literal["rope", "learned"] = "rope"
-    tied_embeddings: bool = False
-    bias: bool = False
+    max_seq: PositiveInt | None = Field(None, description="longest sequence: the size of learned position embeddings")
+    mlp: Literal["swiglu", "geglu", "gelu", "squared-relu"] = Field(
+        "swiglu", description="the MLP's activation: gated 'swiglu' (Llama) or 'geglu' (Gemma), two "
+                              "up-projections (Shazeer 2020, arXiv 2002.05202); 'gelu' (GPT) or "
+                              "'squared-relu' (Nemotron-4, arXiv 2402.16819; So et al. 2021), one")
+    norm: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="the layers' normalization (--normalization)")
+    position: Literal["rope", "learned"] = Field("rope", description="rotary or learned absolute position embeddings")
+    tied_embeddings: bool = Field(False, description="the output layer shares the input embedding's weights")
+    bias: bool = Field(False, description="linear layers have biases (--add-bias-linear)")
     source: str = Field("", description="where the shape comes from")
-    name: str = ""
+    name: str = Field("", description="the preset's name (set for presets)")
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
@@ -43,6 +46,11 @@ class ModelSpec(BaseModel):
         if self.heads % self.groups:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.groups}")
         return self
+
+    @property
+    def gated(self) -> bool:
+        """A gated MLP: two up-projections, the activation of one times the other."""
+        return self.mlp in ("swiglu", "geglu")
 
     @property
     def groups(self) -> int:
@@ -58,10 +66,10 @@ class ModelSpec(BaseModel):
 
     def layer_params(self) -> int:
         """Parameters of one layer: attention (QKV with its query groups, output projection),
-        MLP (two up-projections for SwiGLU), two norms, biases when the model has them."""
+        MLP (two up-projections when gated), two norms, biases when the model has them."""
         h, f, d = self.hidden, self.ffn_hidden, self.head_dim
         qkv = h * (self.heads + 2 * self.groups) * d
-        up = (2 if self.mlp == "swiglu" else 1) * h * f
+        up = (2 if self.gated else 1) * h * f
         params = qkv + h * h + up + f * h
         norms = (2 if self.norm == "layernorm" else 1) * 2 * h
         biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0

@@ -5,7 +5,7 @@ Field names follow Megatron-LM's arguments where one exists (docs/training.md ma
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
@@ -89,24 +89,25 @@ class JobSpec(_Strict):
     """`job:` in a manifest (see docs/training.md)."""
 
     name: str = Field("job", pattern=r"^[A-Za-z0-9_.-]+$", description="names the generated traces")
-    model: Union[str, ModelSpec] = Field(..., description="a preset (chakra-sim generate job --list-models) "
-                                                          "or the shape inline")
-    parallel: Parallel = Field(default_factory=Parallel)
-    training: Training
-    cluster: Cluster
-    effects: Effects = Field(default_factory=Effects)
+    model: ModelSpec = Field(..., description="a preset's name (chakra-sim generate job --list-models) "
+                                              "or the shape inline")
+    parallel: Parallel = Field(default_factory=Parallel, description="the parallel layout (job.parallel)")
+    training: Training = Field(..., description="the step's batch, precision and Megatron settings (job.training)")
+    cluster: Cluster = Field(..., description="the GPUs and their profile (job.cluster); may be a top-level `cluster:`")
+    effects: Effects = Field(default_factory=Effects, description="what a real step adds, each switchable (job.effects)")
     tensors: bool = Field(False, description="nodes list the tensors the step keeps alive (weights, "
                                              "gradients, optimizer state, saved activations) as Chakra "
                                              "IOInfo, so a memory layer such as hbm finds the peak memory")
 
-    @field_validator("model")
+    @field_validator("model", mode="before")
     @classmethod
-    def _preset(cls, value: Union[str, ModelSpec]) -> ModelSpec:
+    def _preset(cls, value: object) -> object:
+        # A name is looked up before validation, so an inline shape's errors name its own keys
+        # rather than a union's branches.
         return preset(value) if isinstance(value, str) else value
 
     @property
     def shape(self) -> ModelSpec:
-        assert isinstance(self.model, ModelSpec)   # the validator resolves presets
         return self.model
 
     @property
@@ -159,8 +160,7 @@ class JobSpec(_Strict):
             problems.append(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden}")
         vp = p.vp or 1
         if self.pipeline_slots % (p.pp * vp):
-            extra = " + 2 (embedding and loss)" if p.account_for_embedding_and_loss else ""
-            problems.append(f"layers {m.layers}{extra} are not divisible by pp x vp = {p.pp * vp}")
+            problems.append(_split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
         if t.seq % (2 * p.cp) and p.cp > 1:
             problems.append(f"seq {t.seq} must be divisible by 2 x cp = {2 * p.cp} (load-balanced ring "
                             "attention splits it in 2 x cp chunks)")
@@ -174,8 +174,9 @@ class JobSpec(_Strict):
             elif vp > 1 and self.microbatches % p.pp:
                 problems.append(f"interleaved pipelining needs the micro-batches per replica "
                                 f"({self.microbatches}) to be a multiple of pp {p.pp}")
-            if p.vp is not None and p.pp == 1:
-                problems.append("parallel.vp needs pp > 1")
+            if vp > 1 and p.pp == 1:
+                # vp 1 is no interleaving (Megatron-LM@d98e8a64 megatron/training/arguments.py:978)
+                problems.append(f"parallel.vp {vp} needs pp > 1 (vp 1 means no interleaving)")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         if t.recompute_layers is not None and t.recompute != "full":
@@ -183,3 +184,15 @@ class JobSpec(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _split_problem(layers: int, chunks: int, counted: bool) -> str:
+    """Why the pipeline split fails, and the setting that makes it work when there is one."""
+    if counted:
+        hint = (" (without parallel.account_for_embedding_and_loss the split divides the "
+                f"{layers} layers alone, which works)") if layers % chunks == 0 else ""
+        return f"layers {layers} + 2 (embedding and loss) are not divisible by pp x vp = {chunks}{hint}"
+    hint = (f"; parallel.account_for_embedding_and_loss: true counts the embedding and the loss as a "
+            f"layer each ({layers} + 2 = {layers + 2}), as Meta's Llama 3 405B layout needs"
+            if (layers + 2) % chunks == 0 else "")
+    return f"layers {layers} are not divisible by pp x vp = {chunks}{hint}"

@@ -206,7 +206,7 @@ def lower_bound_s(spec: JobSpec, profile: Profile) -> float:
     b, s, tp, cp = t.micro_batch, t.seq, p.tp, p.cp
     n = b * s // cp                                     # tokens of a micro-batch on this rank
     a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp
-    up = 2 * f if m.mlp == "swiglu" else f
+    up = 2 * f if m.gated else f
     linear = 2 * n * (h * (a + 2 * g) * d + a * d * h + h * up + f * h)   # qkv, proj, fc1, fc2
     if t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
         attention = 4 * b * a * s * s * d // 2 // cp

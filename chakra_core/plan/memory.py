@@ -125,7 +125,7 @@ def layer_activations(job: JobSpec, recomputed: bool = False) -> int:
     gemm_in = FP8_BYTES if fp8 else ACT_BYTES        # what a TE GEMM saves of its input
     mask = MASK_BYTES if t.dropout > 0 else 0
     whole = 2 * ACT_BYTES * h + 2 * gemm_in * h + 2 * mask * h
-    gated = 2 if m.mlp == "swiglu" else 1
+    gated = 2 if m.gated else 1
     split = (ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
              + ACT_BYTES * gated * f + gemm_in * f)
     if t.attention == "unfused" and t.recompute != "selective":
@@ -140,7 +140,7 @@ def _layer_params(job: JobSpec) -> tuple[int, int]:
     norms = (2 if m.norm == "layernorm" else 1) * 2 * h
     row_biases = 2 * h if m.bias else 0            # the row-parallel GEMMs' biases are not split
     linear = h * (m.heads + 2 * m.groups) * m.head_dim + m.heads * m.head_dim * h \
-        + (3 if m.mlp == "swiglu" else 2) * h * m.ffn_hidden
+        + (3 if m.gated else 2) * h * m.ffn_hidden
     return (m.layer_params() - norms - row_biases) // tp + norms + row_biases, linear // tp
 
 

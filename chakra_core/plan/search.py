@@ -296,7 +296,7 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     try:
         JobSpec.model_validate(neutral)
     except ValidationError as exc:   # errors at the top (loc ()) are the layout's: the search decides
-        problems = [problem for problem, error in zip(validation_problems(exc, ("job",), source), exc.errors())
+        problems = [problem for problem, error in zip(validation_problems(exc, ("job",), source, JobSpec), exc.errors())
                     if error["loc"]]
         if problems:
             raise ManifestError(problems) from None

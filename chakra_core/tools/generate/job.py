@@ -15,7 +15,7 @@ from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.expand import read_job, write_job
 from chakra_core.jobs.flops import model_flops
-from chakra_core.jobs.models import presets
+from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
 
 
@@ -35,18 +35,32 @@ from chakra_core.jobs.placement import Placement
 @click.option("--micro-batch", type=click.IntRange(min=1), help="sequences per micro-batch")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]))
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]))
+@click.option("--fp8-recipe", type=click.Choice(["delayed", "current"]), help="fp8 scaling")
+@click.option("--attention", type=click.Choice(["flash", "unfused"]))
+@click.option("--sp/--no-sp", default=None, help="sequence parallelism (default: on when tp > 1)")
+@click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
+              help="Transformer Engine's userbuffers overlap TP communication with GEMMs")
+@click.option("--distributed-optimizer/--no-distributed-optimizer", default=None,
+              help="shard optimizer state over data-parallel ranks (default: on)")
+@click.option("--model-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="an inline model shape (YAML: layers, hidden, ffn_hidden, heads, ...) instead of --model")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="any job key by its path, e.g. training.overlap_grad_reduce=false or model.mlp=gelu "
+                   "(repeatable; docs/manifest.md lists the keys)")
 @click.option("--output", metavar="PREFIX", help="writes PREFIX.<rank>.et")
 @click.option("--save-job", type=click.Path(dir_okay=False, path_type=Path),
               help="also write the job description (YAML, a `job:` section for chakra-sim run)")
 def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int | None, profile: str | None,
         gpus_per_node: int | None, tp: int | None, pp: int | None, vp: int | None, cp: int | None,
         seq: int | None, global_batch: int | None, micro_batch: int | None, precision: str | None,
-        recompute: str | None, output: str | None, save_job: Path | None) -> None:
+        recompute: str | None, fp8_recipe: str | None, attention: str | None, sp: bool | None,
+        tp_comm_overlap: bool | None, distributed_optimizer: bool | None, model_file: Path | None,
+        settings: tuple[str, ...], output: str | None, save_job: Path | None) -> None:
     """A Megatron-LM training step, one trace per rank (docs/training.md).
 
     Give a job file (its `job:` section, as `chakra-sim run` reads it) and/or options; options
-    override the file. To simulate a job, `chakra-sim run` a job manifest instead: it generates
-    one rank per pipeline stage only.
+    override the file, and --set reaches every job key. To simulate a job, `chakra-sim run` a job
+    manifest instead: it generates one rank per pipeline stage only.
 
     \b
     Example (Llama 3 70B on 64 H100: TP 4, PP 4, VP 5, CP 2, FP8):
@@ -64,14 +78,25 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         with tool_errors(str(job_file)):
             raw = read_config_file(job_file)
         data = dict(raw.get("job", raw))
+    if model is not None and model_file is not None:
+        raise CliError("give --model (a preset) or --model-file (a shape), not both")
     _override(data, None, "model", model)
+    if model_file is not None:
+        with tool_errors(str(model_file)):
+            shape_file = read_config_file(model_file)
+        data["model"] = shape_file.get("model", shape_file)
     for section, key, value in (("parallel", "tp", tp), ("parallel", "pp", pp), ("parallel", "vp", vp),
-                                ("parallel", "cp", cp), ("training", "seq", seq),
+                                ("parallel", "cp", cp), ("parallel", "sp", sp),
+                                ("parallel", "tp_comm_overlap", tp_comm_overlap), ("training", "seq", seq),
                                 ("training", "global_batch", global_batch), ("training", "micro_batch", micro_batch),
                                 ("training", "precision", precision), ("training", "recompute", recompute),
+                                ("training", "fp8_recipe", fp8_recipe), ("training", "attention", attention),
+                                ("training", "distributed_optimizer", distributed_optimizer),
                                 ("cluster", "gpus", gpus), ("cluster", "profile", profile),
                                 ("cluster", "gpus_per_node", gpus_per_node)):
         _override(data, section, key, value)
+    for setting in settings:
+        _set(data, setting)
     if output is None and save_job is None:
         raise CliError("give --output PREFIX (traces) and/or --save-job FILE (the job description)")
     source = str(job_file or "options")
@@ -97,6 +122,31 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
             click.echo(f"  {row['group']}: {row['ranks']} ranks on {row['nodes']} node(s), "
                        f"{row['gpus_per_node']} per node ({row['fabric']})")
         click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
+
+
+def _set(data: dict[str, Any], setting: str) -> None:
+    """--set training.overlap_grad_reduce=false: the value read as YAML, placed at its key path."""
+    key, sep, text = setting.partition("=")
+    path = key.strip().removeprefix("job.").split(".")
+    if not sep or not all(path):
+        raise CliError(f"--set {setting}: expected KEY=VALUE with KEY a job key's path, "
+                       "e.g. training.overlap_grad_reduce=false")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    if path[0] == "model" and len(path) > 1 and isinstance(data.get("model"), str):
+        # Changing one key of a preset: start from the preset's shape.
+        try:
+            data["model"] = preset(data["model"]).model_dump(exclude={"name"})
+        except ValueError as exc:
+            raise CliError(f"--set {setting}: {exc}") from None
+    target = data
+    for depth, part in enumerate(path[:-1]):
+        if not isinstance(target.get(part, {}), dict):
+            raise CliError(f"--set {setting}: job.{'.'.join(path[:depth + 1])} is not a section")
+        target = target.setdefault(part, {})
+    target[path[-1]] = value
 
 
 def _override(data: dict[str, Any], section: str | None, key: str, value: object) -> None:

@@ -1,9 +1,9 @@
 """Render the manifest reference (docs/manifest.md) from the pydantic models.
 
-    python -m chakra_core.config.reference --write docs/manifest.md
+    python -m chakra_core.reference --write docs/manifest.md
 
 The tables between the GENERATED markers of docs/manifest.md come from here:
-the core sections (workload, output) and the Config of every installed plugin.
+the core sections (workload, output, job) and the Config of every installed plugin.
 tests/test_docs.py fails when the file is out of date.
 """
 
@@ -17,11 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from chakra_core._atomic import atomic_write_text
 from chakra_core.contract.layers import LAYERS
 from chakra_core.config.manifest import OutputSection, ResourcesSection, WorkloadSection
+from chakra_core.jobs.spec import JobSpec
 from chakra_core.plugins import PluginHost, make_plugin_host
 
-BEGIN, END = "<!-- BEGIN GENERATED: python -m chakra_core.config.reference -->", "<!-- END GENERATED -->"
+BEGIN, END = "<!-- BEGIN GENERATED: python -m chakra_core.reference -->", "<!-- END GENERATED -->"
 
 
 def _type_name(schema: dict[str, Any]) -> str:
@@ -73,10 +75,19 @@ def model_table(model: type[BaseModel], skip: tuple[str, ...] = ()) -> list[str]
     return rows
 
 
+def _section_tables(name: str, model: type[BaseModel]) -> list[str]:
+    """A section's table, then one per nested section (job, job.model, job.parallel, ...)."""
+    lines = [f"### `{name}`", "", *model_table(model), ""]
+    for key, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            lines += _section_tables(f"{name}.{field.alias or key}", field.annotation)
+    return lines
+
+
 def render(host: PluginHost) -> str:
     lines = [BEGIN, "", "### `workload`", "", *model_table(WorkloadSection, skip=("resources",)), "",
              "### `workload.resources`", "", *model_table(ResourcesSection), "",
-             "### `output`", "", *model_table(OutputSection), ""]
+             "### `output`", "", *model_table(OutputSection), "", *_section_tables("job", JobSpec)]
     for layer in LAYERS:
         lines += [f"### `{layer}` plugins", ""]
         for impl in host.implementations(layer):
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     host = make_plugin_host()
     if args.write:
-        args.write.write_text(update(args.write, host))
+        atomic_write_text(args.write, update(args.write, host))
     else:
         print(render(host))
     return 0
