@@ -43,6 +43,23 @@ if TYPE_CHECKING:
     from chakra_core.run import PreparedRun, RunResult, Validation, load, load_astra, prepare, simulate, validate
     from chakra_core.schema import pb
     from chakra_core.system.matching import MatchingSystem
+    from chakra_core._atomic import atomic_write_bytes, atomic_write_text
+    from chakra_core.cli.output import CliError, out_console, tool_errors
+    from chakra_core.cli.output import warn as print_warnings
+    from chakra_core.comm.collectives import collective_wait
+    from chakra_core.comm.matcher import OpenCollective
+    from chakra_core.contract.inputs import GpuLoad, NO_LOAD
+    from chakra_core.et.build import int_attr, write_rank_files
+    from chakra_core.et.build import metadata as trace_metadata
+    from chakra_core.et.build import read_collective as collective_attrs
+    from chakra_core.et.dtypes import canonical as canonical_dtype
+    from chakra_core.et.dtypes import node_dtype
+    from chakra_core.et.io import iter_trace
+    from chakra_core.hardware.achievable import AttentionCurve
+    from chakra_core.hardware.devices import device_mismatch
+    from chakra_core.hardware.profiles import Calibration, Profile, load_profile, profile_problems, shipped_or_file
+    from chakra_core.hardware.values import DTYPES as PEAK_DTYPES
+    from chakra_core.hardware.values import Sourced
 
 _EXPORTS = {
     # running
@@ -70,13 +87,30 @@ _EXPORTS = {
     # traces
     "NodeView": "chakra_core.et.attrs", "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
     "GraphFeeder": "chakra_core.feeder", "open_feeder": "chakra_core.feeder", "pb": "chakra_core.schema",
+    "OpenCollective": "chakra_core.comm.matcher", "collective_wait": "chakra_core.comm.collectives",
+    "NO_LOAD": "chakra_core.contract.inputs",
+    # hardware profiles
+    "Profile": "chakra_core.hardware.profiles", "load_profile": "chakra_core.hardware.profiles",
+    "profile_problems": "chakra_core.hardware.profiles", "shipped_or_file": "chakra_core.hardware.profiles",
+    "Calibration": "chakra_core.hardware.profiles", "AttentionCurve": "chakra_core.hardware.achievable",
+    "Sourced": "chakra_core.hardware.values", "PEAK_DTYPES": "chakra_core.hardware.values:DTYPES",
+    "device_mismatch": "chakra_core.hardware.devices",
+    # building and reading traces in a plugin
+    "iter_trace": "chakra_core.et.io", "node_dtype": "chakra_core.et.dtypes",
+    "canonical_dtype": "chakra_core.et.dtypes:canonical", "int_attr": "chakra_core.et.build",
+    "trace_metadata": "chakra_core.et.build:metadata", "collective_attrs": "chakra_core.et.build:read_collective",
+    "write_rank_files": "chakra_core.et.build",
+    # a plugin's commands
+    "CliError": "chakra_core.cli.output", "tool_errors": "chakra_core.cli.output",
+    "out_console": "chakra_core.cli.output", "print_warnings": "chakra_core.cli.output:warn",
+    "atomic_write_text": "chakra_core._atomic", "atomic_write_bytes": "chakra_core._atomic",
     # errors
     "ChakraSimError": "chakra_core.errors", "ManifestError": "chakra_core.errors",
     "PluginError": "chakra_core.errors", "SimulationError": "chakra_core.errors",
     "DeadlockError": "chakra_core.errors", "TraceFormatError": "chakra_core.errors",
     "TraceGraphError": "chakra_core.errors", "AttributeTypeError": "chakra_core.errors",
 }
-"""Public name -> the module that defines it."""
+"""Public name -> the module that defines it ("module:name" where the public name differs)."""
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
@@ -85,7 +119,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'chakra_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    module, _, attribute = module.partition(":")
+    value = getattr(importlib.import_module(module), attribute or name)
     globals()[name] = value
     return value
 

@@ -19,6 +19,7 @@ from chakra_core.errors import ManifestError
 from chakra_core.config.manifest import format_loc
 from chakra_core.sweep import load_sweep, parse_key_path, run_sweep, set_key_path
 from chakra_core.sweep.run import WALL_COLUMN, SweepError, run_local
+from chakra_core.sweep.task import PointOutcome, PointTask, Status
 from chakra_core.sweep.paths import KeyPathError, Metric
 from chakra_core.sweep.spec import build_sweep
 
@@ -267,18 +268,18 @@ def test_a_changed_base_manifest_reruns_its_points(tmp_path):
     assert [r["finish_ns"] for r in again.rows] == [42040, 24960]   # latency 100 ns, 4 splits
 
 
-def _lose_point_one(task):
+def _lose_point_one(task: PointTask) -> PointOutcome:
     """A worker that dies on point 1 (as a crash in native code or the OOM killer would)."""
-    if task["index"] == 1:
+    if task.index == 1:
         os._exit(3)
-    return {"index": task["index"], "id": task["id"], "status": "ok"}
+    return PointOutcome(task.index, task.id, Status.OK)
 
 
 def test_a_dead_worker_fails_its_point_and_the_pool_goes_on():
     outcomes = []
-    run_local([{"index": i, "id": str(i)} for i in range(4)], 1, outcomes.append, function=_lose_point_one)
-    assert [(o["index"], o["status"]) for o in outcomes] == [(0, "ok"), (1, "failed"), (2, "ok"), (3, "ok")]
-    assert "a worker process died" in outcomes[1]["error"]
+    run_local([PointTask(i, str(i)) for i in range(4)], 1, outcomes.append, function=_lose_point_one)
+    assert [(o.index, o.status) for o in outcomes] == [(0, Status.OK), (1, Status.FAILED), (2, Status.OK), (3, Status.OK)]
+    assert "a worker process died" in outcomes[1].error
 
 
 # Outputs ---------------------------------------------------------------------------------------

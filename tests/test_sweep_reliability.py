@@ -14,6 +14,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from chakra_core.errors import ManifestError
 from chakra_core.sweep import load_sweep, run_sweep
 from chakra_core.sweep.lock import LOCK_NAME, OutputLock, OutputLockedError
 from chakra_core.sweep.run import run_local
+from chakra_core.sweep.task import PointOutcome, PointTask, Status
 from tests.sweep_processes import descendants, finished_points, gzip_traces, running, table_without_wall
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,12 +116,18 @@ def test_kill_9_of_a_sweep_leaves_no_worker_and_no_stale_lock(tmp_path):
 
 
 # Failures of any kind, timeouts ------------------------------------------------------------------
-def _misbehave(task):
+@dataclass(frozen=True)
+class Misbehaving(PointTask):
+    do: str = "ok"
+    report: str = ""
+
+
+def _misbehave(task: Misbehaving) -> PointOutcome:
     """Point i does the i-th thing a point can do wrong (or right)."""
-    what = task["do"]
+    what = task.do
     if what == "hang":
         # A temp file and a child process of its own: the kill must take both.
-        Path(task["report"]).write_text(json.dumps({
+        Path(task.report).write_text(json.dumps({
             "temp": tempfile.mkdtemp(prefix="hung-point-"),
             "child": subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]).pid}))
         time.sleep(60)
@@ -131,18 +139,18 @@ def _misbehave(task):
         raise ValueError("bad value\nsecond line")
     if what == "die":
         os._exit(7)
-    return {"index": task["index"], "id": task["id"], "status": "ok", "error": None, "wall_s": 0.0}
+    return PointOutcome(task.index, task.id, Status.OK)
 
 
 def test_exceptions_of_any_kind_and_timeouts_fail_their_point_alone(tmp_path):
     report = tmp_path / "hung.json"
     kinds = ["ok", "exit", "interrupt", "hang", "error", "die", "ok"]
-    tasks = [{"index": i, "id": str(i), "do": kind, "report": str(report)} for i, kind in enumerate(kinds)]
+    tasks = [Misbehaving(i, str(i), do=kind, report=str(report)) for i, kind in enumerate(kinds)]
     outcomes = []
     started = time.monotonic()
     run_local(tasks, 2, outcomes.append, function=_misbehave, timeout=1.5)
     assert time.monotonic() - started < 15
-    errors = {o["index"]: (o["status"], o["error"]) for o in outcomes}
+    errors = {o.index: (o.status.value, o.error) for o in outcomes}
     assert errors == {
         0: ("ok", None),
         1: ("failed", "SystemExit: 3"),
@@ -152,7 +160,7 @@ def test_exceptions_of_any_kind_and_timeouts_fail_their_point_alone(tmp_path):
         5: ("failed", errors[5][1]),
         6: ("ok", None)}
     assert errors[5][1].startswith("a worker process died (exit status 7) while running this point")
-    assert "Traceback" in next(o for o in outcomes if o["index"] == 1)["detail"]
+    assert "Traceback" in next(o for o in outcomes if o.index == 1).detail
     hung = json.loads(report.read_text())
     assert not running(hung["child"])        # the hung point's own process was killed with it
     assert not Path(hung["temp"]).exists()   # and its temp folder removed with the pool's
@@ -264,6 +272,7 @@ RAY_SCRIPT = f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + """
 import json, os, sys, time
 from pathlib import Path
 from chakra_core.sweep.run import run_ray
+from chakra_core.sweep.task import PointOutcome, PointTask, Status
 from tests.sweep_processes import descendants
 
 def listening(pids):
@@ -286,17 +295,16 @@ def listening(pids):
     return sorted(found)
 
 def point(task):
-    time.sleep(task["sleep"])
-    return {"index": task["index"], "id": task["id"], "status": "ok", "error": None, "detail": None,
-            "files": {}, "wall_s": task["sleep"]}
+    time.sleep(task.data["sleep"])
+    return PointOutcome(task.index, task.id, Status.OK, wall_s=task.data["sleep"])
 
 outcomes, addresses = [], []
 def on_outcome(outcome):
     if not addresses:   # while the instance runs
         addresses.extend(listening(descendants(os.getpid())))
-    outcomes.append([outcome["index"], outcome["status"], outcome["error"]])
+    outcomes.append([outcome.index, outcome.status.value, outcome.error])
 
-tasks = [{"index": 0, "id": "a", "sleep": 0.0}, {"index": 1, "id": "b", "sleep": 600}]
+tasks = [PointTask(0, "a", {"sleep": 0.0}), PointTask(1, "b", {"sleep": 600})]
 run_ray(tasks, 2, None, on_outcome, function=point, timeout=15)   # room for Ray's workers to start on a loaded machine
 print(json.dumps({"outcomes": outcomes, "addresses": addresses}))
 """

@@ -7,7 +7,7 @@
   point validated before the first runs, resuming finished points;
 - `pool`: the local worker processes (per-point timeouts, dead workers, no process or
   temporary file left behind); `lock`: one run per output folder; `stop`: SIGINT and
-  SIGTERM;
+  SIGTERM; `task`: the point a worker runs and how it ended (typed, picklable);
 - `table`: sweep.csv, sweep.parquet and sweep.png;
 - `cli`: the `chakra-sim sweep` command.
 
@@ -24,6 +24,7 @@ from chakra_core.sweep.run import SweepError, SweepResult, run_point, run_sweep
 from chakra_core.sweep.paths import parse_key_path, set_key_path
 from chakra_core.sweep.spec import Sweep, load_sweep
 from chakra_core.sweep.stop import Interrupted
+from chakra_core.sweep.task import PointOutcome, PointTask, Status
 
 __all__ = ["sweep", "load_sweep", "run_sweep", "run_point", "parse_key_path", "set_key_path", "Sweep",
-           "SweepResult", "SweepError", "OutputLockedError", "Interrupted"]
+           "SweepResult", "SweepError", "OutputLockedError", "Interrupted", "PointTask", "PointOutcome", "Status"]

@@ -14,6 +14,7 @@ from chakra_core.errors import ChakraSimError
 from chakra_core.sweep.run import EXECUTORS, WALL_COLUMN, PointReport, SweepResult, run_sweep
 from chakra_core.sweep.spec import Sweep, load_sweep
 from chakra_core.sweep.stop import Interrupted
+from chakra_core.sweep.task import Status
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -147,13 +148,13 @@ class _Progress:
 
     def update(self, report: PointReport) -> None:
         self.done += 1
-        self.failed += report.status != "ok"
+        self.failed += report.status is not Status.OK
         self.skipped += report.skipped
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, status=self._status())
         elif not self.quiet and not report.skipped:
             self._say_skipped()
-            what = f"ok ({report.wall_s:.3f} s)" if report.status == "ok" else f"failed: {report.error}"
+            what = f"ok ({report.wall_s:.3f} s)" if report.status is Status.OK else f"failed: {report.error}"
             self._say(f"[{self.done}/{self.total}] point {report.point.index} {what}")
 
     def _say_skipped(self) -> None:

@@ -31,13 +31,11 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Callable
 
 from chakra_core.errors import ChakraSimError
 from chakra_core.sweep.stop import held
-
-Task = dict[str, Any]
-Outcome = dict[str, Any]
+from chakra_core.sweep.task import PointOutcome, PointTask
 
 TEMP_PREFIX = "chakra-sim-sweep-"
 _PR_SET_PDEATHSIG = 1
@@ -49,18 +47,6 @@ class PoolError(ChakraSimError):
     """The worker processes cannot start."""
 
 
-def failed_outcome(task: Task, error: str, detail: str | None = None, wall_s: float = 0.0) -> Outcome:
-    """The outcome of a point that did not finish."""
-    return {"index": task["index"], "id": task["id"], "status": "failed", "error": error,
-            "detail": detail or error, "files": {}, "wall_s": wall_s}
-
-
-def timed_out_outcome(task: Task, timeout: float, wall_s: float) -> Outcome:
-    return failed_outcome(task, f"timed out after {timeout:g} s",
-                          f"the point ran longer than the sweep's timeout ({timeout:g} s) and was stopped "
-                          "(its worker process killed)", wall_s)
-
-
 def describe_exception(exc: BaseException) -> str:
     """'SystemExit: 3', 'KeyboardInterrupt', 'ValueError: bad value': one line for a table."""
     text = str(exc).strip()
@@ -68,7 +54,7 @@ def describe_exception(exc: BaseException) -> str:
 
 
 # The worker's side -------------------------------------------------------------------------------
-def _serve(conn: Connection, function: Callable[[Task], Outcome], warm: Callable[[], object] | None,
+def _serve(conn: Connection, function: Callable[[PointTask], PointOutcome], warm: Callable[[], object] | None,
            temp_dir: str) -> None:
     """A worker's life: get ready, then run tasks until told to stop (None) or the pipe closes."""
     with contextlib.suppress(OSError):
@@ -91,12 +77,13 @@ def _serve(conn: Connection, function: Callable[[Task], Outcome], warm: Callable
         try:
             outcome = function(task)
         except BaseException as exc:   # SystemExit and KeyboardInterrupt too: the point fails, not the pool
-            outcome = failed_outcome(task, describe_exception(exc), traceback.format_exc(),
-                                     time.perf_counter() - started)
+            outcome = PointOutcome.failed(task, describe_exception(exc), traceback.format_exc(),
+                                          time.perf_counter() - started)
         try:
             conn.send(("done", outcome))
         except Exception as exc:   # an outcome that cannot be pickled
-            conn.send(("done", failed_outcome(task, f"cannot send the point's outcome: {describe_exception(exc)}")))
+            failure = PointOutcome.failed(task, f"cannot send the point's outcome: {describe_exception(exc)}")
+            conn.send(("done", failure))
 
 
 def _die_with_parent() -> None:
@@ -115,7 +102,7 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     ready: bool = False
-    task: Task | None = None
+    task: PointTask | None = None
     started: float = 0.0
 
 
@@ -127,8 +114,8 @@ def _exit_text(process: BaseProcess) -> str:
     return f"exit status {code}"
 
 
-def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], None],
-             function: Callable[[Task], Outcome], timeout: float | None = None,
+def run_pool(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOutcome], None],
+             function: Callable[[PointTask], PointOutcome], timeout: float | None = None,
              warm: Callable[[], object] | None = None) -> None:
     """Run `function` on each task in `workers` processes; call `on_outcome` as each ends.
 
@@ -157,7 +144,7 @@ def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], No
             _kill(worker)
             pool.remove(worker)
 
-    def report(outcome: Outcome) -> None:
+    def report(outcome: PointOutcome) -> None:
         with held():   # a point's files are written whole or not at all
             on_outcome(outcome)
 
@@ -179,7 +166,7 @@ def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], No
             wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             wait([*(w.conn for w in pool), *(w.process.sentinel for w in pool)], wait_s)
             now = time.monotonic()
-            ended: list[Outcome] = []
+            ended: list[PointOutcome] = []
             for worker in list(pool):
                 message = None
                 if worker.conn.poll():
@@ -200,10 +187,10 @@ def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], No
                     how = _exit_text(worker.process)
                     retire(worker)
                     if task is not None:
-                        ended.append(failed_outcome(task, f"a worker process died ({how}) while running this "
-                                                          "point: killed, out of memory, or a crash in native "
-                                                          "code; run the sweep again to retry it",
-                                                    wall_s=now - worker.started))
+                        ended.append(PointOutcome.failed(task, f"a worker process died ({how}) while running "
+                                                               "this point: killed, out of memory, or a crash in "
+                                                               "native code; run the sweep again to retry it",
+                                                         wall_s=now - worker.started))
                     elif not was_ready:
                         start_failures += 1
                         if start_failures >= _START_FAILURES:
@@ -214,11 +201,11 @@ def run_pool(tasks: list[Task], workers: int, on_outcome: Callable[[Outcome], No
                 elif worker.task is not None and timeout is not None and now - worker.started >= timeout:
                     task = worker.task
                     retire(worker)
-                    ended.append(timed_out_outcome(task, timeout, now - worker.started))
+                    ended.append(PointOutcome.timed_out(task, timeout, now - worker.started))
                     if pending:
                         start()
             feed()   # before recording: writing a point's files takes this process milliseconds
-            for outcome in sorted(ended, key=lambda o: int(o["index"])):
+            for outcome in sorted(ended, key=lambda o: o.index):
                 report(outcome)
     finally:
         with held():

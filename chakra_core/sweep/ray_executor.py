@@ -12,13 +12,13 @@ from collections import deque
 from typing import Any, Callable, Iterator
 
 from chakra_core.sweep.errors import RAY_INSTALL, SweepError, first_line
-from chakra_core.sweep.pool import failed_outcome, timed_out_outcome
+from chakra_core.sweep.task import PointOutcome, PointTask
 from chakra_core.sweep.stop import held, reinstall
 
 
-def run_ray(tasks: list[dict[str, Any]], workers: int | None, address: str | None,
-            on_outcome: Callable[[dict[str, Any]], None],
-            function: Callable[[dict[str, Any]], dict[str, Any]], timeout: float | None = None) -> None:
+def run_ray(tasks: list[PointTask], workers: int | None, address: str | None,
+            on_outcome: Callable[[PointOutcome], None],
+            function: Callable[[PointTask], PointOutcome], timeout: float | None = None) -> None:
     """Run `tasks` as Ray tasks (one CPU each); call `on_outcome` as each ends.
 
     Uses the Ray instance this process is connected to if there is one; else connects to
@@ -99,15 +99,14 @@ def _check_loopback(ray: Any) -> None:
                          f"(ray start --head --node-ip-address {LOOPBACK}) and pass --address {LOOPBACK}:6379")
 
 
-def _run_ray_tasks(ray: Any, tasks: list[dict[str, Any]], workers: int | None,
-                   on_outcome: Callable[[dict[str, Any]], None],
-                   function: Callable[[dict[str, Any]], dict[str, Any]], timeout: float | None) -> None:
+def _run_ray_tasks(ray: Any, tasks: list[PointTask], workers: int | None, on_outcome: Callable[[PointOutcome], None],
+                   function: Callable[[PointTask], PointOutcome], timeout: float | None) -> None:
     remote = ray.remote(num_cpus=1)(function)
     pending = deque(tasks)
     limit = workers or len(tasks)
     if timeout is not None:
         limit = max(1, min(limit, int(ray.cluster_resources().get("CPU", 1))))
-    in_flight: dict[Any, tuple[dict[str, Any], float]] = {}
+    in_flight: dict[Any, tuple[PointTask, float]] = {}
     try:
         while pending or in_flight:
             while pending and len(in_flight) < limit:
@@ -122,7 +121,7 @@ def _run_ray_tasks(ray: Any, tasks: list[dict[str, Any]], workers: int | None,
                 try:
                     outcome = ray.get(ref)
                 except ray.exceptions.RayError as exc:   # the worker or its node died
-                    outcome = failed_outcome(task, f"Ray: {first_line(str(exc))}")
+                    outcome = PointOutcome.failed(task, f"Ray: {first_line(str(exc))}")
                 with held():
                     on_outcome(outcome)
             now = time.monotonic()
@@ -131,7 +130,7 @@ def _run_ray_tasks(ray: Any, tasks: list[dict[str, Any]], workers: int | None,
                     ray.cancel(ref, force=True)   # kills the worker process; Ray starts another
                     del in_flight[ref]
                     with held():
-                        on_outcome(timed_out_outcome(task, timeout, now - sent))
+                        on_outcome(PointOutcome.timed_out(task, timeout, now - sent))
     except BaseException:
         for ref in in_flight:
             ray.cancel(ref, force=True)

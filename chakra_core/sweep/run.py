@@ -45,6 +45,7 @@ from chakra_core.sweep.pool import describe_exception, run_pool
 from chakra_core.sweep.ray_executor import run_ray
 from chakra_core.sweep.spec import POINTS_DIR, Point, Sweep
 from chakra_core.sweep.stop import StopSignals
+from chakra_core.sweep.task import PointOutcome, PointTask, Status
 
 __all__ = ["SweepError", "run_local", "run_point", "run_ray", "run_sweep"]   # SweepError, run_ray: see their modules
 
@@ -82,41 +83,33 @@ def _plugin_host() -> PluginHost:
     return _HOST
 
 
-def run_point(task: dict[str, Any]) -> dict[str, Any]:
-    """Validate and simulate one point; return its files or its error (never raises).
-
-    `task`: index, id, data (the manifest mapping), base_dir, source (names the
-    point in messages), out_dir (the point's folder, echoed in results.json).
-    """
+def run_point(task: PointTask) -> PointOutcome:
+    """Validate and simulate one point; return its files or its error (never raises)."""
     from chakra_core.run import load, simulate
 
     started = time.perf_counter()
-    outcome = {"index": task["index"], "id": task["id"], "status": "failed", "error": None,
-               "detail": None, "files": {}}
     try:
         host = _plugin_host()
-        config = load(task["data"], host, base_dir=task["base_dir"], name=task["source"], out_dir=task["out_dir"])
+        config = load(task.data, host, base_dir=task.base_dir, name=task.source, out_dir=task.out_dir)
         result = simulate(config, host)
         # results.json always: it is what the sweep reads back on resume.
         files = result.files(sorted(set(config.formats) | {"json"}))
-        outcome.update(status="ok", files=files)
+        return PointOutcome(task.index, task.id, Status.OK, files=files, wall_s=time.perf_counter() - started)
     except ManifestError as exc:
         # The row already names the point: keep the key path and the reason.
-        prefix = f"{task['source']}: "
-        outcome.update(error="; ".join(f"{loc.removeprefix(prefix)}: {why}" for loc, why in exc.problems),
-                       detail=str(exc))
+        prefix = f"{task.source}: "
+        error = "; ".join(f"{loc.removeprefix(prefix)}: {why}" for loc, why in exc.problems)
+        detail = str(exc)
     except ChakraSimError as exc:
-        outcome.update(error=_first_line(str(exc)) or type(exc).__name__, detail=str(exc))
+        error, detail = _first_line(str(exc)) or type(exc).__name__, str(exc)
     except BaseException as exc:   # a plugin's bug, even sys.exit() or a stray KeyboardInterrupt, fails its point alone
-        outcome.update(error=describe_exception(exc), detail=traceback.format_exc())
-    outcome["wall_s"] = time.perf_counter() - started
-    return outcome
+        error, detail = describe_exception(exc), traceback.format_exc()
+    return PointOutcome.failed(task, error, detail, time.perf_counter() - started)
 
 
 # Executors ---------------------------------------------------------------------------------------
-def run_local(tasks: list[dict[str, Any]], workers: int, on_outcome: Callable[[dict[str, Any]], None],
-              function: Callable[[dict[str, Any]], dict[str, Any]] = run_point,
-              timeout: float | None = None) -> None:
+def run_local(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOutcome], None],
+              function: Callable[[PointTask], PointOutcome] = run_point, timeout: float | None = None) -> None:
     """Run `function` (`run_point`) on each task in a pool of `workers` fresh processes;
     call `on_outcome` as each ends (chakra_core.sweep.pool: timeouts, dead workers, signals)."""
     run_pool(tasks, workers, on_outcome, function, timeout, warm=_plugin_host if function is run_point else None)
@@ -128,7 +121,7 @@ class PointReport:
     """What the progress display hears after each point."""
 
     point: Point
-    status: str
+    status: Status
     skipped: bool
     error: str | None
     wall_s: float | None
@@ -188,23 +181,22 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
 
     def report(point: Point, row: dict[str, Any], skipped: bool) -> None:
         rows[point.index] = row
-        result.failed += row["status"] != "ok"
+        result.failed += row["status"] != Status.OK.value
         if on_point is not None:
-            on_point(PointReport(point, row["status"], skipped, row["error"], row[WALL_COLUMN]))
+            on_point(PointReport(point, Status(row["status"]), skipped, row["error"], row[WALL_COLUMN]))
 
-    tasks = []
+    tasks: list[PointTask] = []
     for point in sweep.points:
         row = None if force else _finished_row(sweep, point, metric_misses)
         if row is not None:
             result.skipped += 1
             report(point, row, skipped=True)
         else:
-            tasks.append({"index": point.index, "id": point.id, "data": point.data,
-                          "base_dir": str(sweep.base_dir), "source": f"point {point.index}",
-                          "out_dir": str(sweep.point_dir(point))})
+            tasks.append(PointTask(point.index, point.id, point.data, str(sweep.base_dir), f"point {point.index}",
+                                   str(sweep.point_dir(point))))
 
-    def finished(outcome: dict[str, Any]) -> None:
-        point = by_index[outcome["index"]]
+    def finished(outcome: PointOutcome) -> None:
+        point = by_index[outcome.index]
         result.ran += 1
         report(point, _record(sweep, point, outcome, result.warnings, metric_misses), skipped=False)
 
@@ -300,23 +292,24 @@ def remove_stale_temp_files(sweep: Sweep) -> None:
                         os.unlink(entry.path)
 
 
-def _record(sweep: Sweep, point: Point, outcome: dict[str, Any], warnings: list[str],
+def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[str],
             metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
     """Write a finished point's folder; return its row."""
     folder = sweep.point_dir(point)
-    status, error = outcome["status"], outcome["error"]
+    status, error = outcome.status, outcome.error
+    wall_s = round(outcome.wall_s, 6)
     record = {"written_by": "chakra-sim sweep", "chakra_sim_version": __version__, "id": point.id,
-              "overrides": point.overrides, "fingerprint": point.fingerprint, "status": status,
-              "error": error, "detail": outcome["detail"], "wall_s": round(outcome["wall_s"], 6)}
-    files = dict(outcome["files"])
+              "overrides": point.overrides, "fingerprint": point.fingerprint, "status": status.value,
+              "error": error, "detail": outcome.detail, "wall_s": wall_s}
+    files = dict(outcome.files)
     files[POINT_RECORD] = json.dumps(record, indent=1) + "\n"
     try:
         _, write_warnings = write_run_files(folder, files)
         warnings.extend(write_warnings)
     except OSError as exc:
-        status, error = "failed", f"cannot write {folder}: {exc.strerror or exc}"
-    results = json.loads(files["results.json"]) if status == "ok" else None
-    return _row(sweep, point, status, error, results, record["wall_s"], metric_misses)
+        status, error = Status.FAILED, f"cannot write {folder}: {exc.strerror or exc}"
+    results = json.loads(files["results.json"]) if status is Status.OK else None
+    return _row(sweep, point, status, error, results, wall_s, metric_misses)
 
 
 def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str]]) -> dict[str, Any] | None:
@@ -324,19 +317,19 @@ def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str
     folder = sweep.point_dir(point)
     try:
         record = json.loads((folder / POINT_RECORD).read_text(encoding="utf-8"))
-        if record.get("status") != "ok" or record.get("fingerprint") != point.fingerprint:
+        if record.get("status") != Status.OK.value or record.get("fingerprint") != point.fingerprint:
             return None
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, AttributeError):
         return None   # absent, unreadable or not ours: run the point again
-    return _row(sweep, point, "ok", None, results, record.get("wall_s"), metric_misses)
+    return _row(sweep, point, Status.OK, None, results, record.get("wall_s"), metric_misses)
 
 
-def _row(sweep: Sweep, point: Point, status: str, error: str | None, results: dict[str, Any] | None,
+def _row(sweep: Sweep, point: Point, status: Status, error: str | None, results: dict[str, Any] | None,
          wall_s: float | None, metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
     row: dict[str, Any] = {"point": point.index, "id": point.id}
     row.update({key: point.overrides.get(key) for key in sweep.keys})
-    row.update(status=status, error=error)
+    row.update(status=status.value, error=error)
     values: dict[str, Any] = {}
     if results is not None:
         try:

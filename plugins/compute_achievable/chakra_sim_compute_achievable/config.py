@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeFloat, field_validator
 
-from chakra_core import PluginConfig
-from chakra_core.hardware.profiles import DTYPES, shipped_or_file
+from chakra_core import PEAK_DTYPES, PluginConfig, shipped_or_file
 from chakra_sim_compute_achievable.effects import AchievableEffects
 
 DEFAULT_DTYPE = "bf16"
@@ -17,7 +16,7 @@ class AchievableConfig(PluginConfig):
     profile: str = Field(
         ..., description="a shipped hardware profile (h100-sxm-hgx, ...) or a .yaml file relative to the "
                          "manifest; it must have a gpu.achievable section")
-    dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
+    dtype: Literal[PEAK_DTYPES] = Field(  # type: ignore[valid-type]
         DEFAULT_DTYPE, description="the data type of nodes that do not tell theirs, and of nodes whose "
                                    "data type the profile has no achievable rate for (a warning names it)")
     kernel_times: str | None = Field(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from chakra_core.et.dtypes import canonical
+from chakra_core import canonical_dtype
 
 NAME_COLUMNS = ("name", "time_us")
 SHAPE_COLUMNS = ("kernel", "m", "n", "k", "batch", "dtype", "time_us")
@@ -93,7 +93,7 @@ def load_kernel_times(path: Path) -> KernelTimes:
         kernel = cells[0].lower()
         if kernel not in ("gemm", "bmm"):
             raise KernelTimesError(f"{where}: kernel {cells[0]!r} is not gemm or bmm")
-        dtype = canonical(cells[5])
+        dtype = canonical_dtype(cells[5])
         if dtype is None:
             raise KernelTimesError(f"{where}: dtype {cells[5]!r} is not a data type (bf16, fp8, ...)")
         m, n, k, batch = (_count(cells[i], SHAPE_COLUMNS[i], where) for i in range(1, 5))

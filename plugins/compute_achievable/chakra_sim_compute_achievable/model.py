@@ -20,10 +20,10 @@ import re
 from bisect import bisect_left
 from typing import Any
 
-from chakra_core import ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs, replay_time_ns
-from chakra_core.et.dtypes import node_dtype
-from chakra_core.hardware.devices import device_mismatch
-from chakra_core.hardware.profiles import AttentionCurve, Profile, load_profile, profile_problems
+from chakra_core import (
+    AttentionCurve, ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs,
+    device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
+)
 from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time

@@ -14,14 +14,12 @@ from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, Valid
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from chakra_core import (
-    AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, SimulationError,
-    ValidationInputs,
+    PEAK_DTYPES, AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, Profile, SimulationError,
+    ValidationInputs, load_profile, node_dtype, profile_problems, shipped_or_file,
 )
-from chakra_core.et.dtypes import node_dtype
-from chakra_core.hardware.profiles import DTYPES, Profile, load_profile, profile_problems, shipped_or_file
 
 _NONE, _MEMORY, _COMPUTE = range(3)
-_SLOT = {dtype: index for index, dtype in enumerate(DTYPES)}
+_SLOT = {dtype: index for index, dtype in enumerate(PEAK_DTYPES)}
 
 DEFAULT_DTYPE = "bf16"
 """The data type of nodes that do not tell theirs, when a profile is given and `dtype` is not."""
@@ -46,7 +44,7 @@ class RooflineConfig(PluginConfig):
                           "(h100-sxm-hgx, ...) or a .yaml file relative to the manifest; each node is "
                           "timed at the peak of its data type (node attribute dtype, else the types of "
                           "its input tensors, else the dtype key)")
-    dtype: Literal[DTYPES] | None = Field(  # type: ignore[valid-type]
+    dtype: Literal[PEAK_DTYPES] | None = Field(  # type: ignore[valid-type]
         None, description=f"with profile: the data type of nodes that do not tell theirs, and of nodes "
                           f"whose data type the profile has no peak for (a warning names it); "
                           f"null = {DEFAULT_DTYPE}")
@@ -140,8 +138,8 @@ class RooflineCompute(ComputeModel):
                 "bandwidth)")
         self.memory_bound = 0
         self.compute_bound = 0
-        # with a profile: nodes timed per data type, indexed as DTYPES (a list: the cheapest counter)
-        self._by_dtype: list[int] | None = None if self.profile is None else [0] * len(DTYPES)
+        # with a profile: nodes timed per data type, indexed as PEAK_DTYPES (a list: the cheapest counter)
+        self._by_dtype: list[int] | None = None if self.profile is None else [0] * len(PEAK_DTYPES)
         # folded runs: how many ranks each simulated rank stands for (counts are per rank)
         self._weights = context.inputs.rank_weights
 
@@ -217,7 +215,7 @@ class RooflineCompute(ComputeModel):
 
     def _work(self, node: NodeView) -> tuple[float | None, float | None, float, int | None]:
         """(num_ops or None to replay, intensity or None for no bytes, peak FLOP/s, index of the
-        data type in DTYPES or None without a profile)."""
+        data type in PEAK_DTYPES or None without a profile)."""
         if node.is_cpu_op or not node.has("num_ops"):
             return None, None, 0.0, None
         num_ops = float(node.int("num_ops"))
@@ -235,7 +233,7 @@ class RooflineCompute(ComputeModel):
         if unknown_attr is not None and unknown_attr not in self._unknown_attrs:
             self._unknown_attrs.add(unknown_attr)
             self.context.warn(f"roofline: node {node.id} ({node.name!r}) has dtype attribute "
-                              f"{unknown_attr!r}, not a data type with a peak ({', '.join(DTYPES)}); "
+                              f"{unknown_attr!r}, not a data type with a peak ({', '.join(PEAK_DTYPES)}); "
                               "such nodes are timed by their input types, else compute.dtype")
         if dtype is None:
             return cast(str, self.dtype), self.peak      # set with a profile, the only case that gets here
@@ -273,5 +271,5 @@ class RooflineCompute(ComputeModel):
         out: dict[str, Any] = {"memory_bound_nodes": self.memory_bound,
                                "compute_bound_nodes": self.compute_bound}
         if self._by_dtype is not None:   # with a profile: nodes timed (memory- or compute-bound) per type
-            out["nodes_by_dtype"] = {dtype: count for dtype, count in zip(DTYPES, self._by_dtype) if count}
+            out["nodes_by_dtype"] = {dtype: count for dtype, count in zip(PEAK_DTYPES, self._by_dtype) if count}
         return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chakra_core import hookimpl
-from chakra_sim_memory_hbm.model import HBMConfig, HBMMemory
+from chakra_sim_memory_hbm.config import HBMConfig
+from chakra_sim_memory_hbm.model import HBMMemory
 
 if TYPE_CHECKING:
     from chakra_core.contract.registry import MemoryRegistry

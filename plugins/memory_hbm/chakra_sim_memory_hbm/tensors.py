@@ -43,8 +43,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from chakra_core import NodeView, SimulationError
-from chakra_core.et.io import iter_trace
+from chakra_core import NodeView, SimulationError, iter_trace
 
 _QUOTED = r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""
 _INT = r"\s*(\d+)\s*,"

@@ -56,15 +56,13 @@ links in the way.
 from __future__ import annotations
 
 import os
-from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection
 
 from chakra_core import SimulationError
+from chakra_sim_network_congestion.ecmp import PairCounter, ecmp_hash
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from chakra_sim_network_congestion.topology import Topology
 
 
@@ -218,71 +216,6 @@ def rail_shape(nodes: int, gpus_per_node: int, radix: int, oversubscription: flo
                          f"{top} ports; use more spine_planes, a larger spine_radix or a larger radix")
     return Clos(hosts=nodes * gpus_per_node, tiers=2, leaf_hosts=d, leaves=gpus_per_node * rail_leaves, up=u,
                 gpus_per_node=gpus_per_node, rail_leaves=rail_leaves, plane_leaves=plane_leaves, pxn=pxn)
-
-
-# ECMP -------------------------------------------------------------------------------------------------
-def ecmp_hash(src: int, dst: int, seq: int) -> int:
-    """The `hash` ECMP key of the seq-th message from src to dst: MurmurHash3's fmix32 of
-    (src * 0x9E3779B1 + dst * 0x85EBCA77 + seq * 0xC2B2AE3D) mod 2^32."""
-    h = (src * 0x9E3779B1 + dst * 0x85EBCA77 + seq * 0xC2B2AE3D) & 0xFFFFFFFF
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
-
-
-class PairCounter:
-    """Messages sent so far per (src, dst), modulo `modulus`: a dict per source while it has few
-    peers, then an array over all NPUs (1, 2 or 4 bytes each, as the modulus needs) once a dict
-    would be larger. Only pairs that exchange messages cost memory."""
-
-    def __init__(self, npus: int, modulus: int = 1 << 32) -> None:
-        self.modulus = modulus
-        self._code = "B" if modulus <= 1 << 8 else "H" if modulus <= 1 << 16 else "I"
-        self._npus = npus
-        self._sent: list[dict[int, int] | array[int] | None] = [None] * npus
-        self._dense_after = max(npus // 16, 1)
-
-    def next(self, src: int, dst: int) -> int:
-        """The number of messages from src to dst so far (mod modulus); counts one more."""
-        sent = self._sent[src]
-        if sent is None:
-            sent = self._sent[src] = {}
-        if isinstance(sent, dict):
-            seq = sent.get(dst, 0)
-            sent[dst] = (seq + 1) % self.modulus
-            if len(sent) > self._dense_after:
-                dense = self._sent[src] = array(self._code, [0]) * self._npus
-                for peer, count in sent.items():
-                    dense[peer] = count
-        else:
-            seq = sent[dst]
-            sent[dst] = (seq + 1) % self.modulus
-        return seq
-
-    def advance_many(self, src: int, dsts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """`next` counts[i] times for each (src, dsts[i]) (dsts distinct): each pair's count
-        before (numpy arrays)."""
-        import numpy as np
-
-        sent = self._sent[src]
-        if sent is None or isinstance(sent, dict):
-            if len(dsts) + len(sent or ()) <= self._dense_after:
-                table = sent if sent is not None else {}
-                self._sent[src] = table
-                before = np.fromiter((table.get(int(d), 0) for d in dsts), dtype=np.int64, count=len(dsts))
-                for d, value in zip(dsts.tolist(), ((before + counts) % self.modulus).tolist()):
-                    table[d] = value
-                return before
-            dense = array(self._code, [0]) * self._npus
-            for peer, count in (sent or {}).items():
-                dense[peer] = count
-            sent = self._sent[src] = dense
-        view = np.frombuffer(sent, dtype=np.dtype(self._code))
-        before = view[dsts].astype(np.int64)
-        view[dsts] = (before + counts) % self.modulus
-        return before
 
 
 def _nth_bit(mask: int, rank: int) -> int:

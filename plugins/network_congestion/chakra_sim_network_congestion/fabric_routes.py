@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from chakra_sim_network_congestion.fabric import Clos, PairCounter
+from chakra_sim_network_congestion.ecmp import PairCounter
+from chakra_sim_network_congestion.fabric import Clos
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 

@@ -10,16 +10,19 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from chakra_core import (AstraEquivalent, ChakraSimError, Dimension, LayerContext, ManifestError, NetworkModel,
-                         SimulationError, ValidationInputs)
+from chakra_core import (
+    AstraEquivalent, ChakraSimError, Dimension, LayerContext, ManifestError, NetworkModel, SimulationError,
+    ValidationInputs,
+)
 from chakra_sim_network_congestion.claims import SharedLinkHint
 from chakra_sim_network_congestion.config import CongestionConfig
 from chakra_sim_network_congestion.fabric import FabricRouter
 from chakra_sim_network_congestion.fairlinks import FairLinks
 from chakra_sim_network_congestion.links import FifoLinks
 from chakra_sim_network_congestion.routing import DimensionOrderRouter, ShortestPathRouter
-from chakra_sim_network_congestion.topology import (Topology, clos_fat_tree, dragonfly, fat_tree, from_dims, from_file,
+from chakra_sim_network_congestion.topology import (Topology, clos_fat_tree, dragonfly, fat_tree, from_dims,
                                                     rail_optimized)
+from chakra_sim_network_congestion.topology_files import from_file
 
 __all__ = ["CongestionConfig", "CongestionNetwork"]   # the config as before its move to config.py
 

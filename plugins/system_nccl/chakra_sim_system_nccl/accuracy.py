@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chakra_core import ManifestError
-from chakra_core.hardware.profiles import Profile
+from chakra_core import ManifestError, Profile
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.calibrate import COLLECTIVE_OF_TEST, geomean_error
 from chakra_sim_system_nccl.launch import LaunchInfo
@@ -218,8 +217,9 @@ def _comm_type(collective: str) -> int:
 def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | None = None) -> list[float]:
     """Each size's simulated time in microseconds: a one-collective trace on every rank, run as
     `chakra-sim run` would (relative profile paths against `base_dir`, default the current folder)."""
-    from chakra_core import load, make_plugin_host, pb, simulate
-    from chakra_core.et.build import int_attr, metadata, read_collective, write_rank_files
+    from chakra_core import (
+        collective_attrs, int_attr, load, make_plugin_host, pb, simulate, trace_metadata, write_rank_files,
+    )
 
     host = host if host is not None else make_plugin_host()
     comm_type = _comm_type(plan.collective)
@@ -228,12 +228,12 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
     with tempfile.TemporaryDirectory(prefix="chakra-sim-accuracy-") as tmp:
         for index, size in enumerate(plan.sizes):
             node = pb.Node(id=0, name="nccl-tests", type=pb.COMM_COLL_NODE,
-                           attr=read_collective(comm_type, plan.comm_size(size)))
+                           attr=collective_attrs(comm_type, plan.comm_size(size)))
             if rooted and size.root >= 0:
                 node.attr.append(int_attr("root_rank", size.root))
             prefix = Path(tmp) / str(index) / "trace"
             prefix.parent.mkdir()
-            write_rank_files(prefix, [[node]] * plan.ranks, metadata({}))
+            write_rank_files(prefix, [[node]] * plan.ranks, trace_metadata({}))
             config = load({"workload": {"trace": str(prefix)}, "system": plan.system()}, host,
                           base_dir=base_dir if base_dir is not None else Path.cwd(), name=plan.log)
             times.append(simulate(config, host, timeline=False).results["finish_ns"] / 1000)

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from chakra_core.hardware.profiles import Calibration, Profile
+from chakra_core import Calibration, Profile
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog
 from chakra_sim_system_nccl.tuning import NET_OVERHEAD_US

@@ -15,10 +15,10 @@ import click
 import yaml
 from rich.table import Table
 
-from chakra_core._atomic import atomic_write_bytes, atomic_write_text
-from chakra_core.cli.output import CliError, out_console, tool_errors, warn
-from chakra_core import ManifestError
-from chakra_core.hardware.profiles import Profile, load_profile
+from chakra_core import (
+    CliError, ManifestError, Profile, atomic_write_bytes, atomic_write_text, load_profile, out_console,
+    print_warnings, tool_errors,
+)
 from chakra_sim_system_nccl import accuracy as acc
 from chakra_sim_system_nccl import calibrate as cal
 from chakra_sim_system_nccl.nccl_tests import load
@@ -108,7 +108,7 @@ def _report(spec: Profile, fitted: Profile, fit_on: list[cal.Observation], held:
     console.print(table)
     for m in moved:
         if m.outside:
-            warn([f"{m.name} = {m.fitted:.3g} is outside {m.plausible[0]:g}–{m.plausible[1]:g}, the range "
+            print_warnings([f"{m.name} = {m.fitted:.3g} is outside {m.plausible[0]:g}–{m.plausible[1]:g}, the range "
                  f"its sources allow ({m.why}): the model misses something this parameter absorbs"])
 
 
@@ -164,7 +164,7 @@ def accuracy(logs: tuple[Path, ...], profile_name: str, as_json: bool, plot: Pat
             elif plan.launch.cpu_time:
                 notes.append(f"{plan.log}:{plan.launch.line}: the log reports host CPU time (-C 1), not "
                              "the collectives' duration: the comparison is of limited meaning")
-        warn(notes)
+        print_warnings(notes)
         host = make_plugin_host()
         results = [acc.evaluate(plan, profile, host) for plan in plans]
         if plot is not None:

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from chakra_core import GpuLoad, NodeView, pb
-from chakra_core.contract.inputs import NO_LOAD
-from chakra_core.hardware.profiles import Profile
+from chakra_core import NO_LOAD, GpuLoad, NodeView, Profile, pb
 
 P2P_CTAS = 2
 REDUCING = frozenset({pb.ALL_REDUCE, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK, pb.REDUCE, pb.BARRIER})

@@ -38,12 +38,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 from pydantic import Field, PositiveInt
 
 from chakra_core import (
-    GpuLoad, LayerContext, MatchingSystem, NodeView, PluginConfig, SimulationError, Unfold, ValidationInputs,
-    collective_name, pb,
+    GpuLoad, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError, Unfold,
+    ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
 )
-from chakra_core.comm.collectives import collective_wait
-from chakra_core.comm.matcher import OpenCollective
-from chakra_core.hardware.profiles import load_profile, profile_problems
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
 from chakra_sim_system_nccl.footprint import GpuFootprint, link_gbps

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from chakra_core.hardware.profiles import Profile
+from chakra_core import Profile
 from chakra_sim_system_nccl import execution, tuning
 from chakra_sim_system_nccl.tuning import (
     ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BASE_LATENCY, BROADCAST, COLLECTIVES, HW_LATENCY, LL, MAX_THREADS,

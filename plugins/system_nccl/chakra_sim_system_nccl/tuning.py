@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Final, Iterator, Literal, cast
 
-from chakra_core.hardware.profiles import Profile, Sourced
+from chakra_core import Profile, Sourced
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
