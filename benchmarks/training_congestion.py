@@ -48,7 +48,7 @@ SIZES = [64, 256, 1024, 4096, 16384]
 
 def rail_generator(gpus: int) -> dict[str, Any]:
     """A valid rail_optimized generator for `gpus` GPUs: the fewest spine planes that fit radix-64 spines."""
-    from chakra_sim_network_congestion.fabric import rail_shape
+    from chakra_core.topology import rail_shape
     nodes = gpus // LINKS["gpus_per_node"]
     for planes in (p for p in range(1, LINKS["gpus_per_node"] + 1) if LINKS["gpus_per_node"] % p == 0):
         try:

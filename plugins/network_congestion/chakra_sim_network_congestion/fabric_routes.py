@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chakra_sim_network_congestion.ecmp import PairCounter
-from chakra_sim_network_congestion.fabric import Clos
+from chakra_core.topology import Clos, PairCounter
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 

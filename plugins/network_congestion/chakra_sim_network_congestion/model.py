@@ -5,24 +5,14 @@ flows (fairlinks.py), times collectives in closed form (claims.py) or as steps o
 
 from __future__ import annotations
 
-import difflib
-import re
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from chakra_core import (
-    AstraEquivalent, ChakraSimError, Dimension, LayerContext, ManifestError, NetworkModel, SimulationError,
-    ValidationInputs,
-)
+from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, SimulationError, ValidationInputs
+from chakra_core.topology import DimensionOrderRouter, FabricRouter, build_network, source_problems
 from chakra_sim_network_congestion.claims import SharedLinkHint
 from chakra_sim_network_congestion.config import CongestionConfig
-from chakra_sim_network_congestion.fabric import FabricRouter
 from chakra_sim_network_congestion.fairlinks import FairLinks
 from chakra_sim_network_congestion.links import FifoLinks
-from chakra_sim_network_congestion.routing import DimensionOrderRouter, ShortestPathRouter
-from chakra_sim_network_congestion.topology import (Topology, clos_fat_tree, dragonfly, fat_tree, from_dims,
-                                                    rail_optimized)
-from chakra_sim_network_congestion.topology_files import from_file
 
 __all__ = ["CongestionConfig", "CongestionNetwork"]   # the config as before its move to config.py
 
@@ -39,26 +29,14 @@ class CongestionNetwork(NetworkModel):
 
     def __init__(self, config: CongestionConfig, context: LayerContext) -> None:
         super().__init__(config, context)
-        topo = self._build(config, context.base_dir)
-        self.topo = topo
+        network = build_network(config.source(), context.base_dir)
+        topo = self.topo = network.topo
         self.npus_count = topo.npus
-        failed, degraded, problems = self._resolve_faults(topo, config)
-        if problems:
-            raise ManifestError([("network" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc), why)
-                                 for loc, why in problems])
-        self.failed, self.degraded = failed, degraded
-        for link, factor in degraded:
-            topo.link_bw[link] *= factor
-        self.router: DimensionOrderRouter | ShortestPathRouter | FabricRouter
+        self.failed, self.degraded, self.router = network.failed, network.degraded, network.router
         if topo.dims:
             self.dims = tuple(Dimension(k, n, bw, lat) for k, n, bw, lat in topo.dims)
-            self.router = DimensionOrderRouter(topo)
         else:
             self.dims = (Dimension("Custom", topo.npus, 0.0, 0.0),)
-            if topo.fabric is not None:
-                self.router = FabricRouter(topo, failed)
-            else:
-                self.router = ShortestPathRouter(topo, failed)
         # Links a previous attempt of this run found shared (see links.SharedLinkHint).
         shared: set[int] = set()
         for hint in context.inputs.hints(SharedLinkHint):
@@ -84,95 +62,11 @@ class CongestionNetwork(NetworkModel):
         self.traced: list[dict[str, Any]] = []
         self._saved: tuple[int, int, int] | None = None
 
-    @staticmethod
-    def _build(config: CongestionConfig, base_dir: Path) -> Topology:
-        if config.topology is not None:
-            # the config's validator: the four lists come together
-            assert config.npus_count is not None and config.bandwidth is not None and config.latency is not None
-            return from_dims(config.topology, config.npus_count, config.bandwidth, config.latency)
-        if config.topology_file is not None:
-            path = Path(config.topology_file)
-            return from_file(path if path.is_absolute() else base_dir / path)
-        gen = config.generator
-        assert gen is not None   # the config's validator: exactly one source
-        try:
-            if gen.kind == "fat_tree":
-                if gen.k is not None:
-                    return fat_tree(gen.k, gen.bandwidth_gbps, gen.latency_ns, gen.oversubscription, gen.tiers,
-                                    gen.ecmp)
-                assert gen.hosts is not None and gen.radix is not None   # the generator's validator
-                return clos_fat_tree(gen.hosts, gen.radix, gen.bandwidth_gbps, gen.latency_ns, gen.tiers,
-                                     gen.oversubscription, gen.spine_oversubscription, gen.spine_radix,
-                                     gen.ecmp or "hash")
-            if gen.kind == "rail_optimized":
-                return rail_optimized(gen.nodes, gen.gpus_per_node, gen.radix, gen.bandwidth_gbps, gen.latency_ns,
-                                      gen.nvlink_bandwidth_gbps or 0.0, gen.nvlink_latency_ns or 0.0,
-                                      gen.oversubscription, gen.spine_radix, gen.spine_planes,
-                                      gen.spine_bandwidth_gbps, gen.spine_latency_ns, gen.pxn, gen.ecmp)
-            if gen.kind == "torus":
-                return from_dims(["Ring"] * len(gen.dims), gen.dims,
-                                 [gen.bandwidth_gbps * 1e9 / (1 << 30)] * len(gen.dims),
-                                 [gen.latency_ns] * len(gen.dims))
-            return dragonfly(gen.groups, gen.routers_per_group, gen.hosts_per_router,
-                             gen.global_links_per_router, gen.bandwidth_gbps, gen.latency_ns,
-                             gen.global_bandwidth_gbps, gen.global_latency_ns)
-        except ValueError as exc:
-            raise SimulationError(f"network.generator: {exc}") from None
-
-    # Failed and degraded links ---------------------------------------------------------------------
     @classmethod
     def config_problems(cls, config: CongestionConfig,
                         inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
-        """Link names in failed_links and degraded_links that the topology does not have (it is
-        built for the check only when those lists are given)."""
-        if not config.failed_links and not config.degraded_links:
-            return []
-        try:
-            topo = cls._build(config, inputs.base_dir)
-        except ChakraSimError:
-            return []       # the run reports the topology's own problem
-        return cls._resolve_faults(topo, config)[2]
-
-    @staticmethod
-    def _resolve_faults(topo: Topology, config: CongestionConfig) -> tuple[
-            frozenset[int], list[tuple[int, float]], list[tuple[tuple[str | int, ...], str]]]:
-        """(failed link ids, (link, bandwidth factor) pairs, problems as (key path, reason))."""
-        if not config.failed_links and not config.degraded_links:
-            return frozenset(), [], []
-        problems: list[tuple[tuple[str | int, ...], str]] = []
-        if config.failed_links and topo.dims:
-            problems.append((("failed_links",), "routes on ASTRA-sim dimensions and tori go by dimension order "
-                             "and cannot avoid a failed link; use a fat_tree, rail_optimized or dragonfly "
-                             "generator or a topology_file"))
-            return frozenset(), [], problems
-        names = [topo.link_name(link) for link in range(len(topo.link_src))]
-        index = {name: link for link, name in enumerate(names)}
-
-        def links(loc: tuple[str | int, ...], name: str) -> list[int]:
-            text = re.sub(r"\s*(<->|->)\s*", r"\1", name.strip())
-            if "<->" in text:
-                a, b = text.split("<->", 1)
-                found = [index.get(f"{a}->{b}"), index.get(f"{b}->{a}")]
-            else:
-                found = [index.get(text)]
-            if None in found:
-                near = difflib.get_close_matches(text.replace("<->", "->"), names, n=3, cutoff=0.6)
-                shown = near or names[:2] + names[-1:]
-                problems.append((loc, f"unknown link {name!r}; links are named 'src->dst' as in the "
-                                 f"per-link statistics ('a<->b': both ways), e.g. {', '.join(shown)}"))
-                return []
-            return [link for link in found if link is not None]
-
-        failed: set[int] = set()
-        for position, name in enumerate(config.failed_links):
-            failed.update(links(("failed_links", position), name))
-        factors: dict[int, float] = {}
-        for position, entry in enumerate(config.degraded_links):
-            for link in links(("degraded_links", position, "link"), entry.link):
-                if link in factors:
-                    problems.append((("degraded_links", position, "link"), f"link {names[link]} is degraded twice"))
-                factors[link] = entry.bandwidth_factor
-        return frozenset(failed), sorted(factors.items()), problems
+        """Link names in failed_links and degraded_links that the topology does not have."""
+        return source_problems(config.source(), inputs.base_dir)
 
     def route(self, src: int, dst: int, seq: int = 0) -> list[str]:
         """The links the seq-th message (from 0) from src to dst takes (for debugging routes)."""

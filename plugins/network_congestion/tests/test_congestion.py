@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from chakra_core import LayerContext, ManifestError, RunInputs, SimulationError, pb
 from chakra_core.testing import EventQueue, collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
-from chakra_sim_network_congestion.topology import fat_tree, from_dims
+from chakra_core.topology.graph import fat_tree, from_dims
 
 CHECKOUT = Path(__file__).resolve().parents[3]
 """The chakra-sim checkout holding this plugin; the tests of its data skip without it."""

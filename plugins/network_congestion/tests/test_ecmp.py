@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from chakra_core import LayerContext, SimulationError, pb
 from chakra_core.testing import EventQueue, collective, manifest, simulate, write_ranks
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
-from chakra_sim_network_congestion.routing import ShortestPathRouter
-from chakra_sim_network_congestion.topology import Topology, dragonfly, fat_tree
-from chakra_sim_network_congestion.topology_files import from_file
+from chakra_core.topology.routing import ShortestPathRouter
+from chakra_core.topology.graph import Topology, dragonfly, fat_tree
+from chakra_core.topology.files import from_file
 
 TIERS = [("npu", "edge"), ("edge", "agg"), ("agg", "core"), ("core", "agg"), ("agg", "edge"), ("edge", "npu")]
 

@@ -17,11 +17,11 @@ import pytest
 
 from chakra_core import LayerContext, ManifestError, RunInputs, SimulationError
 from chakra_core.testing import EventQueue, manifest, recv, send, simulate, write_ranks
-from chakra_sim_network_congestion.ecmp import ecmp_hash
-from chakra_sim_network_congestion.fabric import Clos, FabricRouter
+from chakra_core.topology.ecmp import ecmp_hash
+from chakra_core.topology.fabric import Clos, FabricRouter
 from chakra_sim_network_congestion.model import CongestionConfig, CongestionNetwork
-from chakra_sim_network_congestion.routing import ShortestPathRouter
-from chakra_sim_network_congestion.topology import Topology, clos_fat_tree, fat_tree, rail_optimized
+from chakra_core.topology.routing import ShortestPathRouter
+from chakra_core.topology.graph import Topology, clos_fat_tree, fat_tree, rail_optimized
 
 
 def build(**settings) -> CongestionNetwork:

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from chakra_core import pb
 from chakra_core.testing import collective, comp, manifest, recv, send, simulate, write_ranks
-from chakra_sim_network_congestion.fabric import FabricRouter
+from chakra_core.topology.fabric import FabricRouter
 from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs, reachable_links
-from chakra_sim_network_congestion.topology import clos_fat_tree, fat_tree, rail_optimized
+from chakra_core.topology.graph import clos_fat_tree, fat_tree, rail_optimized
 
 GENERATORS = [
     {"kind": "fat_tree", "k": 4, "bandwidth_gbps": 50, "latency_ns": 500},

@@ -1,7 +1,7 @@
 """The packet-level network layer on ns-3 (`plugin: ns3`).
 
-The network is the congestion plugin's: the same generators, topology files, failed and degraded
-links, link ids and names, and its router's routes. The ns-3 side (fabric.cpp) builds one
+The network is the congestion plugin's, built by the same code (chakra_core.topology): the same
+generators, topology files, failed and degraded links, link ids and names, and router's routes. The ns-3 side (fabric.cpp) builds one
 point-to-point channel per pair of opposite links and installs, at every device, a static route
 per destination host, taken from the route of the first message of every (src, dst) pair. Every
 (src, dst) pair gets one TCP connection, opened at its first message, that carries the pair's
@@ -24,10 +24,9 @@ from typing import Any, Callable
 from pydantic import Field, PositiveInt, model_validator
 
 from chakra_core import Dimension, LayerContext, NetworkModel, PluginConfig, SimulationError, ValidationInputs
-# (found when mypy checks the plugins together, as CI does; alone, mypy does not see it)
-from chakra_sim_network_congestion.config import (  # type: ignore[import-not-found, unused-ignore]
-    CongestionConfig, DegradedLink, Dragonfly, FatTree, RailOptimized, Torus)
-from chakra_sim_network_congestion.model import CongestionNetwork  # type: ignore[import-not-found, unused-ignore]
+from chakra_core.topology import (
+    BuiltNetwork, DegradedLink, Dragonfly, FatTree, NetworkSource, RailOptimized, Torus, build_network, source_problems,
+)
 from chakra_sim_network_ns3.loader import load
 
 IP_TCP_HEADERS = 40
@@ -79,11 +78,10 @@ class Ns3Config(PluginConfig):
             raise ValueError("give exactly one of: generator, topology_file")
         return self
 
-    def congestion(self) -> CongestionConfig:
-        """The same network as a congestion plugin section (flow level, for its topology and router)."""
-        return CongestionConfig.model_validate({
-            "mode": "fair", "generator": self.generator, "topology_file": self.topology_file,
-            "failed_links": self.failed_links, "degraded_links": self.degraded_links})
+    def source(self) -> NetworkSource:
+        """The network these settings describe, for chakra_core.topology.build_network."""
+        return NetworkSource(generator=self.generator, topology_file=self.topology_file,
+                             failed_links=self.failed_links, degraded_links=self.degraded_links)
 
 
 class Ns3Network(NetworkModel):
@@ -98,7 +96,7 @@ class Ns3Network(NetworkModel):
 
     def __init__(self, config: Ns3Config, context: LayerContext) -> None:
         super().__init__(config, context)
-        flow = CongestionNetwork(config.congestion(), context)   # topology, faults, router
+        flow: BuiltNetwork = build_network(config.source(), context.base_dir)   # topology, faults, router
         topo = flow.topo
         if topo.npus > config.max_hosts:
             raise SimulationError(
@@ -215,7 +213,7 @@ class Ns3Network(NetworkModel):
     @classmethod
     def config_problems(cls, config: Ns3Config,
                         inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
-        return CongestionNetwork.config_problems(config.congestion(), inputs)
+        return source_problems(config.source(), inputs.base_dir)
 
     # Co-simulation ------------------------------------------------------------------------------
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:

@@ -63,8 +63,8 @@ def test_bytes_are_conserved_on_every_link_of_every_route(tmp_path):
                        extra_plugins=PLUGINS)
     summary = results["layers"]["network"]["summary"]
     # every message's payload crosses each link of its route once, and nothing is retransmitted
-    from chakra_sim_network_congestion.topology import clos_fat_tree
-    from chakra_sim_network_congestion.fabric import FabricRouter
+    from chakra_core.topology.graph import clos_fat_tree
+    from chakra_core.topology.fabric import FabricRouter
     topo = clos_fat_tree(16, 8, BW, LAT, 2, ecmp="dmodk")
     router = FabricRouter(topo)
     per_pair = 2 * MIB // 16

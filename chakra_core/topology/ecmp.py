@@ -69,6 +69,6 @@ class PairCounter:
                 dense[peer] = count
             sent = self._sent[src] = dense
         view = np.frombuffer(sent, dtype=np.dtype(self._code))
-        before = view[dsts].astype(np.int64)
-        view[dsts] = (before + counts) % self.modulus
-        return before
+        counted: np.ndarray = view[dsts].astype(np.int64)
+        view[dsts] = (counted + counts) % self.modulus
+        return counted

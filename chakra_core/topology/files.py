@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chakra_core import ManifestError
-from chakra_sim_network_congestion.topology import Topology, gb_per_s_to_bpns
+from chakra_core.errors import ManifestError
+from chakra_core.topology.graph import Topology, gb_per_s_to_bpns
 
 
 def from_file(path: Path) -> Topology:

@@ -59,11 +59,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection
 
-from chakra_core import SimulationError
-from chakra_sim_network_congestion.ecmp import PairCounter, ecmp_hash
+from chakra_core.errors import SimulationError
+from chakra_core.topology.ecmp import PairCounter, ecmp_hash
 
 if TYPE_CHECKING:
-    from chakra_sim_network_congestion.topology import Topology
+    from chakra_core.topology.graph import Topology
 
 
 def split_ports(radix: int, oversubscription: float, what: str = "switch") -> tuple[int, int]:

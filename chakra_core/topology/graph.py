@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from chakra_sim_network_congestion.fabric import Clos, fat_tree_shape, k_ary_shape, rail_shape
+from chakra_core.topology.fabric import Clos, fat_tree_shape, k_ary_shape, rail_shape
 
 GIB = 1 << 30
 

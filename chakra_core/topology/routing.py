@@ -43,10 +43,10 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from typing import Collection
+from typing import Any, Collection
 
-from chakra_core import SimulationError
-from chakra_sim_network_congestion.topology import Topology
+from chakra_core.errors import SimulationError
+from chakra_core.topology.graph import Topology
 
 
 class DimensionOrderRouter:
@@ -104,7 +104,7 @@ _ARRIVED = (1, ())
 """The destination's own entry: one (empty) path onwards."""
 
 
-def _deal(options: tuple[int, ...], counts: tuple[int, ...]) -> tuple[int, tuple]:
+def _deal(options: tuple[int, ...], counts: tuple[int, ...]) -> tuple[int, tuple[Any, ...]]:
     """A branching device's entry: (paths, blocks) for next hops `options` starting `counts` paths each.
 
     Path numbers are dealt round-robin over the next hops with paths left. A
@@ -139,14 +139,14 @@ class ShortestPathRouter:
         for link, (src, dst) in enumerate(zip(topo.link_src, topo.link_dst)):
             if link not in self._failed:
                 self._in[dst].append(src)
-        self._hops: dict[int, list] = {}
-        self._branches: dict[tuple, tuple] = {}
+        self._hops: dict[int, list[Any]] = {}
+        self._branches: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         # messages sent so far per (src, dst): a dict per source while it has few peers, then an
         # array over all NPUs (4 B each, wrapping after 2^32 messages) once a dict would be larger
-        self._sent: list[dict[int, int] | array | None] = [None] * topo.npus
+        self._sent: list[dict[int, int] | array[int] | None] = [None] * topo.npus
         self._dense_after = max(topo.npus // 16, 1)
 
-    def _build(self, dst: int) -> list:
+    def _build(self, dst: int) -> list[Any]:
         """Distances (reverse BFS), then path counts and next hops in order of increasing distance."""
         topo, out = self.topo, self.topo.out
         dist = [-1] * topo.devices
@@ -162,7 +162,7 @@ class ShortestPathRouter:
                     order.append(prev)
         paths = [0] * topo.devices
         paths[dst] = 1
-        hops: list = [None] * topo.devices
+        hops: list[Any] = [None] * topo.devices
         hops[dst] = _ARRIVED
         branches = self._branches
         for node in order[1:]:
@@ -228,7 +228,7 @@ class ShortestPathRouter:
                 self._routes[key] = cached
         return cached
 
-    def _walk(self, hops: list, src: int, dst: int, number: int) -> tuple[int, ...]:
+    def _walk(self, hops: list[Any], src: int, dst: int, number: int) -> tuple[int, ...]:
         out, links, node = self.topo.out, [], src
         while node != dst:
             entry = hops[node]
