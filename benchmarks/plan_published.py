@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
 from chakra_core.plan.layouts import Layout  # noqa: E402
-from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, plan  # noqa: E402
+from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, PlanOptions, plan  # noqa: E402
+from chakra_core.sweep.run import Execution  # noqa: E402
 
 RUNS = ("nemo-24.07-llama2-7b-h100-8-fp8", "nemo-24.07-llama3-8b-h100-8-fp8", "nemo-24.07-llama2-13b-h100-16-fp8",
         "nemo-24.03-llama2-7b-seq16k-h100-16-fp8", "sc21-gpt-1.7b-a100-32", "sc21-gpt-3.6b-a100-64",
@@ -63,7 +64,8 @@ def main() -> None:
             manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
                         "memory": {"plugin": "hbm"}}
             started = time.perf_counter()
-            found = plan(manifest, Path(tmp), Path(tmp) / run_id, top=args.top, include=(layout,), workers=2)
+            found = plan(manifest, Path(tmp), Path(tmp) / run_id,
+                         PlanOptions(top=args.top, include=(layout,)), Execution(workers=2))
             wall = time.perf_counter() - started
             ranked = [c for c in found.ranked() if c.status == SIMULATED]
             mine = next(c for c in found.candidates if c.layout == layout)

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chakra_core.plan.search import SIMULATED, plan  # noqa: E402
+from chakra_core.plan.search import SIMULATED, PlanOptions, plan  # noqa: E402
+from chakra_core.sweep.run import Execution  # noqa: E402
 
 JOB = {"name": "llama3-70b", "model": "llama3-70b", "training": {"seq": 8192, "global_batch": 2048},
        "cluster": {"gpus": 1024, "profile": "h100-hgx-ndr400"}}
@@ -41,8 +42,8 @@ def main() -> None:
                 "memory": {"plugin": "hbm"}}
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        found = plan(manifest, Path(tmp), Path(tmp) / "plan", top=args.top, workers=args.workers,
-                     check_memory=args.check_memory)
+        found = plan(manifest, Path(tmp), Path(tmp) / "plan",
+                     PlanOptions(top=args.top, check_memory=args.check_memory), Execution(workers=args.workers))
         wall = time.perf_counter() - started
     counts = found.counts()
     print(f"| top | wall s | tried | valid | fit | bounded by the compute model | simulated | pruned | rounds |")

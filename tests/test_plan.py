@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.plan.layouts import Layout
-from chakra_core.plan.search import PRUNED, SIMULATED, TOO_BIG, plan
+from chakra_core.plan.search import PRUNED, SIMULATED, TOO_BIG, PlanOptions, plan
+from chakra_core.sweep.run import Execution
 
 SMALL_MODEL = {"layers": 8, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
 PROFILE = "h100-hgx-ndr400"
@@ -31,7 +32,8 @@ SEARCH = {"micro_batches": (1, 2), "recompute": ("none", "full"), "distributed_o
 
 
 def test_the_top_layouts_are_simulated_and_the_rest_pruned_by_their_bound(tmp_path):
-    found = plan(manifest(), tmp_path, tmp_path / "out", top=2, batch=2, workers=1, search=SEARCH)
+    found = plan(manifest(), tmp_path, tmp_path / "out",
+                 PlanOptions(top=2, batch=2, search=SEARCH), Execution(workers=1))
     ranked = found.ranked()
     simulated = [c for c in ranked if c.status == SIMULATED]
     assert len(simulated) >= 2 and found.simulated == len(simulated) and found.reused == 0
@@ -47,7 +49,7 @@ def test_the_top_layouts_are_simulated_and_the_rest_pruned_by_their_bound(tmp_pa
 
 def test_layouts_that_do_not_fit_say_what_overflows(tmp_path):
     found = plan(manifest(gpus=8, model="llama3-70b", global_batch=16, seq=4096), tmp_path, tmp_path / "out",
-                 top=1, batch=2, workers=1, search={**SEARCH, "recompute": ("full",)})
+                 PlanOptions(top=1, batch=2, search={**SEARCH, "recompute": ("full",)}), Execution(workers=1))
     too_big = [c for c in found.candidates if c.status == TOO_BIG]
     assert too_big
     assert all("GiB" in (c.overflow or "") and c.memory.total + c.reserve.total > found.usable_bytes
@@ -58,20 +60,22 @@ def test_layouts_that_do_not_fit_say_what_overflows(tmp_path):
 
 def test_a_given_layout_is_simulated_whatever_its_bound(tmp_path):
     slow = Layout(tp=1, pp=2, vp=1, cp=1, dp=8, micro_batch=1, recompute="full", distributed_optimizer=True)
-    found = plan(manifest(), tmp_path, tmp_path / "out", top=1, batch=1, workers=1, search=SEARCH, include=(slow,))
+    found = plan(manifest(), tmp_path, tmp_path / "out",
+                 PlanOptions(top=1, batch=1, search=SEARCH, include=(slow,)), Execution(workers=1))
     assert next(c for c in found.candidates if c.layout == slow).status == SIMULATED
 
 
 def test_memory_is_checked_by_the_manifests_memory_layer(tmp_path):
-    checked = plan({**manifest(), "memory": {"plugin": "hbm"}}, tmp_path, tmp_path / "out", top=2, batch=2,
-                   workers=1, search=SEARCH)
+    checked = plan({**manifest(), "memory": {"plugin": "hbm"}}, tmp_path, tmp_path / "out",
+                   PlanOptions(top=2, batch=2, search=SEARCH), Execution(workers=1))
     simulated = [c for c in checked.candidates if c.status == SIMULATED]
     assert checked.memory_checked and simulated
     # the hbm layer's peak for the layout's traces is the prediction (the generator's norm weights aside)
     assert all(c.memory_check is not None and abs(c.memory_check) < 0.002 for c in simulated)
     row = next(r for r in checked.rows() if r["status"] == SIMULATED)
     assert row["memory_simulated_gib"] == pytest.approx(row["memory_gib"], rel=0.002)
-    unchecked = plan(manifest(), tmp_path, tmp_path / "plain", top=2, batch=2, workers=1, search=SEARCH)
+    unchecked = plan(manifest(), tmp_path, tmp_path / "plain",
+                     PlanOptions(top=2, batch=2, search=SEARCH), Execution(workers=1))
     assert not unchecked.memory_checked and any("no memory layer" in w for w in unchecked.warnings)
     assert all(c.simulated_memory is None for c in unchecked.candidates)
     # listing tensors changes no step time
@@ -141,8 +145,10 @@ def test_a_cluster_file_replaces_the_jobs_cluster(tmp_path):
 
 
 def test_plan_files_are_deterministic(tmp_path):
-    first = plan(manifest(), tmp_path, tmp_path / "a", top=1, batch=2, workers=1, search=SEARCH)
-    second = plan(manifest(), tmp_path, tmp_path / "b", top=1, batch=2, workers=2, search=SEARCH)
+    first = plan(manifest(), tmp_path, tmp_path / "a",
+                 PlanOptions(top=1, batch=2, search=SEARCH), Execution(workers=1))
+    second = plan(manifest(), tmp_path, tmp_path / "b",
+                  PlanOptions(top=1, batch=2, search=SEARCH), Execution(workers=2))
     strip = [{k: v for k, v in row.items() if k != "point"} for row in first.rows()]
     assert strip == [{k: v for k, v in row.items() if k != "point"} for row in second.rows()]
     assert Path(first.rows()[0]["point"]).is_dir()
@@ -150,10 +156,12 @@ def test_plan_files_are_deterministic(tmp_path):
 
 def test_local_and_ray_give_the_same_plan(tmp_path):
     ray = pytest.importorskip("ray")
-    local = plan(manifest(), tmp_path, tmp_path / "local", top=1, batch=2, workers=2, search=SEARCH)
+    local = plan(manifest(), tmp_path, tmp_path / "local",
+                 PlanOptions(top=1, batch=2, search=SEARCH), Execution(workers=2))
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        remote = plan(manifest(), tmp_path, tmp_path / "ray", top=1, batch=2, executor="ray", search=SEARCH)
+        remote = plan(manifest(), tmp_path, tmp_path / "ray",
+                      PlanOptions(top=1, batch=2, search=SEARCH), Execution(executor="ray"))
     finally:
         ray.shutdown()
     strip = [{k: v for k, v in row.items() if k != "point"} for row in local.rows()]
@@ -164,7 +172,8 @@ def test_local_and_ray_give_the_same_plan(tmp_path):
 def test_layouts_within_the_error_band_of_the_best_are_ties(tmp_path):
     """A simulated layout slower than the best by less than the model's error on published runs
     like the job is marked a tie (the rows, and so plan.csv/json and the terminal)."""
-    found = plan(manifest(), tmp_path, tmp_path / "out", top=3, batch=3, workers=1, search=SEARCH)
+    found = plan(manifest(), tmp_path, tmp_path / "out",
+                 PlanOptions(top=3, batch=3, search=SEARCH), Execution(workers=1))
     simulated = [c for c in found.ranked() if c.status == SIMULATED]
     assert len(simulated) >= 3
     best, third = simulated[0].step_s, simulated[2].step_s

@@ -18,7 +18,8 @@ from chakra_core.hardware.profiles import load_profile
 from chakra_core.plan.headroom import (CUDA_CONTEXT_BYTES, FRAGMENTATION, GIB, NCCL_RING_BYTES, Headroom, Reserve,
                                        communicators)
 from chakra_core.plan.layouts import Layout
-from chakra_core.plan.search import SIMULATED, TOO_BIG, plan
+from chakra_core.plan.search import SIMULATED, TOO_BIG, PlanOptions, plan
+from chakra_core.sweep.run import Execution
 
 PROFILE = "h100-hgx-ndr400"
 # Llama 2 7B on one H100 node: TP2 PP4 with micro-batch 8 predicts 78.9 GiB per GPU, which fits in
@@ -50,7 +51,8 @@ def test_the_reserve_is_the_context_nccl_buffers_and_fragmentation():
 
 
 def test_a_layout_that_fits_in_80_gib_but_not_with_its_reserve_is_not_recommended(tmp_path):
-    found = plan(manifest(), tmp_path, tmp_path / "out", top=1, batch=1, workers=1, search=SEARCH)
+    found = plan(manifest(), tmp_path, tmp_path / "out",
+                 PlanOptions(top=1, batch=1, search=SEARCH), Execution(workers=1))
     tight = next(c for c in found.candidates if c.layout == TIGHT)
     assert tight.memory.total <= found.usable_bytes < 80 * GIB        # the memory alone fits
     assert tight.status == TOO_BIG
@@ -59,8 +61,8 @@ def test_a_layout_that_fits_in_80_gib_but_not_with_its_reserve_is_not_recommende
                                      f"GiB reserve of 79.2 GiB ({over:.1f} GiB over)")
     assert all(c.memory.total + c.reserve.total <= found.usable_bytes for c in found.candidates if c.status != TOO_BIG)
     # --headroom 0: the old limit, up to the usable memory (not the datasheet's 80 GiB)
-    bare = plan(manifest(), tmp_path, tmp_path / "bare", top=1, batch=1, workers=1, search=SEARCH, headroom_gib=0,
-                include=(TIGHT,))
+    bare = plan(manifest(), tmp_path, tmp_path / "bare",
+                PlanOptions(top=1, batch=1, search=SEARCH, headroom_gib=0, include=(TIGHT,)), Execution(workers=1))
     assert next(c for c in bare.candidates if c.layout == TIGHT).status == SIMULATED
     assert all((c.status == TOO_BIG) == (c.memory.total > bare.usable_bytes) for c in bare.candidates)
 
@@ -124,7 +126,7 @@ def test_a_plan_on_a_profile_with_inherited_rates_says_so(tmp_path):
                                         '  peak_tflops:\n    bf16: {value: 1200, source: "x"}\n')
     small = {"layers": 4, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
     found = plan(manifest(model=small, cluster={"gpus": 8, "profile": "more.yaml"}), tmp_path, tmp_path / "out",
-                 top=1, batch=1, workers=1, search={**SEARCH, "micro_batches": (1,)})
+                 PlanOptions(top=1, batch=1, search={**SEARCH, "micro_batches": (1,)}), Execution(workers=1))
     assert found.usable_bytes == 96 * GIB
     assert any("gpu.usable_memory_gib = 79.2 inherited" in w for w in found.warnings)
     assert any("achievable: profile 'more': gpu.achievable.matmul_tflops.bf16 = 794.5 inherited" in w

@@ -13,6 +13,7 @@ from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError
 
 if TYPE_CHECKING:   # the run path loads when a command runs, not when the command line starts
+    from chakra_core.jobs.info import JobInfo
     from chakra_core.run import PreparedRun, RunResult
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,14 +234,14 @@ def validate(manifest: str | None, workload: str | None, astra_system: str | Non
         _print_placement(spec.training)
 
 
-def _print_placement(training: dict[str, Any]) -> None:
+def _print_placement(training: JobInfo) -> None:
     """Where a job's communicator groups land (GPUs per node, fabric)."""
     from rich.table import Table
 
-    table = Table(title=f"{training['model']} on {training['gpus']:,} GPUs ({training['gpus_per_node']} per node, "
-                        f"profile {training['profile']}): where each group lands", title_justify="left")
+    table = Table(title=f"{training.model} on {training.gpus:,} GPUs ({training.gpus_per_node} per node, "
+                        f"profile {training.profile}): where each group lands", title_justify="left")
     for column in ("group", "ranks", "nodes", "GPUs per node", "fabric"):
         table.add_column(column, justify="left" if column in ("group", "fabric") else "right")
-    for row in training["placement"]:
+    for row in training.placement:
         table.add_row(row["group"], str(row["ranks"]), str(row["nodes"]), str(row["gpus_per_node"]), row["fabric"])
     out_console().print(table)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from chakra_core.contract.folding import Folding
 from chakra_core.plugins import Implementation
+
+if TYPE_CHECKING:   # the type only: jobs builds on config
+    from chakra_core.jobs.info import JobInfo
 
 
 @dataclass
@@ -58,7 +61,7 @@ class RunSpec:
     them instead of comparing traces, and only representatives' trace files need exist."""
     step_parts: bool = False
     """Split each rank's time by its nodes' `step_part` attribute too (RankRecord.parts)."""
-    training: dict[str, Any] | None = None
+    training: JobInfo | None = None
     """A generated job's description, for the training section of the results (jobs.report)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,6 +28,7 @@ from chakra_core.errors import ManifestError, PluginError
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.flops import FORMULAS, model_flops
+from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -44,7 +45,7 @@ class JobRun:
     manifest: dict[str, Any]
     traces: list[Path]
     folding: Folding | None
-    info: dict[str, Any] = field(default_factory=dict)
+    info: JobInfo
     reused: bool = False
     """The traces were already in the output folder, written for this job by this generator."""
 
@@ -102,13 +103,10 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     for layer in LAYER_DEFAULTS:
         if data.get(layer) is not None:
             manifest[layer] = data[layer]
-    info = {"job": job.model_dump(mode="json"), "model": job.shape.name or "inline",
-            "gpus": placement.world, "gpus_per_node": gpn, "dp": job.dp,
-            "microbatches": job.microbatches, "tokens_per_step": job.training.global_batch * job.training.seq,
-            "model_flops": {formula: model_flops(job, formula) for formula in FORMULAS}, "placement": placement.where(),
-            "peak_tflops": profile.peak_flops(job.training.precision) / 1e12, "profile": profile.name,
-            "gpu_model": profile.gpu.model, "architecture": profile.gpu.architecture,
-            "profile_name": job.cluster.profile}
+    info = JobInfo(job, placement.world, gpn, job.dp, job.microbatches, job.training.global_batch * job.training.seq,
+                   {formula: model_flops(job, formula) for formula in FORMULAS}, placement.where(),
+                   profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
+                   profile.gpu.architecture, job.cluster.profile)
     return JobRun(manifest, trace_files, folding, info, reused)
 
 
@@ -174,7 +172,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     config.spec.folding = job.folding
     config.spec.step_parts = True
     config.spec.training = job.info
-    config.spec.manifest["job"] = job.info["job"]
+    config.spec.manifest["job"] = job.info.job.model_dump(mode="json")
     if job.reused:
         config.notes.append(f"reusing the job's traces in {Path(job.manifest['workload']['trace']).parent} "
                             f"(generated for this job by chakra-sim {__version__}; a changed job or "
@@ -184,7 +182,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
 
 def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
     """Layers that need a hardware profile, or take GPUs per node, get the cluster's unless they say."""
-    defaults = {"profile": job.info["profile_name"], "gpus-per-node": job.info["gpus_per_node"]}
+    defaults = {"profile": job.info.profile_name, "gpus-per-node": job.info.gpus_per_node}
     for layer in LAYER_DEFAULTS:
         section = job.manifest.get(layer)
         if not isinstance(section, Mapping) or not isinstance(section.get("plugin"), str):

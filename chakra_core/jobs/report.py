@@ -44,33 +44,34 @@ def split(record: RankRecord) -> dict[str, int]:
 
 
 def training_section(run: FinishedRun) -> dict[str, Any]:
-    info = dict(run.spec.training or {})
-    job = info.pop("job")
+    info = run.spec.training
+    assert info is not None   # run.py asks for the section of a generated job only
+    job = info.job
     slowest = max(run.ranks, key=lambda r: (r.finish_ns, -r.rank))
     step_s = slowest.finish_ns / 1e9
-    gpus = info["gpus"]
-    by_formula = info.pop("model_flops")
+    gpus = info.gpus
+    by_formula = info.model_flops
     flops = by_formula[REPORTED]
     achieved = flops / step_s / gpus / 1e12 if step_s else 0.0
-    peak = info["peak_tflops"]
-    precision = job["training"]["precision"]
+    peak = info.peak_tflops
+    precision = job.training.precision
     compute = run.layers.get("compute")
     ceiling = compute.rate_ceiling_flops() if isinstance(compute, ComputeModel) else None
     if ceiling is not None and achieved * 1e12 > ceiling * (1 + 1e-9):
         raise SimulationError(f"internal error: the step achieves {achieved:.1f} model TFLOP/s per GPU, above "
                               f"{ceiling / 1e12:.1f}, the fastest rate the compute layer runs any kernel at "
                               "(please report this)")
-    band = error_band(info["gpu_model"], info["architecture"], precision, gpus)
+    band = error_band(info.gpu_model, info.architecture, precision, gpus)
     # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
-    pp = job["parallel"]["pp"]
+    pp = job.parallel.pp
     records = {record.rank: record for record in run.ranks}
     stages = {str(stage): _seconds(split(records[stage * (gpus // pp)])) for stage in range(pp)}
     return {
-        "model": info["model"], "gpus": gpus, "profile": info["profile"],
-        "layout": {**job["parallel"], "dp": info["dp"], "micro_batch": job["training"]["micro_batch"],
-                   "global_batch": job["training"]["global_batch"], "microbatches": info["microbatches"]},
+        "model": info.model, "gpus": gpus, "profile": info.profile,
+        "layout": {**job.parallel.model_dump(mode="json"), "dp": info.dp, "micro_batch": job.training.micro_batch,
+                   "global_batch": job.training.global_batch, "microbatches": info.microbatches},
         "step_time_s": step_s,
-        "tokens_per_s_per_gpu": info["tokens_per_step"] / step_s / gpus if step_s else 0.0,
+        "tokens_per_s_per_gpu": info.tokens_per_step / step_s / gpus if step_s else 0.0,
         "model_tflops_per_step": flops / 1e12,
         "tflops_per_gpu": achieved,
         "mfu": achieved / peak if peak else 0.0,
@@ -83,7 +84,7 @@ def training_section(run: FinishedRun) -> dict[str, Any]:
         "breakdown_s": _seconds(split(slowest)),
         "breakdown_rank": slowest.rank,
         "breakdown_by_stage_s": stages,
-        "placement": info["placement"],
+        "placement": info.placement,
     }
 
 

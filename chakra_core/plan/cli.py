@@ -17,11 +17,12 @@ from chakra_core.cli.output import err_console, fail, out_console, warn
 from chakra_core.config.files import read_config_file
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.plan.report import plan_files
-from chakra_core.plan.search import GIB, SIMULATED, Plan, plan
+from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
 from chakra_core.report.writers import prepare_output_dir, write_run_files
 from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
-from chakra_core.sweep.run import EXECUTORS, PointReport
+from chakra_core.sweep.run import EXECUTORS, Execution, PointReport
 from chakra_core.sweep.stop import Interrupted
+from chakra_core.sweep.task import Status
 
 _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 
@@ -93,14 +94,14 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         cases = varied(manifest, vary)
         settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
                     "check_memory": check_memory, "headroom_gib": headroom_gib}
+        options = PlanOptions(top, batch, {"micro_batches": sizes}, check_memory=check_memory,
+                              headroom_gib=headroom_gib, source=job_file)
+        execution = Execution(executor, workers, address, force, timeout, None if quiet else _progress)
         summary = []
         for label, case in cases:
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
-            found = plan(case, base_dir, where, top=top, batch=batch, executor=executor, workers=workers,
-                         address=address, force=force, timeout=timeout, search={"micro_batches": sizes},
-                         on_point=None if quiet else _progress, source=job_file, check_memory=check_memory,
-                         headroom_gib=headroom_gib)
+            found = plan(case, base_dir, where, options, execution)
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
@@ -197,7 +198,7 @@ def _slug(label: str) -> str:
 
 
 def _progress(report: PointReport) -> None:
-    what = "read back" if report.skipped else (f"{report.wall_s:.1f} s" if report.status == "ok"
+    what = "read back" if report.skipped else (f"{report.wall_s:.1f} s" if report.status is Status.OK
                                                else f"failed: {report.error}")
     err_console.print(f"layout {report.point.index + 1}: {what}", highlight=False, markup=False)
 

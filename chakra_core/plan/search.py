@@ -29,6 +29,7 @@ import heapq
 import json
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -42,7 +43,7 @@ from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
-from chakra_core.sweep.run import PointReport, run_sweep
+from chakra_core.sweep.run import Execution, run_sweep
 from chakra_core.sweep.spec import build_sweep
 
 GIB = 1 << 30
@@ -50,7 +51,36 @@ METRIC = "training.step_time_s"
 SIMULATIONS = "simulations"
 """The sweep of simulated layouts, in the plan's folder: its points, table and plot."""
 
-SIMULATED, PRUNED, TOO_BIG, FAILED = "simulated", "pruned", "does not fit", "failed"
+class LayoutStatus(str, Enum):
+    """What the plan found out about a layout, written as its value in the table."""
+
+    SIMULATED = "simulated"
+    FAILED = "failed"
+    PRUNED = "pruned"
+    TOO_BIG = "does not fit"
+
+
+SIMULATED, FAILED, PRUNED, TOO_BIG = LayoutStatus.SIMULATED, LayoutStatus.FAILED, LayoutStatus.PRUNED, LayoutStatus.TOO_BIG
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the search looks for."""
+
+    top: int = 10
+    """The fastest layouts to find: simulation stops when no other can enter them."""
+    batch: int = 4
+    """Layouts simulated per round."""
+    search: Mapping[str, Any] = field(default_factory=dict)
+    """What varies (layouts.enumerate_layouts' options: micro_batches, recompute, ...)."""
+    include: tuple[Layout, ...] = ()
+    """Layouts simulated in the first round whatever their bound (to rank a given one)."""
+    check_memory: bool = True
+    """Simulate with the traces' tensors listed, for the manifest's memory layer to follow."""
+    headroom_gib: float | None = None
+    """The reserve of every layout beside its predicted peak (default: worked out per layout)."""
+    source: str = "plan"
+    """Names the job in messages."""
 
 
 @dataclass
@@ -62,7 +92,7 @@ class Candidate:
     bound_s: float
     reserve: Reserve = field(default_factory=Reserve)
     """What the GPU holds beside the predicted peak (CUDA context, NCCL, fragmentation)."""
-    status: str = PRUNED
+    status: LayoutStatus = PRUNED
     overflow: str | None = None
     results: dict[str, Any] | None = None     # the `training` section of its results.json
     simulated_memory: int | None = None       # the memory layer's peak bytes per GPU, when memory is checked
@@ -89,7 +119,7 @@ class Candidate:
         return {
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, "micro_batch": lay.micro_batch, "recompute": lay.recompute,
-            "distributed_optimizer": lay.distributed_optimizer, "status": self.status,
+            "distributed_optimizer": lay.distributed_optimizer, "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s,
             "tflops_per_gpu": r.get("tflops_per_gpu"), "mfu": r.get("mfu"),
             "memory_gib": self.memory.total / GIB, "memory_reserve_gib": self.reserve.total / GIB,
@@ -149,25 +179,20 @@ class Plan:
         return rows
 
     def counts(self) -> dict[str, int]:
-        found = {status: 0 for status in (SIMULATED, FAILED, PRUNED, TOO_BIG)}
+        found = {status: 0 for status in LayoutStatus}
         for c in self.candidates:
             found[c.status] += 1
         return {"enumerated": len(self.candidates), "tried": self.enumeration.tried,
-                "fit": len(self.candidates) - found[TOO_BIG], **found}
+                "fit": len(self.candidates) - found[TOO_BIG], **{s.value: n for s, n in found.items()}}
 
 
-def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int = 10, batch: int = 4,
-         executor: str = "local", workers: int | None = None, address: str | None = None, force: bool = False,
-         timeout: float | None = None, search: Mapping[str, Any] | None = None, include: tuple[Layout, ...] = (),
-         on_point: Callable[[PointReport], None] | None = None, source: str = "plan",
-         check_memory: bool = True, headroom_gib: float | None = None) -> Plan:
+def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: PlanOptions = PlanOptions(),
+         execution: Execution = Execution()) -> Plan:
     """Search the layouts of the job manifest `manifest` (its `job:` section's parallel and
     micro-batch / recomputation / optimizer settings are what varies) and simulate those that
-    can still be among the `top` fastest; their runs go to `out_dir`/simulations. Layouts in
-    `include` that fit are simulated in the first round whatever their bound (to rank a given one).
-    `check_memory`: simulate with the traces' tensors listed, for the manifest's memory layer to follow.
-    `headroom_gib`: the reserve of every layout beside its predicted peak (default: worked out per
-    layout, chakra_core.plan.headroom)."""
+    can still be among the `options.top` fastest, as sweeps run by `execution` (its `force`
+    reruns the first round); their runs go to `out_dir`/simulations."""
+    top, batch, include, source = options.top, options.batch, options.include, options.source
     job = manifest.get("job")
     if not isinstance(job, Mapping):
         raise ManifestError([(f"{source}: job", "required: plan searches the layouts of a training job "
@@ -182,19 +207,19 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
     except ManifestError as exc:
         raise ManifestError([(f"{source}: job.cluster.profile", why) for _, why in exc.problems]) from None
     gpus_per_node = cluster.gpus_per_node or profile.gpus_per_node
-    options = dict(search or {})
+    search = dict(options.search)
     training = job.get("training")
     if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
         # FlashAttention recomputes the scores anyway: selective recomputation is none's layout
-        options.setdefault("recompute", ("none", "full"))
+        search.setdefault("recompute", ("none", "full"))
     try:
-        enumeration = enumerate_layouts(job, gpus_per_node, **options)
+        enumeration = enumerate_layouts(job, gpus_per_node, **search)
     except ValueError as exc:
         raise ManifestError([(f"{source}: job", str(exc))]) from None
     if not enumeration.layouts:
         reasons = "; ".join(f"{why} ({count})" for why, count in sorted(enumeration.rejected.items()))
         raise ManifestError([(f"{source}: job", f"no valid layout among {enumeration.tried} tried: {reasons}")])
-    headroom = Headroom.of(profile, headroom_gib)
+    headroom = Headroom.of(profile, options.headroom_gib)
     candidates = []
     for layout in enumeration.layouts:
         spec = enumeration.specs[layout]
@@ -207,7 +232,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
         candidates.append(candidate)
     result = Plan(candidates, enumeration, headroom, profile.name)
     result.warnings.extend(headroom.warnings)
-    if check_memory:
+    if options.check_memory:
         manifest, why_not = memory_checked(manifest)
         result.memory_checked = why_not is None
         if why_not is not None:
@@ -234,8 +259,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, *, top: int
         if not round_:
             break
         result.rounds += 1
-        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, executor, workers, address, force,
-                  timeout, on_point)
+        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, execution)
     result.tightened = queue.tightened
     blind = [c for c in candidates if c.status == SIMULATED and c.simulated_memory is None]
     if result.memory_checked and blind:
@@ -308,14 +332,13 @@ def _kth_best(chosen: list[Candidate], top: int) -> float:
 
 
 def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen: list[Candidate], result: Plan,
-              executor: str, workers: int | None, address: str | None, force: bool, timeout: float | None,
-              on_point: Callable[[PointReport], None] | None) -> None:
+              execution: Execution) -> None:
     """One round: a sweep over every layout chosen so far (those of earlier rounds are read back)."""
     data = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
             "output": {"dir": str(out_dir)}}
     sweep = build_sweep(data, base_dir, "plan", name="plan")
-    outcome = run_sweep(sweep, executor, workers, address, force and result.rounds == 1, on_point=on_point,
-                        timeout=timeout)
+    outcome = run_sweep(sweep, execution.executor, execution.workers, execution.address,
+                        execution.force and result.rounds == 1, on_point=execution.on_point, timeout=execution.timeout)
     result.simulated += outcome.ran
     result.warnings.extend(w for w in outcome.warnings if w not in result.warnings)
     for candidate, point, row in zip(chosen, sweep.points, outcome.rows):

@@ -127,6 +127,20 @@ class PointReport:
     wall_s: float | None
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a sweep's points run: `executor` "local" (processes) or "ray", `workers`, the Ray
+    cluster's `address`, `force` (rerun finished points), a point's `timeout` in seconds (default
+    the sweep file's) and `on_point`, told after each point."""
+
+    executor: str = "local"
+    workers: int | None = None
+    address: str | None = None
+    force: bool = False
+    timeout: float | None = None
+    on_point: Callable[[PointReport], None] | None = None
+
+
 @dataclass
 class SweepResult:
     columns: list[str]
