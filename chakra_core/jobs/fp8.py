@@ -37,7 +37,7 @@ class Fp8Quantization:
     """The quantization kernels of fp8 GEMMs (see the module docstring)."""
 
     job: "JobSpec"
-    e: int
+    act_bytes: int
     fp8: bool
     linear_fp8: bool
     part: str
@@ -67,16 +67,16 @@ class Fp8Quantization:
             return
         if self.current_scaling:
             if not amax_done:
-                self.elementwise(name + ".amax", elements, elements * self.e)
+                self.elementwise(name + ".amax", elements, elements * self.act_bytes)
             if tp_amax and "tp" in self.groups:
                 self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 4, "tp")
             self.elementwise(name + ".scale", 1, 8, dtype="fp32")
-        self.elementwise(name + ".cast_fp8", elements, elements * (self.e + 2))
+        self.elementwise(name + ".cast_fp8", elements, elements * (self.act_bytes + 2))
 
     def norm_output_bytes(self) -> int:
         """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one
         under delayed scaling (fused), bf16 only under current scaling (quantized after)."""
-        return self.e + (1 if self.fp8 and self.linear_fp8 and not self.current_scaling else 0)
+        return self.act_bytes + (1 if self.fp8 and self.linear_fp8 and not self.current_scaling else 0)
 
     def amax_reduction(self, name: str, layers: int) -> None:
         """Delayed scaling: the amaxes of a pass of a chunk's layers, reduced at the fp8_autocast exit."""

@@ -37,7 +37,11 @@ NORM_OPS = 4
 
 
 class LayerKernels(TensorParallel, Fp8Quantization):
-    """A rank's place in the job and the nodes of its layers (see the module docstring)."""
+    """A rank's place in the job and the nodes of its layers (see the module docstring).
+
+    Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
+    heads and query groups, d head size, b micro-batch, s sequence, n the tokens a GEMM sees.
+    """
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         self.job, self.place, self.rank = job, placement, rank
@@ -46,8 +50,8 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         self.stage, self.pp, self.vp = c.pp, p.pp, job.vp
         self.tp, self.cp = p.tp, p.cp
         self.sp = job.sp
-        self.e = 2                                        # activations are bf16
-        self.ge = DTYPE_BYTES[t.grad_reduce_dtype]
+        self.act_bytes = 2                                # activations are bf16
+        self.grad_bytes = DTYPE_BYTES[t.grad_reduce_dtype]
         self.fp8 = t.precision == "fp8"
         self.gemm_dtype = t.precision
         self.act_dtype = "fp16" if t.precision == "fp16" else "bf16"
@@ -55,9 +59,10 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         self.mask = 1 if self.dropout else 0              # bytes per element of a dropout mask
         self.linear_fp8 = True   # off around the output layer
         self.b, self.s = t.micro_batch, t.seq
-        self.sq = t.seq // p.cp                           # this rank's share of the sequence
-        self.n = self.b * self.sq                         # tokens a GEMM sees
-        self.nl = self.n // p.tp if self.sp else self.n   # tokens of the residual stream held here
+        self.local_seq = t.seq // p.cp                    # this rank's share of the sequence
+        self.n = self.b * self.local_seq                  # tokens a GEMM sees
+        # tokens of the residual stream held here
+        self.local_tokens = self.n // p.tp if self.sp else self.n
         self.h, self.f, self.d = m.hidden, m.ffn_hidden, m.head_dim
         self.a, self.g = m.heads // p.tp, m.groups // p.tp   # local query heads and query groups
         self.vocab = m.padded_vocab(p.tp) // p.tp
@@ -88,8 +93,8 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         activations' type (Transformer Engine's fp8 covers the linear layers only)."""
         shape = [_attr("uint", "gemm_m", m), _attr("uint", "gemm_n", n), _attr("uint", "gemm_k", k),
                  _attr("uint", "gemm_batch", batch)]
-        return self._kernel(name, "bmm", 2 * batch * m * k * n, batch * (m * k + k * n + m * n) * self.e,
-                            self.act_dtype, shape)
+        return self._kernel(name, "bmm", 2 * batch * m * k * n,
+                            batch * (m * k + k * n + m * n) * self.act_bytes, self.act_dtype, shape)
 
     def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
              sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
@@ -109,10 +114,10 @@ class LayerKernels(TensorParallel, Fp8Quantization):
             shape.append(_attr("uint", "sm_margin", sm_margin))
         if chunks > 1:
             shape.append(_attr("uint", "gemm_chunks", chunks))
-        out = 2 * self.ge if accumulate else self.e
+        out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(_attr("uint", "gemm_c_bytes", out))
-        opnd = 1 if fp8 else self.e
+        opnd = 1 if fp8 else self.act_bytes
         return self._kernel(name, "gemm", 2 * m * k * n, (m * k + k * n) * opnd + m * n * out,
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
@@ -140,7 +145,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
     @property
     def gemm_in(self) -> int:
         """Bytes per element of the input a GEMM saves: fp8 under Transformer Engine, else bf16."""
-        return 1 if self.fp8 and self.linear_fp8 else self.e
+        return 1 if self.fp8 and self.linear_fp8 else self.act_bytes
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
         if self._saving:
@@ -153,22 +158,23 @@ class LayerKernels(TensorParallel, Fp8Quantization):
     def norm(self, name: str, feeds_fp8: bool = True) -> int:
         """RMSNorm/LayerNorm before a GEMM; in fp8 its output is quantized as TE's LayerNormLinear
         does (fused under delayed scaling, after it under current scaling)."""
-        out = self.norm_output_bytes() if feeds_fp8 else self.e
-        node = self.elementwise(name, self.nl * self.h, self.nl * self.h * (self.e + out) + self.h * self.e, NORM_OPS)
+        out = self.norm_output_bytes() if feeds_fp8 else self.act_bytes
+        elements = self.local_tokens * self.h
+        node = self.elementwise(name, elements, elements * (self.act_bytes + out) + self.h * self.act_bytes, NORM_OPS)
         if feeds_fp8 and self.current_scaling:
-            self.quantize(name, self.nl * self.h, tp_amax=self.sp, amax_done=True)
+            self.quantize(name, self.local_tokens * self.h, tp_amax=self.sp, amax_done=True)
         return node
 
     def attention(self, name: str, backward: bool) -> int:
         """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
         if self.job.training.attention == "unfused":
             return self._unfused_attention(name, backward)
-        b, a, g, d, s, sq = self.b, self.a, self.g, self.d, self.s, self.sq
+        b, a, g, d, s, sq = self.b, self.a, self.g, self.d, self.s, self.local_seq
         # causal attention over the whole sequence, split evenly over CP ranks (load-balanced chunks)
         flops = 4 * b * a * s * s * d // 2 // self.cp
-        qkvo = (self.n * (2 * a + 2 * g) * d) * self.e
+        qkvo = (self.n * (2 * a + 2 * g) * d) * self.act_bytes
         ring = None
-        kv = 2 * self.n * g * d * self.e
+        kv = 2 * self.n * g * d * self.act_bytes
         if self.cp > 1:   # ring attention: K/V blocks circulate while blocks already here are used
             ring = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv)
         attrs = [uint_attr("attn_batch", b * a), uint_attr("attn_seq_q", sq), uint_attr("attn_seq_kv", s),
@@ -195,19 +201,20 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         kept = self.job.training.recompute != "selective"
         if not backward:
             self.bmm(name + ".scores", b * a, s, d, s)
-            softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.e, 4)
-            self._keep(softmax if kept else None, "probs", scores, self.e)
+            softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.act_bytes, 4)
+            self._keep(softmax if kept else None, "probs", scores, self.act_bytes)
             if self.dropout:
-                drop = self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 2)
+                drop = self.elementwise(name + ".dropout", scores, scores * (2 * self.act_bytes + mask), 2)
                 self._keep(drop if kept else None, "attn_mask", scores, mask)
-                self._keep(drop if kept else None, "attn_dropped", scores, self.e)
+                self._keep(drop if kept else None, "attn_dropped", scores, self.act_bytes)
             return self.bmm(name + ".context", b * a, s, s, d)
         context = self.bmm(name + ".context.dgrad", b * a, s, d, s)
         self._read(context, "qkv", "attn_out")
         self._read(self.bmm(name + ".context.wgrad", b * a, s, s, d), "attn_dropped", "probs")
         if self.dropout:
-            self._read(self.elementwise(name + ".dropout", scores, scores * (2 * self.e + mask), 1), "attn_mask")
-        self._read(self.elementwise(name + ".softmax", scores, 3 * scores * self.e, 3), "probs")
+            self._read(self.elementwise(name + ".dropout", scores, scores * (2 * self.act_bytes + mask), 1),
+                       "attn_mask")
+        self._read(self.elementwise(name + ".softmax", scores, 3 * scores * self.act_bytes, 3), "probs")
         self.bmm(name + ".scores.dgrad", b * a, s, s, d)
         self._read(self.bmm(name + ".scores.wgrad", b * a, s, s, d), "qkv")
         return context
@@ -215,7 +222,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
     def layer_forward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
-        nl, e = self.nl, self.e
+        nl, e = self.local_tokens, self.act_bytes
         recomputing = self.part == "recompute"
         # under full recompute the forward keeps only the layer's input; the recompute keeps the rest
         self._layer_key, self._saving = (mb, layer), not (layer in self.recomputed and not recomputing)
@@ -229,12 +236,12 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         self._keep(qkv, "qkv_in", nl * h, self.gemm_in, output=False)
         self._keep(qkv, "qkv", n * (a + 2 * g) * d, e)
         if self.job.shape.position == "rope":
-            self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)
+            self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.act_bytes, 3)
         self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, e)
         proj = self._row_gemm(p + "proj", n, a * d, h)
         if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
             self._keep(proj, "proj_in", n * a * d, 1, output=False)
-        residual1 = self.elementwise(p + "residual1", self.nl * h, self.nl * h * (3 * self.e + self.mask))
+        residual1 = self.elementwise(p + "residual1", nl * h, nl * h * (3 * e + self.mask))
         self._keep(residual1, "mask1", nl * h * self.mask, 1)
         self._keep(self.norm(p + "norm2"), "x2", nl * h, e, output=False)
         up = 2 * self.f // self.tp if self.job.shape.gated else self.f // self.tp
@@ -242,25 +249,26 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         self._keep(fc1, "fc1_in", nl * h, self.gemm_in, output=False)
         self._keep(fc1, "fc1", n * up, e)
         fl = f // self.tp
-        activation = self.elementwise(p + "activation", n * fl, (up + fl) * n * self.e, 4)
+        activation = self.elementwise(p + "activation", n * fl, (up + fl) * n * self.act_bytes, 4)
         self._keep(activation, "act", n * fl, self.gemm_in)
         self._row_gemm(p + "fc2", n, fl, h)
-        residual2 = self.elementwise(p + "residual2", self.nl * h, self.nl * h * (3 * self.e + self.mask))
+        residual2 = self.elementwise(p + "residual2", nl * h, nl * h * (3 * e + self.mask))
         self._keep(residual2, "mask2", nl * h * self.mask, 1)
         self._saving = True
 
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
+        nl, e = self.local_tokens, self.act_bytes
         fl = f // self.tp
         up = 2 * fl if self.job.shape.gated else fl
         self._layer_key = (mb, layer)
         read = self._read
-        read(self.elementwise(p + "residual2.bwd", self.nl * h, self.nl * h * (2 * self.e + self.mask)), "mask2")
+        read(self.elementwise(p + "residual2.bwd", nl * h, nl * h * (2 * e + self.mask)), "mask2")
         read(self._row_backward(p + "fc2", n, fl, h)[1], "act")
-        read(self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * self.e, 6), "fc1")
+        read(self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * e, 6), "fc1")
         read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
-        read(self.elementwise(p + "norm2.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS), "x2", "mask1")
+        read(self.elementwise(p + "norm2.bwd", nl * h, 4 * nl * h * e, 2 * NORM_OPS), "x2", "mask1")
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
             # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
@@ -270,25 +278,25 @@ class LayerKernels(TensorParallel, Fp8Quantization):
             self.part, self._saving = part, True
         self.attention(p + "attention.bwd", backward=True)
         if self.job.shape.position == "rope":
-            self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * self.e, 3)
+            self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * e, 3)
         read(self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)[1], "qkv_in")
-        read(self.elementwise(p + "norm1.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS), "x")
+        read(self.elementwise(p + "norm1.bwd", nl * h, 4 * nl * h * e, 2 * NORM_OPS), "x")
         self._grad_ready(layer)
 
     # Embedding and output layer -------------------------------------------------------------------
     def embedding_forward(self, mb: int) -> None:
         self._await_params(-1)
         n, h = self.n, self.h
-        node = self._kernel(f"mb{mb}.embedding", "embedding", n * h, 2 * n * h * self.e, "bf16")
+        node = self._kernel(f"mb{mb}.embedding", "embedding", n * h, 2 * n * h * self.act_bytes, "bf16")
         self._layer_key = (mb, "embedding")
         self._keep(node, "tokens", n, 8, output=False)              # int64 token ids
-        self._keep(node, "mask", self.nl * h * self.mask, 1)       # the embedding's dropout mask
+        self._keep(node, "mask", self.local_tokens * h * self.mask, 1)       # the embedding's dropout mask
         self.tp_reduce(f"mb{mb}.embedding")
 
     def embedding_backward(self, mb: int) -> None:
         self.stream.wait(self.tp_gather(f"mb{mb}.embedding.bwd", te=False))
         n, h = self.n, self.h
-        node = self._kernel(f"mb{mb}.embedding.bwd", "embedding", n * h, n * h * (self.e + 2 * 4), "fp32")
+        node = self._kernel(f"mb{mb}.embedding.bwd", "embedding", n * h, n * h * (self.act_bytes + 2 * 4), "fp32")
         self._layer_key = (mb, "embedding")
         self._read(node, "tokens", "mask")
         self._grad_ready(-1)
@@ -299,13 +307,14 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         p = f"mb{mb}."
         self._layer_key = (mb, "head")
         self.linear_fp8 = False   # Megatron's output layer is not a Transformer Engine module: bf16
-        self._keep(self.norm(p + "final_norm", feeds_fp8=False), "norm_in", self.nl * h, self.e, output=False)
+        self._keep(self.norm(p + "final_norm", feeds_fp8=False), "norm_in", self.local_tokens * h, self.act_bytes,
+                   output=False)
         head = self._gemm_with(p + "lm_head", n, h, v, gather=True, te=False)
-        self._keep(head, "head_in", self.nl * h, self.e, output=False)
-        self._keep(head, "logits", n * v, self.e)
+        self._keep(head, "head_in", self.local_tokens * h, self.act_bytes, output=False)
+        self._keep(head, "logits", n * v, self.act_bytes)
         self.linear_fp8 = True
         # vocab-parallel cross entropy in fp32: max, exponentials, sum, loss
-        loss = self.elementwise(p + "cross_entropy", n * v, n * v * (self.e + 4), 5, dtype="fp32")
+        loss = self.elementwise(p + "cross_entropy", n * v, n * v * (self.act_bytes + 4), 5, dtype="fp32")
         self._read(loss, "logits")
         self._keep(loss, "softmax", n * v, 4)     # exp_logits, saved as fp32
         for what in ("max", "target", "sum_exp"):
@@ -315,15 +324,16 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         n, h, v = self.n, self.h, self.vocab
         p = f"mb{mb}."
         self._layer_key = (mb, "head")
-        loss = self.elementwise(p + "cross_entropy.bwd", n * v, n * v * (4 + self.e), 2, dtype="fp32")
+        loss = self.elementwise(p + "cross_entropy.bwd", n * v, n * v * (4 + self.act_bytes), 2, dtype="fp32")
         self._read(loss, "softmax")
-        self._keep(loss, "logits_grad", n * v, self.e)
+        self._keep(loss, "logits_grad", n * v, self.act_bytes)
         self.linear_fp8 = False
         dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v, te=False)
         self._read(dgrad, "logits_grad")
         self._read(wgrad, "logits_grad", "head_in")
         self.linear_fp8 = True
-        self._read(self.elementwise(p + "final_norm.bwd", self.nl * h, 4 * self.nl * h * self.e, 2 * NORM_OPS),
+        tokens = self.local_tokens
+        self._read(self.elementwise(p + "final_norm.bwd", tokens * h, 4 * tokens * h * self.act_bytes, 2 * NORM_OPS),
                    "norm_in")
         self._grad_ready(-2)
 

@@ -22,7 +22,8 @@ class ModelSpec(BaseModel):
 
     layers: PositiveInt = Field(..., description="transformer layers (--num-layers)")
     hidden: PositiveInt = Field(..., description="hidden size (--hidden-size)")
-    ffn_hidden: PositiveInt = Field(..., description="MLP hidden size, per up-projection when gated (--ffn-hidden-size)")
+    ffn_hidden: PositiveInt = Field(..., description="MLP hidden size, per up-projection when gated "
+                                                     "(--ffn-hidden-size)")
     heads: PositiveInt = Field(..., description="attention heads (--num-attention-heads)")
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (query groups); "
                                                              "default heads (no GQA); 1 is MQA")

@@ -63,7 +63,7 @@ class RankProgram(LayerKernels):
             return
         dist = self.job.training.distributed_optimizer
         kind, what = (pb.REDUCE_SCATTER, "reduce_scatter") if dist else (pb.ALL_REDUCE, "all_reduce")
-        node = self.collective(f"grads.dp_{what}.{self.reductions}", "dp_cp", kind, params * self.ge, "dp")
+        node = self.collective(f"grads.dp_{what}.{self.reductions}", "dp_cp", kind, params * self.grad_bytes, "dp")
         self.reductions += 1
         if node is not None:
             if self.job.training.overlap_grad_reduce:
@@ -105,7 +105,7 @@ class RankProgram(LayerKernels):
     def _gather_params(self, unit: int) -> int | None:
         part, self.part = self.part, "dp"
         node = self.collective(f"params.dp_all_gather.u{unit}", "dp_cp", pb.ALL_GATHER,
-                               -(-self.gather_size[unit] // len(self.groups["dp_cp"])) * self.e, "dp")
+                               -(-self.gather_size[unit] // len(self.groups["dp_cp"])) * self.act_bytes, "dp")
         self.part = part
         return node
 
@@ -179,7 +179,7 @@ class RankProgram(LayerKernels):
             self._plan_param_gathers(buckets)
         if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
             self.part = "optimizer"
-            self.elementwise("optimizer.zero_grad_buffer", stage_params, stage_params * self.ge)
+            self.elementwise("optimizer.zero_grad_buffer", stage_params, stage_params * self.grad_bytes)
         seen_forward: set[int] = set()
         for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
             if kind == "F":
@@ -227,9 +227,9 @@ class RankProgram(LayerKernels):
         listed by the rank's first node (they exist before the step) and read by the optimizer."""
         ledger = self.ledger
         state = []
-        fp32_copies = 3 if self.ge == 4 else 4   # master weight, two moments (and a gradient copy)
+        fp32_copies = 3 if self.grad_bytes == 4 else 4   # master weight, two moments (and a gradient copy)
         for _, size in buckets:
-            state += [ledger.new(size, self.e), ledger.new(size, self.ge)]
+            state += [ledger.new(size, self.act_bytes), ledger.new(size, self.grad_bytes)]
             state += [ledger.new(-(-size // shards), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
             linear = self.linear_weights()
@@ -259,9 +259,10 @@ class RankProgram(LayerKernels):
             # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms)
             layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
             norms = layers * self.job.shape.norm_params()
-            self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.ge, "tp")
+            self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.grad_bytes, "tp")
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
-            self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.ge, "dp")
+            self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.grad_bytes,
+                          "dp")
         self.part = "optimizer"
         updated = -(-stage_params // shards) if dist else stage_params
         if self.job.effects.step_overheads:
@@ -270,13 +271,14 @@ class RankProgram(LayerKernels):
             # model and, with the distributed optimizer, its shards; here over dp x cp)
             self.elementwise("optimizer.grad_norm", updated, updated * 4, 2, dtype="fp32")
             self.blocking("optimizer.grad_norm_all_reduce", "dp_cp", pb.ALL_REDUCE, 4, "dp")
-        if self.ge == 2:
+        if self.grad_bytes == 2:
             self.elementwise("optimizer.grads_to_fp32", updated, updated * GRAD_COPY_BYTES, dtype="fp32")
         step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
                                 dtype="fp32")
         if dist and not t.overlap_param_gather:
             for i, (_, size) in enumerate(buckets):
-                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER, -(-size // shards) * self.e, "dp")
+                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER,
+                              -(-size // shards) * self.act_bytes, "dp")
         return step
 
     # Pipeline ---------------------------------------------------------------------------------------
@@ -310,4 +312,4 @@ class RankProgram(LayerKernels):
         return self.stream.launch(pb.COMM_RECV_NODE, f"recv.{direction}.mb{mb}.c{chunk}", attrs=attrs)
 
     def _p2p_bytes(self) -> int:
-        return self.nl * self.h * self.e
+        return self.local_tokens * self.h * self.act_bytes

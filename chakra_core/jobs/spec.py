@@ -94,7 +94,8 @@ class JobSpec(_Strict):
     parallel: Parallel = Field(default_factory=Parallel, description="the parallel layout (job.parallel)")
     training: Training = Field(..., description="the step's batch, precision and Megatron settings (job.training)")
     cluster: Cluster = Field(..., description="the GPUs and their profile (job.cluster); may be a top-level `cluster:`")
-    effects: Effects = Field(default_factory=Effects, description="what a real step adds, each switchable (job.effects)")
+    effects: Effects = Field(default_factory=Effects,
+                             description="what a real step adds, each switchable (job.effects)")
     tensors: bool = Field(False, description="nodes list the tensors the step keeps alive (weights, "
                                              "gradients, optimizer state, saved activations) as Chakra "
                                              "IOInfo, so a memory layer such as hbm finds the peak memory")

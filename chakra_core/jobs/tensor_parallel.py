@@ -51,9 +51,9 @@ class TensorParallel:
     sp: bool
     tp: int
     n: int
-    nl: int
+    local_tokens: int
     h: int
-    e: int
+    act_bytes: int
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels
         def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
@@ -79,8 +79,8 @@ class TensorParallel:
         if not self.sp:
             return None
         overlap = self._userbuffers(te)
-        coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER, self.nl * self.h * self.e,
-                               ctas=UB_RING_CTAS if overlap else 0)
+        coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER,
+                               self.local_tokens * self.h * self.act_bytes, ctas=UB_RING_CTAS if overlap else 0)
         if not overlap:
             self.stream.wait(coll)
             return None
@@ -92,7 +92,7 @@ class TensorParallel:
             return
         kind = pb.REDUCE_SCATTER if self.sp else pb.ALL_REDUCE
         suffix = ".tp_reduce_scatter" if self.sp else ".tp_all_reduce"
-        self.blocking(name + suffix, "tp", kind, self.n * self.h * self.e)
+        self.blocking(name + suffix, "tp", kind, self.n * self.h * self.act_bytes)
 
     def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
         """A row-parallel GEMM and the reduction of its output; with userbuffers, TE's pipeline:
@@ -104,7 +104,7 @@ class TensorParallel:
             self.tp_reduce(name)
             return node
         splits = UB_PIPELINE_SPLITS if m % UB_PIPELINE_SPLITS == 0 else 1
-        size = self.n * self.h * self.e
+        size = self.n * self.h * self.act_bytes
         self.quantize(name, m * k)   # the whole input, before the first chunk
         early = self.collective(name + ".tp_reduce_scatter", "tp", pb.REDUCE_SCATTER, size - size // splits,
                                 ctas=UB_PIPELINE_CTAS) if splits > 1 else None
@@ -135,12 +135,13 @@ class TensorParallel:
         all-gathered again for the wgrad, beside the dgrad (as Megatron does; userbuffers' bulk)."""
         ctas = UB_BULK_CTAS if self._userbuffers(te) else 0
         regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
-                                   self.nl * self.h * self.e, ctas=ctas) if self.sp else None
+                                   self.local_tokens * self.h * self.act_bytes, ctas=ctas) if self.sp else None
         dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
         reduce = None
         if "tp" in self.groups:
             kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
-            reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.e, after=[dgrad], ctas=ctas)
+            reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.act_bytes, after=[dgrad],
+                                     ctas=ctas)
         self.stream.wait(regather)
         wgrad = self.gemm(name + ".wgrad", n, m, k, accumulate=True)
         self.stream.wait(reduce)

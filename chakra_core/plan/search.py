@@ -60,7 +60,8 @@ class LayoutStatus(str, Enum):
     TOO_BIG = "does not fit"
 
 
-SIMULATED, FAILED, PRUNED, TOO_BIG = LayoutStatus.SIMULATED, LayoutStatus.FAILED, LayoutStatus.PRUNED, LayoutStatus.TOO_BIG
+SIMULATED, FAILED = LayoutStatus.SIMULATED, LayoutStatus.FAILED
+PRUNED, TOO_BIG = LayoutStatus.PRUNED, LayoutStatus.TOO_BIG
 
 
 @dataclass(frozen=True)

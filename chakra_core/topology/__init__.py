@@ -12,7 +12,9 @@
 Network plugins import these names from `chakra_core.topology` (docs/api.md).
 """
 
-from chakra_core.topology.build import BuiltNetwork, NetworkSource, Router, build_network, build_topology, source_problems
+from chakra_core.topology.build import (
+    BuiltNetwork, NetworkSource, Router, build_network, build_topology, source_problems,
+)
 from chakra_core.topology.ecmp import PairCounter, ecmp_hash
 from chakra_core.topology.fabric import Clos, FabricRouter, check_hosts, fat_tree_shape, k_ary_shape, rail_shape
 from chakra_core.topology.files import from_file
