@@ -124,98 +124,132 @@ def run_pool(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOu
     both workers are replaced. An exception here (Interrupted by SIGINT or SIGTERM ...) kills
     every worker and removes their temporary files before it propagates.
     """
-    pending = deque(tasks)
-    context = multiprocessing.get_context("spawn")   # fork would copy the progress bar's thread and locks
-    temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
-    pool: list[_Worker] = []
-    start_failures = 0
+    pool = _Pool(tasks, function, warm, timeout)
+    try:
+        for _ in range(min(workers, len(tasks))):
+            pool.start()
+        while pool.busy():
+            pool.feed()
+            pool.wait()
+            ended = pool.collect(time.monotonic())
+            pool.feed()   # before recording: writing a point's files takes this process milliseconds
+            for outcome in sorted(ended, key=lambda o: o.index):
+                with held():   # a point's files are written whole or not at all
+                    on_outcome(outcome)
+    finally:
+        pool.close()
 
-    def start() -> None:
-        with held():   # a worker started but not in `pool` would outlive an interrupt
-            ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, function, warm, temp_dir), daemon=True,
-                                      name="chakra-sim sweep worker")
+
+class _Pool:
+    """The worker processes of one run_pool call and the tasks not yet sent to them."""
+
+    def __init__(self, tasks: list[PointTask], function: Callable[[PointTask], PointOutcome],
+                 warm: Callable[[], object] | None, timeout: float | None) -> None:
+        self.pending = deque(tasks)
+        self.function, self.warm, self.timeout = function, warm, timeout
+        self.context = multiprocessing.get_context("spawn")   # fork would copy the progress bar's thread and locks
+        self.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+        self.workers: list[_Worker] = []
+        self.start_failures = 0
+
+    def start(self) -> None:
+        with held():   # a worker started but not in `workers` would outlive an interrupt
+            ours, theirs = self.context.Pipe()
+            process = self.context.Process(target=_serve, args=(theirs, self.function, self.warm, self.temp_dir),
+                                           daemon=True, name="chakra-sim sweep worker")
             process.start()
-            pool.append(_Worker(process, ours))
+            self.workers.append(_Worker(process, ours))
             theirs.close()   # else the pipe never reports the worker's death
 
-    def retire(worker: _Worker) -> None:
+    def retire(self, worker: _Worker) -> None:
         with held():
             _kill(worker)
-            pool.remove(worker)
+            self.workers.remove(worker)
 
-    def report(outcome: PointOutcome) -> None:
-        with held():   # a point's files are written whole or not at all
-            on_outcome(outcome)
+    def busy(self) -> bool:
+        return bool(self.workers) and (bool(self.pending) or any(w.task is not None for w in self.workers))
 
-    def feed() -> None:
-        for worker in pool:
-            if worker.ready and worker.task is None and pending:
-                worker.task, worker.started = pending.popleft(), time.monotonic()
+    def feed(self) -> None:
+        """Send the next tasks to the ready, idle workers."""
+        for worker in self.workers:
+            if worker.ready and worker.task is None and self.pending:
+                worker.task, worker.started = self.pending.popleft(), time.monotonic()
                 try:
                     worker.conn.send(worker.task)
                 except OSError:
-                    pass   # it died: its sentinel says so below
+                    pass   # it died: its sentinel says so in collect
 
-    try:
-        for _ in range(min(workers, len(pending))):
-            start()
-        while pool and (pending or any(w.task is not None for w in pool)):
-            feed()
-            deadlines = [w.started + timeout for w in pool if w.task is not None and timeout is not None]
-            wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            wait([*(w.conn for w in pool), *(w.process.sentinel for w in pool)], wait_s)
-            now = time.monotonic()
-            ended: list[PointOutcome] = []
-            for worker in list(pool):
+    def wait(self) -> None:
+        """Until a worker says something or dies, or the first running point's timeout."""
+        deadlines = [w.started + self.timeout for w in self.workers if w.task is not None and self.timeout is not None]
+        wait_s = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        wait([*(w.conn for w in self.workers), *(w.process.sentinel for w in self.workers)], wait_s)
+
+    def collect(self, now: float) -> list[PointOutcome]:
+        """The points that ended: answered, lost with their worker, or past their timeout."""
+        ended = []
+        for worker in list(self.workers):
+            outcome = self._check(worker, now)
+            if outcome is not None:
+                ended.append(outcome)
+        return ended
+
+    def _check(self, worker: _Worker, now: float) -> PointOutcome | None:
+        message: tuple[str, PointOutcome | None] | None = None
+        if worker.conn.poll():
+            try:
+                message = worker.conn.recv()
+            except (EOFError, OSError):
                 message = None
-                if worker.conn.poll():
-                    try:
-                        message = worker.conn.recv()
-                    except (EOFError, OSError):
-                        message = None
-                if message is not None:
-                    kind, outcome = message
-                    if kind == "ready":
-                        worker.ready = True
-                    else:
-                        worker.task = None
-                        ended.append(outcome)
-                elif not worker.process.is_alive() or worker.conn.closed:
-                    task, was_ready = worker.task, worker.ready
-                    worker.process.join()
-                    how = _exit_text(worker.process)
-                    retire(worker)
-                    if task is not None:
-                        ended.append(PointOutcome.failed(task, f"a worker process died ({how}) while running "
-                                                               "this point: killed, out of memory, or a crash in "
-                                                               "native code; run the sweep again to retry it",
-                                                         wall_s=now - worker.started))
-                    elif not was_ready:
-                        start_failures += 1
-                        if start_failures >= _START_FAILURES:
-                            raise PoolError(f"the sweep's worker processes die as they start ({how}); "
-                                            "run one point with `chakra-sim run` to see why")
-                    if pending:
-                        start()
-                elif worker.task is not None and timeout is not None and now - worker.started >= timeout:
-                    task = worker.task
-                    retire(worker)
-                    ended.append(PointOutcome.timed_out(task, timeout, now - worker.started))
-                    if pending:
-                        start()
-            feed()   # before recording: writing a point's files takes this process milliseconds
-            for outcome in sorted(ended, key=lambda o: o.index):
-                report(outcome)
-    finally:
+        if message is not None:
+            kind, outcome = message
+            if kind == "ready":
+                worker.ready = True
+                return None
+            worker.task = None
+            return outcome
+        if not worker.process.is_alive() or worker.conn.closed:
+            return self._lost(worker, now)
+        if worker.task is not None and self.timeout is not None and now - worker.started >= self.timeout:
+            task = worker.task
+            self.retire(worker)
+            self._replace()
+            return PointOutcome.timed_out(task, self.timeout, now - worker.started)
+        return None
+
+    def _lost(self, worker: _Worker, now: float) -> PointOutcome | None:
+        """A worker that died: its point fails; one that dies before it is ready, three times, stops the pool."""
+        task, was_ready = worker.task, worker.ready
+        worker.process.join()
+        how = _exit_text(worker.process)
+        self.retire(worker)
+        outcome = None
+        if task is not None:
+            outcome = PointOutcome.failed(task, f"a worker process died ({how}) while running this point: "
+                                                "killed, out of memory, or a crash in native code; run the "
+                                                "sweep again to retry it", wall_s=now - worker.started)
+        elif not was_ready:
+            self.start_failures += 1
+            if self.start_failures >= _START_FAILURES:
+                raise PoolError(f"the sweep's worker processes die as they start ({how}); "
+                                "run one point with `chakra-sim run` to see why")
+        self._replace()
+        return outcome
+
+    def _replace(self) -> None:
+        if self.pending:
+            self.start()
+
+    def close(self) -> None:
+        """Stop every worker (idle ones exit by themselves) and remove their temporary files."""
         with held():
-            for worker in pool:
+            for worker in self.workers:
                 with contextlib.suppress(OSError):
-                    worker.conn.send(None)   # idle ones exit by themselves; the rest are killed below
-            for worker in pool:
+                    worker.conn.send(None)
+            for worker in self.workers:
                 _kill(worker, grace_s=0.5 if worker.task is None else 0.0)
-            pool.clear()
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            self.workers.clear()
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _kill(worker: _Worker, grace_s: float = 0.0) -> None:
