@@ -197,3 +197,22 @@ def test_selective_recompute_reruns_unfused_core_attention_and_costs_less_than_f
     assert recompute("unfused", "none") == 0
     assert 0 < recompute("unfused", "selective") < recompute("unfused", "full")
     assert recompute("flash", "selective") == 0 < recompute("flash", "full")
+
+
+# A precision the GPU does not run ---------------------------------------------------------------------
+def test_fp8_on_a_gpu_without_fp8_is_a_clear_error_everywhere(tmp_path):
+    data = job(precision="fp8")
+    data["cluster"]["profile"] = "a100-hgx-hdr200"
+    message = problems(data, tmp_path)
+    assert "job.yaml: job.training.precision: fp8 on profile 'a100-hgx-hdr200'" in message
+    assert "use bf16 or fp16" in message and "KeyError" not in message
+    prefix = tmp_path / "traces" / "x"
+    generated = CliRunner().invoke(cli, ["generate", "job", "--model", "llama3-8b", "--gpus", "8",
+                                         "--profile", "a100-hgx-hdr200", "--seq", "2048", "--global-batch", "8",
+                                         "--precision", "fp8", "--output", str(prefix)])
+    assert generated.exit_code == 2 and "job.training.precision" in generated.output
+    assert not prefix.parent.exists()   # nothing written
+    from chakra_core.plan.search import plan
+    manifest = {"job": data, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+    with pytest.raises(ManifestError, match="job.training.precision: fp8 on profile"):
+        plan(manifest, tmp_path, tmp_path / "plan")

@@ -26,7 +26,7 @@ from chakra_core._version import __version__
 from chakra_core.contract.folding import Folding
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.plugins import PluginHost
-from chakra_core.hardware.profiles import load_profile
+from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import FORMULAS, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
@@ -57,15 +57,29 @@ def read_job(data: Any, source: str) -> JobSpec:
         raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
 
 
+def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profile:
+    """The job's hardware profile, which must give a peak for the job's precision (its MFU and
+    its kernels' rates are against it): a ManifestError at the key that is wrong otherwise."""
+    try:
+        profile = load_profile(name, base_dir)
+    except ManifestError as exc:
+        raise ManifestError([(f"{source}: job.cluster.profile", f"{where}: {why}") for where, why in exc.problems]) \
+            from None
+    if precision not in profile.gpu.peak_tflops:
+        runs = [dtype for dtype in ("bf16", "fp16", "fp8") if dtype in profile.gpu.peak_tflops]
+        raise ManifestError([(f"{source}: job.training.precision",
+                              f"{precision} on profile '{profile.name}': its GPU ({profile.gpu.model}) has no "
+                              f"{precision} peak, so it does not run {precision} GEMMs; use "
+                              f"{' or '.join(runs) or 'another precision'}, or a profile whose GPU runs {precision}")])
+    return profile
+
+
 def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None) -> JobRun:
     raw = data.get("job")
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
     job = read_job(raw, source)
-    try:
-        profile = load_profile(job.cluster.profile, base_dir)
-    except ManifestError as exc:
-        raise ManifestError([(f"{source}: job.cluster.profile", str(exc))]) from None
+    profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)
     gpn = job.cluster.gpus_per_node or profile.gpus_per_node
     placement = Placement(job, gpn)
     output = dict(data.get("output") or {})

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
-from chakra_core.hardware.profiles import load_profile
+from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve
@@ -203,10 +203,9 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         manifest = {**{k: v for k, v in manifest.items() if k != "cluster"}, "job": job}
     _check_job(job, source)
     cluster = Cluster.model_validate(job["cluster"])
-    try:
-        profile = load_profile(cluster.profile, base_dir)
-    except ManifestError as exc:
-        raise ManifestError([(f"{source}: job.cluster.profile", why) for _, why in exc.problems]) from None
+    training = job.get("training")
+    precision = training.get("precision", "bf16") if isinstance(training, Mapping) else "bf16"
+    profile = job_profile(cluster.profile, str(precision), base_dir, source)
     gpus_per_node = cluster.gpus_per_node or profile.gpus_per_node
     search = dict(options.search)
     training = job.get("training")

@@ -12,8 +12,7 @@ from chakra_core._atomic import atomic_write_text
 from chakra_core.cli.output import CliError, tool_errors
 from chakra_core.config.files import read_config_file
 from chakra_core.errors import ManifestError
-from chakra_core.hardware.profiles import load_profile
-from chakra_core.jobs.expand import read_job, write_job
+from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import model_flops
 from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
@@ -104,10 +103,11 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         spec = read_job(data, source)
     except ManifestError as exc:
         raise CliError(str(exc)) from None
-    try:
-        gpn = spec.cluster.gpus_per_node or load_profile(spec.cluster.profile).gpus_per_node
-    except ManifestError as exc:   # as `run` says it: the file and key that name the profile
-        raise CliError(str(ManifestError([(f"{source}: job.cluster.profile", str(exc))]))) from None
+    try:   # as `run` says it: the file and key that name the profile or the precision
+        gpn = spec.cluster.gpus_per_node or job_profile(spec.cluster.profile, spec.training.precision, Path("."),
+                                                        source).gpus_per_node
+    except ManifestError as exc:
+        raise CliError(str(exc)) from None
     placement = Placement(spec, gpn)
     if save_job is not None:
         atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
