@@ -144,7 +144,7 @@ def test_generate_job_sets_any_key_by_its_path(tmp_path):
 
 @pytest.mark.parametrize("setting, message", [
     ("training", "expected KEY=VALUE"),
-    ("training.seq.x=1", "job.training.seq is not a section"),
+    ("training.seq.x=1", "training.seq is an int (4096), not a mapping"),
     ("training.overlap_grad=1", "did you mean 'overlap_grad_reduce'"),
 ])
 def test_generate_job_refuses_a_bad_setting_and_writes_nothing(tmp_path, setting, message):

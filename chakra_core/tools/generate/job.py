@@ -16,6 +16,7 @@ from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import model_flops
 from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
+from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
 
 
 @click.command("job")
@@ -125,10 +126,14 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
 
 
 def _set(data: dict[str, Any], setting: str) -> None:
-    """--set training.overlap_grad_reduce=false: the value read as YAML, placed at its key path."""
+    """--set training.overlap_grad_reduce=false: the value read as YAML, placed at its key path
+    (the sweep's key paths, relative to `job:`)."""
     key, sep, text = setting.partition("=")
-    path = key.strip().removeprefix("job.").split(".")
-    if not sep or not all(path):
+    try:
+        path = parse_key_path(key.strip().removeprefix("job."))
+    except KeyPathError as exc:
+        raise CliError(f"--set {setting}: {exc}") from None
+    if not sep:
         raise CliError(f"--set {setting}: expected KEY=VALUE with KEY a job key's path, "
                        "e.g. training.overlap_grad_reduce=false")
     try:
@@ -141,12 +146,10 @@ def _set(data: dict[str, Any], setting: str) -> None:
             data["model"] = preset(data["model"]).model_dump(exclude={"name"})
         except ValueError as exc:
             raise CliError(f"--set {setting}: {exc}") from None
-    target = data
-    for depth, part in enumerate(path[:-1]):
-        if not isinstance(target.get(part, {}), dict):
-            raise CliError(f"--set {setting}: job.{'.'.join(path[:depth + 1])} is not a section")
-        target = target.setdefault(part, {})
-    target[path[-1]] = value
+    try:
+        set_key_path(data, path, value)
+    except KeyPathError as exc:
+        raise CliError(f"--set {setting}: {exc}") from None
 
 
 def _override(data: dict[str, Any], section: str | None, key: str, value: object) -> None:
