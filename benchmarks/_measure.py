@@ -23,7 +23,7 @@ from chakra_core.run import load, simulate
 data = json.loads(sys.argv[1])
 started = time.perf_counter()
 host = make_plugin_host()
-results = simulate(load(data, host, base_dir=Path.cwd(), name="benchmark"), host).results
+results = simulate(load(data, host, base_dir=Path.cwd(), name="benchmark"), host).document
 wall = time.perf_counter() - started
 network = results["layers"].get("network", {}).get("summary", {})
 digest = hashlib.sha256(json.dumps([results["ranks"], results["layers"]], sort_keys=True).encode())

@@ -88,7 +88,7 @@ from chakra_core.plugins import make_plugin_host
 from chakra_core.run import load, simulate
 data = json.loads(sys.argv[1])
 host = make_plugin_host()
-results = simulate(load(data, host, base_dir=Path.cwd(), name="ns3-compare"), host).results
+results = simulate(load(data, host, base_dir=Path.cwd(), name="ns3-compare"), host).document
 summary = results["layers"]["network"]["summary"]
 keep = ("messages", "message_bytes", "link_bytes", "drops", "late_sends", "max_late_ns", "connections",
         "window_bytes", "wire_bytes")

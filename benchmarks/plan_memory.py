@@ -206,7 +206,7 @@ def simulated() -> list[str]:
         with tempfile.TemporaryDirectory() as folder:
             manifest = {"job": data, "output": {"dir": folder}, "compute": {"plugin": "achievable"},
                         "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
-            results = run.simulate(run.load(manifest, base_dir=Path(folder))).results
+            results = run.simulate(run.load(manifest, base_dir=Path(folder))).document
         peak = results["layers"]["memory"]["summary"]["peak_memory_bytes"]
         p = spec.parallel
         layout = f"TP {p.tp} PP {p.pp}" + (f" VP {p.vp}" if p.vp else "") + (f" CP {p.cp}" if p.cp > 1 else "")

@@ -55,9 +55,9 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     simulated = [c for c in found.ranked() if c.status == SIMULATED]
     for i, c in enumerate(simulated[:5]):
-        r = c.results or {}
+        assert c.training is not None
         checked = "-" if c.simulated_memory is None else f"{c.simulated_memory / 2**30:.1f}"
-        print(f"| {i + 1} | {c.layout.label()} | {c.step_s:.3f} | {r['tflops_per_gpu']:.0f} | {100 * r['mfu']:.1f}% | "
+        print(f"| {i + 1} | {c.layout.label()} | {c.step_s:.3f} | {c.training.tflops_per_gpu:.0f} | {100 * c.training.mfu:.1f}% | "
               f"{c.memory.total / 2**30:.1f} | {c.reserve.total / 2**30:.1f} | {checked} |")
     gaps = [abs(c.memory_check) for c in simulated if c.memory_check is not None]
     if gaps:

@@ -39,7 +39,7 @@ def main() -> int:
         profiler = cProfile.Profile()
         profiler.enable()
         host = make_plugin_host()
-        results = simulate(load(data, host, base_dir=Path.cwd(), name="profile"), host).results
+        results = simulate(load(data, host, base_dir=Path.cwd(), name="profile"), host).document
         profiler.disable()
     stats = pstats.Stats(profiler)
     print(f"{args.network} {args.backend} fold={args.fold}: finish {results['finish_ns']:,} ns, "

@@ -116,8 +116,8 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
         started = time.perf_counter()
         result = runner.simulate(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
         wall = time.perf_counter() - started
-    training = result.results["training"]
-    same = hashlib.sha256(json.dumps([result.results["ranks"], training], sort_keys=True).encode()).hexdigest()
+    training = result.document["training"]
+    same = hashlib.sha256(json.dumps([result.document["ranks"], training], sort_keys=True).encode()).hexdigest()
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
               "wall": wall, "results_digest": same}
     path.parent.mkdir(parents=True, exist_ok=True)

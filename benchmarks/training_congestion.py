@@ -74,7 +74,7 @@ def run_case(case: dict[str, Any]) -> None:
     if case.get("network"):
         manifest["network"] = case["network"]
     started = time.perf_counter()
-    results = runner.simulate(runner.load(manifest, base_dir=out)).results
+    results = runner.simulate(runner.load(manifest, base_dir=out)).document
     wall = time.perf_counter() - started
     summary = results["layers"].get("network", {}).get("summary", {})
     print(json.dumps({"wall_s": wall, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

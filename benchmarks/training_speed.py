@@ -43,7 +43,7 @@ def measure(job: dict[str, Any], out: Path, fold: str) -> tuple[float, dict[str,
                 "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     started = time.perf_counter()
     result = runner.simulate(runner.load(manifest, base_dir=out))
-    return time.perf_counter() - started, result.results
+    return time.perf_counter() - started, result.document
 
 
 def main() -> None:

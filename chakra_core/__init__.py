@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from chakra_core.et.io import read_trace, write_trace
     from chakra_core.feeder import GraphFeeder, open_feeder
     from chakra_core.run import PreparedRun, RunResult, Validation, load, load_astra, prepare, simulate, validate
+    from chakra_core.report.document import LayerResult, RankResult, Results
+    from chakra_core.jobs.step import TrainingStep
     from chakra_core.schema import pb
     from chakra_core.system.matching import MatchingSystem
     from chakra_core._atomic import atomic_write_bytes, atomic_write_text
@@ -67,6 +69,8 @@ _EXPORTS = {
     "simulate": "chakra_core.run", "validate": "chakra_core.run", "PreparedRun": "chakra_core.run",
     "RunResult": "chakra_core.run", "Validation": "chakra_core.run", "RunConfig": "chakra_core.config.spec",
     "PluginHost": "chakra_core.plugins", "make_plugin_host": "chakra_core.plugins",
+    "Results": "chakra_core.report.document", "RankResult": "chakra_core.report.document",
+    "LayerResult": "chakra_core.report.document", "TrainingStep": "chakra_core.jobs.step",
     # the plugin contract
     "hookimpl": "chakra_core.contract.hookspecs",
     "LayerModel": "chakra_core.contract.layers", "ComputeModel": "chakra_core.contract.layers",

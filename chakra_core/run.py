@@ -7,7 +7,7 @@ sweep workers, and the tests and benchmarks.
 
     config = run.load("examples/allreduce_8npu.yaml")        # or a mapping, or run.load_astra(...)
     result = run.simulate(config)                             # RunResult
-    print(result.results["finish_ns"])
+    print(result.results.finish_ns)                           # typed; result.document: results.json
 
 In steps, as `chakra-sim run` does: `prepare` builds the layers (a plugin that
 refuses its settings stops here, before anything is written), then
@@ -18,7 +18,8 @@ simulating.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -36,6 +37,7 @@ from chakra_core.hardware.devices import device_mismatch
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.expand import is_job, job_config
 from chakra_core.jobs.report import training_section
+from chakra_core.report.document import Results
 from chakra_core.report.results import build_results
 from chakra_core.report.writers import output_dir_problem, result_files
 
@@ -75,13 +77,18 @@ def load_astra(workload: str, system: str, network: str, memory: str | None = No
 
 @dataclass
 class RunResult:
-    """A finished run: its results document and what else it recorded."""
+    """A finished run: its results and what else it recorded."""
 
-    results: dict[str, Any]
+    results: Results
     intervals: list[Interval] | None
     """Every finished node, when the run recorded a timeline."""
     wall_s: float
     restarts: list[str] = field(default_factory=list)
+
+    @cached_property
+    def document(self) -> dict[str, Any]:
+        """The results as results.json holds them."""
+        return self.results.to_json()
 
     def files(self, formats: list[str], plots: bool = False) -> dict[str, str | bytes]:
         """The files `chakra-sim run` writes: file name -> contents (see report.writers)."""
@@ -109,8 +116,10 @@ class PreparedRun:
         with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
             results = build_results(finished)
         if finished.spec.training is not None:
-            results["training"] = training_section(finished)
-        sim.observe_end(results)
+            results = replace(results, training=training_section(finished))
+        plugins = sim.observe_end(results.to_json())
+        if plugins is not None:
+            results = replace(results, plugins=plugins)
         return RunResult(results, finished.intervals, finished.wall_s, finished.restarts)
 
 

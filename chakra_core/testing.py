@@ -235,4 +235,4 @@ def simulate(data: dict[str, Any], base_dir: str | os.PathLike[str] | None = Non
     if host is None:
         host = testing_host(extra_plugins)
     config = load(data, host, base_dir=Path(base_dir) if base_dir is not None else Path.cwd(), name="test")
-    return simulate_run(config, host, timeline=False).results   # the document only, as results.json
+    return simulate_run(config, host, timeline=False).document   # as results.json holds it

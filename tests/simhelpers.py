@@ -15,7 +15,7 @@ from chakra_core.testing import collective, comp, manifest, recv, send, simulate
 
 __all__ = ["DATA", "MICRO", "GIB", "collective", "comp", "manifest", "recv", "ring_network", "send",
            "simulate", "uniform_network", "write_ranks", "hop_ns", "PairDelayNetwork",
-           "REF_RESULTS", "astra_cases", "run_astra_case"]
+           "REF_RESULTS", "astra_cases", "run_astra_case", "results_of"]
 
 DATA = Path(__file__).resolve().parent / "data"
 MICRO = DATA / "astra-microbenchmarks"
@@ -44,7 +44,19 @@ def run_astra_case(case: dict, host=None) -> dict:
     config = load_astra(str(traces / case["workload"]), str(REF_RESULTS / case["system"]),
                         str(REF_RESULTS / case["network"]), network_plugin=ASTRA_BACKENDS[case["backend"]],
                         host=host)
-    return simulate_run(config, host, timeline=False).results
+    return simulate_run(config, host, timeline=False).document
+
+
+def results_of(rows: list[dict[str, Any]], summaries: dict[str, dict[str, Any]] | None = None,
+               warnings: tuple[str, ...] = ()):
+    """Results of made-up ranks (rows as results.json's, keys left out read 0) and layers
+    (layer -> its summary), for tests of what reads results."""
+    from chakra_core.report.document import FoldingResult, LayerResult, RankResult, Results
+
+    ranks = tuple(RankResult.from_json({"finish_ns": 0, **row}) for row in rows)
+    layers = {layer: LayerResult.from_json(layer, {"plugin": layer, "summary": summary})
+              for layer, summary in (summaries or {}).items()}
+    return Results("test", 0, FoldingResult(False, len(ranks), "test"), ranks, layers, warnings, {})
 
 
 def ring_network(n: int, bandwidth: float = 50.0, latency: float = 500.0, topology: str = "Ring") -> dict[str, Any]:

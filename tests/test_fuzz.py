@@ -250,13 +250,14 @@ def test_a_misspelt_astra_system_key_is_named_with_the_closest_known_one(tmp_pat
 def test_results_refuse_non_finite_numbers_and_absurd_times_naming_the_key() -> None:
     from chakra_core.report.results import _check_numbers
     from chakra_core.report.writers import results_json
+    from tests.simhelpers import results_of
 
     with pytest.raises(SimulationError, match=r"layers.network.summary.utilization is nan"):
         _check_numbers({"layers": {"network": {"summary": {"utilization": float("nan")}}}})
     with pytest.raises(SimulationError, match=r"ranks\[0\].finish_ns is 2,000,000,000,000,000,000 ns"):
         _check_numbers({"ranks": [{"finish_ns": 2 * 10**18}]})
     with pytest.raises(ValueError):
-        results_json({"x": float("inf")})
+        results_json(results_of([{"rank": 0}], {"network": {"x": float("inf")}}))
 
 
 def test_a_time_beyond_the_limit_names_the_node_in_run_and_validate(tmp_path: Path) -> None:

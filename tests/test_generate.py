@@ -353,7 +353,7 @@ def test_transformer_simulates_with_roofline_hbm_and_analytical(tmp_path, option
                     compute={"plugin": "roofline", "peak_tflops": 100},
                     memory={"plugin": "hbm", "bandwidth_gbps": 1500})
     host = make_plugin_host()
-    results = simulate_run(load_config(data, host, base_dir=tmp_path, name="test"), host).results
+    results = simulate_run(load_config(data, host, base_dir=tmp_path, name="test"), host).document
     assert results["warnings"] == []
     assert results["layers"]["compute"]["plugin"] == "roofline"
     assert results["layers"]["memory"]["plugin"] == "hbm"
@@ -380,7 +380,7 @@ def test_transformer_simulates_on_every_network_backend(tmp_path, network):
     net = {**ring_network(8), "plugin": network}
     data = manifest(str(tmp_path / "gpt"), net, system={}, compute={"plugin": "roofline", "peak_tflops": 100},
                     memory={"plugin": "hbm", "bandwidth_gbps": 1500})
-    results = simulate_run(load_config(data, host, base_dir=tmp_path, name="test"), host).results
+    results = simulate_run(load_config(data, host, base_dir=tmp_path, name="test"), host).document
     assert results["layers"]["network"]["plugin"] == network
     assert results["warnings"] == [] and results["layers"]["system"]["summary"]["unmatched_sends"] == []
     colls = sum(n.type == pb.COMM_COLL_NODE for n in load(tmp_path / "gpt", 8)[0])

@@ -110,7 +110,7 @@ def test_a_squared_relu_step_costs_what_a_gelu_step_with_the_same_gemms_costs(tm
         manifest = {"job": job(model={**SMALL, "mlp": mlp}, parallel={"tp": 2}),
                     "output": {"dir": str(tmp_path / mlp)}, "compute": {"plugin": "achievable"},
                     "system": {"plugin": "nccl"}}
-        return float(run.simulate(run.load(manifest, base_dir=tmp_path)).results["training"]["step_time_s"])
+        return float(run.simulate(run.load(manifest, base_dir=tmp_path)).document["training"]["step_time_s"])
     assert step("squared-relu") == step("gelu") < step("swiglu")
 
 
@@ -192,7 +192,7 @@ def test_selective_recompute_reruns_unfused_core_attention_and_costs_less_than_f
         manifest = {"job": job(parallel={"tp": 2}, attention=attention, recompute=mode, dropout=0.1),
                     "output": {"dir": str(tmp_path / f"{attention}-{mode}")}, "compute": {"plugin": "achievable"},
                     "system": {"plugin": "nccl"}}
-        results = run.simulate(run.load(manifest, base_dir=tmp_path)).results
+        results = run.simulate(run.load(manifest, base_dir=tmp_path)).document
         return float(results["training"]["breakdown_s"]["compute_recompute"])
     assert recompute("unfused", "none") == 0
     assert 0 < recompute("unfused", "selective") < recompute("unfused", "full")

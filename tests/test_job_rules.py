@@ -124,7 +124,7 @@ def test_changing_dp_alone_moves_a_step_by_no_more_than_its_dp_communication(tmp
         data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / f"dp{dp}")},
                 "compute": {"plugin": "achievable", "effects": {"gpu_variation": False}}, "system": {"plugin": "nccl"}}
         result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
-        steps[dp] = result.results["finish_ns"]
+        steps[dp] = result.document["finish_ns"]
         if dp == 2:
             per_rank: Counter[int] = Counter()
             assert result.intervals is not None
@@ -162,7 +162,7 @@ def test_doubling_any_bandwidth_never_slows_a_step(tmp_path, what):
             data = {"job": {**job, "cluster": {**job["cluster"], "profile": name}},
                     "output": {"dir": str(tmp_path / f"{what}-{overlap}-{len(steps)}")},
                     "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
-            steps.append(run.simulate(run.load(data, base_dir=tmp_path)).results["finish_ns"])
+            steps.append(run.simulate(run.load(data, base_dir=tmp_path)).document["finish_ns"])
         assert steps[1] <= steps[0], (what, overlap, steps)
 
 
@@ -173,7 +173,7 @@ def test_every_collective_a_job_emits_is_counted_once_in_the_bytes(tmp_path):
     data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / "out")},
             "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     config = run.load(data, base_dir=tmp_path)
-    results = run.simulate(config).results
+    results = run.simulate(config).document
     placement = Placement(JobSpec.model_validate(job), 8)
     for row in results["ranks"]:
         expected: Counter[str] = Counter()
@@ -193,7 +193,7 @@ def test_a_long_sequence_step_never_reports_a_rate_above_the_compute_models_own(
     job["training"]["seq"] = 65536
     data = {"job": job, "output": {"dir": str(tmp_path / "long")},
             "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
-    training = run.simulate(run.load(data, base_dir=tmp_path)).results["training"]
+    training = run.simulate(run.load(data, base_dir=tmp_path)).document["training"]
     ceiling = training["rate_ceiling_tflops"]
     assert 0 < ceiling <= 794.5   # the H100's bf16 MAMF (profile h100-hgx-ndr400)
     assert training["tflops_per_gpu"] <= ceiling

@@ -38,7 +38,7 @@ def simulate(tmp_path: Path, data: dict[str, Any], fold: str = "off", timeline: 
     manifest = {"job": copy.deepcopy(data), "workload": {"fold": fold},
                 "output": {"dir": str(tmp_path / f"out-{fold}"), "timeline": timeline},
                 "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
-    return run.simulate(run.load(manifest, base_dir=tmp_path)).results
+    return run.simulate(run.load(manifest, base_dir=tmp_path)).document
 
 
 def peaks_by_stage(data: dict[str, Any], results: dict[str, Any]) -> dict[int, int]:

@@ -48,7 +48,7 @@ def manifest(tmp_path: Path, job_data: dict[str, Any], fold: str = "auto", compu
 
 
 def simulate(tmp_path: Path, job_data: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    return run.simulate(run.load(manifest(tmp_path, job_data, **kwargs), base_dir=tmp_path)).results
+    return run.simulate(run.load(manifest(tmp_path, job_data, **kwargs), base_dir=tmp_path)).document
 
 
 # Description ----------------------------------------------------------------------------------------
@@ -108,10 +108,10 @@ def test_megatron_rank_order_keeps_tp_and_cp_in_a_node():
     spec = JobSpec.model_validate(job(parallel={"tp": 4, "pp": 2, "cp": 2}, cluster={"gpus": 64, "profile": PROFILE},
                                       training={"seq": 2048, "global_batch": 32}))
     place = Placement(spec, 8)
-    rows = {row["group"]: row for row in place.where()}
-    assert rows["tp"]["nodes"] == 1 and rows["cp"]["nodes"] == 1 and rows["tp"]["fabric"] == "NVLink"
-    assert rows["dp_cp"]["nodes"] == 4 and rows["dp_cp"]["gpus_per_node"] == 2
-    assert rows["pp"]["fabric"] == "network"
+    rows = {row.group: row for row in place.where()}
+    assert rows["tp"].nodes == 1 and rows["cp"].nodes == 1 and rows["tp"].fabric == "NVLink"
+    assert rows["dp_cp"].nodes == 4 and rows["dp_cp"].gpus_per_node == 2
+    assert rows["pp"].fabric == "network"
     for rank in range(64):
         assert place.rank(place.coord(rank)) == rank
         assert place.representative(rank) in place.representatives
@@ -292,7 +292,7 @@ def test_replaying_another_devices_durations_is_said(tmp_path):
     def warnings(profile: str) -> list[str]:
         data = {"workload": {"trace": str(tmp_path / "gpt")}, "system": {"plugin": "nccl", "profile": profile},
                 "output": {"dir": str(tmp_path / profile)}}
-        return run.simulate(run.load(data, base_dir=tmp_path)).results["warnings"]
+        return run.simulate(run.load(data, base_dir=tmp_path)).document["warnings"]
 
     assert any("312 TFLOP/s device" in w and "H100" in w for w in warnings("h100-hgx-ndr400"))
     assert not any("TFLOP/s device" in w for w in warnings("a100-hgx-hdr200"))

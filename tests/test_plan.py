@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
+from chakra_core.jobs.bands import ErrorBand
 from chakra_core.plan.layouts import Layout
 from chakra_core.plan.search import PRUNED, SIMULATED, TOO_BIG, PlanOptions, plan
 from chakra_core.sweep.run import Execution
@@ -180,11 +182,10 @@ def test_layouts_within_the_error_band_of_the_best_are_ties(tmp_path):
     assert best is not None and third is not None and third > best
     band = (third / best - 1) * 0.99   # the third is just outside, the second (if slower) inside or equal
     for c in simulated:
-        assert c.results is not None
-        c.results["error_band"] = {"scope": "test", "runs": 3, "geomean_error": band, "mean_signed_error": -0.01,
-                                   "worst_error": band}
+        assert c.training is not None
+        c.training = dataclasses.replace(c.training, error_band=ErrorBand("test", 3, band, -0.01, band))
     rows = {row["rank"]: row for row in found.rows() if row["rank"] is not None}
     assert rows[1]["vs_best"] == 0 and rows[1]["tie"]
     assert rows[2]["tie"] == (rows[2]["vs_best"] < band)
     assert rows[3]["tie"] is False and rows[3]["vs_best"] == pytest.approx(third / best - 1)
-    assert found.error_band()["geomean_error"] == band
+    assert found.error_band().geomean_error == band

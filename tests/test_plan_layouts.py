@@ -144,7 +144,7 @@ def simulated_step(tmp_path: Path, data: dict[str, Any], layout: Layout) -> floa
     job_data = job_with(data, layout).model_dump(mode="json")
     manifest = {"job": job_data, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
                 "output": {"dir": str(tmp_path / "out")}}
-    return float(run.simulate(run.load(manifest, base_dir=tmp_path)).results["training"]["step_time_s"])
+    return float(run.simulate(run.load(manifest, base_dir=tmp_path)).document["training"]["step_time_s"])
 
 
 BOUND_CASES = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from chakra_core.report.compare import compare_results
 from chakra_core.schema import pb
 from chakra_core.testing import collective, comp, write_ranks
 from chakra_core.tools.analyze import analyze_traces
+from tests.simhelpers import results_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "allreduce_8npu.yaml"
@@ -39,7 +41,7 @@ def _results(ranks: int) -> dict:
         times.update(gpu_compute_ns=1_000_000 + 1000 * rank, waiting_ns=5000 * (rank % 7),
                      exposed_network_ns=200_000, cpu_compute_ns=3000 * (rank % 3))
         rows.append({"rank": rank, "finish_ns": sum(times.values()), **times})
-    return {"ranks": rows}
+    return results_of(rows)
 
 
 def test_run_plots_writes_a_readable_breakdown_png_and_a_rerun_without_removes_it(tmp_path):
@@ -68,7 +70,7 @@ def test_breakdown_png_draws_one_to_a_thousand_ranks(ranks):
 
 def test_breakdown_png_of_ranks_that_did_nothing():
     rows = [{"rank": 0, "finish_ns": 0, **{key: 0 for key in BREAKDOWN}}]
-    read_png(plots.breakdown_png({"ranks": rows}))
+    read_png(plots.breakdown_png(results_of(rows)))
 
 
 def test_atomic_files_stage_bytes_with_text(tmp_path):
@@ -111,10 +113,10 @@ def test_analysis_plots_of_a_trace_without_communication(tmp_path):
 
 
 def test_compare_png(tmp_path):
-    a, b = _results(40), _results(40)
-    for row in b["ranks"]:
-        row["waiting_ns"] += 10_000
-        row["finish_ns"] += 10_000
+    a = _results(40).ranks
+    b = tuple(dataclasses.replace(row, finish_ns=row.finish_ns + 10_000,
+                                  breakdown={**row.breakdown, "waiting_ns": row.breakdown["waiting_ns"] + 10_000})
+              for row in a)
     png = plots.compare_png(compare_results(a, b, "a/results.json", "b/results.json"))
     assert read_png(png).shape[1] > 1000
 

@@ -56,7 +56,7 @@ def job(profile: str) -> dict[str, Any]:
 
 
 def step_and_warnings(tmp_path: Path, profile: str) -> tuple[float, list[str]]:
-    results = simulate(load(job(profile), base_dir=tmp_path, out_dir=tmp_path / "out")).results
+    results = simulate(load(job(profile), base_dir=tmp_path, out_dir=tmp_path / "out")).document
     return results["training"]["step_time_s"], results["warnings"]
 
 

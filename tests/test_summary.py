@@ -5,14 +5,14 @@ from __future__ import annotations
 from rich.console import Console
 
 from chakra_core.report.summary import MAX_ROWS, format_time, print_summary, rank_table, time_unit
+from tests.simhelpers import results_of
 
 
-def _results(finishes: list[int]) -> dict:
+def _results(finishes: list[int], warnings: tuple[str, ...] = ()):
     ranks = [{"rank": r, "finish_ns": f, "gpu_compute_ns": f // 2, "cpu_compute_ns": 0, "memory_ns": 0,
               "exposed_network_ns": f - f // 2 - f // 8, "waiting_ns": f // 8, "idle_ns": 0,
               "bytes_sent": 1 << 20, "bytes_received": 1 << 20} for r, f in enumerate(finishes)]
-    return {"ranks": ranks, "finish_ns": max(finishes), "num_ranks": len(ranks), "layers": {},
-            "warnings": []}
+    return results_of(ranks, warnings=warnings)
 
 
 def _text(table) -> str:
@@ -47,7 +47,7 @@ def test_above_64_ranks_min_median_max_and_the_slowest_rank():
 
 def test_the_finish_line_and_warnings():
     console = Console(width=200, record=True)
-    print_summary({**_results([913_537_872]), "warnings": ["something to know"]}, console, wall_s=1.5)
+    print_summary(_results([913_537_872], warnings=("something to know",)), console, wall_s=1.5)
     text = console.export_text()
     assert "finish: 913.538 ms (913,537,872 ns) on 1 rank(s)" in text
     assert "1 warning(s)" in text and "something to know" in text

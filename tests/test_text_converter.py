@@ -63,7 +63,7 @@ def intervals_of(prefix: str, npus: int, system: dict | None = None) -> tuple[di
     host = make_plugin_host()
     data = manifest(prefix, ring_network(npus), system=system or {})
     result = simulate_run(load_config(data, host, name="test"), host, timeline=True)
-    return result.results, {(row[0], row[2]): (row[5], row[6]) for row in result.intervals or []}
+    return result.document, {(row[0], row[2]): (row[5], row[6]) for row in result.intervals or []}
 
 
 def allreduce_ns(tmp_path: Path, size: int, npus: int) -> int:

@@ -18,7 +18,7 @@ from chakra_core.report.timeline import COUNTER_NAME, build_timeline, timeline_j
 
 from chakra_core.schema import pb
 from tests.helpers import make_node
-from tests.simhelpers import collective, comp, manifest, ring_network, write_ranks
+from tests.simhelpers import collective, comp, manifest, results_of, ring_network, write_ranks
 
 
 def two_rank_program() -> list[list[pb.Node]]:
@@ -77,8 +77,8 @@ def test_timeline_structure_matches_the_simulation(tmp_path):
         assert lanes[(event["pid"], event["tid"])] == expected_lane
     kernel = [e for e in slices if e["pid"] == 1 and e["args"]["node_id"] == 6][0]
     assert kernel["dur"] == 2.0                     # 2 µs replayed
-    assert doc["metadata"]["finish_ns"] == results["finish_ns"]
-    assert max(e["ts"] + e["dur"] for e in slices) * 1000 == pytest.approx(results["finish_ns"], abs=1e-6)
+    assert doc["metadata"]["finish_ns"] == results.finish_ns
+    assert max(e["ts"] + e["dur"] for e in slices) * 1000 == pytest.approx(results.finish_ns, abs=1e-6)
 
 
 def test_flow_arrows_join_existing_slices(tmp_path):
@@ -132,7 +132,7 @@ def test_overlapping_nodes_of_a_slot_get_their_own_lanes():
         (0, 4, "d", "COMM_RECV_NODE", "unlimited", 60, 70, ()),
         (0, 5, "e", "COMP_NODE", "gpu", 0, 1000, ()),
     ]
-    doc = build_timeline(intervals, {"ranks": [{"rank": 0}, {"rank": 1}]})
+    doc = build_timeline(intervals, results_of([{"rank": 0}, {"rank": 1}]))
     slices = by_phase(doc)["X"]
     per_tid = defaultdict(list)
     for event in slices:
@@ -149,17 +149,16 @@ def test_overlapping_nodes_of_a_slot_get_their_own_lanes():
 
 
 def test_memory_series_becomes_counter_events():
-    results = {"ranks": [{"rank": 0}, {"rank": 1}],
-               "layers": {"memory": {"summary": {"memory_series": {
-                   "1": [[0, 0], [1500, 4096], [2000, 1024]], "0": [[10, 64]]}}}}}
+    results = results_of([{"rank": 0}, {"rank": 1}], {"memory": {"memory_series": {
+        "1": [[0, 0], [1500, 4096], [2000, 1024]], "0": [[10, 64]]}}})
     doc = build_timeline([], results)
     counters = by_phase(doc)["C"]
     assert [(e["pid"], e["ts"], e["args"]["bytes"]) for e in counters] == [
         (0, 0.01, 64), (1, 0.0, 0), (1, 1.5, 4096), (1, 2.0, 1024)]
     assert {e["name"] for e in counters} == {COUNTER_NAME}
     assert doc["metadata"]["memory_counters"] == 4
-    assert by_phase(build_timeline([], {"ranks": []}))["C"] == []
-    bad = {"layers": {"memory": {"summary": {"memory_series": {"0": [[1, 2, 3]]}}}}}
+    assert by_phase(build_timeline([], results_of([])))["C"] == []
+    bad = results_of([], {"memory": {"memory_series": {"0": [[1, 2, 3]]}}})
     with pytest.raises(ChakraSimError, match=r"memory_series\['0'\] holds \[1, 2, 3\]"):
         build_timeline([], bad)
 
@@ -172,7 +171,7 @@ def test_hbm_memory_series_end_to_end(tmp_path):
     nodes[1].outputs.values = f"[[2, 2, 0, {mib}, 4, 'cuda:0']]"
     nodes[2].inputs.values = f"[[2, 2, 0, {mib}, 4, 'cuda:0']]"
     intervals, results = run(tmp_path, ranks=[nodes, [comp(1, 1)]], memory={"plugin": "hbm"})
-    series = results["layers"]["memory"]["summary"]["memory_series"]
+    series = results.layers["memory"].summary["memory_series"]
     doc = build_timeline(intervals, results)
     counters = [e for e in by_phase(doc)["C"] if e["pid"] == 0]
     assert counters, "the memory series of rank 0 produced no counter events"

@@ -163,8 +163,8 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
 
         print_summary(results, console, result.wall_s)
     else:
-        console.print(f"finish: {results['finish_ns']} ns", highlight=False)
-        warn(results.get("warnings", []))
+        console.print(f"finish: {results.finish_ns} ns", highlight=False)
+        warn(results.warnings)
     warn(output_warnings)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
@@ -243,5 +243,5 @@ def _print_placement(training: JobInfo) -> None:
     for column in ("group", "ranks", "nodes", "GPUs per node", "fabric"):
         table.add_column(column, justify="left" if column in ("group", "fabric") else "right")
     for row in training.placement:
-        table.add_row(row["group"], str(row["ranks"]), str(row["nodes"]), str(row["gpus_per_node"]), row["fabric"])
+        table.add_row(row.group, str(row.ranks), str(row.nodes), str(row.gpus_per_node), row.fabric)
     out_console().print(table)

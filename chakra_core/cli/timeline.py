@@ -54,5 +54,5 @@ def timeline(manifest: str, out_file: str | None, max_flows: int, debug: bool) -
         results = result.results
     flows = meta["flows"]
     dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
-    click.echo(f"finish: {results['finish_ns']} ns")
+    click.echo(f"finish: {results.finish_ns} ns")
     click.echo(f"wrote {path} ({meta['slices']:,} slices, {flows['shown']:,} dependency arrows{dropped})")

@@ -162,8 +162,14 @@ class MemoryModel(LayerModel):
     """Set True to be told about every node's issue and completion (`node_issued`,
     `node_completed`), e.g. to allocate and free the tensors it produces and consumes. A class
     attribute an instance may override in `__init__`; checked once per run, so models that leave
-    it False cost nothing per node. Such a model reports the most bytes any rank had in use as
-    `peak_memory_bytes` in its `summary()` (None when unknown): `chakra-sim plan` reads it."""
+    it False cost nothing per node. Such a model reports the most bytes any rank had in use by
+    `peak_memory_bytes()`."""
+
+    def peak_memory_bytes(self) -> int | None:
+        """With tracks_tensors: the most bytes any rank had in use (None when the trace lists no
+        tensor). The results carry it (the memory layer's `summary.peak_memory_bytes`, written by
+        the core) and `chakra-sim plan` sets each layout's simulated peak from it."""
+        return None
 
     def node_issued(self, rank: int, node: NodeView, now: int) -> None:
         """Any node starts on `rank` (only if tracks_tensors). May raise SimulationError (OOM)."""

@@ -65,13 +65,13 @@ class Observers:
         hook = "chakra_sim_simulation_start"
         self.call(hook, self.calls(hook), {"run": run_info})
 
-    def end(self, run_info: Mapping[str, Any], results: dict[str, Any]) -> None:
-        """Call chakra_sim_simulation_end with a read-only copy of `results`; store what each
-        plugin returns under results["plugins"][<plugin name>] (absent when none returns a dict)."""
+    def end(self, run_info: Mapping[str, Any], results: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Call chakra_sim_simulation_end with a read-only copy of the results document; what the
+        plugins returned, by plugin name (results.json's "plugins"), or None when none returned a dict."""
         hook_name = "chakra_sim_simulation_end"
         calls = self.calls(hook_name)
         if not calls:
-            return
+            return None
         view = ReadOnlyDict.of(results)
         returned: dict[str, Any] = {}
         for plugin, value in self.call(hook_name, calls, {"run": run_info, "results": view}):
@@ -85,8 +85,7 @@ class Observers:
             except (TypeError, ValueError) as exc:
                 raise PluginError(f"{self.label(plugin)} returned a result from {hook_name} "
                                   f"that is not JSON-serialisable: {exc}") from exc
-        if returned:
-            results["plugins"] = dict(sorted(returned.items()))
+        return dict(sorted(returned.items())) if returned else None
 
     def label(self, plugin: str) -> str:
         info = self.host.plugins.get(plugin)

@@ -26,7 +26,7 @@ import gc
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from chakra_core._version import __version__
 from chakra_core.config.spec import RunSpec
@@ -347,9 +347,9 @@ class Simulation:
         except Exception as exc:
             raise blame(self.host, exc, self.queue.now) from exc
 
-    def observe_end(self, results: dict[str, Any]) -> None:
-        """chakra_sim_simulation_end with the results document (see Observers.end)."""
-        self.observers.end(self.run_info, results)
+    def observe_end(self, document: Mapping[str, Any]) -> dict[str, Any] | None:
+        """chakra_sim_simulation_end with the results document; what the observers returned (see Observers.end)."""
+        return self.observers.end(self.run_info, document)
 
     def describe(self) -> dict[str, Any]:
         """What observers see of the run (`chakra_sim_simulation_start`)."""

@@ -4,9 +4,10 @@ out (placement, model FLOPs, the GPU's peak), for the results' training section 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.step import PlacedGroup
 
 
 @dataclass(frozen=True)
@@ -20,8 +21,8 @@ class JobInfo:
     tokens_per_step: int
     model_flops: Mapping[str, float]
     """A step's model FLOPs by formula (chakra_core.jobs.flops.FORMULAS)."""
-    placement: list[dict[str, Any]]
-    """Where each communicator group lands (Placement.where(): rows of the results' JSON as they are)."""
+    placement: tuple[PlacedGroup, ...]
+    """Where each role's communicator groups land (Placement.where())."""
     peak_tflops: float
     """The GPU's dense peak at the job's precision."""
     profile: str

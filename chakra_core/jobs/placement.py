@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.step import PlacedGroup
 
 
 @dataclass(frozen=True)
@@ -88,22 +89,22 @@ class Placement:
     def representatives(self) -> list[int]:
         return [self.rank(Coord(0, 0, 0, stage)) for stage in range(self.pp)]
 
-    def where(self) -> list[dict[str, object]]:
+    def where(self) -> tuple[PlacedGroup, ...]:
         """Per role: group size, GPUs of a group per node, nodes a group spans (every group of a
         role has the same shape), for `chakra-sim validate` and results."""
-        rows = []
+        rows: list[PlacedGroup] = []
         sample = self.groups(0) if self.pp == 1 else {**self.groups(self.representatives[-1]),
                                                       **self.groups(0)}
         for role, members in sample.items():
             nodes = {self.node(r) for r in members}
             per_node = max(sum(1 for r in members if self.node(r) == n) for n in nodes)
-            rows.append({"group": role, "ranks": len(members), "nodes": len(nodes), "gpus_per_node": per_node,
-                         "fabric": "NVLink" if len(nodes) == 1 else "network"})
+            rows.append(PlacedGroup(role, len(members), len(nodes), per_node,
+                                    "NVLink" if len(nodes) == 1 else "network"))
         if self.pp > 1:
             a, b = self.representatives[0], self.representatives[1]
             same = self.node(a) == self.node(b)
-            rows.append({"group": "pp", "ranks": self.pp, "nodes": len({self.node(r) for r in self.representatives}),
-                         "gpus_per_node": 1 if not same else sum(1 for r in self.representatives
-                                                                 if self.node(r) == self.node(a)),
-                         "fabric": "NVLink" if same else "network"})
-        return rows
+            rows.append(PlacedGroup("pp", self.pp, len({self.node(r) for r in self.representatives}),
+                                    1 if not same else sum(1 for r in self.representatives
+                                                           if self.node(r) == self.node(a)),
+                                    "NVLink" if same else "network"))
+        return tuple(rows)

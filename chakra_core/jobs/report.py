@@ -10,13 +10,12 @@ split is reported, and one per pipeline stage.
 
 from __future__ import annotations
 
-from typing import Any
-
 from chakra_core.contract.layers import ComputeModel
 from chakra_core.engine.simulation import FinishedRun, RankRecord
 from chakra_core.errors import SimulationError
 from chakra_core.jobs.bands import error_band
 from chakra_core.jobs.flops import DESCRIPTIONS, REPORTED
+from chakra_core.jobs.step import TrainingStep
 
 COMPUTE = ("forward", "backward", "recompute", "optimizer")
 ROLES = ("tp", "cp", "dp", "pp", "other")
@@ -43,7 +42,8 @@ def split(record: RankRecord) -> dict[str, int]:
     return out
 
 
-def training_section(run: FinishedRun) -> dict[str, Any]:
+def training_section(run: FinishedRun) -> TrainingStep:
+    """The step of a generated job's finished run (its slowest rank), its rates and split."""
     info = run.spec.training
     assert info is not None   # run.py asks for the section of a generated job only
     job = info.job
@@ -66,26 +66,26 @@ def training_section(run: FinishedRun) -> dict[str, Any]:
     pp = job.parallel.pp
     records = {record.rank: record for record in run.ranks}
     stages = {str(stage): _seconds(split(records[stage * (gpus // pp)])) for stage in range(pp)}
-    return {
-        "model": info.model, "gpus": gpus, "profile": info.profile,
-        "layout": {**job.parallel.model_dump(mode="json"), "dp": info.dp, "micro_batch": job.training.micro_batch,
-                   "global_batch": job.training.global_batch, "microbatches": info.microbatches},
-        "step_time_s": step_s,
-        "tokens_per_s_per_gpu": info.tokens_per_step / step_s / gpus if step_s else 0.0,
-        "model_tflops_per_step": flops / 1e12,
-        "tflops_per_gpu": achieved,
-        "mfu": achieved / peak if peak else 0.0,
-        "flops_formula": (f"{DESCRIPTIONS[REPORTED]}; MFU against the GPU's dense {precision} peak of "
-                          f"{peak:g} TFLOP/s (chakra_core.jobs.flops)"),
-        "rate_ceiling_tflops": None if ceiling is None else ceiling / 1e12,
-        "tflops_per_gpu_by_formula": {name: value / step_s / gpus / 1e12 if step_s else 0.0
-                                      for name, value in by_formula.items()},
-        "error_band": None if band is None else band.to_json(),
-        "breakdown_s": _seconds(split(slowest)),
-        "breakdown_rank": slowest.rank,
-        "breakdown_by_stage_s": stages,
-        "placement": info.placement,
-    }
+    return TrainingStep(
+        model=info.model, gpus=gpus, profile=info.profile,
+        layout={**job.parallel.model_dump(mode="json"), "dp": info.dp, "micro_batch": job.training.micro_batch,
+                "global_batch": job.training.global_batch, "microbatches": info.microbatches},
+        step_time_s=step_s,
+        tokens_per_s_per_gpu=info.tokens_per_step / step_s / gpus if step_s else 0.0,
+        model_tflops_per_step=flops / 1e12,
+        tflops_per_gpu=achieved,
+        mfu=achieved / peak if peak else 0.0,
+        flops_formula=(f"{DESCRIPTIONS[REPORTED]}; MFU against the GPU's dense {precision} peak of "
+                       f"{peak:g} TFLOP/s (chakra_core.jobs.flops)"),
+        rate_ceiling_tflops=None if ceiling is None else ceiling / 1e12,
+        tflops_per_gpu_by_formula={name: value / step_s / gpus / 1e12 if step_s else 0.0
+                                   for name, value in by_formula.items()},
+        error_band=band,
+        breakdown_s=_seconds(split(slowest)),
+        breakdown_rank=slowest.rank,
+        breakdown_by_stage_s=stages,
+        placement=info.placement,
+    )
 
 
 def _seconds(parts: dict[str, int]) -> dict[str, float]:

@@ -227,8 +227,8 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
     console.print(table)
     band = found.error_band()
     if band is not None:
-        console.print(f"error band: ±{100 * band['geomean_error']:.0f}%, the model's geomean error on {band['runs']} "
-                      f"published {band['scope']} runs (docs/training-accuracy.md); a layout within it of #1 is a "
+        console.print(f"error band: ±{100 * band.geomean_error:.0f}%, the model's geomean error on {band.runs} "
+                      f"published {band.scope} runs (docs/training-accuracy.md); a layout within it of #1 is a "
                       "tie: the model cannot tell the two apart", highlight=False, markup=False, soft_wrap=True)
     else:
         console.print("error band: none (no published run compared yet): steps are not ranked beyond the model's "
@@ -256,7 +256,7 @@ def _print_vary(summary: list[tuple[str | None, Plan]]) -> None:
         if best is None:
             table.add_row(escape(str(label)), "none simulated", "", "", "")
             continue
-        assert best.results is not None
+        assert best.training is not None
         table.add_row(escape(str(label)), escape(best.layout.label()), f"{best.step_s:.3f}",
-                      f"{best.results['tflops_per_gpu']:.0f}", f"{best.memory.total / GIB:.1f}")
+                      f"{best.training.tflops_per_gpu:.0f}", f"{best.memory.total / GIB:.1f}")
     out_console().print(table)

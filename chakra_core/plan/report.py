@@ -42,7 +42,7 @@ def plan_files(plan: Plan, settings: dict[str, Any]) -> dict[str, str | bytes]:
     files: dict[str, str | bytes] = {
         "plan.csv": table_csv(COLUMNS, rows, KINDS),
         "plan.parquet": table_parquet(COLUMNS, rows, KINDS),
-        "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(), "error_band": plan.error_band(),
+        "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(), "error_band": _band_json(plan),
                                  "profile": plan.profile, "rejected": plan.enumeration.rejected,
                                  "settings": settings, "rows": rows}, indent=1, allow_nan=False) + "\n"}
     simulated = [c for c in plan.ranked() if c.status == SIMULATED]
@@ -87,8 +87,9 @@ def pareto_figure(candidates: list[Candidate], usable_bytes: int) -> Figure:
 def breakdown_figure(candidates: list[Candidate]) -> Figure:
     from matplotlib.figure import Figure
 
-    parts = list(dict.fromkeys(k for c in candidates for k in (c.results or {}).get("breakdown_s", {})))
-    parts = [p for p in parts if any((c.results or {})["breakdown_s"].get(p, 0.0) > 0 for c in candidates)]
+    steps = [c.training for c in candidates if c.training is not None]
+    parts = list(dict.fromkeys(part for step in steps for part in step.breakdown_s))
+    parts = [p for p in parts if any(step.breakdown_s.get(p, 0.0) > 0 for step in steps)]
     figure = Figure(figsize=(8, 0.5 * len(candidates) + 1.8), dpi=110)
     axes = figure.add_subplot()
     colours = [f"C{i % 10}" for i in range(len(parts))]
@@ -96,7 +97,7 @@ def breakdown_figure(candidates: list[Candidate]) -> Figure:
     labels = [f"#{i + 1} {c.layout.label()}" for i, c in enumerate(candidates)]
     left = [0.0] * len(candidates)
     for index, part in enumerate(parts):
-        widths = [(c.results or {})["breakdown_s"].get(part, 0.0) for c in candidates]
+        widths = [0.0 if c.training is None else c.training.breakdown_s.get(part, 0.0) for c in candidates]
         axes.barh(labels, widths, left=left, color=colours[index], hatch=hatches[index // 10 % len(hatches)],
                   label=part.replace("_", " "), edgecolor="white", linewidth=0.4)
         left = [a + b for a, b in zip(left, widths)]
@@ -113,3 +114,8 @@ def _png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})
     return buffer.getvalue()
+
+
+def _band_json(plan: Plan) -> dict[str, object] | None:
+    band = plan.error_band()
+    return None if band is None else band.to_json()

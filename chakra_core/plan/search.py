@@ -37,12 +37,15 @@ from pydantic import ValidationError
 
 from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
+from chakra_core.jobs.bands import ErrorBand
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
+from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, run_sweep
 from chakra_core.sweep.spec import build_sweep
 
@@ -95,14 +98,14 @@ class Candidate:
     """What the GPU holds beside the predicted peak (CUDA context, NCCL, fragmentation)."""
     status: LayoutStatus = PRUNED
     overflow: str | None = None
-    results: dict[str, Any] | None = None     # the `training` section of its results.json
+    training: TrainingStep | None = None      # its simulated step (results.json's `training`)
     simulated_memory: int | None = None       # the memory layer's peak bytes per GPU, when memory is checked
     error: str | None = None
     point: str | None = None                  # its sweep point's folder
 
     @property
     def step_s(self) -> float | None:
-        return None if self.results is None else float(self.results["step_time_s"])
+        return None if self.training is None else self.training.step_time_s
 
     @property
     def memory_check(self) -> float | None:
@@ -113,23 +116,21 @@ class Candidate:
 
     def row(self, rank: int | None, usable_bytes: int) -> dict[str, Any]:
         """Its line of the plan's table (`usable_bytes`: the memory a program can use per GPU)."""
-        r = self.results or {}
-        parts = r.get("breakdown_s", {})
-        exposed = sum(v for k, v in parts.items() if k.startswith("exposed_"))
+        step = self.training
         lay = self.layout
         return {
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, "micro_batch": lay.micro_batch, "recompute": lay.recompute,
             "distributed_optimizer": lay.distributed_optimizer, "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s,
-            "tflops_per_gpu": r.get("tflops_per_gpu"), "mfu": r.get("mfu"),
+            "tflops_per_gpu": None if step is None else step.tflops_per_gpu, "mfu": None if step is None else step.mfu,
             "memory_gib": self.memory.total / GIB, "memory_reserve_gib": self.reserve.total / GIB,
             "memory_usable_gib": usable_bytes / GIB, "memory_stage": self.memory.stage,
             "memory_simulated_gib": None if self.simulated_memory is None else self.simulated_memory / GIB,
             "memory_check": self.memory_check,
             **{f"memory_{name}_gib": value / GIB for name, value in self.memory.parts().items()},
-            "exposed_comm_s": exposed if self.results else None,
-            "bubble_s": parts.get("bubble") if self.results else None,
+            "exposed_comm_s": None if step is None else step.exposed_comm_s,
+            "bubble_s": None if step is None else step.breakdown_s.get("bubble"),
             "overflow": self.overflow, "error": self.error, "point": self.point,
         }
 
@@ -160,11 +161,11 @@ class Plan:
     def usable_bytes(self) -> int:
         return self.headroom.usable
 
-    def error_band(self) -> dict[str, Any] | None:
+    def error_band(self) -> ErrorBand | None:
         """The model's error on published runs like this job (every layout's results carry the
         same: one GPU, precision and job size), None before a simulation or without one."""
         best = next((c for c in self.ranked() if c.status == SIMULATED), None)
-        return None if best is None or best.results is None else best.results.get("error_band")
+        return None if best is None or best.training is None else best.training.error_band
 
     def rows(self) -> list[dict[str, Any]]:
         """Every layout's line; a simulated one says how much slower than the best it is and
@@ -176,7 +177,7 @@ class Plan:
         for row in rows:
             slower = None if best is None or row["step_s"] is None else row["step_s"] / best - 1
             row["vs_best"] = slower
-            row["tie"] = None if slower is None or band is None else slower < band["geomean_error"]
+            row["tie"] = None if slower is None or band is None else slower < band.geomean_error
         return rows
 
     def counts(self) -> dict[str, int]:
@@ -344,10 +345,9 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
     for candidate, point, row in zip(chosen, sweep.points, outcome.rows):
         candidate.point = str(sweep.point_dir(point))
         if row["status"] == "ok":
-            results = json.loads((sweep.point_dir(point) / "results.json").read_text(encoding="utf-8"))
-            candidate.status, candidate.results = SIMULATED, results["training"]
-            if result.memory_checked:   # MemoryModel.tracks_tensors: the summary's peak_memory_bytes
-                memory = results["layers"].get("memory") or {}
-                candidate.simulated_memory = (memory.get("summary") or {}).get("peak_memory_bytes")
+            results = Results.from_json(json.loads((sweep.point_dir(point) / "results.json").read_text(encoding="utf-8")))
+            candidate.status, candidate.training = SIMULATED, results.training
+            if result.memory_checked:   # a memory layer that follows tensors (MemoryModel.peak_memory_bytes)
+                candidate.simulated_memory = results.peak_memory_bytes
         else:
             candidate.status, candidate.error = FAILED, row["error"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +19,7 @@ from rich.table import Table
 
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError
+from chakra_core.report.document import RankResult
 from chakra_core.report.summary import TIME_COLUMNS, format_time, time_unit
 
 MAX_RANK_ROWS = 16
@@ -32,8 +33,8 @@ class ResultsFileError(ChakraSimError):
     """A file given as results.json is not one, or two results cannot be compared."""
 
 
-def load_results(path: Path) -> dict[str, Any]:
-    """A results.json document, checked for the keys a comparison reads."""
+def load_results(path: Path) -> tuple[RankResult, ...]:
+    """The ranks of a results.json document in rank order, checked for the keys a comparison reads."""
     def invalid(reason: str) -> ResultsFileError:
         return ResultsFileError(f"{path}: not a chakra-sim results.json ({reason})")
 
@@ -56,37 +57,43 @@ def load_results(path: Path) -> dict[str, Any]:
             version = data.get("schema_version")
             hint = f"; it has schema_version {version}, rerun it with this chakra-sim" if version != 2 else ""
             raise invalid(f"ranks[{index}] has no integer {', '.join(missing)}{hint}")
-    ranks = sorted(row["rank"] for row in data["ranks"])
-    if ranks != list(range(len(ranks))):
+    ranks = sorted((RankResult.from_json(row) for row in data["ranks"]), key=lambda rank: rank.rank)
+    if [rank.rank for rank in ranks] != list(range(len(ranks))):
         raise invalid("its ranks are not 0..N-1, each once")
-    return data
+    return tuple(ranks)
 
 
 def _delta(a: float, b: float) -> dict[str, Any]:
     return {"a": a, "b": b, "delta": b - a, "percent": (b - a) / a * 100 if a else None}
 
 
-def compare_results(a: dict[str, Any], b: dict[str, Any], name_a: str = "A", name_b: str = "B") -> dict[str, Any]:
-    """The comparison of two loaded results documents (JSON-able; see the module docstring)."""
-    count = len(a["ranks"])
-    if len(b["ranks"]) != count:
-        raise ResultsFileError(f"{name_a} has {count} rank(s) and {name_b} {len(b['ranks'])}: "
+def compare_results(a: Sequence[RankResult], b: Sequence[RankResult], name_a: str = "A",
+                    name_b: str = "B") -> dict[str, Any]:
+    """The comparison of two runs' ranks (JSON-able; see the module docstring)."""
+    count = len(a)
+    if len(b) != count:
+        raise ResultsFileError(f"{name_a} has {count} rank(s) and {name_b} {len(b)}: "
                                "compare runs of the same job (same number of ranks)")
-    rows_a = sorted(a["ranks"], key=lambda row: row["rank"])
-    rows_b = sorted(b["ranks"], key=lambda row: row["rank"])
+    rows_a = sorted(a, key=lambda row: row.rank)
+    rows_b = sorted(b, key=lambda row: row.rank)
+
+    def times(rank: RankResult) -> dict[str, int]:
+        return {"finish_ns": rank.finish_ns, **rank.breakdown}
+
     keys = ("finish_ns", *BREAKDOWN)
-    ranks = [{"rank": ra["rank"], **{key: _delta(ra[key], rb[key]) for key in keys}}
-             for ra, rb in zip(rows_a, rows_b)]
-    finish_a = max(row["finish_ns"] for row in rows_a)
-    finish_b = max(row["finish_ns"] for row in rows_b)
+    times_a, times_b = [times(rank) for rank in rows_a], [times(rank) for rank in rows_b]
+    ranks = [{"rank": ra.rank, **{key: _delta(ta[key], tb[key]) for key in keys}}
+             for ra, ta, tb in zip(rows_a, times_a, times_b)]
+    finish_a = max(row.finish_ns for row in rows_a)
+    finish_b = max(row.finish_ns for row in rows_b)
     return {
         "a": name_a,
         "b": name_b,
         "num_ranks": count,
         "finish_ns": _delta(finish_a, finish_b),
         "speedup": finish_a / finish_b if finish_b else None,
-        "mean_per_rank": {key: _delta(sum(row[key] for row in rows_a) / count,
-                                      sum(row[key] for row in rows_b) / count) for key in keys},
+        "mean_per_rank": {key: _delta(sum(t[key] for t in times_a) / count,
+                                      sum(t[key] for t in times_b) / count) for key in keys},
         "ranks": ranks,
     }
 

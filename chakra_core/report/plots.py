@@ -19,6 +19,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from chakra_core.engine.driver import BREAKDOWN
+from chakra_core.report.document import Results
 from chakra_core.report.summary import TIME_COLUMNS, TIME_UNITS
 from chakra_core.comm.groups import WORLD
 
@@ -134,20 +135,20 @@ def _figure_width(count: int) -> float:
 
 
 # run --plots ---------------------------------------------------------------------------------------
-def breakdown_png(results: dict[str, Any]) -> bytes:
+def breakdown_png(results: Results) -> bytes:
     """Each rank's finish time as a stacked bar of the six exclusive BREAKDOWN categories."""
-    rows = sorted(results["ranks"], key=lambda row: row["rank"])
-    drawn = [key for key in BREAKDOWN if any(row.get(key, 0) for row in rows)]
+    rows = sorted(results.ranks, key=lambda row: row.rank)
+    drawn = [key for key in BREAKDOWN if any(row.breakdown[key] for row in rows)]
     title = f"time breakdown per rank ({len(rows):,} rank{'s' if len(rows) != 1 else ''})"
     if not drawn:
         return _empty(title, "every rank finished at 0 ns")
-    divisor, unit = readable_unit([row["finish_ns"] for row in rows], "ns")
-    ranks = [row["rank"] for row in rows]
+    divisor, unit = readable_unit([row.finish_ns for row in rows], "ns")
+    ranks = [row.rank for row in rows]
     figure = figure_of(_figure_width(len(rows)) + 2, 5)
     axes = figure.add_subplot()
     bottom = [0.0] * len(rows)
     for key in drawn:
-        heights = [row.get(key, 0) / divisor for row in rows]
+        heights = [row.breakdown[key] / divisor for row in rows]
         _rank_bars(axes, ranks, heights, bottom, color=CATEGORY_COLOURS[key], label=_category_label(key))
         bottom = [b + h for b, h in zip(bottom, heights)]
     rank_axis(axes, ranks)
@@ -155,7 +156,7 @@ def breakdown_png(results: dict[str, Any]) -> bytes:
     axes.set_ylim(bottom=0)
     axes.set_xlabel("rank")
     axes.set_ylabel(f"time ({unit})")
-    finish = max(row["finish_ns"] for row in rows) / divisor
+    finish = max(row.finish_ns for row in rows) / divisor
     axes.set_title(f"{title}; finish {finish:,.4g} {unit}")
     axes.grid(True, axis="y", alpha=0.3)
     axes.set_axisbelow(True)

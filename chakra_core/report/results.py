@@ -1,4 +1,4 @@
-"""The results document (what results.json holds).
+"""The results of a finished run (`build_results`), and what results.json holds.
 
 Stable keys scripts rely on: top-level "finish_ns" (maximum over ranks),
 "ranks" (a list of objects with at least "rank", "finish_ns", the six time
@@ -18,17 +18,20 @@ import math
 from typing import Any
 
 from chakra_core._version import __version__
-from chakra_core.contract.layers import SystemLayer
+from chakra_core.contract.layers import LayerModel, MemoryModel, SystemLayer
+from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.engine.simulation import FinishedRun
 from chakra_core.errors import SimulationError
 from chakra_core.limits import TIME_NS
+from chakra_core.report.document import FoldingResult, Highlight, LayerResult, RankResult, Results
 
-SCHEMA_VERSION = 2
-"""2: the exclusive time breakdown; layer statistics under the plugin's name."""
+CORE_RANK_KEYS = frozenset({"rank", "finish_ns", *BREAKDOWN, "compute_ns", "exposed_comm_ns", "comm_ns",
+                            "bytes_sent", "bytes_received", "comm_bytes_by_type", "node_counts"})
+"""A rank's keys no plugin's statistics may take."""
 
 
-def build_results(run: FinishedRun) -> dict[str, Any]:
-    """The results document of a finished run (calls each layer's summaries)."""
+def build_results(run: FinishedRun) -> Results:
+    """The results of a finished run (calls each layer's summaries)."""
     ranks = []
     system = run.layers.get("system")
     for record in run.ranks:
@@ -38,52 +41,36 @@ def build_results(run: FinishedRun) -> dict[str, Any]:
                                   f"not sum to its finish time {record.finish_ns} ns (please report this)")
         traffic = system.traffic(record.rank) if isinstance(system, SystemLayer) else None
         sent, received = traffic if traffic is not None else (0, 0)
-        row: dict[str, Any] = {
-            "rank": record.rank,
-            "finish_ns": record.finish_ns,
-            **breakdown,
-            "compute_ns": record.compute_ns,
-            "exposed_comm_ns": breakdown["exposed_network_ns"] + breakdown["waiting_ns"],
-            "comm_ns": record.comm_ns,
-            "bytes_sent": sent,
-            "bytes_received": received,
-            "comm_bytes_by_type": dict(sorted(record.comm_bytes.items())),
-            "node_counts": dict(sorted(record.node_counts.items())),
-        }
+        stats = {}
         for layer in ("system", "network", "compute", "memory"):
             instance = run.layers.get(layer)
             if instance is not None:
-                stats = instance.rank_summary(record.rank)
-                if stats and instance.name not in row:
-                    row[instance.name] = stats
-        ranks.append(row)
+                rank_stats = instance.rank_summary(record.rank)
+                if rank_stats and instance.name not in CORE_RANK_KEYS and instance.name not in stats:
+                    stats[instance.name] = rank_stats
+        ranks.append(RankResult(record.rank, record.finish_ns, breakdown, record.compute_ns, record.comm_ns, sent,
+                                received, dict(sorted(record.comm_bytes.items())),
+                                dict(sorted(record.node_counts.items())), stats))
     folding = run.folding
     if folding is not None:     # every rank gets its representative's row
-        by_rep = {row["rank"]: row for row in ranks}
-        ranks = [dict(by_rep[folding.representative[rank]], rank=rank)
-                 for rank in range(len(folding.representative))]
-    layers: dict[str, Any] = {}
-    for layer, instance in run.layers.items():
-        layers[layer] = {"plugin": instance.name, "fidelity": instance.fidelity,
-                         "summary": instance.summary()}
-        tables = instance.terminal_tables()
-        if tables:
-            layers[layer]["highlights"] = [{"title": title, "columns": columns, "rows": rows}
-                                           for title, columns, rows in tables]
-    document = {
-        "schema_version": SCHEMA_VERSION,
-        "chakra_sim_version": __version__,
-        "finish_ns": max((r["finish_ns"] for r in ranks), default=0),
-        "num_ranks": len(ranks),
-        "events": run.events,
-        "folding": _folding(run),
-        "ranks": ranks,
-        "layers": layers,
-        "warnings": list(run.warnings),
-        "manifest": run.spec.manifest,
-    }
-    _check_numbers(document)
-    return document
+        by_rep = {row.rank: row for row in ranks}
+        ranks = [by_rep[folding.representative[rank]].for_rank(rank) for rank in range(len(folding.representative))]
+    results = Results(__version__, run.events, _folding(run), tuple(ranks),
+                      {layer: _layer(layer, instance) for layer, instance in run.layers.items()},
+                      tuple(run.warnings), run.spec.manifest)
+    _check_numbers(results.to_json())
+    return results
+
+
+def _layer(layer: str, instance: LayerModel) -> LayerResult:
+    summary = instance.summary()
+    peak = None
+    if isinstance(instance, MemoryModel) and instance.tracks_tensors:   # the core writes the contract's key
+        peak = instance.peak_memory_bytes()
+        summary = {**summary, "peak_memory_bytes": peak}
+    highlights = tuple(Highlight(title, tuple(columns), tuple(tuple(row) for row in rows))
+                       for title, columns, rows in instance.terminal_tables())
+    return LayerResult(layer, instance.name, instance.fidelity, summary, highlights, peak)
 
 
 def _check_numbers(document: dict[str, Any]) -> None:
@@ -104,10 +91,10 @@ def _check_numbers(document: dict[str, Any]) -> None:
             raise SimulationError(f"results: {key_path} is {value:,} ns; {TIME_NS.hint()}")
 
 
-def _folding(run: FinishedRun) -> dict[str, Any]:
+def _folding(run: FinishedRun) -> FoldingResult:
     """Whether one rank stood for others (chakra_core.engine.folding), and which."""
     folding = run.folding
     if folding is None:
-        return {"folded": False, "simulated_ranks": run.num_ranks, "reason": run.fold_note}
-    return {"folded": True, "simulated_ranks": len(folding.members), "classes": len(folding.members),
-            "representatives": {str(rep): len(members) for rep, members in sorted(folding.members.items())}}
+        return FoldingResult(False, run.num_ranks, run.fold_note)
+    return FoldingResult(True, len(folding.members),
+                         representatives={str(rep): len(members) for rep, members in sorted(folding.members.items())})

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from statistics import median_low
-from typing import Any, Iterable
+from typing import Iterable
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from chakra_core.engine.driver import BREAKDOWN
+from chakra_core.jobs.step import TrainingStep
+from chakra_core.report.document import RankResult, Results
 
 MAX_ROWS = 64
 """Up to this many ranks, one row each; above, min / median / max and the slowest rank."""
@@ -65,11 +67,11 @@ def compact_ranks(ranks: Iterable[int]) -> str:
     return ", ".join(spans) if spans else "none"
 
 
-def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Table:
+def rank_table(results: Results, title: str = "chakra-sim results") -> Table:
     """Per rank: finish time and where it went (columns that are zero on every rank are left out)."""
-    ranks = results["ranks"]
-    unit = time_unit(max((r["finish_ns"] for r in ranks), default=0))
-    columns = [(key, label) for key, label in TIME_COLUMNS if any(r.get(key, 0) for r in ranks)]
+    ranks = results.ranks
+    unit = time_unit(max((r.finish_ns for r in ranks), default=0))
+    columns = [(key, label) for key, label in TIME_COLUMNS if any(r.breakdown[key] for r in ranks)]
     table = Table(title=title, title_justify="left", caption="time columns sum to finish",
                   caption_justify="left")
     table.add_column("rank", justify="right")
@@ -77,80 +79,81 @@ def rank_table(results: dict[str, Any], title: str = "chakra-sim results") -> Ta
         table.add_column(header, justify="right")
     table.add_column("sent", justify="right")
     table.add_column("received", justify="right")
-    keys = ["finish_ns"] + [key for key, _ in columns]
+    keys = [key for key, _ in columns]
 
-    def cells(row: dict[str, Any]) -> list[str]:
-        return ([format_time(row.get(key, 0), unit) for key in keys]
-                + [format_bytes(row.get("bytes_sent", 0)), format_bytes(row.get("bytes_received", 0))])
+    def cells(finish: int, times: list[int], sent: float, received: float) -> list[str]:
+        return ([format_time(ns, unit) for ns in [finish, *times]] + [format_bytes(sent), format_bytes(received)])
+
+    def row_cells(rank: RankResult) -> list[str]:
+        return cells(rank.finish_ns, [rank.breakdown[key] for key in keys], rank.bytes_sent, rank.bytes_received)
 
     if len(ranks) <= MAX_ROWS:
-        for row in ranks:
-            table.add_row(str(row["rank"]), *cells(row))
+        for rank in ranks:
+            table.add_row(str(rank.rank), *row_cells(rank))
         return table
     for label, pick in (("min", min), ("median", median_low), ("max", max)):
-        stats = {key: pick(r.get(key, 0) for r in ranks) for key in keys + ["bytes_sent", "bytes_received"]}
-        table.add_row(label, *cells(stats))
-    slowest = max(ranks, key=lambda r: (r["finish_ns"], -r["rank"]))
+        table.add_row(label, *cells(pick(r.finish_ns for r in ranks), [pick(r.breakdown[key] for r in ranks) for key in keys],
+                                    pick(r.bytes_sent for r in ranks), pick(r.bytes_received for r in ranks)))
+    slowest = max(ranks, key=lambda r: (r.finish_ns, -r.rank))
     table.add_section()
-    table.add_row(f"slowest: {slowest['rank']}", *cells(slowest))
+    table.add_row(f"slowest: {slowest.rank}", *row_cells(slowest))
     return table
 
 
-def training_table(training: dict[str, Any]) -> Table:
+def training_table(training: TrainingStep) -> Table:
     """A job's step: where its time went (the slowest rank's exclusive split) and its rates."""
-    step = training["step_time_s"]
-    band = training.get("error_band")
-    within = f" ±{band['geomean_error']:.0%}" if band else ""
-    table = Table(title=f"training step: {training['model']} on {training['gpus']:,} GPUs — {step:.4g} s{within}, "
-                        f"{training['tflops_per_gpu']:.0f} TFLOP/s per GPU, MFU {training['mfu']:.1%}, "
-                        f"{training['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU", title_justify="left")
-    caption = ["TFLOP/s and MFU: " + training["flops_formula"].split(":")[0]]
+    step = training.step_time_s
+    band = training.error_band
+    within = f" ±{band.geomean_error:.0%}" if band else ""
+    table = Table(title=f"training step: {training.model} on {training.gpus:,} GPUs — {step:.4g} s{within}, "
+                        f"{training.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {training.mfu:.1%}, "
+                        f"{training.tokens_per_s_per_gpu:,.0f} tokens/s per GPU", title_justify="left")
+    caption = ["TFLOP/s and MFU: " + training.flops_formula.split(":")[0]]
     if band:
-        lean = "fast" if band["mean_signed_error"] < 0 else "slow"
-        caption.insert(0, f"error band ±{band['geomean_error']:.0%}: the model's geomean error on {band['runs']} "
-                          f"published {band['scope']} runs (on average {abs(band['mean_signed_error']):.0%} too "
-                          f"{lean}, worst {band['worst_error']:.0%}; docs/training-accuracy.md)")
+        lean = "fast" if band.mean_signed_error < 0 else "slow"
+        caption.insert(0, f"error band ±{band.geomean_error:.0%}: the model's geomean error on {band.runs} "
+                          f"published {band.scope} runs (on average {abs(band.mean_signed_error):.0%} too "
+                          f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md)")
     else:
         caption.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
     table.caption, table.caption_justify = "\n".join(caption), "left"
-    table.add_column("part of the step (rank " + str(training["breakdown_rank"]) + ")")
+    table.add_column(f"part of the step (rank {training.breakdown_rank})")
     table.add_column("s", justify="right")
     table.add_column("share", justify="right")
-    for part, seconds in training["breakdown_s"].items():
+    for part, seconds in training.breakdown_s.items():
         if seconds:
             table.add_row(part.replace("_", " "), f"{seconds:.4f}", f"{seconds / step:.1%}" if step else "-")
     return table
 
 
-def print_summary(results: dict[str, Any], console: Console, wall_s: float | None = None) -> None:
+def print_summary(results: Results, console: Console, wall_s: float | None = None) -> None:
     console.print(rank_table(results))
-    for layer, info in results["layers"].items():
-        for block in info.get("highlights", []):
-            if not block["rows"]:
+    for layer, info in results.layers.items():
+        for block in info.highlights:
+            if not block.rows:
                 continue
-            table = Table(title=f"{layer}: {block['title']}", title_justify="left")
-            for index, column in enumerate(block["columns"]):
+            table = Table(title=f"{layer}: {block.title}", title_justify="left")
+            for index, column in enumerate(block.columns):
                 table.add_column(column, justify="left" if index == 0 else "right")
-            for row in block["rows"]:
+            for row in block.rows:
                 table.add_row(*row)
             console.print(table)
-    if "training" in results:
-        console.print(training_table(results["training"]))
-    finish = results["finish_ns"]
-    layers = ", ".join(f"{layer}={info['plugin']}" for layer, info in results["layers"].items())
+    if results.training is not None:
+        console.print(training_table(results.training))
+    finish = results.finish_ns
+    layers = ", ".join(f"{layer}={info.plugin}" for layer, info in results.layers.items())
     shown = f"{finish:,} ns" if finish < 10_000 else f"{format_time(finish)} ({finish:,} ns)"
-    line = f"finish: {shown} on {results['num_ranks']} rank(s); {layers}"
+    line = f"finish: {shown} on {results.num_ranks} rank(s); {layers}"
     if wall_s is not None:
         line += f"; simulated in {wall_s:.2f} s"
     console.print(line, soft_wrap=True, highlight=False)
-    folding = results.get("folding")
-    if folding:
-        if folding["folded"]:
-            console.print(f"folded {results['num_ranks']:,} ranks into {folding['classes']:,} class(es) of "
-                          "equivalent ranks: simulated one per class", soft_wrap=True, highlight=False)
-        else:
-            console.print(f"simulated every rank ({folding['reason']})", soft_wrap=True, highlight=False)
-    warnings = results.get("warnings", [])
+    folding = results.folding
+    if folding.folded:
+        console.print(f"folded {results.num_ranks:,} ranks into {len(folding.representatives or {}):,} class(es) "
+                      "of equivalent ranks: simulated one per class", soft_wrap=True, highlight=False)
+    else:
+        console.print(f"simulated every rank ({folding.reason})", soft_wrap=True, highlight=False)
+    warnings = results.warnings
     if warnings:
         console.print(f"[yellow]{len(warnings)} warning(s):[/yellow]")
         for warning in warnings[:20]:

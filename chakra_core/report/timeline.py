@@ -32,9 +32,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from chakra_core._version import __version__
 from chakra_core._atomic import atomic_write_text
 from chakra_core.errors import ChakraSimError
+from chakra_core.report.document import Results
 
 DEFAULT_MAX_FLOWS = 20000
 
@@ -62,12 +62,12 @@ def _lane_of(slot: str) -> tuple[int, str]:
     return LANES.get(slot, (6, slot))
 
 
-def build_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any],
+def build_timeline(intervals: Iterable[Sequence[Any]], results: Results,
                    max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
     """The Chrome-trace document (a dict ready for json.dumps); see the module docstring."""
     rows = sorted((int(r[0]), int(r[5]), int(r[6]), int(r[1]), str(r[2]), str(r[3]), str(r[4]),
                    tuple(r[7])) for r in intervals)
-    ranks = sorted({int(row["rank"]) for row in results.get("ranks", [])} | {row[0] for row in rows})
+    ranks = sorted({rank.rank for rank in results.ranks} | {row[0] for row in rows})
     events: list[dict[str, Any]] = []
     for rank in ranks:
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
@@ -136,8 +136,8 @@ def build_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any],
         "displayTimeUnit": "ns",
         "metadata": {
             "generator": "chakra-sim timeline",
-            "chakra_sim_version": results.get("chakra_sim_version", __version__),
-            "finish_ns": results.get("finish_ns"),
+            "chakra_sim_version": results.version,
+            "finish_ns": results.finish_ns,
             "num_ranks": len(ranks),
             "time_unit": "ts and dur are microseconds with nanosecond precision",
             "slices": len(slices),
@@ -148,9 +148,9 @@ def build_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any],
     }
 
 
-def _memory_counters(results: dict[str, Any]) -> list[dict[str, Any]]:
-    summary = ((results.get("layers") or {}).get("memory") or {}).get("summary") or {}
-    series = summary.get("memory_series")
+def _memory_counters(results: Results) -> list[dict[str, Any]]:
+    memory = results.layers.get("memory")
+    series = None if memory is None else memory.summary.get("memory_series")
     if not series:
         return []
     if not isinstance(series, dict):
@@ -173,7 +173,7 @@ def timeline_json(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":")) + "\n"
 
 
-def write_timeline(intervals: Iterable[Sequence[Any]], results: dict[str, Any], path: str | os.PathLike[str],
+def write_timeline(intervals: Iterable[Sequence[Any]], results: Results, path: str | os.PathLike[str],
                    max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
     """Build the timeline and write it atomically to `path`; return the document's metadata."""
     doc = build_timeline(intervals, results, max_flows)

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from chakra_core._atomic import AtomicFiles, atomic_write_text
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError
+from chakra_core.report.document import RankResult, Results
 
 CSV_COLUMNS = ("rank", "finish_ns", *BREAKDOWN, "compute_ns", "exposed_comm_ns", "comm_ns",
                "bytes_sent", "bytes_received")
@@ -39,40 +40,38 @@ class InterruptedAfterWriting(KeyboardInterrupt):
     """Ctrl-C came while the files were being put in place: they all were, then the run stopped."""
 
 
-def results_json(results: dict[str, Any]) -> str:
+def results_json(results: Results) -> str:
     # strict JSON: build_results refused NaN and infinity, naming where they came from
-    return json.dumps(results, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return json.dumps(results.to_json(), indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
-def _numbers(row: dict[str, Any]) -> dict[str, Any]:
-    """A rank's numeric values outside CSV_COLUMNS; a plugin's own statistics as `<plugin>.<key>`."""
-    flat = {}
-    for key, value in row.items():
-        if key in CSV_COLUMNS or key in ("comm_bytes_by_type", "node_counts"):
-            continue
-        items = value.items() if isinstance(value, dict) else [(None, value)]
-        for sub, number in items:
-            if isinstance(number, (int, float)) and not isinstance(number, bool):
-                flat[key if sub is None else f"{key}.{sub}"] = number
-    return flat
+def _numbers(rank: RankResult) -> dict[str, int | float]:
+    """A rank's layer statistics that are numbers, as `<plugin>.<key>`."""
+    return {f"{plugin}.{key}": number for plugin, stats in rank.layer_stats.items() for key, number in stats.items()
+            if isinstance(number, (int, float)) and not isinstance(number, bool)}
 
 
-def results_csv(results: dict[str, Any]) -> str:
+def _core_columns(rank: RankResult) -> list[int]:
+    """The rank's values of CSV_COLUMNS, in their order."""
+    return [rank.rank, rank.finish_ns, *(rank.breakdown[key] for key in BREAKDOWN), rank.compute_ns,
+            rank.exposed_comm_ns, rank.comm_ns, rank.bytes_sent, rank.bytes_received]
+
+
+def results_csv(results: Results) -> str:
     """One row per rank: the core columns, plugin statistics, then bytes per collective type."""
-    types = sorted({t for row in results["ranks"] for t in row.get("comm_bytes_by_type", {})})
-    numbers = [_numbers(row) for row in results["ranks"]]
+    types = sorted({t for rank in results.ranks for t in rank.comm_bytes_by_type})
+    numbers = [_numbers(rank) for rank in results.ranks]
     extra = sorted({k for flat in numbers for k in flat})
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(list(CSV_COLUMNS) + extra + [f"bytes_{t}" for t in types])
-    for row, flat in zip(results["ranks"], numbers):
-        by_type = row.get("comm_bytes_by_type", {})
-        writer.writerow([row.get(c, "") for c in CSV_COLUMNS] + [flat.get(k, "") for k in extra]
-                        + [by_type.get(t, 0) for t in types])
+    for rank, flat in zip(results.ranks, numbers):
+        writer.writerow(_core_columns(rank) + [flat.get(k, "") for k in extra]
+                        + [rank.comm_bytes_by_type.get(t, 0) for t in types])
     return buffer.getvalue()
 
 
-def result_files(results: dict[str, Any], formats: list[str], intervals: Sequence[Sequence[Any]] | None = None,
+def result_files(results: Results, formats: list[str], intervals: Sequence[Sequence[Any]] | None = None,
                  plots: bool = False) -> dict[str, str | bytes]:
     """The results files of the requested formats: file name -> contents; with `intervals`
     (what a Simulation built with record_intervals recorded), timeline.json too; with `plots`,

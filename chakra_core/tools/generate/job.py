@@ -120,8 +120,8 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
                    f"{spec.parallel.pp}, vp {spec.vp}), {spec.microbatches} micro-batch(es) per replica; "
                    f"{model_flops(spec, 'nemo'):.4g} model FLOPs per step")
         for row in placement.where():
-            click.echo(f"  {row['group']}: {row['ranks']} ranks on {row['nodes']} node(s), "
-                       f"{row['gpus_per_node']} per node ({row['fabric']})")
+            click.echo(f"  {row.group}: {row.ranks} ranks on {row.nodes} node(s), "
+                       f"{row.gpus_per_node} per node ({row.fabric})")
         click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
 
 

@@ -272,6 +272,15 @@ class HBMMemory(MemoryModel):
         ranks = self.tensors.ranks
         return [ranks[rank] for rank in self._simulated]
 
+    def _known_peaks(self) -> list[int]:
+        return [s.peak for s in self._simulated_tensors() if s.allocations]
+
+    def peak_memory_bytes(self) -> int | None:
+        if self.tensors is None:
+            return None
+        known = self._known_peaks()
+        return max(known) if known else None
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "memory_type": self.config.memory_type,
@@ -300,7 +309,7 @@ class HBMMemory(MemoryModel):
         states = self._simulated_tensors()
         planned = [s.rank for s in states if s.plan is not None]
         blind = [s.rank for s in states if not s.allocations]
-        known = [s.peak for s in states if s.allocations]
+        known = self._known_peaks()
         out.update({
             "lifetime": self.config.lifetime,
             "tensor_nodes": self.config.tensor_nodes,
@@ -309,7 +318,7 @@ class HBMMemory(MemoryModel):
             "oom": self.config.oom,
             "oom_ranks": sorted(self.oom_ranks),
             # null, not 0 B, when no rank's nodes listed a tensor: the trace cannot tell
-            "peak_memory_bytes": max(known) if known else None,
+            "peak_memory_bytes": self.peak_memory_bytes(),
             "ranks_without_tensors": blind,
             "storage_allocations": self._total([s.allocations for s in tracker.ranks]),
             "pre_pass_ranks": len(planned),

@@ -261,7 +261,7 @@ def test_end_to_end_with_an_astra_remote_memory_file(tmp_path, installed_plugins
         "network": {"plugin": "analytical", "topology": ["Ring"], "npus_count": [2],
                     "bandwidth": [50.0], "latency": [500.0]},
     }
-    results = simulate(load_config(manifest, host, base_dir=tmp_path, name="test.yml"), host).results
+    results = simulate(load_config(manifest, host, base_dir=tmp_path, name="test.yml"), host).document
     local_ns = int(SIZE / 1000.0)
     assert [r["finish_ns"] for r in results["ranks"]] == [REMOTE_NS + local_ns, 2 * REMOTE_NS + local_ns]
     assert results["ranks"][1]["hbm"]["memory_bytes_loaded"] == SIZE

@@ -236,7 +236,7 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
             write_rank_files(prefix, [[node]] * plan.ranks, trace_metadata({}))
             config = load({"workload": {"trace": str(prefix)}, "system": plan.system()}, host,
                           base_dir=base_dir if base_dir is not None else Path.cwd(), name=plan.log)
-            times.append(simulate(config, host, timeline=False).results["finish_ns"] / 1000)
+            times.append(simulate(config, host, timeline=False).document["finish_ns"] / 1000)
     return times
 
 

@@ -174,9 +174,9 @@ def job_manifest(tmp_path, fold: str, **generator: Any) -> dict[str, Any]:
 
 
 def test_folded_job_on_a_congested_network_equals_every_rank_simulated(tmp_path):
-    folded = run_manifest(load(job_manifest(tmp_path, "auto", ecmp="dmodk"), base_dir=tmp_path)).results
+    folded = run_manifest(load(job_manifest(tmp_path, "auto", ecmp="dmodk"), base_dir=tmp_path)).document
     assert folded["folding"]["folded"]
-    unfolded = run_manifest(load(job_manifest(tmp_path, "off", ecmp="dmodk"), base_dir=tmp_path)).results
+    unfolded = run_manifest(load(job_manifest(tmp_path, "off", ecmp="dmodk"), base_dir=tmp_path)).document
     assert not unfolded["folding"]["folded"]
     assert folded["finish_ns"] == unfolded["finish_ns"]
     net_f, net_u = (r["layers"]["network"]["summary"] for r in (folded, unfolded))

@@ -1,0 +1,113 @@
+"""A training step as the results report it (the `training` section of results.json): its time,
+rates, where the time went, and where each communicator group landed.
+
+`TrainingStep.to_json` writes the section, `TrainingStep.from_json` reads one back (plan and
+sweeps read results.json files other processes wrote); the field order is the section's key order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from chakra_core.jobs.bands import ErrorBand
+
+LayoutValue = int | bool | str | None
+"""A layout setting's value (tp, pp, ..., sequence_parallel, schedule names)."""
+
+
+@dataclass(frozen=True)
+class PlacedGroup:
+    """Where the groups of one communicator role land (every group of a role has the same shape)."""
+
+    group: str
+    """The role: tp, cp, dp, pp, ..."""
+    ranks: int
+    """GPUs in one group."""
+    nodes: int
+    """Nodes one group spans."""
+    gpus_per_node: int
+    """The most GPUs of one group on one node."""
+    fabric: str
+    """'NVLink' when a group sits on one node, else 'network'."""
+
+    def to_json(self) -> dict[str, int | str]:
+        return {"group": self.group, "ranks": self.ranks, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
+                "fabric": self.fabric}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> PlacedGroup:
+        return cls(str(row["group"]), int(row["ranks"]), int(row["nodes"]), int(row["gpus_per_node"]),
+                   str(row["fabric"]))
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One step of a generated training job: the slowest rank sets its time (chakra_core.jobs.report)."""
+
+    model: str
+    gpus: int
+    profile: str
+    layout: Mapping[str, LayoutValue]
+    """The parallel settings as the job gives them, with dp, micro_batch, global_batch, microbatches."""
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_step: float
+    tflops_per_gpu: float
+    """Model FLOP/s per GPU (the reported formula, chakra_core.jobs.flops.REPORTED)."""
+    mfu: float
+    """tflops_per_gpu over the GPU's dense peak at the job's precision."""
+    flops_formula: str
+    rate_ceiling_tflops: float | None
+    """The fastest rate the compute layer runs any kernel at (None: it does not say)."""
+    tflops_per_gpu_by_formula: Mapping[str, float]
+    error_band: ErrorBand | None
+    """The model's error on published runs like this one (None: none compared)."""
+    breakdown_s: Mapping[str, float]
+    """The slowest rank's step, split exclusively (chakra_core.jobs.report.split); sums to the step."""
+    breakdown_rank: int
+    breakdown_by_stage_s: Mapping[str, Mapping[str, float]]
+    """The same split for each pipeline stage's first rank, by stage number."""
+    placement: tuple[PlacedGroup, ...]
+
+    @property
+    def exposed_comm_s(self) -> float:
+        """Communication no kernel hid, every role's."""
+        return sum(seconds for part, seconds in self.breakdown_s.items() if part.startswith("exposed_"))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "model": self.model, "gpus": self.gpus, "profile": self.profile, "layout": dict(self.layout),
+            "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "model_tflops_per_step": self.model_tflops_per_step, "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu, "flops_formula": self.flops_formula, "rate_ceiling_tflops": self.rate_ceiling_tflops,
+            "tflops_per_gpu_by_formula": dict(self.tflops_per_gpu_by_formula),
+            "error_band": None if self.error_band is None else self.error_band.to_json(),
+            "breakdown_s": dict(self.breakdown_s), "breakdown_rank": self.breakdown_rank,
+            "breakdown_by_stage_s": {stage: dict(parts) for stage, parts in self.breakdown_by_stage_s.items()},
+            "placement": [group.to_json() for group in self.placement],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrainingStep:
+        """The section as results.json holds it (KeyError or TypeError when it is not one)."""
+        band = data["error_band"]
+        return cls(
+            model=str(data["model"]), gpus=int(data["gpus"]), profile=str(data["profile"]),
+            layout=dict(data["layout"]), step_time_s=float(data["step_time_s"]),
+            tokens_per_s_per_gpu=float(data["tokens_per_s_per_gpu"]),
+            model_tflops_per_step=float(data["model_tflops_per_step"]),
+            tflops_per_gpu=float(data["tflops_per_gpu"]), mfu=float(data["mfu"]),
+            flops_formula=str(data["flops_formula"]),
+            rate_ceiling_tflops=None if data["rate_ceiling_tflops"] is None else float(data["rate_ceiling_tflops"]),
+            tflops_per_gpu_by_formula={str(k): float(v) for k, v in data["tflops_per_gpu_by_formula"].items()},
+            error_band=None if band is None else ErrorBand(str(band["scope"]), int(band["runs"]),
+                                                           float(band["geomean_error"]),
+                                                           float(band["mean_signed_error"]),
+                                                           float(band["worst_error"])),
+            breakdown_s={str(k): float(v) for k, v in data["breakdown_s"].items()},
+            breakdown_rank=int(data["breakdown_rank"]),
+            breakdown_by_stage_s={str(stage): {str(k): float(v) for k, v in parts.items()}
+                                  for stage, parts in data["breakdown_by_stage_s"].items()},
+            placement=tuple(PlacedGroup.from_json(row) for row in data["placement"]),
+        )
