@@ -99,7 +99,7 @@ def _imbalanced_report(tmp_path) -> dict:
 
 def test_analysis_plots_are_valid_and_deterministic(tmp_path):
     report = _imbalanced_report(tmp_path)
-    assert len(report["imbalance"]["flagged"]) == 4       # three doubled, one zero
+    assert len(report.imbalance.flagged) == 4       # three doubled, one zero
     for draw in (analysis_plots.message_sizes_png, analysis_plots.imbalance_png, analysis_plots.compute_vs_comm_png):
         png = draw(report)
         read_png(png)
@@ -128,7 +128,7 @@ def test_readable_units():
     assert [plots.size_text(size) for size in (0, 512, 4096, 1 << 20)] == ["0 B", "512 B", "4 KiB", "1 MiB"]
 
 
-def _groups_report(tmp_path, groups: int) -> dict:
+def _groups_report(tmp_path, groups: int):
     """`groups` communicator groups of 2 ranks, each with three equally balanced all-reduces."""
     ranks = [[collective(k, pb.ALL_REDUCE, 1 << 20, pg_name=f"g{rank // 2}") for k in range(3)]
              for rank in range(2 * groups)]

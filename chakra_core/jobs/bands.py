@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from chakra_core.json_types import JsonObject
+
 RUNS_FILE = Path(__file__).with_name("presets") / "accuracy-runs.json"
 MIN_RUNS = 3
 """Fewest runs a class needs to stand for a job's error."""
@@ -48,7 +50,7 @@ class ErrorBand:
     worst_error: float
     """The largest |predicted / measured - 1|."""
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {"scope": self.scope, "runs": self.runs, "geomean_error": self.geomean_error,
                 "mean_signed_error": self.mean_signed_error, "worst_error": self.worst_error,
                 "source": "docs/training-accuracy.md (benchmarks/training_accuracy.py)"}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from chakra_core.jobs.bands import ErrorBand
+from chakra_core.json_types import JsonObject
 
 LayoutValue = int | bool | str | None
 """A layout setting's value (tp, pp, ..., sequence_parallel, schedule names)."""
@@ -31,7 +32,7 @@ class PlacedGroup:
     fabric: str
     """'NVLink' when a group sits on one node, else 'network'."""
 
-    def to_json(self) -> dict[str, int | str]:
+    def to_json(self) -> JsonObject:
         return {"group": self.group, "ranks": self.ranks, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "fabric": self.fabric}
 
@@ -75,7 +76,7 @@ class TrainingStep:
         """Communication no kernel hid, every role's."""
         return sum(seconds for part, seconds in self.breakdown_s.items() if part.startswith("exposed_"))
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> JsonObject:
         return {
             "model": self.model, "gpus": self.gpus, "profile": self.profile, "layout": dict(self.layout),
             "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,

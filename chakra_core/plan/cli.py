@@ -215,15 +215,20 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
                ("reserve GiB", "right"), ("exposed comm s", "right"), ("bubble s", "right")]
     for column, justify in columns:
         table.add_column(column, justify=justify)   # type: ignore[arg-type]
-    for row in found.rows()[: top if quiet else max(top, 10)]:
-        if row["status"] != SIMULATED:
+    ranked = found.ranked()
+    versus = found.versus_best(ranked)
+    for rank, candidate in enumerate(ranked[: top if quiet else max(top, 10)], start=1):
+        step = candidate.training
+        if candidate.status != SIMULATED or step is None:
             break
-        simulated = row["memory_simulated_gib"]
-        checked = [] if not found.memory_checked else ["-" if simulated is None else f"{simulated:.1f}"]
-        vs = "" if row["rank"] == 1 else f"{100 * row['vs_best']:+.1f}%" + (" tie" if row["tie"] else "")
-        table.add_row(str(row["rank"]), escape(row["layout"]), f"{row['step_s']:.3f}", vs, f"{row['tflops_per_gpu']:.0f}",
-                      f"{100 * row['mfu']:.1f}%", f"{row['memory_gib']:.1f}", *checked,
-                      f"{row['memory_reserve_gib']:.1f}", f"{row['exposed_comm_s']:.3f}", f"{row['bubble_s']:.3f}")
+        simulated = candidate.simulated_memory
+        checked = [] if not found.memory_checked else ["-" if simulated is None else f"{simulated / GIB:.1f}"]
+        slower, tie = versus(candidate)
+        vs = "" if rank == 1 or slower is None else f"{100 * slower:+.1f}%" + (" tie" if tie else "")
+        table.add_row(str(rank), escape(candidate.layout.label()), f"{step.step_time_s:.3f}", vs,
+                      f"{step.tflops_per_gpu:.0f}", f"{100 * step.mfu:.1f}%", f"{candidate.memory.total / GIB:.1f}",
+                      *checked, f"{candidate.reserve.total / GIB:.1f}", f"{step.exposed_comm_s:.3f}",
+                      f"{step.breakdown_s.get('bubble', 0.0):.3f}")
     console.print(table)
     band = found.error_band()
     if band is not None:

@@ -16,6 +16,7 @@ import io
 import json
 from typing import TYPE_CHECKING, Any
 
+from chakra_core.json_types import JsonObject
 from chakra_core.plan.search import GIB, SIMULATED, Candidate, Plan
 from chakra_core.sweep.table import table_csv, table_parquet
 
@@ -116,6 +117,6 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _band_json(plan: Plan) -> dict[str, object] | None:
+def _band_json(plan: Plan) -> JsonObject | None:
     band = plan.error_band()
     return None if band is None else band.to_json()

@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
 from chakra_core.jobs.bands import ErrorBand
+from chakra_core.json_types import JsonObject
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.step import TrainingStep
@@ -114,7 +115,7 @@ class Candidate:
             return None
         return self.simulated_memory / self.memory.total - 1
 
-    def row(self, rank: int | None, usable_bytes: int) -> dict[str, Any]:
+    def row(self, rank: int | None, usable_bytes: int) -> JsonObject:
         """Its line of the plan's table (`usable_bytes`: the memory a program can use per GPU)."""
         step = self.training
         lay = self.layout
@@ -167,17 +168,28 @@ class Plan:
         best = next((c for c in self.ranked() if c.status == SIMULATED), None)
         return None if best is None or best.training is None else best.training.error_band
 
-    def rows(self) -> list[dict[str, Any]]:
-        """Every layout's line; a simulated one says how much slower than the best it is and
-        whether that is within the error band (a tie: the model cannot tell the two apart)."""
-        ranked = self.ranked()
-        rows = [c.row(i + 1 if c.status == SIMULATED else None, self.usable_bytes) for i, c in enumerate(ranked)]
-        band = self.error_band()
+    def versus_best(self, ranked: list[Candidate]) -> Callable[[Candidate], tuple[float | None, bool | None]]:
+        """For the layouts `ranked` (self.ranked()): how much slower than the best a simulated one is,
+        and whether that is within the error band (a tie: the model cannot tell the two apart);
+        (None, None) for a layout not simulated."""
         best = ranked[0].step_s if ranked and ranked[0].status == SIMULATED else None
-        for row in rows:
-            slower = None if best is None or row["step_s"] is None else row["step_s"] / best - 1
-            row["vs_best"] = slower
-            row["tie"] = None if slower is None or band is None else slower < band.geomean_error
+        band = self.error_band()
+
+        def versus(candidate: Candidate) -> tuple[float | None, bool | None]:
+            step = candidate.step_s
+            slower = None if best is None or step is None else step / best - 1
+            return slower, None if slower is None or band is None else slower < band.geomean_error
+        return versus
+
+    def rows(self) -> list[JsonObject]:
+        """Every layout's line of plan.csv, ranked, with `vs_best` and `tie` (versus_best)."""
+        ranked = self.ranked()
+        versus = self.versus_best(ranked)
+        rows = []
+        for i, candidate in enumerate(ranked):
+            row = candidate.row(i + 1 if candidate.status == SIMULATED else None, self.usable_bytes)
+            row["vs_best"], row["tie"] = versus(candidate)
+            rows.append(row)
         return rows
 
     def counts(self) -> dict[str, int]:
@@ -350,4 +362,4 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
             if result.memory_checked:   # a memory layer that follows tensors (MemoryModel.peak_memory_bytes)
                 candidate.simulated_memory = results.peak_memory_bytes
         else:
-            candidate.status, candidate.error = FAILED, row["error"]
+            candidate.status, candidate.error = FAILED, str(row["error"])

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from matplotlib.colorbar import Colorbar
     from matplotlib.figure import Figure
 
+    from chakra_core.tools.analyze.report import JobAnalysis
+
 MESSAGE_SIZES_PNG = "message_sizes.png"
 IMBALANCE_PNG = "imbalance.png"
 COMPUTE_VS_COMM_PNG = "compute_vs_comm.png"
@@ -56,14 +58,14 @@ def _count_colourbar(colorbar: "Colorbar", log_scale: bool) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def message_sizes_figure(report: dict[str, Any]) -> "Figure":
+def message_sizes_figure(report: JobAnalysis) -> "Figure":
     """Messages (collectives, sends, receives) per rank and power-of-two size bucket, as a heat map."""
     import numpy as np
     from matplotlib.colors import LogNorm
 
-    rows = report["ranks"]
+    rows = report.ranks
     title = "messages per rank by comm_size"
-    present = sorted({entry["from_bytes"] for row in rows for entry in row["message_sizes"]})
+    present = sorted({entry.from_bytes for row in rows for entry in row.message_sizes})
     if not present:
         return empty_figure(title, "no communication nodes in these traces")
     # Every power of two between the smallest and the largest bucket, so gaps show as gaps.
@@ -77,8 +79,8 @@ def message_sizes_figure(report: dict[str, Any]) -> "Figure":
     column_of = {bucket: i for i, bucket in enumerate(columns)}
     counts = np.zeros((len(rows), len(columns)))
     for i, row in enumerate(rows):
-        for entry in row["message_sizes"]:
-            counts[i, column_of[entry["from_bytes"]]] = entry["count"]
+        for entry in row.message_sizes:
+            counts[i, column_of[entry.from_bytes]] = entry.count
     shown = np.ma.masked_equal(counts, 0)     # no messages: background colour, not the colour of 1
     positive = counts[counts > 0]
     wide_range = positive.max() / positive.min() > 50
@@ -98,7 +100,7 @@ def message_sizes_figure(report: dict[str, Any]) -> "Figure":
     labels = ["0 B" if columns[i] == 0 else size_text(columns[i]) for i in labelled]
     axes.set_xticks(labelled, labels, rotation=45 if len(labelled) > 6 else 0,
                     ha="right" if len(labelled) > 6 else "center")
-    rank_axis(axes, [row["rank"] for row in rows], "y")     # row i is rank i: ranks are 0..N-1
+    rank_axis(axes, [row.rank for row in rows], "y")     # row i is rank i: ranks are 0..N-1
     if len(rows) * len(columns) <= 200:     # small enough to print each count in its cell
         threshold = (np.log(positive.min()) + np.log(positive.max())) / 2 if wide_range else positive.max() / 2
         for (i, j), value in np.ndenumerate(counts):
@@ -125,18 +127,18 @@ def _group_styles(count: int) -> list[dict[str, Any]]:
              "offset": (i / (count - 1) - 0.5) * width if count > 1 else 0.0} for i in range(count)]
 
 
-def imbalance_figure(report: dict[str, Any]) -> "Figure":
+def imbalance_figure(report: JobAnalysis) -> "Figure":
     """max/min comm_size over a group's ranks for each of its collectives, with the threshold."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    result = report["imbalance"]
-    threshold = result["threshold"]
-    groups = [group for group in result["groups"] if group["collectives"]]
+    result = report.imbalance
+    threshold = result.threshold
+    groups = [group for group in result.groups if group.collectives]
     title = "collective size imbalance across ranks"
     if not groups:
         return empty_figure(title, "no collectives in these traces")
-    entries = [entry for group in groups for entry in group["collectives"]]
-    finite = [entry["ratio"] for entry in entries if entry["ratio"] is not None]
+    entries = [entry for group in groups for entry in group.collectives]
+    finite = [entry.ratio for entry in entries if entry.ratio is not None]
     top = max([threshold, *finite])
     log_scale = top > 20
     ceiling = top * (2 if log_scale else 1.15)    # where "min is 0" points are drawn
@@ -144,29 +146,29 @@ def imbalance_figure(report: dict[str, Any]) -> "Figure":
     axes = figure.add_subplot()
     labelled = len(groups) <= MAX_LEGEND_GROUPS
     styles = _group_styles(len(groups)) if labelled else []
-    offset_of = {group["group"]: style["offset"] for group, style in zip(groups, styles)}
-    infinite = [entry["index"] + offset_of.get(group["group"], 0.0)
-                for group in groups for entry in group["collectives"] if entry["ratio"] is None]
+    offset_of = {group.group: style["offset"] for group, style in zip(groups, styles)}
+    infinite = [entry.index + offset_of.get(group.group, 0.0)
+                for group in groups for entry in group.collectives if entry.ratio is None]
     for i, group in enumerate(groups):
-        points = [(entry["index"], entry["ratio"]) for entry in group["collectives"] if entry["ratio"] is not None]
-        many = len(group["collectives"]) > 60
+        points = [(entry.index, entry.ratio) for entry in group.collectives if entry.ratio is not None]
+        many = len(group.collectives) > 60
         size = 3 if many else 5
-        xs = [x + offset_of.get(group["group"], 0.0) for x, _ in points]
+        xs = [x + offset_of.get(group.group, 0.0) for x, _ in points]
         if labelled:
             style = styles[i]
             axes.plot(xs, [y for _, y in points], marker=style["marker"], markersize=size, linewidth=0.8,
                       linestyle=style["linestyle"], color=style["color"],
-                      label=f"{group_label(group['group'])} ({group['members']} ranks)")
+                      label=f"{group_label(group.group)} ({group.members} ranks)")
         else:
             axes.plot(xs, [y for _, y in points], marker=".", markersize=size, linewidth=0.8, color="tab:blue",
                       alpha=0.5)
-    flagged = [(entry["index"] + offset_of.get(entry["group"], 0.0), entry["ratio"])
-               for entry in result["flagged"] if entry["ratio"] is not None]
+    flagged = [(entry.index + offset_of.get(entry.group, 0.0), entry.ratio)
+               for entry in result.flagged if entry.ratio is not None]
     if flagged:
         # Smaller rings when there are many: large ones would paint over the lines they mark.
         axes.scatter([x for x, _ in flagged], [y for _, y in flagged], s=70 if len(entries) <= 200 else 20,
                      facecolors="none",
-                     edgecolors="red", linewidths=1.5, zorder=3, label=f"flagged ({len(result['flagged']):,})")
+                     edgecolors="red", linewidths=1.5, zorder=3, label=f"flagged ({len(result.flagged):,})")
     if infinite:
         axes.scatter(infinite, [ceiling] * len(infinite), marker="^", s=60,
                      color="red", zorder=3, label="min comm_size 0 (ratio infinite)")
@@ -176,38 +178,38 @@ def imbalance_figure(report: dict[str, Any]) -> "Figure":
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,g}"))
     axes.set_ylim(0.97 if not log_scale else 0.9, ceiling * (1.5 if log_scale else 1.08))
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlim(0.4, max(entry["index"] for entry in entries) + 0.6)
+    axes.set_xlim(0.4, max(entry.index for entry in entries) + 0.6)
     axes.set_xlabel("collective # within its group (each rank's collectives in node-id order; "
                     "groups side by side)" if len(styles) > 1 else
                     "collective # within its group (each rank's collectives in node-id order)")
     axes.set_ylabel("max / min comm_size over the group's ranks")
-    lines = [f"{title}: {len(result['flagged']):,} of {len(entries):,} flagged"
+    lines = [f"{title}: {len(result.flagged):,} of {len(entries):,} flagged"
              + ("" if labelled else f" ({len(groups):,} groups)")]
-    short = result["short_ranks"]
+    short = result.short_ranks
     if short:
         first = short[0]
         lines.append(f"{len(short):,} rank(s) issue fewer collectives than their group (a run would hang),")
-        lines.append(f"e.g. rank {first['rank']}: {first['issued']:,} of {first['expected']:,} in "
-                     f"{group_label(first['group'])}")
+        lines.append(f"e.g. rank {first.rank}: {first.issued:,} of {first.expected:,} in "
+                     f"{group_label(first.group)}")
     axes.set_title("\n".join(lines), fontsize="medium")
     axes.grid(True, alpha=0.3)
     figure.legend(loc="outside right upper", fontsize="small")
     return figure
 
 
-def compute_vs_comm_figure(report: dict[str, Any]) -> "Figure":
+def compute_vs_comm_figure(report: JobAnalysis) -> "Figure":
     """Each rank's compute time against its communication volume; ranks at one point share a label."""
-    rows = report["ranks"]
+    rows = report.ranks
     title = "compute time vs communication volume per rank"
-    x_div, x_unit = readable_unit([row["compute_ns"] for row in rows], "ns")
-    y_div, y_unit = readable_unit([row["comm_bytes"] for row in rows], "bytes")
+    x_div, x_unit = readable_unit([row.compute_ns for row in rows], "ns")
+    y_div, y_unit = readable_unit([row.comm_bytes for row in rows], "bytes")
     points: dict[tuple[int, int], list[int]] = {}
     for row in rows:
-        points.setdefault((row["compute_ns"], row["comm_bytes"]), []).append(row["rank"])
+        points.setdefault((row.compute_ns, row.comm_bytes), []).append(row.rank)
     figure = figure_of(8.5, 5.5)
     axes = figure.add_subplot()
-    xs = [row["compute_ns"] / x_div for row in rows]
-    ys = [row["comm_bytes"] / y_div for row in rows]
+    xs = [row.compute_ns / x_div for row in rows]
+    ys = [row.comm_bytes / y_div for row in rows]
     if len(points) <= 12:    # few distinct points: name the ranks at each
         axes.scatter(xs, ys, s=45, color="tab:blue", edgecolors="black", linewidths=0.4, zorder=3)
         # Labels alternate above and below along x, so neighbours' labels do not run together.
@@ -216,7 +218,7 @@ def compute_vs_comm_figure(report: dict[str, Any]) -> "Figure":
             axes.annotate(text, (compute / x_div, volume / y_div), xytext=(4, 7 if index % 2 == 0 else -13),
                           textcoords="offset points", fontsize="small")
     else:                    # many: the colour tells the rank
-        ranks = [row["rank"] for row in rows]
+        ranks = [row.rank for row in rows]
         colours = axes.scatter(xs, ys, c=ranks, cmap="viridis", s=30, edgecolors="black", linewidths=0.3,
                                zorder=3)
         figure.colorbar(colours, ax=axes).set_label("rank")
@@ -225,9 +227,9 @@ def compute_vs_comm_figure(report: dict[str, Any]) -> "Figure":
     top = max(ys) * 1.15 or 1.0
     axes.set_xlim(-0.03 * right, right)
     axes.set_ylim(-0.03 * top, top)
-    timing = report["compute_time"]
-    how = ("traced durations" if timing["mode"] == "duration"
-           else f"roofline {timing['peak_tflops']:g} TFLOP/s, {timing['mem_bw_gbps']:g} GB/s")
+    timing = report.compute_time
+    how = ("traced durations" if timing.mode == "duration"
+           else f"roofline {timing.peak_tflops:g} TFLOP/s, {timing.mem_bw_gbps:g} GB/s")
     axes.set_xlabel(f"compute time, summed over the rank's compute nodes ({x_unit}; {how})")
     axes.set_ylabel(f"communication volume, summed comm_size ({y_unit})")
     axes.set_title(f"{title} ({len(rows):,} rank{'s' if len(rows) != 1 else ''})")
@@ -235,13 +237,13 @@ def compute_vs_comm_figure(report: dict[str, Any]) -> "Figure":
     return figure
 
 
-def message_sizes_png(report: dict[str, Any]) -> bytes:
+def message_sizes_png(report: JobAnalysis) -> bytes:
     return png_bytes(message_sizes_figure(report))
 
 
-def imbalance_png(report: dict[str, Any]) -> bytes:
+def imbalance_png(report: JobAnalysis) -> bytes:
     return png_bytes(imbalance_figure(report))
 
 
-def compute_vs_comm_png(report: dict[str, Any]) -> bytes:
+def compute_vs_comm_png(report: JobAnalysis) -> bytes:
     return png_bytes(compute_vs_comm_figure(report))

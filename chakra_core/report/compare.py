@@ -10,8 +10,9 @@ layers compare; both must have the same number of ranks.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError
+from chakra_core.json_types import JsonObject
 from chakra_core.report.document import RankResult
 from chakra_core.report.summary import TIME_COLUMNS, format_time, time_unit
 
@@ -63,13 +65,58 @@ def load_results(path: Path) -> tuple[RankResult, ...]:
     return tuple(ranks)
 
 
-def _delta(a: float, b: float) -> dict[str, Any]:
-    return {"a": a, "b": b, "delta": b - a, "percent": (b - a) / a * 100 if a else None}
+@dataclass(frozen=True)
+class Delta:
+    """A value of run A and of run B, and how B differs."""
+
+    a: float
+    b: float
+
+    @property
+    def delta(self) -> float:
+        return self.b - self.a
+
+    @property
+    def percent(self) -> float | None:
+        """B - A in percent of A (None when A is 0)."""
+        return (self.b - self.a) / self.a * 100 if self.a else None
+
+    def to_json(self) -> JsonObject:
+        return {"a": self.a, "b": self.b, "delta": self.delta, "percent": self.percent}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B against A: the finish, the mean of each time category over ranks, and every rank."""
+
+    a: str
+    b: str
+    finish_ns: Delta
+    mean_per_rank: Mapping[str, Delta]
+    """By BREAKDOWN category (and finish_ns): means over ranks; they add up to the mean finish."""
+    ranks: tuple[tuple[int, Mapping[str, Delta]], ...]
+    """(rank, finish_ns and each category), in rank order."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def speedup(self) -> float | None:
+        """A's finish over B's (None when B finished at 0)."""
+        return self.finish_ns.a / self.finish_ns.b if self.finish_ns.b else None
+
+    def to_json(self) -> JsonObject:
+        return {"a": self.a, "b": self.b, "num_ranks": self.num_ranks, "finish_ns": self.finish_ns.to_json(),
+                "speedup": self.speedup,
+                "mean_per_rank": {key: entry.to_json() for key, entry in self.mean_per_rank.items()},
+                "ranks": [{"rank": rank, **{key: entry.to_json() for key, entry in deltas.items()}}
+                          for rank, deltas in self.ranks]}
 
 
 def compare_results(a: Sequence[RankResult], b: Sequence[RankResult], name_a: str = "A",
-                    name_b: str = "B") -> dict[str, Any]:
-    """The comparison of two runs' ranks (JSON-able; see the module docstring)."""
+                    name_b: str = "B") -> Comparison:
+    """The comparison of two runs' ranks (see the module docstring)."""
     count = len(a)
     if len(b) != count:
         raise ResultsFileError(f"{name_a} has {count} rank(s) and {name_b} {len(b)}: "
@@ -82,20 +129,11 @@ def compare_results(a: Sequence[RankResult], b: Sequence[RankResult], name_a: st
 
     keys = ("finish_ns", *BREAKDOWN)
     times_a, times_b = [times(rank) for rank in rows_a], [times(rank) for rank in rows_b]
-    ranks = [{"rank": ra.rank, **{key: _delta(ta[key], tb[key]) for key in keys}}
-             for ra, ta, tb in zip(rows_a, times_a, times_b)]
-    finish_a = max(row.finish_ns for row in rows_a)
-    finish_b = max(row.finish_ns for row in rows_b)
-    return {
-        "a": name_a,
-        "b": name_b,
-        "num_ranks": count,
-        "finish_ns": _delta(finish_a, finish_b),
-        "speedup": finish_a / finish_b if finish_b else None,
-        "mean_per_rank": {key: _delta(sum(t[key] for t in times_a) / count,
-                                      sum(t[key] for t in times_b) / count) for key in keys},
-        "ranks": ranks,
-    }
+    ranks = tuple((ra.rank, {key: Delta(ta[key], tb[key]) for key in keys})
+                  for ra, ta, tb in zip(rows_a, times_a, times_b))
+    return Comparison(name_a, name_b, Delta(max(row.finish_ns for row in rows_a), max(row.finish_ns for row in rows_b)),
+                      {key: Delta(sum(t[key] for t in times_a) / count, sum(t[key] for t in times_b) / count)
+                       for key in keys}, ranks)
 
 
 def _percent(value: float | None) -> str:
@@ -109,51 +147,51 @@ def _signed(ns: float, unit: tuple[str, int]) -> str:
     return f"-{text}" if ns < 0 else f"+{text}"
 
 
-def print_comparison(diff: dict[str, Any], console: Console) -> None:
+def print_comparison(diff: Comparison, console: Console) -> None:
     """The comparison in the terminal: which runs, the totals, then per rank."""
-    console.print(f"A: {escape(diff['a'])}\nB: {escape(diff['b'])}", soft_wrap=True, highlight=False)
+    console.print(f"A: {escape(diff.a)}\nB: {escape(diff.b)}", soft_wrap=True, highlight=False)
     totals, per_rank = compare_tables(diff)
     console.print(totals)
-    speedup = diff["speedup"]
+    speedup = diff.speedup
     console.print("speedup (A finish / B finish): " + ("-" if speedup is None else f"{speedup:.3f}x")
                   + "; the categories are means per rank and add up to the mean finish",
                   soft_wrap=True, highlight=False)
     console.print(per_rank)
 
 
-def compare_tables(diff: dict[str, Any]) -> tuple[Table, Table]:
+def compare_tables(diff: Comparison) -> tuple[Table, Table]:
     """The comparison as terminal tables: the totals, and per rank."""
-    finish = diff["finish_ns"]
-    unit = time_unit(max(finish["a"], finish["b"]))
-    totals = Table(title=f"B against A ({diff['num_ranks']} rank(s))", title_justify="left")
+    finish = diff.finish_ns
+    unit = time_unit(round(max(finish.a, finish.b)))
+    totals = Table(title=f"B against A ({diff.num_ranks} rank(s))", title_justify="left")
     for header in ("", f"A ({unit[0]})", f"B ({unit[0]})", f"B - A ({unit[0]})", "B - A (%)"):
         totals.add_column(header, justify="left" if not header else "right")
-    totals.add_row("finish (slowest rank)", format_time(finish["a"], unit), format_time(finish["b"], unit),
-                   _signed(finish["delta"], unit), _percent(finish["percent"]))
+    totals.add_row("finish (slowest rank)", format_time(round(finish.a), unit), format_time(round(finish.b), unit),
+                   _signed(finish.delta, unit), _percent(finish.percent))
     totals.add_section()
     for key in BREAKDOWN:
-        entry = diff["mean_per_rank"][key]
-        if not entry["a"] and not entry["b"]:
+        entry = diff.mean_per_rank[key]
+        if not entry.a and not entry.b:
             continue
-        totals.add_row(CATEGORY_LABELS[key], format_time(round(entry["a"]), unit), format_time(round(entry["b"]), unit),
-                       _signed(entry["delta"], unit), _percent(entry["percent"]))
+        totals.add_row(CATEGORY_LABELS[key], format_time(round(entry.a), unit), format_time(round(entry.b), unit),
+                       _signed(entry.delta, unit), _percent(entry.percent))
 
-    ranks = diff["ranks"]
+    ranks = diff.ranks
     many = len(ranks) > MAX_RANK_ROWS
     per_rank = Table(title="finish time per rank" + (": least, median and most change" if many else ""),
                      title_justify="left")
     for header in ("rank", f"A ({unit[0]})", f"B ({unit[0]})", f"B - A ({unit[0]})", "B - A (%)",
                    "largest change"):
         per_rank.add_column(header, justify="left" if header == "largest change" else "right")
-    shown = ranks
+    shown = list(ranks)
     if many:
-        ordered = sorted(ranks, key=lambda row: (row["finish_ns"]["delta"], row["rank"]))
+        ordered = sorted(ranks, key=lambda row: (row[1]["finish_ns"].delta, row[0]))
         shown = [ordered[0], ordered[(len(ordered) - 1) // 2], ordered[-1]]
-    for row in shown:
-        entry = row["finish_ns"]
-        largest = max(BREAKDOWN, key=lambda key: abs(row[key]["delta"]))
-        change = row[largest]["delta"]
-        per_rank.add_row(str(row["rank"]), format_time(entry["a"], unit), format_time(entry["b"], unit),
-                         _signed(entry["delta"], unit), _percent(entry["percent"]),
+    for rank, deltas in shown:
+        entry = deltas["finish_ns"]
+        largest = max(BREAKDOWN, key=lambda key: abs(deltas[key].delta))
+        change = deltas[largest].delta
+        per_rank.add_row(str(rank), format_time(round(entry.a), unit), format_time(round(entry.b), unit),
+                         _signed(entry.delta, unit), _percent(entry.percent),
                          f"{CATEGORY_LABELS[largest]} {_signed(change, unit)}" if change else "none")
     return totals, per_rank

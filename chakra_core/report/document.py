@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.jobs.step import TrainingStep
+from chakra_core.json_types import JsonObject
 
 SCHEMA_VERSION = 2
 """2: the exclusive time breakdown; layer statistics under the plugin's name."""
@@ -50,8 +51,8 @@ class RankResult:
         """The same figures for another rank (a folded run's class mate of this one)."""
         return replace(self, rank=rank)
 
-    def to_json(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"rank": self.rank, "finish_ns": self.finish_ns, **self.breakdown,
+    def to_json(self) -> JsonObject:
+        row: JsonObject = {"rank": self.rank, "finish_ns": self.finish_ns, **self.breakdown,
                                "compute_ns": self.compute_ns, "exposed_comm_ns": self.exposed_comm_ns,
                                "comm_ns": self.comm_ns, "bytes_sent": self.bytes_sent,
                                "bytes_received": self.bytes_received,
@@ -81,7 +82,7 @@ class Highlight:
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"title": self.title, "columns": list(self.columns), "rows": [list(row) for row in self.rows]}
 
 
@@ -99,8 +100,8 @@ class LayerResult:
     """A memory layer that follows tensors: the most bytes any rank held (MemoryModel.peak_memory_bytes).
     results.json carries it as the summary's `peak_memory_bytes`, which the core writes."""
 
-    def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"plugin": self.plugin, "fidelity": self.fidelity, "summary": dict(self.summary)}
+    def to_json(self) -> JsonObject:
+        entry: JsonObject = {"plugin": self.plugin, "fidelity": self.fidelity, "summary": dict(self.summary)}
         if self.highlights:
             entry["highlights"] = [block.to_json() for block in self.highlights]
         return entry
@@ -126,7 +127,7 @@ class FoldingResult:
     representatives: Mapping[str, int] | None = None
     """Folded: each representative rank and how many ranks its class holds."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         if not self.folded:
             return {"folded": False, "simulated_ranks": self.simulated_ranks, "reason": self.reason}
         classes = len(self.representatives or {})
@@ -168,13 +169,13 @@ class Results:
         memory = self.layers.get("memory")
         return None if memory is None else memory.peak_memory_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        document: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        document: JsonObject = {
             "schema_version": self.schema_version, "chakra_sim_version": self.version,
             "finish_ns": self.finish_ns, "num_ranks": self.num_ranks, "events": self.events,
             "folding": self.folding.to_json(), "ranks": [rank.to_json() for rank in self.ranks],
             "layers": {name: layer.to_json() for name, layer in self.layers.items()},
-            "warnings": list(self.warnings), "manifest": self.manifest,
+            "warnings": list(self.warnings), "manifest": dict(self.manifest),
         }
         if self.training is not None:
             document["training"] = self.training.to_json()

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from chakra_core.report.compare import Comparison
+
 BREAKDOWN_PNG = "breakdown.png"
 COMPARE_PNG = "compare.png"
 
@@ -167,38 +169,37 @@ def breakdown_png(results: Results) -> bytes:
     return png_bytes(figure)
 
 
-def compare_png(diff: dict[str, Any]) -> bytes:
+def compare_png(diff: Comparison) -> bytes:
     """Left: finish and mean time per category, A and B side by side. Right: B - A finish per rank."""
     import numpy as np
 
     keys = ["finish_ns"] + [key for key in BREAKDOWN
-                            if diff["mean_per_rank"][key]["a"] or diff["mean_per_rank"][key]["b"]]
-    values = [diff["finish_ns"]] + [diff["mean_per_rank"][key] for key in keys[1:]]
-    divisor, unit = readable_unit([v for entry in values for v in (entry["a"], entry["b"])], "ns")
+                            if diff.mean_per_rank[key].a or diff.mean_per_rank[key].b]
+    values = [diff.finish_ns] + [diff.mean_per_rank[key] for key in keys[1:]]
+    divisor, unit = readable_unit([v for entry in values for v in (entry.a, entry.b)], "ns")
     figure = figure_of(13, 5.5)
     left, right = figure.subplots(1, 2, width_ratios=[1.3, 1])
     positions = np.arange(len(keys))
     width = 0.38
-    bars_a = left.bar(positions - width / 2, [entry["a"] / divisor for entry in values], width, label=f"A: {diff['a']}",
+    bars_a = left.bar(positions - width / 2, [entry.a / divisor for entry in values], width, label=f"A: {diff.a}",
                       color="tab:grey")
-    bars_b = left.bar(positions + width / 2, [entry["b"] / divisor for entry in values], width, label=f"B: {diff['b']}",
+    bars_b = left.bar(positions + width / 2, [entry.b / divisor for entry in values], width, label=f"B: {diff.b}",
                       color="tab:blue")
     for position, entry, bar_a, bar_b in zip(positions, values, bars_a, bars_b):
-        percent = entry["percent"]
+        percent = entry.percent
         text = "new" if percent is None else f"{percent:+.1f}%"
         left.annotate(text, (position, max(bar_a.get_height(), bar_b.get_height())), xytext=(0, 3),
                       textcoords="offset points", ha="center", fontsize="small")
     labels = ["finish\n(slowest rank)"] + [_category_label(key).replace(" ", "\n", 1) for key in keys[1:]]
     left.set_xticks(positions, labels, fontsize="small")
     left.set_ylabel(f"time ({unit}); categories: mean per rank")
-    left.set_ylim(0, max(max(entry["a"], entry["b"]) for entry in values) / divisor * 1.15 or 1)
+    left.set_ylim(0, max(max(entry.a, entry.b) for entry in values) / divisor * 1.15 or 1)
     left.set_title("A and B by time category (B - A in %)")
     left.grid(True, axis="y", alpha=0.3)
     left.set_axisbelow(True)
 
-    rows = diff["ranks"]
-    ranks = [row["rank"] for row in rows]
-    deltas = [row["finish_ns"]["delta"] for row in rows]
+    ranks = [rank for rank, _ in diff.ranks]
+    deltas = [per_rank["finish_ns"].delta for _, per_rank in diff.ranks]
     d_div, d_unit = readable_unit(deltas, "ns")
     _rank_bars(right, ranks, [max(d, 0) / d_div for d in deltas], color="tab:red")
     _rank_bars(right, ranks, [min(d, 0) / d_div for d in deltas], color="tab:green")
@@ -211,10 +212,10 @@ def compare_png(diff: dict[str, Any]) -> bytes:
     right.grid(True, axis="y", alpha=0.3)
     right.set_axisbelow(True)
 
-    finish = diff["finish_ns"]
-    f_div, f_unit = readable_unit([finish["a"], finish["b"]], "ns")
-    change = "" if finish["percent"] is None else f" ({finish['percent']:+.2f}%)"
-    figure.suptitle(f"B against A on {diff['num_ranks']:,} rank(s): finish {finish['a'] / f_div:,.3f} -> "
-                    f"{finish['b'] / f_div:,.3f} {f_unit}{change}")
+    finish = diff.finish_ns
+    f_div, f_unit = readable_unit([finish.a, finish.b], "ns")
+    change = "" if finish.percent is None else f" ({finish.percent:+.2f}%)"
+    figure.suptitle(f"B against A on {diff.num_ranks:,} rank(s): finish {finish.a / f_div:,.3f} -> "
+                    f"{finish.b / f_div:,.3f} {f_unit}{change}")
     figure.legend(handles=[bars_a, bars_b], loc="outside lower center", ncols=2, fontsize="small")
     return png_bytes(figure)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from chakra_core.config.manifest import format_loc
 
@@ -101,7 +101,7 @@ class Metric:
             raise KeyPathError(f"unknown aggregate {call.group(1)!r} (use {', '.join(AGGREGATES)})")
         return cls(text, parse_key_path(call.group(2).strip()), call.group(1))
 
-    def value(self, results: dict[str, Any]) -> int | float:
+    def value(self, results: Mapping[str, Any]) -> int | float:
         """The metric in `results`; KeyPathError saying why when it is missing or not a number."""
         if self.aggregate is None:
             return _number_at(results, self.path)

@@ -31,9 +31,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from chakra_core._version import __version__
+from chakra_core.json_types import JsonObject
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
@@ -144,7 +145,7 @@ class Execution:
 @dataclass
 class SweepResult:
     columns: list[str]
-    rows: list[dict[str, Any]]
+    rows: list[JsonObject]
     """One per point, in point order."""
     ran: int = 0
     skipped: int = 0
@@ -189,15 +190,17 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
 def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str | None, force: bool,
                 on_point: Callable[[PointReport], None] | None, timeout: float | None) -> SweepResult:
     result = SweepResult(columns=table_columns(sweep), rows=[])
-    rows: dict[int, dict[str, Any]] = {}
+    rows: dict[int, JsonObject] = {}
     metric_misses: list[tuple[int, str]] = []
     by_index = {point.index: point for point in sweep.points}
 
-    def report(point: Point, row: dict[str, Any], skipped: bool) -> None:
+    def report(point: Point, row: JsonObject, skipped: bool) -> None:
         rows[point.index] = row
         result.failed += row["status"] != Status.OK.value
         if on_point is not None:
-            on_point(PointReport(point, Status(row["status"]), skipped, row["error"], row[WALL_COLUMN]))
+            error, wall_s = row["error"], row[WALL_COLUMN]
+            on_point(PointReport(point, Status(row["status"]), skipped, error if isinstance(error, str) else None,
+                                 float(wall_s) if isinstance(wall_s, (int, float)) else None))
 
     tasks: list[PointTask] = []
     for point in sweep.points:
@@ -307,7 +310,7 @@ def remove_stale_temp_files(sweep: Sweep) -> None:
 
 
 def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[str],
-            metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
+            metric_misses: list[tuple[int, str]]) -> JsonObject:
     """Write a finished point's folder; return its row."""
     folder = sweep.point_dir(point)
     status, error = outcome.status, outcome.error
@@ -326,7 +329,7 @@ def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[st
     return _row(sweep, point, status, error, results, wall_s, metric_misses)
 
 
-def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str]]) -> dict[str, Any] | None:
+def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str]]) -> JsonObject | None:
     """The row of a point finished by an earlier run of the sweep, or None to run it."""
     folder = sweep.point_dir(point)
     try:
@@ -339,12 +342,12 @@ def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str
     return _row(sweep, point, Status.OK, None, results, record.get("wall_s"), metric_misses)
 
 
-def _row(sweep: Sweep, point: Point, status: Status, error: str | None, results: dict[str, Any] | None,
-         wall_s: float | None, metric_misses: list[tuple[int, str]]) -> dict[str, Any]:
-    row: dict[str, Any] = {"point": point.index, "id": point.id}
+def _row(sweep: Sweep, point: Point, status: Status, error: str | None, results: Mapping[str, Any] | None,
+         wall_s: float | None, metric_misses: list[tuple[int, str]]) -> JsonObject:
+    row: JsonObject = {"point": point.index, "id": point.id}
     row.update({key: point.overrides.get(key) for key in sweep.keys})
     row.update(status=status.value, error=error)
-    values: dict[str, Any] = {}
+    values: dict[str, int | float | None] = {}
     if results is not None:
         try:
             values[sweep.metric.text] = sweep.metric.value(results)

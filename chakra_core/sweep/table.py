@@ -16,9 +16,10 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from chakra_core._atomic import atomic_write_bytes, atomic_write_text
+from chakra_core.json_types import JsonObject
 from chakra_core.report.plots import readable_unit
 from chakra_core.sweep.spec import Sweep
 
@@ -63,7 +64,7 @@ def _csv_text(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def typed_columns(columns: list[str], rows: list[dict[str, Any]],
+def typed_columns(columns: list[str], rows: list[JsonObject],
                   kinds: dict[str, str] | None = None) -> dict[str, tuple[str, list[Any]]]:
     """column -> (kind, stored values). `kinds` gives the kind of columns known in advance, so
     that a column of nulls (no error anywhere) still has its type; values decide the others."""
@@ -79,7 +80,7 @@ def typed_columns(columns: list[str], rows: list[dict[str, Any]],
     return out
 
 
-def table_csv(columns: list[str], rows: list[dict[str, Any]], kinds: dict[str, str] | None = None) -> str:
+def table_csv(columns: list[str], rows: list[JsonObject], kinds: dict[str, str] | None = None) -> str:
     typed = typed_columns(columns, rows, kinds)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -89,7 +90,7 @@ def table_csv(columns: list[str], rows: list[dict[str, Any]], kinds: dict[str, s
     return buffer.getvalue()
 
 
-def table_parquet(columns: list[str], rows: list[dict[str, Any]], kinds: dict[str, str] | None = None) -> bytes:
+def table_parquet(columns: list[str], rows: list[JsonObject], kinds: dict[str, str] | None = None) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -102,7 +103,7 @@ def table_parquet(columns: list[str], rows: list[dict[str, Any]], kinds: dict[st
     return buffer.getvalue()
 
 
-def write_outputs(sweep: Sweep, columns: list[str], rows: list[dict[str, Any]], kinds: dict[str, str],
+def write_outputs(sweep: Sweep, columns: list[str], rows: list[JsonObject], kinds: dict[str, str],
                   warnings: list[str]) -> list[Path]:
     """Write the table (CSV and Parquet) and the plot; return the files written.
 
@@ -158,7 +159,7 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
+def plot_png(sweep: Sweep, rows: list[JsonObject]) -> bytes | None:
     """The PNG of plot_figure; None when no point has a value to draw."""
     figure = plot_figure(sweep, rows)
     if figure is None:
@@ -169,7 +170,7 @@ def plot_png(sweep: Sweep, rows: list[dict[str, Any]]) -> bytes | None:
     return buffer.getvalue()
 
 
-def plot_figure(sweep: Sweep, rows: list[dict[str, Any]]) -> Figure | None:
+def plot_figure(sweep: Sweep, rows: list[JsonObject]) -> Figure | None:
     """The metric against the x key, one line per combination of the series keys, every axis and
     legend key with its unit; None when no point has a value to draw."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -184,13 +185,14 @@ def plot_figure(sweep: Sweep, rows: list[dict[str, Any]]) -> Figure | None:
     numeric_x = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x_values)
     # A categorical axis keeps the sweep's order of values.
     categories = list(dict.fromkeys(json.dumps(v, sort_keys=True) for v in x_values))
-    divisor, unit = readable_unit([row[metric] for row in drawn], sweep.metric.unit)
+    values = [float(cast(float, row[metric])) for row in drawn]   # the metric's column holds numbers
+    divisor, unit = readable_unit(values, sweep.metric.unit)
 
     lines: dict[tuple[str, ...], list[tuple[Any, float]]] = {}
-    for row, x in zip(drawn, x_values):
+    for row, x, value in zip(drawn, x_values, values):
         series = tuple(json.dumps(row.get(k), sort_keys=True) for k in spec.series)
         position = x if numeric_x else categories.index(json.dumps(x, sort_keys=True))
-        lines.setdefault(series, []).append((position, row[metric] / divisor))
+        lines.setdefault(series, []).append((position, value / divisor))
 
     # With two or more series keys and few values of the last, that key picks the line style
     # and marker and the others the colour: lines that coincide (two backends agreeing) stay

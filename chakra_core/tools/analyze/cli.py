@@ -12,7 +12,7 @@ two runs instead (`chakra_core.report.compare`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 import click
 from rich.console import Console
@@ -88,16 +88,16 @@ def analyze(ctx: click.Context, prefix: str | None, results_files: tuple[str, ..
         except OSError as exc:    # tool_errors words an OSError as a write failure
             raise CliError(f"cannot read {exc.filename or prefix}: {exc.strerror or exc}") from exc
         written = write_outputs(Path(out_dir), analysis_files(report)) if out_dir else []
-    _show(report, print_report, written, console, as_json)
+    _show(report.to_json(), lambda: print_report(report, console), written, console, as_json)
 
 
-def _show(document: dict[str, Any], print_tables: Callable[[dict[str, Any], Console], None], written: list[Path],
+def _show(document: Mapping[str, object], print_tables: Callable[[], None], written: list[Path],
           console: Console, as_json: bool) -> None:
     """The JSON document on stdout (--json) or its tables, then the files written."""
     if as_json:
         click.echo(report_json(document), nl=False)
     else:
-        print_tables(document, console)
+        print_tables()
     for path in written:
         console.print(f"wrote {path}", highlight=False)
 
@@ -131,5 +131,6 @@ def _compare(results_files: tuple[str, ...], out_dir: str | None, as_json: bool,
         if out_dir:
             from chakra_core.report.plots import COMPARE_PNG, compare_png
 
-            written = write_outputs(Path(out_dir), {COMPARISON_JSON: report_json(diff), COMPARE_PNG: compare_png(diff)})
-    _show(diff, print_comparison, written, console, as_json)
+            written = write_outputs(Path(out_dir), {COMPARISON_JSON: report_json(diff.to_json()),
+                                                     COMPARE_PNG: compare_png(diff)})
+    _show(diff.to_json(), lambda: print_comparison(diff, console), written, console, as_json)

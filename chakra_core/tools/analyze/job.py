@@ -13,7 +13,7 @@ For every rank (`PREFIX.<rank>.et` or `.et.gz`) and across ranks `analyze_traces
   than the others are listed too: a run would wait for them forever.
 
 Identical rank files are read once (`chakra_core.feeder.library.IdenticalFiles`), each file
-in one streaming pass. The report is a JSON-able dict (`output` writes it, `tables` prints it).
+in one streaming pass. The report is a `JobAnalysis` (`output` writes it, `tables` prints it).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
-
 from chakra_core.et.jsonize import rank_files
 from chakra_core.feeder.library import IdenticalFiles
 from chakra_core.report.plots import group_label
 from chakra_core.report.summary import compact_ranks
 from chakra_core.schema import pb
 from chakra_core.comm.groups import WORLD, GroupRegistry
+from chakra_core.tools.analyze.report import (CommVolume, GroupImbalance, GroupSummary, Imbalance, JobAnalysis,
+                                              KthCollective, RankAnalysis, ShortRank, SizeBucket, TraceVolume)
 from chakra_core.tools.analyze.scan import Collective, ComputeTiming, TraceScan, scan_trace
 
 DEFAULT_THRESHOLD = 1.1
@@ -38,8 +38,8 @@ COMM_KINDS = (*pb.CollectiveCommType.keys(), "UNKNOWN", "SEND", "RECV")
 
 def analyze_traces(prefix: str | Path, timing: ComputeTiming = ComputeTiming(),
                    threshold: float = DEFAULT_THRESHOLD, comm_groups: dict[str, list[int]] | None = None,
-                   dependencies: str = "all") -> dict[str, Any]:
-    """The analysis report of a job's traces (JSON-able; see the module docstring)."""
+                   dependencies: str = "all") -> JobAnalysis:
+    """The analysis of a job's traces (see the module docstring)."""
     if threshold < 1:
         raise ValueError("the imbalance threshold is a max/min ratio: 1 or more")
     paths = rank_files(prefix)
@@ -57,74 +57,47 @@ def analyze_traces(prefix: str | Path, timing: ComputeTiming = ComputeTiming(),
         for node in scan.group_nodes:
             registry.define_from_metadata(rank, node)
     groups, members_of = _groups(scans, registry, warnings)
-    ranks = [_rank_row(rank, paths[rank], scan, first_rank[id(scan)]) for rank, scan in enumerate(scans)]
-    return {
-        "prefix": str(prefix),
-        "num_ranks": len(paths),
-        "distinct_traces": len(_distinct(scans)),
-        "compute_time": timing.describe(),
-        "dependencies": dependencies,
-        "ranks": ranks,
-        "totals": _totals(ranks),
-        "groups": groups,
-        "imbalance": imbalance(scans, members_of, threshold),
-        "warnings": warnings,
-    }
+    ranks = tuple(_rank_row(rank, paths[rank], scan, first_rank[id(scan)]) for rank, scan in enumerate(scans))
+    return JobAnalysis(str(prefix), len(_distinct(scans)), timing.describe(), dependencies, ranks, _totals(ranks),
+                       groups, imbalance(scans, members_of, threshold), tuple(warnings))
 
 
 def _distinct(scans: list[TraceScan]) -> list[TraceScan]:
     return list({id(scan): scan for scan in scans}.values())
 
 
-def _comm_entries(comm: dict[str, list[int]]) -> dict[str, dict[str, int]]:
-    return {kind: {"count": comm[kind][0], "bytes": comm[kind][1]} for kind in COMM_KINDS if kind in comm}
+def _comm_entries(comm: dict[str, list[int]]) -> dict[str, CommVolume]:
+    return {kind: CommVolume(comm[kind][0], comm[kind][1]) for kind in COMM_KINDS if kind in comm}
 
 
-def _size_entries(sizes: Counter[int]) -> list[dict[str, int]]:
-    return [{"from_bytes": bucket, "count": sizes[bucket]} for bucket in sorted(sizes)]
+def _size_entries(sizes: Counter[int]) -> tuple[SizeBucket, ...]:
+    return tuple(SizeBucket(bucket, sizes[bucket]) for bucket in sorted(sizes))
 
 
-def _rank_row(rank: int, path: Path, scan: TraceScan, first: int) -> dict[str, Any]:
-    return {
-        "rank": rank,
-        "file": str(path),
-        "same_as_rank": None if first == rank else first,
-        "nodes": sum(scan.node_counts.values()),
-        "node_counts": dict(sorted(scan.node_counts.items())),
-        "compute_ns": scan.compute_ns,
-        "gpu_compute_ns": scan.gpu_compute_ns,
-        "cpu_compute_ns": scan.cpu_compute_ns,
-        "roofline_nodes": scan.roofline_nodes,
-        "critical_path_ns": scan.critical_path_ns,
-        "parallelism": scan.compute_ns / scan.critical_path_ns if scan.critical_path_ns else None,
-        "comm_count": sum(count for count, _ in scan.comm.values()),
-        "comm_bytes": sum(size for _, size in scan.comm.values()),
-        "comm_by_type": _comm_entries(scan.comm),
-        "message_sizes": _size_entries(scan.message_sizes),
-    }
+def _rank_row(rank: int, path: Path, scan: TraceScan, first: int) -> RankAnalysis:
+    return RankAnalysis(
+        node_counts=dict(sorted(scan.node_counts.items())), compute_ns=scan.compute_ns,
+        comm_by_type=_comm_entries(scan.comm), message_sizes=_size_entries(scan.message_sizes),
+        rank=rank, file=str(path), same_as_rank=None if first == rank else first,
+        gpu_compute_ns=scan.gpu_compute_ns, cpu_compute_ns=scan.cpu_compute_ns,
+        roofline_nodes=scan.roofline_nodes, critical_path_ns=scan.critical_path_ns,
+    )
 
 
-def _totals(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def _totals(ranks: tuple[RankAnalysis, ...]) -> TraceVolume:
     node_counts: Counter[str] = Counter()
     comm: dict[str, list[int]] = {}
     sizes: Counter[int] = Counter()
     for row in ranks:
-        node_counts.update(row["node_counts"])
-        for kind, entry in row["comm_by_type"].items():
+        node_counts.update(row.node_counts)
+        for kind, entry in row.comm_by_type.items():
             counts = comm.setdefault(kind, [0, 0])
-            counts[0] += entry["count"]
-            counts[1] += entry["bytes"]
-        for entry in row["message_sizes"]:
-            sizes[entry["from_bytes"]] += entry["count"]
-    return {
-        "nodes": sum(node_counts.values()),
-        "node_counts": dict(sorted(node_counts.items())),
-        "compute_ns": sum(row["compute_ns"] for row in ranks),
-        "comm_count": sum(count for count, _ in comm.values()),
-        "comm_bytes": sum(size for _, size in comm.values()),
-        "comm_by_type": _comm_entries(comm),
-        "message_sizes": _size_entries(sizes),
-    }
+            counts[0] += entry.count
+            counts[1] += entry.bytes
+        for bucket in row.message_sizes:
+            sizes[bucket.from_bytes] += bucket.count
+    return TraceVolume(dict(sorted(node_counts.items())), sum(row.compute_ns for row in ranks),
+                       _comm_entries(comm), _size_entries(sizes))
 
 
 # Communicator groups and imbalance -------------------------------------------------------------
@@ -134,7 +107,7 @@ def natural_key(name: str) -> list[int | str]:
 
 
 def _groups(scans: list[TraceScan], registry: GroupRegistry,
-            warnings: list[str]) -> tuple[list[dict[str, Any]], dict[str, tuple[int, ...]]]:
+            warnings: list[str]) -> tuple[tuple[GroupSummary, ...], dict[str, tuple[int, ...]]]:
     """(the groups' report entries, group -> members) for every group defined or used.
 
     A group a collective names but nothing defines, or a rank using a group it is not in, would
@@ -173,16 +146,16 @@ def _groups(scans: list[TraceScan], registry: GroupRegistry,
             if key not in volumes:
                 volumes[key] = sum(coll.size for coll in scans[rank].by_group.get(name, ()))
             volume += volumes[key]
-        entries.append({"name": name, "label": group_label(name), "members": list(members),
-                        "source": sources[name], "collectives_min": min(issued, default=0),
-                        "collectives_max": max(issued, default=0), "bytes": volume})
-    return entries, members_of
+        entries.append(GroupSummary(name, group_label(name), members, sources[name], min(issued, default=0),
+                                    max(issued, default=0), volume))
+    return tuple(entries), members_of
 
 
 def imbalance(scans: list[TraceScan], members_of: dict[str, tuple[int, ...]],
-              threshold: float) -> dict[str, Any]:
+              threshold: float) -> Imbalance:
     """Per group, the k-th collective of every member rank side by side (see the module docstring)."""
-    groups, flagged, short = [], [], []
+    groups: list[GroupImbalance] = []
+    short: list[ShortRank] = []
     for name, members in members_of.items():
         # Ranks with identical files issue identical collectives: each distinct list is compared
         # once, standing for its ranks (the lowest of them names it; members are sorted).
@@ -199,19 +172,14 @@ def imbalance(scans: list[TraceScan], members_of: dict[str, tuple[int, ...]],
         for rank in members:
             issued = len(scans[rank].by_group.get(name, ()))
             if issued < expected:
-                short.append({"group": name, "rank": rank, "issued": issued, "expected": expected})
-        entries = []
-        for k in range(expected):
-            entry = _kth_collective(k, [(rank, ranks_of[key], colls[k]) for key, (rank, colls) in shared.items()
-                                        if k < len(colls)], threshold)
-            entries.append(entry)
-            if entry["flagged"]:
-                flagged.append({"group": name, **entry})
-        groups.append({"group": name, "members": len(members), "collectives": entries})
-    return {"threshold": threshold, "flagged": flagged, "short_ranks": short, "groups": groups}
+                short.append(ShortRank(name, rank, issued, expected))
+        entries = tuple(_kth_collective(name, k, [(rank, ranks_of[key], colls[k]) for key, (rank, colls) in shared.items()
+                                                  if k < len(colls)], threshold) for k in range(expected))
+        groups.append(GroupImbalance(name, len(members), entries))
+    return Imbalance(threshold, tuple(groups), tuple(short))
 
 
-def _kth_collective(k: int, issued: list[tuple[int, int, Collective]], threshold: float) -> dict[str, Any]:
+def _kth_collective(group: str, k: int, issued: list[tuple[int, int, Collective]], threshold: float) -> KthCollective:
     """One collective index of a group from (lowest rank, number of ranks, collective) per distinct
     trace: its sizes over the ranks that issue it."""
     # BARRIER sizes mean nothing (a run ignores them, as `validate` does).
@@ -224,15 +192,9 @@ def _kth_collective(k: int, issued: list[tuple[int, int, Collective]], threshold
     else:
         ratio = high[0] / low[0] if low[0] else None     # None: infinite (min 0, max above 0)
     ranks = sum(count for _, _, count, _ in sizes)
-    return {
-        "index": k + 1,
-        "comm_type": "/".join(types),
-        "ranks": ranks,
-        "min_bytes": low[0], "max_bytes": high[0],
-        "mean_bytes": sum(size * count for size, _, count, _ in sizes) / ranks,
-        "ratio": ratio,
-        "min_rank": low[1], "min_node": low[3].id,
-        "max_rank": high[1], "max_node": high[3].id,
-        "type_mismatch": len(types) > 1,
-        "flagged": ratio is None or ratio > threshold or len(types) > 1,
-    }
+    return KthCollective(
+        group=group, index=k + 1, comm_type="/".join(types), ranks=ranks,
+        min_bytes=low[0], max_bytes=high[0], mean_bytes=sum(size * count for size, _, count, _ in sizes) / ranks,
+        ratio=ratio, min_rank=low[1], min_node=low[3].id, max_rank=high[1], max_node=high[3].id,
+        type_mismatch=len(types) > 1, flagged=ratio is None or ratio > threshold or len(types) > 1,
+    )

@@ -33,6 +33,7 @@ from chakra_core.feeder.base import (CPU_FLAG, cycle_error, find_cycle, missing_
                                      parents_of, topological_positions, use_control_deps)
 from chakra_core.et.duration import replay_time_ns
 from chakra_core.schema import pb
+from chakra_core.tools.analyze.report import ComputeTimingInfo
 from chakra_core.comm.groups import WORLD
 
 _NODE_TYPE_NAMES: dict[int, str] = {value: name for name, value in pb.NodeType.items()}
@@ -66,10 +67,8 @@ class ComputeTiming:
             return int(seconds * 1e9), True
         return replay_time_ns(node), False
 
-    def describe(self) -> dict[str, Any]:
-        if self.mode == "duration":
-            return {"mode": "duration"}
-        return {"mode": "roofline", "peak_tflops": self.peak_tflops, "mem_bw_gbps": self.mem_bw_gbps}
+    def describe(self) -> ComputeTimingInfo:
+        return ComputeTimingInfo(self.mode, self.peak_tflops, self.mem_bw_gbps)
 
 
 # One trace file ----------------------------------------------------------------------------------
