@@ -20,9 +20,8 @@ from chakra_core.plan.report import plan_files
 from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
 from chakra_core.report.writers import prepare_output_dir, write_run_files
 from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
-from chakra_core.sweep.run import EXECUTORS, Execution, PointReport
+from chakra_core.sweep.run import EXECUTORS, Execution
 from chakra_core.sweep.stop import Interrupted
-from chakra_core.sweep.task import Status
 
 _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 
@@ -95,9 +94,10 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
                     "check_memory": check_memory, "headroom_gib": headroom_gib}
         options = PlanOptions(top, batch, {"micro_batches": sizes}, check_memory=check_memory,
-                              headroom_gib=headroom_gib, source=job_file)
-        execution = Execution(executor, workers, address, force, timeout, None if quiet else _progress)
+                              headroom_gib=headroom_gib, source=job_file, progress=None if quiet else _progress)
+        execution = Execution(executor, workers, address, force, timeout)
         summary = []
+        unfit = []
         for label, case in cases:
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
@@ -109,8 +109,13 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             for file in written:
                 out_console().print(f"wrote {file}", highlight=False)
             summary.append((label, found))
+            why = found.no_fit()
+            if why is not None:
+                unfit.append(why if label is None else f"{label}: {why}")
         if len(summary) > 1:
             _print_vary(summary)
+        if unfit:
+            raise ChakraSimError("; ".join(unfit))
     except ChakraSimError as exc:
         fail(exc, debug)
     except KeyboardInterrupt as exc:
@@ -197,10 +202,8 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)
 
 
-def _progress(report: PointReport) -> None:
-    what = "read back" if report.skipped else (f"{report.wall_s:.1f} s" if report.status is Status.OK
-                                               else f"failed: {report.error}")
-    err_console.print(f"layout {report.point.index + 1}: {what}", highlight=False, markup=False)
+def _progress(line: str) -> None:
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float) -> None:
@@ -213,11 +216,12 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
                ("MFU", "right"),
                ("memory GiB", "right"), *([("simulated GiB", "right")] if found.memory_checked else []),
                ("reserve GiB", "right"), ("exposed comm s", "right"), ("bubble s", "right")]
-    for column, justify in columns:
-        table.add_column(column, justify=justify)   # type: ignore[arg-type]
+    for column, justify in columns:   # the layout whole on one line: narrow terminals fold the numbers' headers
+        table.add_column(column, justify=justify, no_wrap=column == "layout")   # type: ignore[arg-type]
     ranked = found.ranked()
     versus = found.versus_best(ranked)
-    for rank, candidate in enumerate(ranked[: top if quiet else max(top, 10)], start=1):
+    shown = ranked[:top]
+    for rank, candidate in enumerate(shown, start=1):
         step = candidate.training
         if candidate.status != SIMULATED or step is None:
             break
@@ -230,6 +234,10 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
                       *checked, f"{candidate.reserve.total / GIB:.1f}", f"{step.exposed_comm_s:.3f}",
                       f"{step.breakdown_s.get('bubble', 0.0):.3f}")
     console.print(table)
+    more = sum(c.status == SIMULATED for c in ranked[top:])
+    if more:
+        console.print(f"{more} more simulated layout(s) in plan.csv (--top {top} shows the {top} fastest)",
+                      highlight=False)
     band = found.error_band()
     if band is not None:
         console.print(f"error band: ±{100 * band.geomean_error:.0f}%, the model's geomean error on {band.runs} "

@@ -47,8 +47,9 @@ from chakra_core.plan.headroom import Headroom, Reserve
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.report.document import Results
-from chakra_core.sweep.run import Execution, run_sweep
+from chakra_core.sweep.run import Execution, PointReport, run_sweep
 from chakra_core.sweep.spec import build_sweep
+from chakra_core.sweep.task import Status
 
 GIB = 1 << 30
 METRIC = "training.step_time_s"
@@ -84,6 +85,8 @@ class PlanOptions:
     """Simulate with the traces' tensors listed, for the manifest's memory layer to follow."""
     headroom_gib: float | None = None
     """The reserve of every layout beside its predicted peak (default: worked out per layout)."""
+    progress: Callable[[str], None] | None = None
+    """Told what the search is doing (a line each: the layouts found, each round, each simulation)."""
     source: str = "plan"
     """Names the job in messages."""
 
@@ -168,6 +171,16 @@ class Plan:
         best = next((c for c in self.ranked() if c.status == SIMULATED), None)
         return None if best is None or best.training is None else best.training.error_band
 
+    def no_fit(self) -> str | None:
+        """Why no layout was simulated when none fits in memory (None when some fit)."""
+        if any(c.status != TOO_BIG for c in self.candidates) or not self.candidates:
+            return None
+        smallest = min(self.candidates, key=lambda c: c.memory.total + c.reserve.total)
+        return (f"no layout fits in memory: the smallest, {smallest.layout.label()}, needs "
+                f"{(smallest.memory.total + smallest.reserve.total) / GIB:.1f} GiB per GPU with its reserve, "
+                f"{self.usable_bytes / GIB:.1f} GiB usable (more GPUs, GPUs with more memory, or more "
+                "micro-batch sizes and recomputation in the search; plan.csv says why each does not fit)")
+
     def versus_best(self, ranked: list[Candidate]) -> Callable[[Candidate], tuple[float | None, bool | None]]:
         """For the layouts `ranked` (self.ranked()): how much slower than the best a simulated one is,
         and whether that is within the error band (a tie: the model cannot tell the two apart);
@@ -245,6 +258,10 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         candidates.append(candidate)
     result = Plan(candidates, enumeration, headroom, profile.name)
     result.warnings.extend(headroom.warnings)
+    say = options.progress or (lambda line: None)
+    fit = sum(c.status != TOO_BIG for c in candidates)
+    say(f"{len(candidates):,} layouts, {fit:,} fit in {headroom.usable / GIB:.1f} GiB per GPU; "
+        "timing their kernels for the step bound")
     if options.check_memory:
         manifest, why_not = memory_checked(manifest)
         result.memory_checked = why_not is None
@@ -272,7 +289,10 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         if not round_:
             break
         result.rounds += 1
-        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, execution)
+        say(f"round {result.rounds}: simulating {len(round_)} layout(s), {len(chosen):,} in all so far; "
+            + ("no layout is known yet" if kth == math.inf else
+               f"a layout needs a step under {kth:.3f} s to enter the {top} fastest"))
+        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, execution, len(chosen) - len(round_), say)
     result.tightened = queue.tightened
     blind = [c for c in candidates if c.status == SIMULATED and c.simulated_memory is None]
     if result.memory_checked and blind:
@@ -345,13 +365,26 @@ def _kth_best(chosen: list[Candidate], top: int) -> float:
 
 
 def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen: list[Candidate], result: Plan,
-              execution: Execution) -> None:
-    """One round: a sweep over every layout chosen so far (those of earlier rounds are read back)."""
+              execution: Execution, first_new: int, say: Callable[[str], None]) -> None:
+    """One round: a sweep over every layout chosen so far (those of earlier rounds, before
+    `first_new`, are read back and not reported again)."""
     data = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
             "output": {"dir": str(out_dir)}}
     sweep = build_sweep(data, base_dir, "plan", name="plan")
+    done = [0]
+
+    def report(point: PointReport) -> None:
+        if point.point.index < first_new:
+            return
+        done[0] += 1
+        what = ("read back from an earlier plan" if point.skipped else
+                f"{point.wall_s or 0.0:.1f} s" if point.status is Status.OK else f"failed: {point.error}")
+        say(f"  {done[0]} of {len(chosen) - first_new}: {chosen[point.point.index].layout.label()}: {what}")
+        if execution.on_point is not None:
+            execution.on_point(point)
+
     outcome = run_sweep(sweep, execution.executor, execution.workers, execution.address,
-                        execution.force and result.rounds == 1, on_point=execution.on_point, timeout=execution.timeout)
+                        execution.force and result.rounds == 1, on_point=report, timeout=execution.timeout)
     result.simulated += outcome.ran
     result.warnings.extend(w for w in outcome.warnings if w not in result.warnings)
     for candidate, point, row in zip(chosen, sweep.points, outcome.rows):

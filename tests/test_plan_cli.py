@@ -1,0 +1,58 @@
+"""`chakra-sim plan` in the terminal: what it says while it works, the rows it shows, a job no
+layout of which fits, and a narrow terminal."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import yaml
+from click.testing import CliRunner
+
+from chakra_core.cli import main
+from tests.test_plan import manifest
+
+
+def _plan(tmp_path, data, *args, env=None):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(data))
+    return CliRunner().invoke(main, ["plan", str(job), "--micro-batches", "1,2", "--out", str(tmp_path / "plan"),
+                                     "-j", "1", *args], env=env)
+
+
+def test_progress_names_each_round_and_reports_a_layout_once(tmp_path):
+    result = _plan(tmp_path, manifest(), "--top", "2", "--batch", "1")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\d+ layouts, \d+ fit in [\d.]+ GiB per GPU", result.output)
+    rounds = re.findall(r"round (\d+): simulating (\d+) layout", result.output)
+    assert len(rounds) >= 2 and all(count == "1" for _, count in rounds)
+    reported = re.findall(r"^  1 of 1: (.+): [\d.]+ s$", result.output, re.M)
+    assert len(reported) == len(rounds) and len(set(reported)) == len(reported)   # never read back again
+    assert "no layout is known yet" in result.output and "to enter the 2 fastest" in result.output
+
+
+def test_top_shows_that_many_rows_and_says_where_the_others_are(tmp_path):
+    result = _plan(tmp_path, manifest(), "--top", "1", "--batch", "3")
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "plan" / "plan.csv").open()))
+    simulated = [row for row in rows if row["status"] == "simulated"]
+    assert len(simulated) == 3
+    table_rows = re.findall(r"^│\s*(\d+)\s*│", result.output, re.M)
+    assert table_rows == ["1"]
+    assert "2 more simulated layout(s) in plan.csv (--top 1 shows the 1 fastest)" in result.output
+
+
+def test_a_job_no_layout_of_which_fits_is_an_error_after_the_table_is_written(tmp_path):
+    result = _plan(tmp_path, manifest(gpus=2, model="llama3-70b", global_batch=8), "--top", "1")
+    assert result.exit_code == 2, result.output   # an input the plan cannot satisfy, as every CliError
+    assert re.search(r"error: no layout fits in memory: the smallest, .+, needs [\d.]+ GiB per GPU with its "
+                     r"reserve, [\d.]+ GiB usable", result.output)
+    rows = list(csv.DictReader((tmp_path / "plan" / "plan.csv").open()))
+    assert rows and all(row["status"] == "does not fit" and row["overflow"] for row in rows)
+
+
+def test_at_80_columns_a_layout_stays_on_one_line(tmp_path):
+    result = _plan(tmp_path, manifest(), "--top", "1", "--batch", "1", "-q", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    best = next(csv.DictReader((tmp_path / "plan" / "plan.csv").open()))["layout"]
+    assert best in result.output
