@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from chakra_core.et.io import write_trace
+from chakra_core.et.rank_files import RankFiles, rank_path as rank_path
 from chakra_core.schema import pb
 
 TRACE_VERSION = "0.0.4"
@@ -141,19 +142,16 @@ def _unique(ids: Iterable[int]) -> list[int]:
     return out
 
 
-def rank_path(prefix: str | os.PathLike[str], rank: int) -> Path:
-    return Path(f"{os.fspath(prefix)}.{rank}.et")
-
-
 def write_rank_files(prefix: str | os.PathLike[str], ranks: Iterable[Sequence[pb.Node]],
-                     meta: pb.GlobalMetadata, compress: bool = False) -> list[Path]:
-    """Write PREFIX.<rank>.et for every rank (taken one at a time); return the paths."""
-    paths = []
-    for rank, nodes in enumerate(ranks):
-        path = rank_path(prefix, rank)
-        write_trace(path, meta, nodes, compress=compress)
-        paths.append(path)
-    return paths
+                     meta: pb.GlobalMetadata, compress: bool = False, count: int | None = None,
+                     what: str = "ranks") -> list[Path]:
+    """Write PREFIX.<rank>.et for every rank (taken one at a time): all or none, stale ranks of
+    an earlier trace removed (chakra_core.et.rank_files); return the paths. `count`, when known,
+    is checked (as `what`) before the first file is written."""
+    with RankFiles(prefix, count, what) as staged:
+        for rank, nodes in enumerate(ranks):
+            write_trace(staged.path(rank), meta, nodes, compress=compress)
+        return staged.commit()
 
 
 def micros_from_ns(ns: int) -> int:
