@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import write_trace
 from chakra_core.et.rank_files import RankFiles, rank_path as rank_path
 from chakra_core.schema import pb
@@ -27,8 +28,18 @@ TRACE_VERSION = "0.0.4"
 """GlobalMetadata.version written by the tools (what ASTRA-sim's own example traces carry)."""
 
 
+_RANGES = {"int64_val": (-(1 << 63), (1 << 63) - 1), "uint64_val": (0, (1 << 64) - 1),
+           "int32_val": (-(1 << 31), (1 << 31) - 1), "uint32_val": (0, (1 << 32) - 1)}
+
+
 def int_attr(name: str, value: int, field: str = "int64_val") -> pb.AttributeProto:
+    """An integer attribute; a value its field cannot hold is a ChakraSimError (protobuf's own
+    ValueError names neither the attribute nor the limit)."""
     attr = pb.AttributeProto(name=name)
+    low, high = _RANGES.get(field, (None, None))
+    if low is not None and high is not None and not low <= int(value) <= high:
+        raise ChakraSimError(f"attribute {name} = {int(value):,} ({int(value):.2g}) does not fit the "
+                             f"{field.removesuffix('_val')} a Chakra trace holds it in ({low:,} to {high:,})")
     setattr(attr, field, int(value))
     return attr
 

@@ -31,7 +31,7 @@ from chakra_core.jobs.flops import FORMULAS, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.spec import JobSpec, overflow
 from chakra_core.et.build import metadata, rank_path
 from chakra_core.et.rank_files import RankFiles
 from chakra_core.et.io import write_trace
@@ -53,9 +53,13 @@ class JobRun:
 
 def read_job(data: Any, source: str) -> JobSpec:
     try:
-        return JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
+    too_large = overflow(job)
+    if too_large is not None:
+        raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
+    return job
 
 
 def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profile:

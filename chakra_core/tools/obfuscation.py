@@ -144,6 +144,8 @@ def obfuscate_node(node: pb.Node, new_id: int, renumber: dict[int, int], groups:
             field = which if which in INT_FIELDS else "int64_val"
             if value < 0 and field.startswith(("uint", "fixed")):
                 field = "int64_val"
+            bits = (32 if "32" in field else 64) - (0 if field.startswith(("uint", "fixed")) else 1)
+            value = min(value, (1 << bits) - 1)   # a size perturbed up stays within its field
             attr_out = pb.AttributeProto(name=name)
             setattr(attr_out, field, value)
             out.attr.append(attr_out)

@@ -65,6 +65,9 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
         raise GeneratorError("--npus must be at least 1")
     if iterations < 1:
         raise GeneratorError("--iterations must be at least 1")
+    if size is not None and size > (1 << 63) - 1:
+        raise GeneratorError(f"--size {size}: more than the 2^63-1 bytes a Chakra trace's comm_size "
+                             "(a 64-bit integer) holds")
     if collective == "send_recv":
         return _send_recv_traces(size, npus, iterations, pattern, shift)
     if collective not in COLLECTIVES:
