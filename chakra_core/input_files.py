@@ -70,9 +70,15 @@ def read_input_bytes(path: str | os.PathLike[str], limit: Limit, what: str = "fi
         raise InputFileError(name, f"the {what} is {size:,} bytes, too large to read; {limit.hint()}")
     with open_input(path) as handle:
         try:
-            data = handle.read(most + 1)   # a file growing meanwhile still stops at the limit
+            # read(n) allocates n bytes first: ask for the size, then for what a growing file adds
+            blocks = [handle.read(size + 1)]
+            total = len(blocks[0])
+            while blocks[-1] and total <= most:
+                blocks.append(handle.read(min(1 << 20, most + 1 - total)))
+                total += len(blocks[-1])
         except OSError as exc:
             raise InputFileError(name, f"cannot read: {exc.strerror or exc}") from None
+    data = b"".join(blocks)
     if len(data) > most:
         raise InputFileError(name, f"the {what} grew past {most:,} bytes while read; {limit.hint()}")
     return data
