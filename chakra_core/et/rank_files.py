@@ -54,12 +54,14 @@ class RankFiles:
         folder = self.prefix.parent
         if count is not None:
             check_rank_count(count, what)
-        folder.mkdir(parents=True, exist_ok=True)
-        if count is not None and hasattr(os, "statvfs"):
-            free = os.statvfs(folder).f_favail
+        self._made = [parent for parent in (folder, *folder.parents) if not parent.exists()]
+        existing = folder.parents[len(self._made) - 1] if self._made else folder
+        if count is not None and hasattr(os, "statvfs") and existing.is_dir():
+            free = os.statvfs(existing).f_favail
             if 0 < free < count + _SPARE_INODES:   # 0: a filesystem that does not count them
                 raise ChakraSimError(f"{folder}: {count:,} rank files need {count:,} inodes; the "
                                      f"filesystem has {free:,} free")
+        folder.mkdir(parents=True, exist_ok=True)
         self._folder = Path(tempfile.mkdtemp(prefix=f".{self.prefix.name}.", suffix=".tmp", dir=folder))
         self._moves: list[tuple[Path, Path]] = []
 
@@ -87,3 +89,9 @@ class RankFiles:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
         shutil.rmtree(self._folder, ignore_errors=True)
+        if self._moves or kind is not None:   # not committed: the folders made for it go too
+            for made in self._made:
+                try:
+                    made.rmdir()
+                except OSError:
+                    break
