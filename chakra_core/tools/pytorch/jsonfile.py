@@ -22,7 +22,7 @@ def load_json(path: str | os.PathLike[str], what: str) -> Any:
             with GuardedGunzip(path, JSON_TRACE_BYTES) as stream:   # a gzip bomb stops early, with a message
                 data = stream.read()
     except InputFileError as exc:
-        raise ConversionError(str(exc)) from None
+        raise ConversionError(f"{exc.path}: cannot read the {what}: {exc.reason}") from None
     except (OSError, EOFError, zlib.error) as exc:
         raise ConversionError(f"{path}: corrupt or truncated gzip stream ({exc})") from exc
     try:
