@@ -66,8 +66,8 @@ def test_special_files_are_refused_from_their_stat_before_being_opened(tmp_path:
         server.bind(str(sock))
     dangling = tmp_path / "in.link"
     dangling.symlink_to(tmp_path / "nowhere")
-    expected = {fifo: "a named pipe", sock: "a socket", tmp_path: "a directory", Path("/dev/zero"): "a character device",
-                dangling: "a dangling symbolic link", tmp_path / "missing": "file not found"}
+    expected = {fifo: "a named pipe", sock: "a socket", tmp_path: "a directory",
+                Path("/dev/zero"): "a character device", dangling: "a dangling symbolic link", tmp_path / "missing": "file not found"}
     for path, reason in expected.items():
         for read in (check_input, lambda p: read_input_text(p), lambda p: read_trace(p)):
             with pytest.raises((InputFileError, TraceFormatError), match=reason) as caught:

@@ -46,8 +46,8 @@ def jsonize(trace: str, out_dir: str | None, compact: bool) -> None:
         with AtomicFiles() as staged:   # all the JSON files, or none of them
             for et_path in files:
                 target = (Path(out_dir) if out_dir else et_path.parent) / json_name(et_path)
-                written.append(f"{et_path} -> {target} ({jsonize_file(et_path, target, None if compact else 1, staged)} "
-                               "nodes)")
+                count = jsonize_file(et_path, target, None if compact else 1, staged)
+                written.append(f"{et_path} -> {target} ({count} nodes)")
             staged.commit()
     except ChakraSimError as exc:
         raise CliError(str(exc)) from exc

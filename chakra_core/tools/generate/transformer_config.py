@@ -125,7 +125,8 @@ class TransformerConfig:
         factors = {"--seq": self.seq, "--batch": self.batch, "--hidden": self.hidden, "--ffn-hidden": self.f,
                    "--vocab": self.vocab}
         rows = self.batch * self.seq
-        for what, value in (("activation", rows * self.hidden * 4), ("GEMM", 2 * rows * self.hidden * max(self.f, self.vocab)),
+        for what, value in (("activation", rows * self.hidden * 4),
+                            ("GEMM", 2 * rows * self.hidden * max(self.f, self.vocab)),
                             ("attention", 4 * rows * self.seq * self.hidden)):
             if value > (1 << 63) - 1:
                 option = max(factors, key=lambda k: factors[k])
