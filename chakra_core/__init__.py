@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from chakra_core.contract.network import (ClosedFormNetwork, ContentionFreeNetwork, Dimension, FlowNetwork,
                                               NetworkModel)
     from chakra_core.et.duration import replay_time_ns
-    from chakra_core.errors import (AttributeTypeError, ChakraSimError, DeadlockError, ManifestError, PluginError,
-                                    SimulationError, TraceFormatError, TraceGraphError)
+    from chakra_core.errors import (AttributeTypeError, ChakraSimError, DeadlockError, InputFileError, ManifestError,
+                                    PluginError, SimulationError, TraceFormatError, TraceGraphError)
     from chakra_core.et.attrs import NodeView
     from chakra_core.et.io import read_trace, write_trace
     from chakra_core.feeder import GraphFeeder, open_feeder
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from chakra_core.schema import pb
     from chakra_core.system.matching import MatchingSystem
     from chakra_core._atomic import atomic_write_bytes, atomic_write_text
+    from chakra_core.input_files import read_input_text
     from chakra_core.cli.output import CliError, out_console, tool_errors
     from chakra_core.cli.output import warn as print_warnings
     from chakra_core.comm.collectives import collective_wait
@@ -108,11 +109,13 @@ _EXPORTS = {
     "CliError": "chakra_core.cli.output", "tool_errors": "chakra_core.cli.output",
     "out_console": "chakra_core.cli.output", "print_warnings": "chakra_core.cli.output:warn",
     "atomic_write_text": "chakra_core._atomic", "atomic_write_bytes": "chakra_core._atomic",
+    "read_input_text": "chakra_core.input_files",
     # errors
     "ChakraSimError": "chakra_core.errors", "ManifestError": "chakra_core.errors",
     "PluginError": "chakra_core.errors", "SimulationError": "chakra_core.errors",
     "DeadlockError": "chakra_core.errors", "TraceFormatError": "chakra_core.errors",
     "TraceGraphError": "chakra_core.errors", "AttributeTypeError": "chakra_core.errors",
+    "InputFileError": "chakra_core.errors",
 }
 """Public name -> the module that defines it ("module:name" where the public name differs)."""
 

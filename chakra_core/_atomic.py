@@ -108,15 +108,21 @@ class AtomicFiles:
 
     def _stage(self, path: str | os.PathLike[str], mode: str, open_kwargs: dict[str, Any],
                contents: str | bytes) -> None:
+        with self.open(path, mode, **open_kwargs) as handle:
+            handle.write(contents)
+
+    @contextlib.contextmanager
+    def open(self, path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
+        """A handle to write one of the files through, for contents too large to hold at once."""
         target = Path(path)
         fd, tmp_name = _temp_sibling(target)
         self._staged.append((tmp_name, target))
         with _written(fd, tmp_name, mode, open_kwargs) as handle:
-            handle.write(contents)
+            yield handle
 
     def commit(self) -> list[Path]:
         """Rename every staged file over its target; return the targets."""
-        with _sigint_held() as received:
+        with sigint_held() as received:
             done = []
             for tmp_name, target in self._staged:
                 os.replace(tmp_name, target)
@@ -139,7 +145,7 @@ class AtomicFiles:
 
 
 @contextlib.contextmanager
-def _sigint_held() -> Iterator[list[int]]:
+def sigint_held() -> Iterator[list[int]]:
     """Hold SIGINT during the block; yields the list it appends a held signal to."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():

@@ -24,6 +24,17 @@ class TraceFormatError(ChakraSimError):
         return type(self), (self.path, self.offset, self.reason)
 
 
+class InputFileError(ChakraSimError):
+    """An input file cannot be read: missing, not a regular file, too large, not text."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+    def __reduce__(self) -> tuple[type["InputFileError"], tuple[str, str]]:
+        return type(self), (self.path, self.reason)
+
+
 class TraceGraphError(ChakraSimError):
     """The dependency graph of a trace is unusable (missing parent, cycle, duplicate id)."""
 

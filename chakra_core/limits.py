@@ -11,8 +11,6 @@ Values are read when checked, so a test or a caller may change them at any time.
 from __future__ import annotations
 
 import os
-import stat
-import zlib
 from dataclasses import dataclass
 
 from chakra_core.errors import ChakraSimError, TraceFormatError
@@ -49,6 +47,12 @@ GZIP_ALLOWANCE = 64 << 10
 NODE_PARENTS = Limit("CHAKRA_SIM_MAX_NODE_PARENTS", 1_000_000, "parents per node")
 CONFIG_DEPTH = Limit("CHAKRA_SIM_MAX_CONFIG_DEPTH", 64, "levels of nesting")
 CONFIG_NODES = Limit("CHAKRA_SIM_MAX_CONFIG_NODES", 1_000_000, "values (after YAML aliases are expanded)")
+INPUT_BYTES = Limit("CHAKRA_SIM_MAX_INPUT_BYTES", 64 << 20, "bytes")
+"""A configuration, job, sweep, text workload, nccl-tests log or synthesis model: the largest
+shipped is under 1 MiB."""
+JSON_TRACE_BYTES = Limit("CHAKRA_SIM_MAX_JSON_TRACE_BYTES", 8 << 30, "bytes")
+"""A PyTorch execution trace or Kineto trace (decompressed): real ones reach a few GiB; Python's
+JSON objects take 5-10x the text, so a larger one would not fit a machine's memory anyway."""
 TIME_NS = Limit("CHAKRA_SIM_MAX_TIME_NS", 10**18, "ns (about 32 years)")
 """Any simulated time; below 2^63 so that every time fits a signed 64-bit column."""
 
@@ -60,83 +64,12 @@ def check_length(path: str, offset: int, length: int) -> None:
                                              f"{MESSAGE_BYTES.hint()}")
 
 
-def check_regular(path: str | os.PathLike[str]) -> None:
-    """Refuse devices (/dev/zero, /dev/urandom): they never end. Regular files and pipes pass."""
-    mode = os.stat(path).st_mode
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        raise TraceFormatError(str(path), 0, "not a regular file (a device: it would be read forever)")
+RANKS = Limit("CHAKRA_SIM_MAX_RANKS", 131_072, "ranks")
+"""Rank files one command writes (generate, synthesize, convert text): above the largest
+clusters trained on (about 100,000 GPUs); a typo of 1,000,000 wrote files until killed."""
 
 
-class GuardedGunzip:
-    """A gzip file's decompressed stream that stops with a TraceFormatError once it expands
-    beyond GZIP_RATIO times the compressed bytes read so far (a gzip bomb), early, instead of
-    filling memory or disk or feeding millions of empty messages to the reader. Compressed
-    input goes in small steps, so the count is exact (gzip.GzipFile reads ahead 128 KiB)."""
-
-    _IN_STEP = 1 << 10
-    _OUT_STEP = 64 << 10
-
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = str(path)
-        self._ratio = GZIP_RATIO.value()
-        self._file = open(path, "rb")
-        self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)   # gzip framing
-        self._consumed = 0
-        self._produced = 0
-        self._left = b""     # decompressed, not handed out yet
-
-    def _next_block(self) -> bytes:
-        """Up to _OUT_STEP decompressed bytes; b"" at the end of the last member."""
-        while True:
-            data = self._inflate.unconsumed_tail
-            if not data:
-                if self._inflate.eof:        # a member ended: another may follow
-                    data = self._inflate.unused_data or self._file.read(self._IN_STEP)
-                    if not data.strip(b"\x00"):
-                        return b""
-                    self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                else:
-                    data = self._file.read(self._IN_STEP)
-                    if not data:
-                        raise EOFError("compressed file ended before the end-of-stream marker was reached")
-                self._consumed += len(data)
-            block = self._inflate.decompress(data, self._OUT_STEP)
-            if block:
-                return block
-
-    def read(self, size: int = -1) -> bytes:
-        parts: list[bytes] = []
-        wanted = size if size >= 0 else -1
-        while wanted != 0:
-            block = self._take_left() if self._left else self._next_block()
-            if not block:
-                break
-            if wanted > 0 and len(block) > wanted:
-                block, self._left = block[:wanted], block[wanted:]
-            self._produced += len(block)
-            if self._produced > GZIP_ALLOWANCE + self._ratio * self._consumed:
-                raise TraceFormatError(
-                    self.path, self._produced,
-                    f"gzip stream expands to {self._produced:,} bytes from {self._consumed:,} compressed "
-                    f"bytes (a gzip bomb?); {GZIP_RATIO.hint()}")
-            parts.append(block)
-            if wanted > 0:
-                wanted -= len(block)
-        return b"".join(parts)
-
-    def _take_left(self) -> bytes:
-        block, self._left = self._left, b""
-        return block
-
-    def close(self) -> None:
-        self._file.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._file.closed
-
-    def __enter__(self) -> "GuardedGunzip":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def check_rank_count(count: int, what: str) -> None:
+    """A ChakraSimError naming `what` (the option or key) when `count` ranks exceed RANKS."""
+    if count > RANKS.value():
+        raise ChakraSimError(f"{what} {count:,}: more rank files than one command writes; {RANKS.hint()}")

@@ -49,6 +49,8 @@ class Case:
     build: Callable[[Path], list[str]]     # writes the inputs into a folder; returns the arguments
     names: tuple[str, ...] = ()            # a clear error mentions one of these (the bad file, ...)
     trace: bool = False                    # a run/validate case whose verdicts must agree
+    isolated: bool = False                 # run in a subprocess under a memory limit (tests/fuzz_files.py)
+    env: tuple[tuple[str, str], ...] = ()  # environment of an isolated run (a limit lowered, ...)
 
     @property
     def id(self) -> str:
@@ -79,9 +81,14 @@ def _gzip_bomb() -> bytes:
     return buffer.getvalue()
 
 
-def trace_mutations(seed: int = 0, full: bool = True) -> Iterator[tuple[str, bytes | Path]]:
-    """(name, bytes of a rank's .et file, or a path to link it to) for malformed traces; `full`
-    (the benchmark's corpus) tries more cuts and random bytes than CI's."""
+Mutation = bytes | Path | Callable[[], bytes]
+"""A rank's .et file: its bytes, a path to link it to, or a function making the bytes (for the
+costly ones, made when a case writes them, not when the corpus is listed at test collection)."""
+
+
+def trace_mutations(seed: int = 0, full: bool = True) -> Iterator[tuple[str, Mutation]]:
+    """(name, mutation) for malformed traces; `full` (the benchmark's corpus) tries more cuts and
+    random bytes than CI's."""
     good = _example_bytes()
     meta_end = 1 + good[0]
     rng = random.Random(seed)
@@ -112,7 +119,7 @@ def trace_mutations(seed: int = 0, full: bool = True) -> Iterator[tuple[str, byt
     yield "gzip-of-valid", gzip.compress(good, mtime=0)
     yield "gzip-truncated", gzip.compress(good, mtime=0)[:30]
     yield "gzip-magic-only", b"\x1f\x8b"
-    yield "gzip-bomb", _gzip_bomb()
+    yield "gzip-bomb", _gzip_bomb
     yield "dev-zero", Path("/dev/zero")
     coll = read_trace(EXAMPLE_TRACES / "all_reduce.0.et").nodes[0]
     yield "duplicate-node-id", _nodes_trace([coll, coll])
@@ -120,9 +127,11 @@ def trace_mutations(seed: int = 0, full: bool = True) -> Iterator[tuple[str, byt
     cyc = [make_node(1, pb.COMP_NODE, [2], duration_micros=1),
            make_node(2, pb.COMP_NODE, [1], duration_micros=1)]
     yield "cycle", _nodes_trace(cyc)
-    parents = [make_node(i, pb.COMP_NODE, duration_micros=1) for i in range(1, 40_001)]
-    hub = make_node(50_000, pb.COMP_NODE, range(1, 40_001), duration_micros=1)
-    yield "node-with-40000-parents", _nodes_trace([coll, *parents, hub])
+    def fan_in() -> bytes:
+        parents = [make_node(i, pb.COMP_NODE, duration_micros=1) for i in range(1, 40_001)]
+        hub = make_node(50_000, pb.COMP_NODE, range(1, 40_001), duration_micros=1)
+        return _nodes_trace([coll, *parents, hub])
+    yield "node-with-40000-parents", fan_in
     yield "duration-2^64-micros", _nodes_trace([coll, make_node(9, pb.COMP_NODE, duration_micros=(1 << 64) - 1)])
     yield "duration-above-1e18-ns", _nodes_trace([coll, make_node(9, pb.COMP_NODE, duration_micros=10**15 + 1)])
     yield "comm-size-2^62", _nodes_trace([make_node(0, pb.COMM_COLL_NODE, attrs={"is_cpu_op": False, "comm_type": 0, "comm_size": 1 << 62})])
@@ -132,8 +141,10 @@ def trace_mutations(seed: int = 0, full: bool = True) -> Iterator[tuple[str, byt
     yield "deeply-nested-groups", _frame(meta) + _frame(node + nested)
 
 
-def _write_prefix(folder: Path, rank0: bytes | Path, gz: bool = False) -> Path:
+def _write_prefix(folder: Path, rank0: Mutation, gz: bool = False) -> Path:
     """The 8 example traces under folder/traces/t.<rank>.et, rank 0's replaced."""
+    if callable(rank0):
+        rank0 = rank0()
     traces = folder / "traces"
     traces.mkdir(parents=True, exist_ok=True)
     for rank in range(1, 8):
@@ -170,15 +181,15 @@ def trace_cases(seed: int = 0, full: bool = True) -> list[Case]:
     for name, rank0 in trace_mutations(seed, full):
         gz = name.startswith("gzip")
 
-        def build(folder: Path, rank0: bytes | Path = rank0, gz: bool = gz) -> list[str]:
+        def build(folder: Path, rank0: Mutation = rank0, gz: bool = gz) -> list[str]:
             _write_prefix(folder, rank0, gz)
             return [str(_write_manifest(folder)), "--out", str(folder / "out")]
 
-        def build_file(folder: Path, rank0: bytes | Path = rank0, gz: bool = gz) -> list[str]:
+        def build_file(folder: Path, rank0: Mutation = rank0, gz: bool = gz) -> list[str]:
             return [str(_write_prefix(folder, rank0, gz)) + f".0.et{'.gz' if gz else ''}", "--out",
                     str(folder / "out")]
 
-        def build_prefix(folder: Path, rank0: bytes | Path = rank0, gz: bool = gz) -> list[str]:
+        def build_prefix(folder: Path, rank0: Mutation = rank0, gz: bool = gz) -> list[str]:
             return [str(_write_prefix(folder, rank0, gz)), "--out", str(folder / "out")]
 
         for command in ("run", "validate"):
@@ -186,9 +197,10 @@ def trace_cases(seed: int = 0, full: bool = True) -> list[Case]:
         if full or name != "gzip-bomb":   # jsonized node by node until the guard stops it: 3 s
             cases.append(Case("jsonize", name, build_file, TRACE_NAMES))
         cases.append(Case("analyze", name, build_prefix, TRACE_NAMES))
+    mutations = dict(trace_mutations(seed, full))
     for name in ("truncated-at-24", "length-prefix-2^60", "garbage", "node-with-40000-parents") + (
             ("gzip-bomb",) if full else ()):
-        rank0 = dict(trace_mutations(seed, full))[name]
+        rank0 = mutations[name]
         cases.append(Case("visualize", name, lambda f, r=rank0: [
             str(_write_prefix(f, r, False)) + ".0.et", "--output", str(f / "out" / "g.dot")], TRACE_NAMES))
         cases.append(Case("obfuscate", name, lambda f, r=rank0: [
@@ -441,8 +453,10 @@ def other_cases(seed: int = 0, full: bool = True) -> list[Case]:
 
 def all_cases(seed: int = 0, full: bool = True) -> list[Case]:
     """The corpus: `full` for benchmarks/fuzz_summary.py, the smaller one for CI (tests/test_fuzz.py)."""
+    from tests.fuzz_files import file_cases
+
     return (trace_cases(seed, full) + manifest_cases(full) + astra_cases(full) + converter_cases(seed, full)
-            + other_cases(seed, full))
+            + other_cases(seed, full) + file_cases())
 
 
 # Judging -------------------------------------------------------------------------------------
@@ -467,10 +481,14 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def judge(case: Case, folder: Path, seconds: int = CASE_SECONDS) -> Outcome:
-    """Run `case` in-process in `folder` (created) and sort what happened."""
+    """Run `case` in-process in `folder` (created), or in a subprocess under a memory limit when it
+    is `isolated`, and sort what happened."""
     from chakra_core.cli import main
 
     folder.mkdir(parents=True, exist_ok=True)
+    if case.isolated:
+        from tests.fuzz_files import judge_isolated
+        return judge_isolated(case, folder, seconds)
     args = case.command.split() + case.build(folder)
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(seconds)
@@ -487,20 +505,25 @@ def judge(case: Case, folder: Path, seconds: int = CASE_SECONDS) -> Outcome:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         trace = "".join(traceback.format_exception(result.exception))
         return Outcome(case, "traceback", None, output + trace)
+    return classify(case, folder, result.exit_code, output)
+
+
+def classify(case: Case, folder: Path, exit_code: int, output: str) -> Outcome:
+    """The verdict on a finished run from its exit status, its output and what it left in out/."""
     if "Traceback" in output:
-        return Outcome(case, "traceback", result.exit_code, output)
-    if result.exit_code == 0:
+        return Outcome(case, "traceback", exit_code, output)
+    if exit_code == 0:
         verdict = "ok"
-    elif result.exit_code == 2:
+    elif exit_code == 2:
         # click's own usage errors name the option; ours must name the file
         clear = output.count("\n") < 60 and (any(n in output for n in case.names) or "Usage:" in output)
         verdict = "error" if clear else "unclear"
     else:
-        verdict = f"exit-{result.exit_code}"
+        verdict = f"exit-{exit_code}"
     out = folder / "out"
     leftovers = [p.name for p in out.rglob("*") if p.name.endswith(".tmp")] if out.is_dir() else []
-    if result.exit_code != 0 and out.is_dir():
+    if exit_code != 0 and out.is_dir():
         leftovers += [p.name for p in out.rglob("*") if p.is_file()]
     if leftovers:
-        return Outcome(case, "half-written", result.exit_code, output + f"\nleft in out/: {leftovers}")
-    return Outcome(case, verdict, result.exit_code, output)
+        return Outcome(case, "half-written", exit_code, output + f"\nleft in out/: {leftovers}")
+    return Outcome(case, verdict, exit_code, output)

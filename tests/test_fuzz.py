@@ -1,7 +1,8 @@
 """Malformed inputs, fed to every command that reads user files (corpus: tests/fuzz_inputs.py).
 
 Every input gets one clear answer: success, or `error:` naming the file (and where) with exit
-status 2 — no traceback, no hang, nothing half-written in the output folder — and `validate`
+status 2 — no traceback, no hang, nothing half-written in the output folder, and for the inputs
+of tests/fuzz_files.py no run killed by its 2 GiB memory limit — and `validate`
 rejects exactly what `run` rejects. Property tests (hypothesis) check that the readers of a
 .et file (in-memory, streaming index, jsonizer, folding) agree on arbitrary bytes, and that
 the configuration reader answers any text with a mapping or a ManifestError. The limits of
@@ -277,3 +278,24 @@ def test_the_corpus_holds_each_reviewed_finding() -> None:
                     "duplicate-key", "typo-endpoint-delya", "system-deep-nesting", "network-bandwidth-nan"):
         assert finding in names
     assert dict(trace_mutations(full=False))["empty-file"] == b""
+
+
+def test_the_corpus_holds_issue_33s_inputs_each_run_isolated() -> None:
+    """/dev/zero and a writerless FIFO through every command that reads a file, numbers past 64 bits,
+    a million ranks, rank files that are folders or dangling links: each in a subprocess under a
+    2 GiB address-space limit (tests/fuzz_files.py)."""
+    ids = {c.id for c in CASES if c.isolated}
+    for command in ("run", "validate", "plan", "sweep", "generate job", "convert text", "convert pytorch",
+                    "calibrate", "accuracy", "synthesize"):
+        assert f"{command}:{command.split()[-1]}-dev-zero" in ids
+    assert {"validate:validate-fifo", "run:astra-system-dev-zero", "run:seq-1e9", "validate:seq-1e9",
+            "generate job:seq-1e9", "generate microbenchmark:size-2^70", "generate transformer:seq-1e12",
+            "generate microbenchmark:npus-1e6", "synthesize:ranks-1e6", "jsonize:rank-file-directory",
+            "obfuscate:rank-file-dangling-symlink", "validate:validate-over-the-size-limit"} <= ids
+
+
+def test_the_corpus_is_listed_without_making_its_costly_inputs() -> None:
+    """Listing the corpus (at collection) makes no gzip bomb nor 40,000-node trace: a case makes
+    its bytes when it runs (collection took 6.5 s of tests/test_fuzz.py's, now well under 1 s)."""
+    mutations = dict(trace_mutations(full=False))
+    assert callable(mutations["gzip-bomb"]) and callable(mutations["node-with-40000-parents"])

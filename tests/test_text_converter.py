@@ -157,7 +157,7 @@ def test_cli_rejects_options_that_do_not_apply(tmp_path, header, options, messag
 def test_cli_missing_input_and_compressed_output(tmp_path):
     result = CliRunner().invoke(convert_text, [str(tmp_path / "nope.txt"), "--num-npus", "2", "--output",
                                                str(tmp_path / "t")])
-    assert result.exit_code == 2 and "nope.txt: cannot read" in result.output
+    assert result.exit_code == 2 and "nope.txt: file not found" in result.output
     path = workload_file(tmp_path, "DATA\n1\n" + layer("a", 1000, wg=1000, wg_comm="ALLREDUCE", wg_size=8))
     result = CliRunner().invoke(convert_text, [str(path), "--num-npus", "2", "--output", str(tmp_path / "z"),
                                                "--compress"])

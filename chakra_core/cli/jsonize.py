@@ -35,11 +35,23 @@ def jsonize(trace: str, out_dir: str | None, compact: bool) -> None:
         files = [et_path for _, et_path in ranks]
     if not files:
         raise CliError(f"no trace file {trace} and no files {trace}.<rank>.et or .et.gz")
+    from chakra_core._atomic import AtomicFiles
+    from chakra_core.input_files import open_trace_file
+
+    written = []
+    target = Path(out_dir or ".")
     try:
-        for et_path in files:
-            target_dir = Path(out_dir) if out_dir else et_path.parent
-            target = target_dir / json_name(et_path)
-            count = jsonize_file(et_path, target, indent=None if compact else 1)
-            click.echo(f"{et_path} -> {target} ({count} nodes)")
+        for et_path in files:   # every input is a file before anything is written
+            open_trace_file(et_path).close()
+        with AtomicFiles() as staged:   # all the JSON files, or none of them
+            for et_path in files:
+                target = (Path(out_dir) if out_dir else et_path.parent) / json_name(et_path)
+                count = jsonize_file(et_path, target, None if compact else 1, staged)
+                written.append(f"{et_path} -> {target} ({count} nodes)")
+            staged.commit()
     except ChakraSimError as exc:
         raise CliError(str(exc)) from exc
+    except OSError as exc:
+        raise CliError(f"cannot write {exc.filename or target}: {exc.strerror or exc}") from exc
+    for line in written:
+        click.echo(line)

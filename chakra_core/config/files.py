@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from chakra_core.errors import ManifestError
+from chakra_core.errors import InputFileError, ManifestError
+from chakra_core.input_files import read_input_text
 from chakra_core.limits import CONFIG_DEPTH, CONFIG_NODES
 
 _INT64 = 1 << 63
@@ -140,13 +141,9 @@ def check_values(data: Any, where: str) -> None:
 def read_config_file(path: Path) -> dict[str, Any]:
     """A JSON or YAML mapping from `path`, or a ManifestError naming the file and the problem."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ManifestError([(str(path), "file not found")]) from None
-    except UnicodeDecodeError as exc:
-        raise ManifestError([(str(path), f"not UTF-8 text ({exc.reason} at byte {exc.start})")]) from None
-    except OSError as exc:
-        raise ManifestError([(str(path), f"cannot read: {exc.strerror}")]) from None
+        text = read_input_text(path, "configuration file")
+    except InputFileError as exc:
+        raise ManifestError([(exc.path, exc.reason)]) from None
     is_json = path.suffix.lower() == ".json"
     try:
         data = _load_json(text, str(path)) if is_json else load_yaml(text, str(path))

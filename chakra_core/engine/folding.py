@@ -34,14 +34,13 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from chakra_core.comm.collectives import ROOT_ATTRS
 from chakra_core.comm.groups import group_shape, parse_pg_list
 from chakra_core.contract.folding import Folding
 from chakra_core.errors import TraceFormatError
-from chakra_core.et.io import decode_varint, is_gzip, parse_metadata, parse_node, read_file_bytes
+from chakra_core.et.io import decode_varint, parse_metadata, parse_node, read_file_bytes
 from chakra_core.schema import pb
 
 PEER_ATTRS = ("comm_src", "comm_dst")
@@ -124,7 +123,7 @@ def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int
 
 def rank_view(path: str, rank: int, ranks: int, comm_groups: Mapping[str, Sequence[int]]) -> _RankView:
     """Read one rank's trace into its signature (see module docstring)."""
-    data = read_file_bytes(path) if is_gzip(path) else Path(path).read_bytes()
+    data = read_file_bytes(path)
     groups = {name: tuple(sorted(members)) for name, members in comm_groups.items()}
     view = _Seen()
     digest = hashlib.blake2b()

@@ -19,15 +19,27 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import write_trace
+from chakra_core.et.rank_files import RankFiles, rank_path as rank_path
 from chakra_core.schema import pb
 
 TRACE_VERSION = "0.0.4"
 """GlobalMetadata.version written by the tools (what ASTRA-sim's own example traces carry)."""
 
 
+_RANGES = {"int64_val": (-(1 << 63), (1 << 63) - 1), "uint64_val": (0, (1 << 64) - 1),
+           "int32_val": (-(1 << 31), (1 << 31) - 1), "uint32_val": (0, (1 << 32) - 1)}
+
+
 def int_attr(name: str, value: int, field: str = "int64_val") -> pb.AttributeProto:
+    """An integer attribute; a value its field cannot hold is a ChakraSimError (protobuf's own
+    ValueError names neither the attribute nor the limit)."""
     attr = pb.AttributeProto(name=name)
+    low, high = _RANGES.get(field, (None, None))
+    if low is not None and high is not None and not low <= int(value) <= high:
+        raise ChakraSimError(f"attribute {name} = {int(value):,} ({int(value):.2g}) does not fit the "
+                             f"{field.removesuffix('_val')} a Chakra trace holds it in ({low:,} to {high:,})")
     setattr(attr, field, int(value))
     return attr
 
@@ -141,19 +153,16 @@ def _unique(ids: Iterable[int]) -> list[int]:
     return out
 
 
-def rank_path(prefix: str | os.PathLike[str], rank: int) -> Path:
-    return Path(f"{os.fspath(prefix)}.{rank}.et")
-
-
 def write_rank_files(prefix: str | os.PathLike[str], ranks: Iterable[Sequence[pb.Node]],
-                     meta: pb.GlobalMetadata, compress: bool = False) -> list[Path]:
-    """Write PREFIX.<rank>.et for every rank (taken one at a time); return the paths."""
-    paths = []
-    for rank, nodes in enumerate(ranks):
-        path = rank_path(prefix, rank)
-        write_trace(path, meta, nodes, compress=compress)
-        paths.append(path)
-    return paths
+                     meta: pb.GlobalMetadata, compress: bool = False, count: int | None = None,
+                     what: str = "ranks") -> list[Path]:
+    """Write PREFIX.<rank>.et for every rank (taken one at a time): all or none, stale ranks of
+    an earlier trace removed (chakra_core.et.rank_files); return the paths. `count`, when known,
+    is checked (as `what`) before the first file is written."""
+    with RankFiles(prefix, count, what) as staged:
+        for rank, nodes in enumerate(ranks):
+            write_trace(staged.path(rank), meta, nodes, compress=compress)
+        return staged.commit()
 
 
 def micros_from_ns(ns: int) -> int:

@@ -22,14 +22,14 @@ import gzip
 import os
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from google.protobuf.message import DecodeError, Message
 
 from chakra_core._atomic import atomic_output
 from chakra_core.errors import TraceFormatError
-from chakra_core.limits import GuardedGunzip, check_length, check_regular
+from chakra_core.input_files import GuardedGunzip, open_trace_file
+from chakra_core.limits import check_length
 from chakra_core.schema import pb
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -84,15 +84,15 @@ def iter_frames(buf: bytes | memoryview, path: str = "<buffer>") -> Iterator[tup
 
 
 def is_gzip(path: str | os.PathLike[str]) -> bool:
-    check_regular(path)
-    with open(path, "rb") as handle:
+    with open_trace_file(path) as handle:
         return handle.read(2) == GZIP_MAGIC
 
 
 def read_file_bytes(path: str | os.PathLike[str]) -> bytes:
     """The decompressed contents of a .et file (plain or gzip)."""
     if not is_gzip(path):
-        return Path(path).read_bytes()
+        with open_trace_file(path) as handle:   # a regular file: its size bounds the read
+            return handle.read()
     try:
         with GuardedGunzip(path) as stream:
             return stream.read()
@@ -199,7 +199,7 @@ def open_stream(path: str | os.PathLike[str]) -> BinaryIO:
     """A binary stream of the decompressed file contents."""
     if is_gzip(path):
         return GuardedGunzip(path)  # type: ignore[return-value]  # read() and close() suffice
-    return open(path, "rb")
+    return open_trace_file(path)
 
 
 def iter_trace(path: str | os.PathLike[str]) -> tuple[pb.GlobalMetadata, Iterator[tuple[int, pb.Node]]]:

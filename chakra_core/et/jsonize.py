@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from chakra_core._atomic import atomic_output
+from chakra_core._atomic import AtomicFiles, atomic_output
 from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import iter_trace
 
@@ -26,11 +26,13 @@ def message_dict(message: Message) -> dict[str, Any]:
 
 
 def jsonize_file(et_path: str | os.PathLike[str], json_path: str | os.PathLike[str],
-                 indent: int | None = 1) -> int:
-    """Write `et_path` as JSON to `json_path`; return the number of nodes written."""
+                 indent: int | None = 1, files: AtomicFiles | None = None) -> int:
+    """Write `et_path` as JSON to `json_path`; return the number of nodes written. With `files`,
+    the JSON is staged there, to replace its target when the set is committed."""
     metadata, nodes = iter_trace(et_path)
     count = 0
-    with atomic_output(json_path, "w", encoding="utf-8") as out:
+    output = atomic_output if files is None else files.open
+    with output(json_path, "w", encoding="utf-8") as out:
         out.write('{"global_metadata": ')
         json.dump(message_dict(metadata), out, indent=indent)
         out.write(', "nodes": [')

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from chakra_core.feeder.base import GraphFeeder
+from chakra_core.input_files import open_trace_file
 from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, StreamingFeeder, TraceIndex
 
 T = TypeVar("T")
 
 
 def file_digest(path: str | os.PathLike[str]) -> bytes:
-    with open(path, "rb") as handle:
+    with open_trace_file(path) as handle:
         if sys.version_info >= (3, 11):
             return hashlib.file_digest(handle, "blake2b").digest()
         digest = hashlib.blake2b()   # Python 3.10 has no hashlib.file_digest: the same digest by hand
@@ -39,7 +40,7 @@ def file_digest(path: str | os.PathLike[str]) -> bytes:
 
 def same_bytes(a: str | os.PathLike[str], b: str | os.PathLike[str], block: int = 1 << 20) -> bool:
     """Whether two files of equal size hold the same bytes (read block by block: memory stays small)."""
-    with open(a, "rb") as first, open(b, "rb") as second:
+    with open_trace_file(a) as first, open_trace_file(b) as second:
         while True:
             x, y = first.read(block), second.read(block)
             if x != y:
@@ -63,7 +64,8 @@ class IdenticalFiles(Generic[T]):
 
     def get_or_make(self, path: str | os.PathLike[str], make: Callable[[], T]) -> T:
         path = Path(path)
-        size = path.stat().st_size
+        with open_trace_file(path) as handle:   # a missing or special file: a TraceFormatError
+            size = os.fstat(handle.fileno()).st_size
         if size not in self._hashed_sizes:
             first = self._unhashed.get(size)
             if first is None:

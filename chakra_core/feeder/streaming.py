@@ -29,7 +29,7 @@ from typing import BinaryIO
 from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import FrameReader, is_gzip, parse_metadata, parse_node
-from chakra_core.limits import GuardedGunzip
+from chakra_core.input_files import GuardedGunzip, open_trace_file
 from chakra_core.feeder.base import (GraphFeeder, IssuableHeap, cycle_error, find_cycle,
                                      missing_parent_problem, node_kind, parents_of,
                                      use_control_deps)
@@ -86,7 +86,7 @@ class TraceIndex:
         edge_parent = array("Q")   # parent id of each edge
         edge_child = array("I")    # child position of each edge
         edge_is_ctrl = bytearray()  # 1 when the edge is a control-only dependency
-        with open(source, "rb") as stream:
+        with open_trace_file(source) as stream:
             reader = FrameReader(stream, self.path)
             frames = iter(reader)
             first = next(frames, None)

@@ -26,7 +26,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from chakra_core.config.files import check_values, load_yaml
 from chakra_core.hardware.achievable import AchievableSpec as AchievableSpec, AttentionCurve as AttentionCurve
 from chakra_core.hardware.values import DTYPES as DTYPES, Sourced as Sourced, _Strict
-from chakra_core.errors import ManifestError
+from chakra_core.errors import InputFileError, ManifestError
+from chakra_core.input_files import read_input_text
 from chakra_core.hardware.inheritance import InheritedRate, Origin, inherited, origins
 
 ARCHITECTURES = ("volta", "ampere", "hopper")
@@ -297,12 +298,11 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
         raise ManifestError([(str(path), "profile 'extends' chain loops: "
                               + " -> ".join(p.name for p in (*seen, path)))])
     try:
-        data = load_yaml(path.read_text(), str(path))
+        data = load_yaml(read_input_text(path, "profile"), str(path))
         check_values(data, str(path))
-    except FileNotFoundError:
-        raise ManifestError([(str(path), "profile file not found")]) from None
-    except OSError as exc:   # a folder, no permission, ...
-        raise ManifestError([(str(path), f"cannot read the profile: {exc.strerror or exc}")]) from None
+    except InputFileError as exc:
+        reason = "profile file not found" if exc.reason == "file not found" else exc.reason
+        raise ManifestError([(exc.path, reason)]) from None
     except yaml.YAMLError as exc:
         raise ManifestError([(str(path), f"not valid YAML: {exc}")]) from None
     if not isinstance(data, dict):

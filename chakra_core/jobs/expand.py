@@ -31,8 +31,9 @@ from chakra_core.jobs.flops import FORMULAS, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.spec import JobSpec, overflow
 from chakra_core.et.build import metadata, rank_path
+from chakra_core.et.rank_files import RankFiles
 from chakra_core.et.io import write_trace
 
 GENERATOR = "chakra-sim job"
@@ -52,9 +53,13 @@ class JobRun:
 
 def read_job(data: Any, source: str) -> JobSpec:
     try:
-        return JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
+    too_large = overflow(job)
+    if too_large is not None:
+        raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
+    return job
 
 
 def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profile:
@@ -151,18 +156,12 @@ def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int]
     """Write PREFIX.<rank>.et for `ranks` (default every rank), removing rank files of an
     earlier, larger job under the same prefix."""
     ranks = list(range(placement.world)) if ranks is None else ranks
-    for old in prefix.parent.glob(f"{prefix.name}.*.et"):
-        suffix = old.name[len(prefix.name) + 1:-3]
-        if suffix.isdigit():
-            old.unlink()
     meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
                      "device": "none: compute nodes are timed from num_ops and shapes"})
-    paths = []
-    for rank in ranks:
-        path = rank_path(prefix, rank)
-        write_trace(path, meta, RankProgram(job, placement, rank).build())
-        paths.append(path)
-    return paths
+    with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
+        for rank in ranks:
+            write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build())
+        return staged.commit()
 
 
 def is_job(data: Mapping[str, Any]) -> bool:

@@ -19,7 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from chakra_core.engine.driver import BREAKDOWN
-from chakra_core.errors import ChakraSimError
+from chakra_core.errors import ChakraSimError, InputFileError
+from chakra_core.input_files import read_input_text
 from chakra_core.json_types import JsonObject
 from chakra_core.report.document import RankResult
 from chakra_core.report.summary import TIME_COLUMNS, format_time, time_unit
@@ -41,11 +42,9 @@ def load_results(path: Path) -> tuple[RankResult, ...]:
         return ResultsFileError(f"{path}: not a chakra-sim results.json ({reason})")
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ResultsFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise invalid("not text") from None
+        data = json.loads(read_input_text(path, "results file"))
+    except InputFileError as exc:
+        raise ResultsFileError(str(exc)) from None
     except json.JSONDecodeError as exc:
         raise invalid(f"not JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:

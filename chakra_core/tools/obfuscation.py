@@ -33,6 +33,7 @@ from chakra_core.cli.output import CliError, tool_errors
 from chakra_core.comm.groups import WORLD, parse_pg_list
 from chakra_core.et.io import read_trace, write_trace
 from chakra_core.et.jsonize import rank_files
+from chakra_core.et.rank_files import RankFiles
 from chakra_core.schema import pb
 
 DEFAULT_TOLERANCE = 0.05
@@ -143,6 +144,8 @@ def obfuscate_node(node: pb.Node, new_id: int, renumber: dict[int, int], groups:
             field = which if which in INT_FIELDS else "int64_val"
             if value < 0 and field.startswith(("uint", "fixed")):
                 field = "int64_val"
+            bits = (32 if "32" in field else 64) - (0 if field.startswith(("uint", "fixed")) else 1)
+            value = min(value, (1 << bits) - 1)   # a size perturbed up stays within its field
             attr_out = pb.AttributeProto(name=name)
             setattr(attr_out, field, value)
             out.attr.append(attr_out)
@@ -169,18 +172,19 @@ def obfuscate_traces(prefix: str, out_prefix: str, seed: int = 0, tolerance: flo
     groups = GroupNames(avoid)
     dropped = 0
     nodes_written = 0
-    for rank, (path, target) in enumerate(zip(files, outputs)):
-        trace = read_trace(path)
-        renumber = {node.id: index for index, node in enumerate(trace.nodes)}
-        out_nodes = []
-        for index, node in enumerate(trace.nodes):
-            out = obfuscate_node(node, index, renumber, groups, defined, seed, tolerance, rank)
-            dropped += (len(set(node.data_deps)) + len(set(node.ctrl_deps))
-                        - len(out.data_deps) - len(out.ctrl_deps))
-            out_nodes.append(out)
-        write_trace(target, pb.GlobalMetadata(version=trace.metadata.version), out_nodes)
-        nodes_written += len(out_nodes)
-    written = [str(p) for p in outputs]
+    with RankFiles(out_prefix, len(files), "ranks") as staged:   # all ranks, or none
+        for rank, path in enumerate(files):
+            trace = read_trace(path)
+            renumber = {node.id: index for index, node in enumerate(trace.nodes)}
+            out_nodes = []
+            for index, node in enumerate(trace.nodes):
+                out = obfuscate_node(node, index, renumber, groups, defined, seed, tolerance, rank)
+                dropped += (len(set(node.data_deps)) + len(set(node.ctrl_deps))
+                            - len(out.data_deps) - len(out.ctrl_deps))
+                out_nodes.append(out)
+            write_trace(staged.path(rank), pb.GlobalMetadata(version=trace.metadata.version), out_nodes)
+            nodes_written += len(out_nodes)
+        written = [str(p) for p in staged.commit()]
     if comm_groups:
         renamed = {groups.rename(str(name)): list(ranks) for name, ranks in comm_groups.items()}
         path = Path(f"{out_prefix}.comm-groups.json")

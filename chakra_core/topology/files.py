@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chakra_core.errors import ManifestError
+from chakra_core.errors import InputFileError, ManifestError
+from chakra_core.input_files import read_input_text
 from chakra_core.topology.graph import Topology, gb_per_s_to_bpns
 
 
@@ -57,7 +58,11 @@ def _finish(path: Path, edges: list[tuple[str, str, float, float, bool, str]]) -
 def _from_edge_list(path: Path) -> Topology:
     edges = []
     problems = []
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = read_input_text(path, "edge list")
+    except InputFileError as exc:
+        raise ManifestError([(exc.path, exc.reason)]) from None
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue

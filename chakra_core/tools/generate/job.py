@@ -111,7 +111,8 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         raise CliError(str(exc)) from None
     placement = Placement(spec, gpn)
     if save_job is not None:
-        atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
+        with tool_errors(str(save_job)):
+            atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
         click.echo(f"wrote {save_job}")
     if output is not None:
         with tool_errors(f"{output}.<rank>.et"):

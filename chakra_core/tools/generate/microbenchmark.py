@@ -13,6 +13,7 @@ from pathlib import Path
 from chakra_core.schema import pb
 from chakra_core.et.build import (Stream, read_collective, int_attr, metadata, p2p_attrs,
                                       write_rank_files)
+from chakra_core.limits import check_rank_count
 from chakra_core.tools.generate.errors import GeneratorError
 
 
@@ -64,6 +65,9 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
         raise GeneratorError("--npus must be at least 1")
     if iterations < 1:
         raise GeneratorError("--iterations must be at least 1")
+    if size is not None and size > (1 << 63) - 1:
+        raise GeneratorError(f"--size {size}: more than the 2^63-1 bytes a Chakra trace's comm_size "
+                             "(a 64-bit integer) holds")
     if collective == "send_recv":
         return _send_recv_traces(size, npus, iterations, pattern, shift)
     if collective not in COLLECTIVES:
@@ -133,6 +137,7 @@ def _send_recv_traces(size: int | None, npus: int, iterations: int, pattern: str
 def write_microbenchmark(prefix: str | os.PathLike[str], collective: str, size: int | None, npus: int,
                          iterations: int = 1, root: int = 0, pattern: str = "ring", shift: int = 1,
                          compress: bool = False) -> list[Path]:
+    check_rank_count(npus, "--npus")   # before the ranks' nodes are built
     ranks = microbenchmark_traces(collective, size, npus, iterations, root, pattern, shift)
     # version only, like ASTRA-sim's microbenchmark files (so one iteration is byte-identical)
-    return write_rank_files(prefix, ranks, metadata({}), compress=compress)
+    return write_rank_files(prefix, ranks, metadata({}), compress=compress, count=npus, what="--npus")

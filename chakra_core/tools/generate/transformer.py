@@ -293,5 +293,7 @@ def transformer_metadata(cfg: TransformerConfig) -> pb.GlobalMetadata:
 def write_transformer(prefix: str | os.PathLike[str], cfg: TransformerConfig,
                       compress: bool = False) -> list[Path]:
     # Rank by rank: a 16,384-rank job never holds more than one rank's nodes.
-    return write_rank_files(prefix, iter_transformer_traces(cfg), transformer_metadata(cfg), compress=compress)
+    cfg.check()   # before the output folder is made
+    return write_rank_files(prefix, iter_transformer_traces(cfg), transformer_metadata(cfg), compress=compress,
+                            count=cfg.world, what="ranks (dp x tp x pp)")
 

@@ -116,7 +116,24 @@ class TransformerConfig:
                           "set --microbatches)"))
         if self.peak_tflops <= 0 or self.mem_bw_gbps <= 0:
             out.append("--peak-tflops and --mem-bw-gbps must be positive")
-        return out
+        return out + self._overflow()
+
+    def _overflow(self) -> list[str]:
+        """A layer larger than a trace's 64-bit sizes and counts hold, named by its largest factor."""
+        if min(self.batch, self.seq, self.hidden, self.f, self.vocab) < 1:
+            return []
+        factors = {"--seq": self.seq, "--batch": self.batch, "--hidden": self.hidden, "--ffn-hidden": self.f,
+                   "--vocab": self.vocab}
+        rows = self.batch * self.seq
+        for what, value in (("activation", rows * self.hidden * 4),
+                            ("GEMM", 2 * rows * self.hidden * max(self.f, self.vocab)),
+                            ("attention", 4 * rows * self.seq * self.hidden)):
+            if value > (1 << 63) - 1:
+                option = max(factors, key=lambda k: factors[k])
+                unit = "bytes" if what == "activation" else "FLOPs"
+                return [f"{option} {factors[option]}: a layer's {what} is {value:.2g} {unit}, more than the "
+                        "2^63-1 a Chakra trace's 64-bit fields hold"]
+        return []
 
     def check(self) -> None:
         problems = self.problems()

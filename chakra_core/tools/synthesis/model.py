@@ -42,8 +42,9 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from chakra_core._atomic import atomic_write_text
-from chakra_core.errors import ChakraSimError
+from chakra_core.errors import ChakraSimError, InputFileError
 from chakra_core.feeder.base import CPU_FLAG
+from chakra_core.input_files import read_input_text
 from chakra_core.schema import pb
 
 MODEL_FORMAT = "chakra-sim-synthesis-model"
@@ -178,10 +179,9 @@ def save_model(model: SynthesisModel, path: str | os.PathLike[str]) -> None:
 
 def load_model(path: str | os.PathLike[str]) -> SynthesisModel:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as exc:
-        raise SynthesisError(f"{path}: cannot read the model: {exc.strerror or exc}") from None
+        data = json.loads(read_input_text(path, "synthesis model"))
+    except InputFileError as exc:
+        raise SynthesisError(str(exc)) from None
     except ValueError as exc:
         raise SynthesisError(f"{path}: not a JSON synthesis model: {exc}") from None
     except RecursionError:

@@ -307,5 +307,6 @@ def sample_traces(model: SynthesisModel, ranks: Optional[int] = None, length: Op
 def write_synthetic(model: SynthesisModel, out_prefix: str | os.PathLike[str], ranks: Optional[int] = None,
                     length: Optional[int] = None, seed: int = 0) -> list[Path]:
     """Write OUT.<rank>.et for every synthetic rank; return the paths."""
+    count = model.num_ranks if ranks is None else ranks
     return write_rank_files(out_prefix, sample_traces(model, ranks, length, seed),
-                            pb.GlobalMetadata(version=TRACE_VERSION))
+                            pb.GlobalMetadata(version=TRACE_VERSION), count=count, what="--ranks")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chakra_core.et.build import metadata, write_rank_files
+from chakra_core.limits import check_rank_count
 from chakra_core.tools.text.parse import PHASES, TRANSFORMERS, TextWorkload, TextWorkloadError
 from chakra_core.tools.text.program import GroupLayout, RankProgram, default_first_dim
 
@@ -38,6 +39,7 @@ def convert_text_workload(workload: TextWorkload, num_npus: int, prefix: str | o
                           comm_scale: float = 1.0, update_time: bool = True,
                           compress: bool = False) -> ConversionReport:
     """Write PREFIX.<rank>.et for `num_npus` NPUs running `num_passes` iterations of `workload`."""
+    check_rank_count(num_npus, "--num-npus")
     if num_npus < 1:
         raise TextWorkloadError("the number of NPUs must be at least 1")
     if num_passes < 1:
@@ -96,7 +98,7 @@ def convert_text_workload(workload: TextWorkload, num_npus: int, prefix: str | o
         "num_passes": num_passes,
         "time_unit": "duration_micros rounded to whole us; exact ns in the duration_ns attribute",
     })
-    files = write_rank_files(prefix, ranks, meta, compress=compress)
+    files = write_rank_files(prefix, ranks, meta, compress=compress, count=num_npus, what="--num-npus")
     return ConversionReport(files=files, parallelism=kind, nodes_per_rank=[len(r) for r in ranks],
                             layout=layout, compute_ns=first.compute_ns,
                             compute_replay_ns=first.compute_replay_ns, compute_nodes=first.compute_nodes,

@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chakra_core.errors import ChakraSimError
+from chakra_core.errors import ChakraSimError, InputFileError
+from chakra_core.input_files import read_input_text
 from chakra_core.schema import pb
 
 
@@ -109,9 +110,9 @@ def parse_text_workload(path: str | os.PathLike[str]) -> TextWorkload:
     """Read an ASTRA-sim 1.0 text workload; raise TextWorkloadError naming the line on any problem."""
     spath = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise TextWorkloadError(f"{spath}: cannot read: {exc.strerror or exc}") from exc
+        text = read_input_text(path, "text workload", errors="replace")
+    except InputFileError as exc:
+        raise TextWorkloadError(str(exc)) from None
     lines = [(number, line.split()) for number, line in enumerate(text.splitlines(), start=1)]
     lines = [(number, tokens) for number, tokens in lines if tokens]
     if not lines:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from chakra_core import canonical_dtype
+from chakra_core import InputFileError, canonical_dtype, read_input_text
 
 NAME_COLUMNS = ("name", "time_us")
 SHAPE_COLUMNS = ("kernel", "m", "n", "k", "batch", "dtype", "time_us")
@@ -65,9 +65,9 @@ def _count(text: str, column: str, where: str) -> int:
 def load_kernel_times(path: Path) -> KernelTimes:
     """Read and check the whole file; KernelTimesError names the first bad line."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KernelTimesError(f"{path}: cannot read kernel_times: {exc.strerror or exc}") from None
+        text = read_input_text(path, "kernel_times file")
+    except InputFileError as exc:
+        raise KernelTimesError(str(exc)) from None
     rows = csv.reader(text.splitlines())
     header = next(rows, None)
     if header is None:

@@ -68,12 +68,11 @@ Problems raise `chakra_core.errors.ManifestError` with `path:line` locations.
 
 from __future__ import annotations
 
-import gzip
 import math
 import re
 from pathlib import Path
 
-from chakra_core import ManifestError
+from chakra_core import InputFileError, ManifestError, read_input_text
 from chakra_sim_system_nccl.launch import LaunchInfo
 from chakra_sim_system_nccl.nccl_tests_log import (
     COLLECTIVES, PER_RANK_COUNT, WORD_SIZES, NcclTestsLog, Problems, Row, busbw_factor, collective_from_file_name,
@@ -136,15 +135,9 @@ def load(path: str | Path, *, collective: str | None = None, ranks: int | None =
     starting with `|`) goes to `parse_busbw_table`, which needs `ranks`."""
     path = Path(path)
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as stream:
-                text = stream.read()
-        else:
-            text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        raise ManifestError([(str(path), "file not found")]) from None
-    except (OSError, EOFError) as exc:
-        raise ManifestError([(str(path), f"cannot read: {getattr(exc, 'strerror', None) or exc}")]) from None
+        text = read_input_text(path, "nccl-tests log", errors="replace", gunzip=path.suffix == ".gz")
+    except InputFileError as exc:
+        raise ManifestError([(exc.path, exc.reason)]) from None
     first_data = next((strip_prefix(line).strip() for line in text.splitlines()
                        if strip_prefix(line).strip() and not strip_prefix(line).strip().startswith("#")), "")
     if first_data.startswith("|"):
