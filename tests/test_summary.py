@@ -36,8 +36,8 @@ def test_one_row_per_rank_with_the_columns_that_are_not_all_zero():
     assert "time columns sum to finish" in text
 
 
-def test_above_64_ranks_min_median_max_and_the_slowest_rank():
-    finishes = [1_000_000 + 1000 * r for r in range(MAX_ROWS + 1)]
+def test_above_16_distinct_rows_min_median_max_and_the_slowest_rank():
+    finishes = [1_000_000 + 1000 * r for r in range(MAX_ROWS + 2)]
     finishes[17] = 5_000_000
     text = _text(rank_table(_results(finishes)))
     lines = [line for line in text.splitlines() if line.startswith("│")]
@@ -51,3 +51,30 @@ def test_the_finish_line_and_warnings():
     text = console.export_text()
     assert "finish: 913.538 ms (913,537,872 ns) on 1 rank(s)" in text
     assert "1 warning(s)" in text and "something to know" in text
+
+
+def test_ranks_with_identical_figures_share_a_row_unless_every_rank_is_asked_for():
+    finishes = [1_000_000] * 16 + [2_000_000] * 16 + [3_000_000] * 16
+    text = _text(rank_table(_results(finishes)))
+    labels = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│")]
+    assert labels == ["0-15 (16)", "16-31 (16)", "32-47 (16)"]
+    assert "ranks with identical figures share a row" in text
+    every = _text(rank_table(_results(finishes), show_all=True))
+    assert len([line for line in every.splitlines() if line.startswith("│")]) == 48
+
+
+def test_a_training_step_is_one_headline_and_a_table_of_its_parts(tmp_path):
+    from click.testing import CliRunner
+
+    from chakra_core.cli import main
+    from tests.test_plan import manifest as job_manifest
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**job_manifest(gpus=8), "output": {"dir": str(tmp_path / "out")}}))
+    result = CliRunner().invoke(main, ["run", str(job), "--plots"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    headline = next(line for line in result.output.splitlines() if line.startswith("training step:"))
+    assert "GPUs —" in headline and "TFLOP/s per GPU" in headline and "tokens/s per GPU" in headline
+    assert "the parts sum to the step" in result.output
+    assert (tmp_path / "out" / "step.png").stat().st_size > 0 and (tmp_path / "out" / "breakdown.png").exists()

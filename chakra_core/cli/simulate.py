@@ -101,11 +101,15 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
 @click.command()
 @run_inputs
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table (warnings still go to stderr)")
-@click.option("--plots", is_flag=True, help="also write breakdown.png: each rank's time breakdown as a stacked bar")
+@click.option("--plots", is_flag=True, help="also write breakdown.png (each rank's time as a stacked bar) and, for a "
+                                           "training job, step.png (the step split per pipeline stage)")
+@click.option("--ranks", "all_ranks", is_flag=True,
+              help="a row per rank in the table (default: ranks with identical figures share a row; past 16 "
+                   "rows, min / median / max and the slowest)")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def run(manifest: str | None, workload: str | None, astra_system: str | None, astra_network: str | None,
         astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
-        quiet: bool, plots: bool, debug: bool) -> None:
+        quiet: bool, plots: bool, all_ranks: bool, debug: bool) -> None:
     """Simulate a manifest, or ASTRA-sim inputs given directly.
 
     With a manifest, --workload, --astra-*, --comm-group and --network replace
@@ -161,7 +165,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
     if not quiet:
         from chakra_core.report.summary import print_summary
 
-        print_summary(results, console, result.wall_s)
+        print_summary(results, console, result.wall_s, all_ranks)
     else:
         console.print(f"finish: {results.finish_ns} ns", highlight=False)
         warn(results.warnings)

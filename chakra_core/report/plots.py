@@ -1,6 +1,7 @@
 """Plots of a run's results and of a trace analysis, as PNG bytes.
 
     breakdown_png(results)       breakdown.png        chakra-sim run --plots
+    step_png(training)           step.png             chakra-sim run --plots, a training job
     compare_png(diff)            compare.png          chakra-sim analyze --results A --results B --out DIR
 
 and, in chakra_core.report.analysis_plots, the plots of `chakra-sim analyze --out DIR`
@@ -19,6 +20,7 @@ import io
 from typing import TYPE_CHECKING, Any
 
 from chakra_core.engine.driver import BREAKDOWN
+from chakra_core.jobs.step import TrainingStep
 from chakra_core.report.document import Results
 from chakra_core.report.summary import TIME_COLUMNS, TIME_UNITS
 from chakra_core.comm.groups import WORLD
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from chakra_core.report.compare import Comparison
 
 BREAKDOWN_PNG = "breakdown.png"
+STEP_PNG = "step.png"
 COMPARE_PNG = "compare.png"
 
 CATEGORY_COLOURS = {"gpu_compute_ns": "tab:blue", "cpu_compute_ns": "tab:orange", "memory_ns": "tab:purple",
@@ -166,6 +169,32 @@ def breakdown_png(results: Results) -> bytes:
     handles, labels = axes.get_legend_handles_labels()
     figure.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize="small",
                   title="each bar sums to\nthe rank's finish", title_fontsize="small")
+    return png_bytes(figure)
+
+
+def step_png(training: TrainingStep) -> bytes:
+    """A training step split as chakra_core.jobs.report splits it (compute by part, communication
+    no kernel hid by role, the bubble), one stacked bar per pipeline stage's first rank."""
+    stages = sorted(training.breakdown_by_stage_s.items(), key=lambda item: int(item[0]))
+    parts = [part for part in training.breakdown_s if any(split.get(part, 0.0) for _, split in stages)]
+    figure = figure_of(11, 1.6 + 0.45 * len(stages))
+    axes = figure.add_subplot()
+    labels = [f"stage {stage}" for stage, _ in stages]
+    left = [0.0] * len(stages)
+    palette = {part: f"C{index % 10}" for index, part in enumerate(training.breakdown_s)}
+    palette["bubble"] = "lightgrey"   # waiting for a pipeline neighbour: no work, so no colour
+    for part in parts:
+        widths = [split.get(part, 0.0) for _, split in stages]
+        axes.barh(labels, widths, left=left, color=palette.get(part, "grey"), hatch="//" if part == "bubble" else "",
+                  edgecolor="white", linewidth=0.4, label=part.replace("_", " "))
+        left = [a + b for a, b in zip(left, widths)]
+    axes.invert_yaxis()
+    axes.set_xlabel("seconds of the step (each bar sums to its stage's step)")
+    axes.set_title(f"{training.model} on {training.gpus:,} GPUs: {training.step_time_s:.4g} s per step, "
+                   "split per pipeline stage")
+    axes.grid(True, axis="x", alpha=0.3)
+    axes.set_axisbelow(True)
+    figure.legend(loc="outside right upper", fontsize="small")
     return png_bytes(figure)
 
 

@@ -13,8 +13,9 @@ from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.report.document import RankResult, Results
 
-MAX_ROWS = 64
-"""Up to this many ranks, one row each; above, min / median / max and the slowest rank."""
+MAX_ROWS = 16
+"""Up to this many rows: a rank each, or a row per set of ranks with identical figures; above,
+min / median / max and the slowest rank (`show_all`, `run --ranks`: a row per rank always)."""
 
 _LABELS = {"gpu_compute_ns": "GPU compute", "cpu_compute_ns": "CPU compute", "memory_ns": "memory",
            "exposed_network_ns": "exposed network", "waiting_ns": "waiting for peers", "idle_ns": "idle"}
@@ -67,7 +68,7 @@ def compact_ranks(ranks: Iterable[int]) -> str:
     return ", ".join(spans) if spans else "none"
 
 
-def rank_table(results: Results, title: str = "chakra-sim results") -> Table:
+def rank_table(results: Results, title: str = "chakra-sim results", show_all: bool = False) -> Table:
     """Per rank: finish time and where it went (columns that are zero on every rank are left out)."""
     ranks = results.ranks
     unit = time_unit(max((r.finish_ns for r in ranks), default=0))
@@ -87,10 +88,21 @@ def rank_table(results: Results, title: str = "chakra-sim results") -> Table:
     def row_cells(rank: RankResult) -> list[str]:
         return cells(rank.finish_ns, [rank.breakdown[key] for key in keys], rank.bytes_sent, rank.bytes_received)
 
-    if len(ranks) <= MAX_ROWS:
+    if show_all or len(ranks) <= MAX_ROWS:
         for rank in ranks:
             table.add_row(str(rank.rank), *row_cells(rank))
         return table
+    alike: dict[tuple[int, ...], list[RankResult]] = {}   # ranks whose figures are all the same
+    for rank in ranks:
+        alike.setdefault((rank.finish_ns, *(rank.breakdown[key] for key in keys), rank.bytes_sent,
+                          rank.bytes_received), []).append(rank)
+    if len(alike) <= MAX_ROWS:
+        table.caption = "time columns sum to finish; ranks with identical figures share a row (--ranks: one each)"
+        for members in sorted(alike.values(), key=lambda group: group[0].rank):
+            label = compact_ranks(r.rank for r in members)
+            table.add_row(label if len(members) == 1 else f"{label} ({len(members):,})", *row_cells(members[0]))
+        return table
+    table.caption = "time columns sum to finish on each rank, not across the min / median / max rows (--ranks: every rank)"
     for label, pick in (("min", min), ("median", median_low), ("max", max)):
         table.add_row(label, *cells(pick(r.finish_ns for r in ranks), [pick(r.breakdown[key] for r in ranks) for key in keys],
                                     pick(r.bytes_sent for r in ranks), pick(r.bytes_received for r in ranks)))
@@ -100,24 +112,35 @@ def rank_table(results: Results, title: str = "chakra-sim results") -> Table:
     return table
 
 
-def training_table(training: TrainingStep) -> Table:
-    """A job's step: where its time went (the slowest rank's exclusive split) and its rates."""
-    step = training.step_time_s
+def training_headline(training: TrainingStep) -> str:
+    """The step in one line: time (and error band), rates."""
     band = training.error_band
     within = f" ±{band.geomean_error:.0%}" if band else ""
-    table = Table(title=f"training step: {training.model} on {training.gpus:,} GPUs — {step:.4g} s{within}, "
-                        f"{training.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {training.mfu:.1%}, "
-                        f"{training.tokens_per_s_per_gpu:,.0f} tokens/s per GPU", title_justify="left")
-    caption = ["TFLOP/s and MFU: " + training.flops_formula.split(":")[0]]
+    return (f"training step: {training.model} on {training.gpus:,} GPUs — {training.step_time_s:.4g} s{within}, "
+            f"{training.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {training.mfu:.1%}, "
+            f"{training.tokens_per_s_per_gpu:,.0f} tokens/s per GPU")
+
+
+def training_notes(training: TrainingStep) -> list[str]:
+    """What the error band and the rates mean."""
+    band = training.error_band
+    notes = ["TFLOP/s and MFU: " + training.flops_formula.split(":")[0]]
     if band:
         lean = "fast" if band.mean_signed_error < 0 else "slow"
-        caption.insert(0, f"error band ±{band.geomean_error:.0%}: the model's geomean error on {band.runs} "
-                          f"published {band.scope} runs (on average {abs(band.mean_signed_error):.0%} too "
-                          f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md)")
+        notes.insert(0, f"error band ±{band.geomean_error:.0%}: the model's geomean error on {band.runs} "
+                        f"published {band.scope} runs (on average {abs(band.mean_signed_error):.0%} too "
+                        f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md)")
     else:
-        caption.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
-    table.caption, table.caption_justify = "\n".join(caption), "left"
-    table.add_column(f"part of the step (rank {training.breakdown_rank})")
+        notes.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
+    return notes
+
+
+def training_table(training: TrainingStep) -> Table:
+    """A job's step: where its time went (the slowest rank's exclusive split)."""
+    step = training.step_time_s
+    table = Table(title=f"the step (rank {training.breakdown_rank}, the slowest)", title_justify="left",
+                  caption="the parts sum to the step", caption_justify="left")
+    table.add_column("part of the step")
     table.add_column("s", justify="right")
     table.add_column("share", justify="right")
     for part, seconds in training.breakdown_s.items():
@@ -126,8 +149,8 @@ def training_table(training: TrainingStep) -> Table:
     return table
 
 
-def print_summary(results: Results, console: Console, wall_s: float | None = None) -> None:
-    console.print(rank_table(results))
+def print_summary(results: Results, console: Console, wall_s: float | None = None, all_ranks: bool = False) -> None:
+    console.print(rank_table(results, show_all=all_ranks))
     for layer, info in results.layers.items():
         for block in info.highlights:
             if not block.rows:
@@ -140,6 +163,9 @@ def print_summary(results: Results, console: Console, wall_s: float | None = Non
             console.print(table)
     if results.training is not None:
         console.print(training_table(results.training))
+        console.print(training_headline(results.training), soft_wrap=True, highlight=False)
+        for line in training_notes(results.training):
+            console.print(f"  {line}", soft_wrap=True, highlight=False)
     finish = results.finish_ns
     layers = ", ".join(f"{layer}={info.plugin}" for layer, info in results.layers.items())
     shown = f"{finish:,} ns" if finish < 10_000 else f"{format_time(finish)} ({finish:,} ns)"

@@ -75,7 +75,7 @@ def result_files(results: Results, formats: list[str], intervals: Sequence[Seque
                  plots: bool = False) -> dict[str, str | bytes]:
     """The results files of the requested formats: file name -> contents; with `intervals`
     (what a Simulation built with record_intervals recorded), timeline.json too; with `plots`,
-    breakdown.png (chakra_core.report.plots)."""
+    breakdown.png, and step.png for a training job (chakra_core.report.plots)."""
     files: dict[str, str | bytes] = {}
     if "json" in formats:
         files["results.json"] = results_json(results)
@@ -86,9 +86,11 @@ def result_files(results: Results, formats: list[str], intervals: Sequence[Seque
 
         files["timeline.json"] = timeline_json(build_timeline(intervals, results))
     if plots:
-        from chakra_core.report.plots import BREAKDOWN_PNG, breakdown_png
+        from chakra_core.report.plots import BREAKDOWN_PNG, STEP_PNG, breakdown_png, step_png
 
         files[BREAKDOWN_PNG] = breakdown_png(results)
+        if results.training is not None:
+            files[STEP_PNG] = step_png(results.training)
     return files
 
 

@@ -402,7 +402,8 @@ class AchievableCompute(ComputeModel):
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
         rows = [[name, f"{count:,}", f"{ns / 1e6:,.3f}", f"{flops / ns / 1e3:,.1f}" if ns else "-"]
                 for name, (count, ns, flops) in zip(KINDS, self._stats) if count]
-        return [("kernels by kind", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
+        # a folded run's representatives count for their class mates: every rank's kernels
+        return [("kernels by kind, every rank's summed", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
 
 
 def _interpolate(curve: AttentionCurve, seq: float) -> float:
