@@ -386,7 +386,7 @@ def test_ctrl_c_while_simulating_exits_130_and_keeps_previous_results(tmp_path, 
     monkeypatch.setattr("chakra_core.cli.simulate._simulate", interrupted)
     result = CliRunner().invoke(main, ["run", str(EXAMPLE), "--out", str(out)])
     assert result.exit_code == 130
-    assert result.stderr == f"interrupted: nothing written; earlier results in {out} are unchanged\n"
+    assert result.stderr == f"interrupted: no results written; earlier results in {out} are unchanged\n"
     assert [p.name for p in out.iterdir()] == ["results.json"]
     assert (out / "results.json").read_text() == "previous"
 

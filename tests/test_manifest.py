@@ -263,3 +263,10 @@ def test_gzip_rank_files_are_found(tmp_path, host):
     write_et(tmp_path / "g.2.et", [make_node(1)])
     with pytest.raises(ManifestError, match=r"rank 2 has two trace files .*g\.2\.et.*g\.2\.et\.gz"):
         load_manifest(path, host)
+
+
+def test_a_yaml_error_gives_pyyamls_reason_and_where_the_construct_started(tmp_path, host):
+    path = write(tmp_path / "bad.yaml", "workload:\n  trace: x\nnetwork: {plugin: analytical, topology: [Ring}\n")
+    with pytest.raises(ManifestError, match=r"not valid YAML: expected ',' or '\]', but got '\}' \(line 3, column 46\); "
+                                            r"while parsing a flow sequence started at line 3, column 41"):
+        load_manifest(path, host)

@@ -56,3 +56,11 @@ def test_at_80_columns_a_layout_stays_on_one_line(tmp_path):
     assert result.exit_code == 0, result.output
     best = next(csv.DictReader((tmp_path / "plan" / "plan.csv").open()))["layout"]
     assert best in result.output
+
+
+def test_a_cluster_files_mistake_names_the_cluster_file(tmp_path):
+    cluster = tmp_path / "c0.yaml"
+    cluster.write_text("cluster: {gpus: 0, profile: h100-hgx-ndr400}\n")
+    result = _plan(tmp_path, manifest(), "--cluster", str(cluster))
+    assert result.exit_code == 2
+    assert f"{cluster}: cluster.gpus: Input should be greater than 0" in result.output

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.sweep import load_sweep, run_sweep
-from chakra_core.sweep.lock import LOCK_NAME, OutputLock, OutputLockedError
+from chakra_core.output_lock import LOCK_NAME, OutputLock, OutputLockedError
 from chakra_core.sweep.run import run_local
 from chakra_core.sweep.task import PointOutcome, PointTask, Status
 from tests.sweep_processes import descendants, finished_points, gzip_traces, running, table_without_wall
@@ -66,7 +66,7 @@ def test_a_second_writer_fails_at_once_naming_the_folder_and_the_holder(tmp_path
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from chakra_core.sweep.lock import OutputLock
+        from chakra_core.output_lock import OutputLock
         with OutputLock(Path({str(out)!r})):
             print("locked", flush=True)
             time.sleep(60)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import click
 
 from chakra_core.cli.output import CliError, err_console, fail, note, out_console, warn
 from chakra_core.config.spec import RunConfig
+from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError
 
@@ -133,6 +136,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
     from chakra_core.run import prepare
 
     config = None
+    created: Path | None = None
     try:
         try:
             host = make_plugin_host()
@@ -140,10 +144,16 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
                                  comm_group, backend, out_dir)
             note(config.notes)
             prepared = prepare(config, host)
-            # After the layers accepted the inputs (no folder for a rejected run), before the run.
+            # After the layers accepted the inputs (no folder for a rejected run), before the run;
+            # one writer per folder, as a sweep (a job took the lock before writing its traces).
+            created = None if config.output_dir.exists() else config.output_dir
             prepare_output_dir(config.output_dir)
+            if config.output_lock is None:
+                config.output_lock = OutputLock(config.output_dir)
+                config.output_lock.acquire()
             result = _simulate(prepared, quiet)
         except ChakraSimError as exc:
+            _give_up(config, created)
             fail(exc, debug)
         files = result.files(config.formats, plots=plots)
         try:
@@ -156,10 +166,16 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
                           soft_wrap=True, highlight=False)
         raise SystemExit(130) from None
     except KeyboardInterrupt:
+        _give_up(config, created)
         where = f" in {config.output_dir}" if config is not None else ""
-        err_console.print(f"interrupted: nothing written; earlier results{where} are unchanged",
+        traces = (f"; the job's traces in {config.traces_written} were written"
+                  if config is not None and config.traces_written is not None else "")
+        err_console.print(f"interrupted: no results written; earlier results{where} are unchanged{traces}",
                           soft_wrap=True, highlight=False)
         raise SystemExit(130) from None
+    finally:
+        if config is not None and config.output_lock is not None:
+            config.output_lock.release()
     console = out_console()
     results = result.results
     if not quiet:
@@ -172,6 +188,15 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
     warn(output_warnings)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+
+
+def _give_up(config: RunConfig | None, created: Path | None) -> None:
+    """Let the output folder go; one this run created and left empty goes too."""
+    if config is not None and config.output_lock is not None:
+        config.output_lock.release()   # removes the lock file
+    if created is not None:
+        with contextlib.suppress(OSError):
+            created.rmdir()   # only if empty
 
 
 def _simulate(prepared: PreparedRun, quiet: bool) -> RunResult:

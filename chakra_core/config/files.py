@@ -32,6 +32,20 @@ def _line_of(exc: Exception) -> str:
     return f" (line {lineno})" if lineno else ""
 
 
+def yaml_error_text(exc: yaml.YAMLError) -> str:
+    """What went wrong and where: PyYAML's problem at its mark, then the construct it was in
+    ("while parsing a flow sequence") at the line that construct starts, which is often the
+    line to fix (an unclosed bracket is found where the next token is)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc).splitlines()[0]
+    text = (exc.problem or exc.context or "syntax error") + _line_of(exc)
+    if exc.problem and exc.context:
+        mark = exc.context_mark
+        text += f"; {exc.context.strip()}" + (f" started at line {mark.line + 1}, column {mark.column + 1}"
+                                               if mark is not None else "")
+    return text
+
+
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader refusing a key given twice in one mapping (merge keys `<<` may be overridden,
     as YAML intends)."""
@@ -148,9 +162,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         data = _load_json(text, str(path)) if is_json else load_yaml(text, str(path))
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).splitlines()[0]
-        raise ManifestError([(str(path), f"not valid {'JSON' if is_json else 'YAML'}: "
-                                         f"{reason}{_line_of(exc)}")]) from None
+        reason = exc.msg + _line_of(exc) if isinstance(exc, json.JSONDecodeError) else yaml_error_text(exc)
+        raise ManifestError([(str(path), f"not valid {'JSON' if is_json else 'YAML'}: {reason}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

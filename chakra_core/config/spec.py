@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from chakra_core.contract.folding import Folding
+from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import Implementation
 
 if TYPE_CHECKING:   # the type only: jobs builds on config
@@ -79,3 +80,8 @@ class RunConfig:
     notes: list[str] = field(default_factory=list)
     """Said on stderr before the run and kept out of the results (which must not depend on
     whether a job's traces were reused)."""
+    output_lock: OutputLock | None = None
+    """Held from the moment a job wrote its traces into the output folder (jobs load so) until
+    the run is done with it: a second run into the folder fails instead of replacing them."""
+    traces_written: Path | None = None
+    """The folder a job's traces were just written to (None: no traces, or reused ones)."""

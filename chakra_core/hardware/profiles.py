@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from chakra_core.config.files import check_values, load_yaml
+from chakra_core.config.files import check_values, load_yaml, yaml_error_text
 from chakra_core.hardware.achievable import AchievableSpec as AchievableSpec, AttentionCurve as AttentionCurve
 from chakra_core.hardware.values import DTYPES as DTYPES, Sourced as Sourced, _Strict
 from chakra_core.errors import InputFileError, ManifestError
@@ -304,7 +304,7 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
         reason = "profile file not found" if exc.reason == "file not found" else exc.reason
         raise ManifestError([(exc.path, reason)]) from None
     except yaml.YAMLError as exc:
-        raise ManifestError([(str(path), f"not valid YAML: {exc}")]) from None
+        raise ManifestError([(str(path), f"not valid YAML: {yaml_error_text(exc)}")]) from None
     if not isinstance(data, dict):
         raise ManifestError([(str(path), "a profile is a mapping of keys")])
     name = data["name"] if isinstance(data.get("name"), str) else path.stem

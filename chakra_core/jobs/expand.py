@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -25,6 +25,7 @@ from chakra_core.config.spec import RunConfig
 from chakra_core._version import __version__
 from chakra_core.contract.folding import Folding
 from chakra_core.errors import ManifestError, PluginError
+from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import FORMULAS, model_flops
@@ -49,6 +50,8 @@ class JobRun:
     info: JobInfo
     reused: bool = False
     """The traces were already in the output folder, written for this job by this generator."""
+    lock: OutputLock | None = None
+    """The output folder's, taken before the traces were written (RunConfig.output_lock)."""
 
 
 def read_job(data: Any, source: str) -> JobSpec:
@@ -79,13 +82,35 @@ def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profi
     return profile
 
 
+def _profile_problems(raw: object, known: Sequence[tuple[str, str]], base_dir: Path,
+                      source: str) -> list[tuple[str, str]]:
+    """The job's profile's problems, when the job's own did not already name it."""
+    cluster = raw.get("cluster") if isinstance(raw, Mapping) else None
+    name = cluster.get("profile") if isinstance(cluster, Mapping) else None
+    if not isinstance(name, str) or any("cluster.profile" in where for where, _ in known):
+        return []
+    try:
+        load_profile(name, base_dir)
+    except ManifestError as exc:
+        return [(f"{source}: job.cluster.profile", f"{where}: {why}") for where, why in exc.problems]
+    return []
+
+
 def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None) -> JobRun:
     raw = data.get("job")
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
-    job = read_job(raw, source)
+    try:
+        job = read_job(raw, source)
+    except ManifestError as exc:   # a wrong profile too, in the same message
+        raise ManifestError([*exc.problems, *_profile_problems(raw, exc.problems, base_dir, source)]) from None
     profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)
     gpn = job.cluster.gpus_per_node or profile.gpus_per_node
+    if job.cluster.gpus > gpn and profile.network is None and not isinstance(data.get("network"), Mapping):
+        # before a trace is written: the nodes would have nothing between them
+        raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus} GPUs, but profile '{profile.name}' "
+                              f"describes one node of {gpn} GPUs and no network between nodes: choose a "
+                              "scale-out profile (chakra-sim profiles lists them), or give a network layer")])
     placement = Placement(job, gpn)
     output = dict(data.get("output") or {})
     if out_dir is not None:
@@ -102,6 +127,9 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
     ranks = placement.representatives if folded else list(range(placement.world))
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(folder)   # before the traces: another run's would replace them under it
+        lock.acquire()
         traces, reused = _generate(job, placement, folder / "traces", ranks)
     except OSError as exc:
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
@@ -126,7 +154,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                    {formula: model_flops(job, formula) for formula in FORMULAS}, placement.where(),
                    profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile)
-    return JobRun(manifest, trace_files, folding, info, reused)
+    return JobRun(manifest, trace_files, folding, info, reused, lock)
 
 
 @lru_cache(maxsize=1)
@@ -186,6 +214,9 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     config.spec.step_parts = True
     config.spec.training = job.info
     config.spec.manifest["job"] = job.info.job.model_dump(mode="json")
+    config.output_lock = job.lock
+    config.traces_written = None if job.reused else Path(job.manifest["workload"]["trace"]).parent
+    config.spec.warnings.extend(w for w in job.info.job.warnings() if w not in config.spec.warnings)
     if job.reused:
         config.notes.append(f"reusing the job's traces in {Path(job.manifest['workload']['trace']).parent} "
                             f"(generated for this job by chakra-sim {__version__}; a changed job or "

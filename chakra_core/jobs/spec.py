@@ -143,6 +143,21 @@ class JobSpec(_Strict):
         first = (chunk * self.parallel.pp + stage) * per - skip
         return [layer for layer in range(first, first + per) if 0 <= layer < self.shape.layers]
 
+    def warnings(self) -> list[str]:
+        """Settings a run accepts but a user should hear about: a sequence past the model's trained
+        context, more recomputed layers than a chunk holds."""
+        out = []
+        m, t, p = self.shape, self.training, self.parallel
+        if m.max_seq is not None and t.seq > m.max_seq:
+            out.append(f"job.training.seq {t.seq} is longer than model.max_seq {m.max_seq}, the context the "
+                       f"model was trained with{' (RoPE: a context extension)' if m.position == 'rope' else ''}")
+        if t.recompute_layers is not None:
+            most = max(len(self.chunk_layers(stage, chunk)) for stage in range(p.pp) for chunk in range(self.vp))
+            if t.recompute_layers > most:
+                out.append(f"job.training.recompute_layers {t.recompute_layers} is more than the {most} layers of a "
+                           "stage's chunk: every layer is recomputed (as Megatron's block method does)")
+        return out
+
     @property
     def bucket_params(self) -> int:
         # megatron/core/distributed/distributed_data_parallel.py: bucket_size = max(40000000, 1000000 * dp)
@@ -182,6 +197,9 @@ class JobSpec(_Strict):
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
+        if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
+            problems.append(f"training.seq {t.seq} is longer than model.max_seq {m.max_seq}: learned position "
+                            "embeddings have a row per position up to max_seq")
         if problems:
             raise ValueError("; ".join(problems))
         return self

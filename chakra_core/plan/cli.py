@@ -10,12 +10,15 @@ from typing import Any
 
 import click
 import yaml
+from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
 from chakra_core.cli.output import err_console, fail, out_console, warn
 from chakra_core.config.files import read_config_file
+from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
+from chakra_core.jobs.spec import Cluster
 from chakra_core.plan.report import plan_files
 from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
 from chakra_core.report.writers import prepare_output_dir, write_run_files
@@ -133,6 +136,10 @@ def with_cluster(manifest: dict[str, Any], cluster_file: Path) -> dict[str, Any]
         raise ManifestError([(f"{cluster_file}: {unknown[0] if unknown else 'cluster'}",
                               "a cluster file has `cluster:` (gpus, profile, gpus_per_node) and optionally "
                               "`network:`")])
+    try:   # its own mistakes name the cluster file, not the job's
+        Cluster.model_validate(data["cluster"])
+    except ValidationError as exc:
+        raise ManifestError(validation_problems(exc, ("cluster",), str(cluster_file), Cluster)) from None
     manifest = copy.deepcopy(manifest)
     if not isinstance(manifest.get("job"), dict):
         raise ManifestError([("job", "required: plan searches the layouts of a training job (docs/plan.md)")])

@@ -19,7 +19,7 @@ docs/sweeps.md is the user's guide. The same thing from Python::
 """
 
 from chakra_core.sweep.cli import sweep
-from chakra_core.sweep.lock import OutputLockedError
+from chakra_core.output_lock import OutputLockedError
 from chakra_core.sweep.run import SweepError, SweepResult, run_point, run_sweep
 from chakra_core.sweep.paths import parse_key_path, set_key_path
 from chakra_core.sweep.spec import Sweep, load_sweep

@@ -40,7 +40,7 @@ from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
 from chakra_core.sweep.errors import SweepError
 from chakra_core.sweep.errors import first_line as _first_line
-from chakra_core.sweep.lock import OutputLock
+from chakra_core.output_lock import OutputLock
 from chakra_core.sweep.paths import KeyPathError, Metric
 from chakra_core.sweep.pool import describe_exception, run_pool
 from chakra_core.sweep.ray_executor import run_ray

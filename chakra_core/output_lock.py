@@ -1,4 +1,4 @@
-"""One writer per output folder: an flock on a lock file inside it.
+"""One writer per output folder: an flock on a lock file inside it (a sweep's, a plan's, a run's).
 
 The kernel drops an flock when the process holding it exits, however it exits
 (kill -9 included), so a lock is never stale: a lock file left by a killed run
@@ -65,6 +65,13 @@ class OutputLock:
             self.path.unlink()
         os.close(self._fd)
         self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def __del__(self) -> None:   # a caller that drops its RunConfig lets the folder go
+        self.release()
 
     def __enter__(self) -> "OutputLock":
         self.acquire()
