@@ -17,6 +17,7 @@ from chakra_core.testing import (collective, comp, make_node, manifest, recv, se
                                  write_ranks)
 from chakra_core.tools.analyze import ComputeTiming, scan_trace, size_bucket
 from chakra_core.tools.analyze import analyze_traces as analyze_job
+from tests.simhelpers import MICRO
 
 
 def analyze_traces(*args, **kwargs) -> dict:
@@ -364,3 +365,20 @@ def test_compare_errors(tmp_path):
         bad["ranks"][0]["rank"] = 7
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         load_results(tmp_path / "bad.json")
+
+
+def test_generated_traces_without_durations_are_warned_of(tmp_path):
+    prefix = write_ranks(tmp_path, [[comp(0, 0), comp(1, 0, deps=[0])], [comp(0, 0)]])   # no duration
+    report = analyze_traces(prefix)
+    assert any("3 of 3 compute nodes carry no duration" in w and "--compute-time roofline" in w
+               for w in report["warnings"])
+    timed = analyze_traces(write_ranks(tmp_path / "timed", [[comp(0, 5)]]))
+    assert not any("carry no duration" in w for w in timed["warnings"])
+
+
+def test_progress_hears_every_rank():
+    from chakra_core.tools.analyze import analyze_traces as analyze
+
+    heard = []
+    analyze(MICRO / "all_reduce" / "4npus_1MB" / "all_reduce", progress=lambda done, total: heard.append((done, total)))
+    assert heard == [(1, 4), (2, 4), (3, 4), (4, 4)]

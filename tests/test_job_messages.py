@@ -48,3 +48,19 @@ def test_a_learned_position_model_cannot_run_past_its_positions(tmp_path):
                              "training": {"seq": 8192, "global_batch": 8}})
     assert result.exit_code == 2
     assert "learned position embeddings have a row per position up to max_seq" in result.output
+
+
+def test_loading_a_job_reports_each_rank_it_writes(tmp_path):
+    from chakra_core import run
+
+    heard = []
+    data = {"job": {"model": "llama3-8b", "cluster": {"gpus": 16, "profile": "h100-hgx-ndr400"},
+                    "parallel": {"tp": 4, "pp": 2}, "training": {"seq": 4096, "global_batch": 16}},
+            **LAYERS, "output": {"dir": str(tmp_path / "out")}}
+    config = run.load(data, base_dir=tmp_path, progress=lambda done, total: heard.append((done, total)))
+    assert heard == [(1, 2), (2, 2)]   # folded: a rank per pipeline stage
+    assert config.traces_written == tmp_path / "out" / "traces"
+    heard.clear()
+    del config
+    again = run.load(data, base_dir=tmp_path, progress=lambda done, total: heard.append((done, total)))
+    assert heard == [] and again.traces_written is None   # reused

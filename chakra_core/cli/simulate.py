@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 import click
 
@@ -86,7 +86,8 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
     astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
     if manifest:
         if not (workload or any(astra_flags)):
-            return load(manifest, host, out_dir=out_dir)
+            with generation_progress() as progress:
+                return load(manifest, host, out_dir=out_dir, progress=progress)
         data = read_config_file(Path(manifest))
         if is_job(data):
             raise CliError(f"{manifest} is a training job, which makes its own traces and layers from `job:`: "
@@ -188,6 +189,20 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
     warn(output_warnings)
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+
+
+@contextlib.contextmanager
+def generation_progress() -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr (a terminal only) while a training job writes its traces."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("generating the job's traces"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("ranks"), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("ranks", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _give_up(config: RunConfig | None, created: Path | None) -> None:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import ValidationError
 
@@ -38,6 +38,10 @@ from chakra_core.et.rank_files import RankFiles
 from chakra_core.et.io import write_trace
 
 GENERATOR = "chakra-sim job"
+
+
+GenerationProgress = Callable[[int, int], None]
+"""Told (ranks written, ranks to write) as a job's traces are generated."""
 
 
 @dataclass
@@ -96,7 +100,8 @@ def _profile_problems(raw: object, known: Sequence[tuple[str, str]], base_dir: P
     return []
 
 
-def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None) -> JobRun:
+def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None,
+               progress: GenerationProgress | None = None) -> JobRun:
     raw = data.get("job")
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
@@ -130,7 +135,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         folder.mkdir(parents=True, exist_ok=True)
         lock = OutputLock(folder)   # before the traces: another run's would replace them under it
         lock.acquire()
-        traces, reused = _generate(job, placement, folder / "traces", ranks)
+        traces, reused = _generate(job, placement, folder / "traces", ranks, progress)
     except OSError as exc:
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
                               f"{exc.strerror or exc}")]) from None
@@ -164,7 +169,8 @@ def generator_digest() -> str:
     return hashlib.sha256(b"".join(path.read_bytes() for path in sources)).hexdigest()
 
 
-def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]) -> tuple[list[Path], bool]:
+def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int],
+              progress: GenerationProgress | None = None) -> tuple[list[Path], bool]:
     """Write the ranks' traces unless the folder holds them for this very job, written by this
     very release and generator, already; the paths and whether they were reused."""
     digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
@@ -175,20 +181,23 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
         return paths, True
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
-    write_job(job, placement, folder / job.name, ranks)
+    write_job(job, placement, folder / job.name, ranks, progress)
     stamp.write_text(digest)
     return paths, False
 
 
-def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None) -> list[Path]:
+def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None,
+              progress: GenerationProgress | None = None) -> list[Path]:
     """Write PREFIX.<rank>.et for `ranks` (default every rank), removing rank files of an
-    earlier, larger job under the same prefix."""
+    earlier, larger job under the same prefix; `progress(ranks written, ranks)` after each."""
     ranks = list(range(placement.world)) if ranks is None else ranks
     meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
-        for rank in ranks:
+        for done, rank in enumerate(ranks, start=1):
             write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build())
+            if progress is not None:
+                progress(done, len(ranks))
         return staged.commit()
 
 
@@ -197,8 +206,9 @@ def is_job(data: Mapping[str, Any]) -> bool:
 
 
 def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source: str,
-               out_dir: str | Path | None = None) -> RunConfig:
-    """Validate a job manifest, generate its traces, and return the run's configuration."""
+               out_dir: str | Path | None = None, progress: GenerationProgress | None = None) -> RunConfig:
+    """Validate a job manifest, generate its traces (`progress(ranks written, ranks)`), and return
+    the run's configuration."""
     unknown = sorted(set(data) - {"job", "cluster", "workload", "output", *LAYER_DEFAULTS})
     if unknown:
         raise ManifestError([(f"{source}: {unknown[0]}", "unknown section of a job manifest (known: job, "
@@ -207,7 +217,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     if missing:
         raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
                               "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
-    job = expand_job(data, base_dir, source, out_dir)
+    job = expand_job(data, base_dir, source, out_dir, progress)
     _cluster_defaults(job, host)
     config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
     config.spec.folding = job.folding

@@ -11,15 +11,17 @@ two runs instead (`chakra_core.report.compare`).
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import click
 from rich.console import Console
 
 from chakra_core.feeder.base import DEPENDENCY_MODES
 from chakra_core.cli.output import out_console
-from chakra_core.cli.output import CliError, tool_errors
+from chakra_core.cli.output import CliError, err_console, tool_errors
 from chakra_core.tools.analyze.job import DEFAULT_THRESHOLD, analyze_traces
 from chakra_core.tools.analyze.output import COMPARISON_JSON, analysis_files, report_json, write_outputs
 from chakra_core.tools.analyze.scan import ComputeTiming
@@ -84,7 +86,8 @@ def analyze(ctx: click.Context, prefix: str | None, results_files: tuple[str, ..
                 from chakra_core.config.astra import read_comm_groups
 
                 groups = read_comm_groups(Path(comm_group))
-            report = analyze_traces(prefix, timing, imbalance_threshold, groups, dependencies)
+            with _progress() as progress:
+                report = analyze_traces(prefix, timing, imbalance_threshold, groups, dependencies, progress)
         except OSError as exc:    # tool_errors words an OSError as a write failure
             raise CliError(f"cannot read {exc.filename or prefix}: {exc.strerror or exc}") from exc
         written = write_outputs(Path(out_dir), analysis_files(report)) if out_dir else []
@@ -100,6 +103,20 @@ def _show(document: Mapping[str, object], print_tables: Callable[[], None], writ
         print_tables()
     for path in written:
         console.print(f"wrote {path}", highlight=False)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr (a terminal only): ranks read, of how many, time left."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("reading the traces"), BarColumn(), MofNCompleteColumn(), TextColumn("ranks"),
+                  TimeRemainingColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task("ranks", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _timing(mode: str, peak_tflops: float | None, mem_bw_gbps: float | None) -> ComputeTiming:

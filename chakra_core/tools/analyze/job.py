@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 from chakra_core.et.jsonize import rank_files
 from chakra_core.feeder.library import IdenticalFiles
 from chakra_core.report.plots import group_label
@@ -38,8 +39,9 @@ COMM_KINDS = (*pb.CollectiveCommType.keys(), "UNKNOWN", "SEND", "RECV")
 
 def analyze_traces(prefix: str | Path, timing: ComputeTiming = ComputeTiming(),
                    threshold: float = DEFAULT_THRESHOLD, comm_groups: dict[str, list[int]] | None = None,
-                   dependencies: str = "all") -> JobAnalysis:
-    """The analysis of a job's traces (see the module docstring)."""
+                   dependencies: str = "all", progress: Callable[[int, int], None] | None = None) -> JobAnalysis:
+    """The analysis of a job's traces (see the module docstring); `progress(ranks read, ranks)`
+    after each rank's file."""
     if threshold < 1:
         raise ValueError("the imbalance threshold is a max/min ratio: 1 or more")
     paths = rank_files(prefix)
@@ -50,7 +52,16 @@ def analyze_traces(prefix: str | Path, timing: ComputeTiming = ComputeTiming(),
         scan = scans_by_content.get_or_make(path, lambda: scan_trace(path, timing, dependencies))
         first_rank.setdefault(id(scan), rank)
         scans.append(scan)
+        if progress is not None:
+            progress(rank + 1, len(paths))
     warnings = [w for scan in _distinct(scans) for w in scan.warnings]
+    untimed = sum(scan.untimed_nodes for scan in scans)
+    if untimed:
+        compute = sum(n for scan in scans for kind, n in scan.node_counts.items() if kind.startswith("COMP_NODE"))
+        warnings.append(f"{untimed:,} of {compute:,} compute nodes carry no duration (traces generated for a "
+                        "compute model, such as a training job's, leave it to the model): each counts as 1 ns, "
+                        "so compute time and the critical path are far too short; --compute-time roofline "
+                        "times the nodes that carry num_ops")
 
     registry = GroupRegistry(len(paths), comm_groups)
     for rank, scan in enumerate(scans):

@@ -92,6 +92,8 @@ class TraceScan:
     gpu_compute_ns: int = 0
     cpu_compute_ns: int = 0
     roofline_nodes: int = 0
+    untimed_nodes: int = 0
+    """Compute nodes timed by duration that carry none (generated traces leave it to a compute model)."""
     critical_path_ns: int = 0
     comm: dict[str, list[int]] = field(default_factory=dict)
     """kind (collective type name, SEND, RECV) -> [nodes, bytes]"""
@@ -177,6 +179,7 @@ def _count_node(scan: TraceScan, node: pb.Node, timing: ComputeTiming) -> int:
     if node_type == pb.COMP_NODE:
         time_ns, by_roofline = timing.node_ns(NodeView(node))
         scan.roofline_nodes += by_roofline
+        scan.untimed_nodes += not by_roofline and not node.duration_micros and not _has_duration_ns(node)
         if kind & CPU_FLAG:
             scan.cpu_compute_ns += time_ns
         else:
@@ -197,6 +200,10 @@ def _count_node(scan: TraceScan, node: pb.Node, timing: ComputeTiming) -> int:
     elif node_type == pb.METADATA_NODE and "pg_name" in node.inputs.values:
         scan.group_nodes.append(NodeView(node))
     return 0
+
+
+def _has_duration_ns(node: pb.Node) -> bool:
+    return any(attr.name == "duration_ns" for attr in node.attr)
 
 
 def _count_message(scan: TraceScan, kind: str, size: int) -> None:
