@@ -170,7 +170,7 @@ def test_every_problem_at_once_and_flags_are_shared_with_run(tmp_path):
     context = click.Context(main)
     run_params = {p.name for p in main.get_command(context, "run").params}
     validate_params = {p.name for p in main.get_command(context, "validate").params}
-    assert run_params - validate_params == {"quiet", "plots"}    # how run shows results, not inputs
+    assert run_params - validate_params == {"quiet", "plots", "all_ranks"}    # how run shows results, not inputs
 
 
 def test_a_comm_group_naming_a_missing_rank_is_reported_once(tmp_path):

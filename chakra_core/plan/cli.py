@@ -105,6 +105,10 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
             found = plan(case, base_dir, where, options, execution)
+            why = found.no_fit()
+            if why is not None:   # nothing to rank: an error, and no table written for it
+                unfit.append(why if label is None else f"{label}: {why}")
+                continue
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
@@ -112,9 +116,6 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             for file in written:
                 out_console().print(f"wrote {file}", highlight=False)
             summary.append((label, found))
-            why = found.no_fit()
-            if why is not None:
-                unfit.append(why if label is None else f"{label}: {why}")
         if len(summary) > 1:
             _print_vary(summary)
         if unfit:

@@ -41,6 +41,7 @@ from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.jobs.spec import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve
@@ -179,7 +180,7 @@ class Plan:
         return (f"no layout fits in memory: the smallest, {smallest.layout.label()}, needs "
                 f"{(smallest.memory.total + smallest.reserve.total) / GIB:.1f} GiB per GPU with its reserve, "
                 f"{self.usable_bytes / GIB:.1f} GiB usable (more GPUs, GPUs with more memory, or more "
-                "micro-batch sizes and recomputation in the search; plan.csv says why each does not fit)")
+                "micro-batch sizes and recomputation in the search)")
 
     def versus_best(self, ranked: list[Candidate]) -> Callable[[Candidate], tuple[float | None, bool | None]]:
         """For the layouts `ranked` (self.ranked()): how much slower than the best a simulated one is,
@@ -351,12 +352,16 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     neutral = {**job, "parallel": {k: v for k, v in dict(job.get("parallel") or {}).items()
                                    if k not in ("tp", "pp", "vp", "cp")}}
     try:
-        JobSpec.model_validate(neutral)
+        spec = JobSpec.model_validate(neutral)
     except ValidationError as exc:   # errors at the top (loc ()) are the layout's: the search decides
         problems = [problem for problem, error in zip(validation_problems(exc, ("job",), source, JobSpec), exc.errors())
                     if error["loc"]]
         if problems:
             raise ManifestError(problems) from None
+        return
+    too_large = trace_overflow(spec)   # no layout makes a layer fit a trace's 64-bit fields
+    if too_large is not None:
+        raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
 
 
 def _kth_best(chosen: list[Candidate], top: int) -> float:
