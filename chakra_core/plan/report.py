@@ -65,23 +65,29 @@ def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
 def pareto_figure(candidates: list[Candidate], usable_bytes: int) -> Figure:
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7.5, 4.8), dpi=110)
-    axes = figure.add_subplot()
+    figure = Figure(figsize=(10.5, 4.8), dpi=110, layout="constrained")
+    axes, side = figure.subplots(1, 2, width_ratios=[3, 1])
     axes.scatter([c.memory.total / GIB for c in candidates], [c.step_s or 0.0 for c in candidates], s=18,
                  color="tab:blue", alpha=0.6, label="simulated layouts")
     front = pareto_front(candidates)
     axes.plot([c.memory.total / GIB for c in front], [c.step_s or 0.0 for c in front], "-o", color="tab:red",
               markersize=5, label="Pareto front")
-    for c in front[:6]:
-        axes.annotate(c.layout.label(), (c.memory.total / GIB, c.step_s or 0.0), fontsize=6,
-                      xytext=(4, 4), textcoords="offset points")
+    # Numbers on the points, the layouts listed beside the axes: labels on close points would overlap.
+    shown = front[:12]
+    for number, c in enumerate(shown, start=1):
+        axes.annotate(str(number), (c.memory.total / GIB, c.step_s or 0.0), fontsize=7, color="tab:red",
+                      xytext=(3, 3), textcoords="offset points")
     axes.axvline(usable_bytes / GIB, color="gray", linestyle="--", label="usable GPU memory (before the reserve)")
     axes.set_xlabel("predicted peak memory per GPU (GiB)")
     axes.set_ylabel("simulated step time (s)")
     axes.set_title("step time vs memory of the simulated layouts")
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper right")
     axes.grid(alpha=0.3)
-    figure.tight_layout()
+    listing = "\n".join(f"{number}  {c.layout.label()}" for number, c in enumerate(shown, start=1))
+    more = f"\n... {len(front) - len(shown)} more" if len(front) > len(shown) else ""
+    side.axis("off")
+    side.text(0.0, 1.0, "the Pareto front\n\n" + listing + more, fontsize=7, family="monospace", va="top",
+              ha="left", transform=side.transAxes)
     return figure
 
 
