@@ -65,8 +65,9 @@ def check_length(path: str, offset: int, length: int) -> None:
 
 
 RANKS = Limit("CHAKRA_SIM_MAX_RANKS", 131_072, "ranks")
-"""Rank files one command writes (generate, synthesize, convert text): above the largest
-clusters trained on (about 100,000 GPUs); a typo of 1,000,000 wrote files until killed."""
+"""Rank files one command writes (generate, synthesize, convert text), and a job's GPUs: above
+the largest clusters trained on (about 100,000 GPUs); a typo of 1,000,000 wrote files until
+killed, and a job of 10,000,000 GPUs built communicator groups for minutes."""
 
 
 def check_rank_count(count: int, what: str) -> None:

@@ -43,7 +43,8 @@ class GroupRegistry:
             raise SimulationError(
                 f"communicator group '{name}' is defined twice with different ranks: "
                 f"{list(known)} ({self._sources[name]}) and {list(members)} ({source})")
-        self._groups[name] = members
+        if known is None:    # a group defined again keeps its first tuple: layers cache by identity
+            self._groups[name] = members
         self._sources.setdefault(name, source)
 
     def defined(self) -> dict[str, tuple[tuple[int, ...], str]]:

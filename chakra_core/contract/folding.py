@@ -8,6 +8,7 @@ and gives the others its results. Layers see the classes through `RunInputs.fold
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -21,6 +22,10 @@ class Folding:
     that equivalent ranks' corresponding groups sit at the same index."""
     members: dict[int, list[int]] = field(default_factory=dict)
     """representative -> every rank of its class, in order."""
+    _aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """id(group) -> (group, the equal tuple `groups_of` holds): layers ask about a group for each
+    of its members and class mates, and comparing a group of 32,768 ranks element by element
+    each time costs more than the run; the tuple `groups_of` shares is found by identity."""
 
     @classmethod
     def of(cls, representative: list[int], groups_of: list[tuple[tuple[int, ...], ...]]) -> "Folding":
@@ -31,7 +36,21 @@ class Folding:
 
     def corresponding(self, group: tuple[int, ...], rep: int, rank: int) -> tuple[int, ...]:
         """The group `rank` uses where its representative `rep` uses `group`."""
-        return self.groups_of[rank][self.groups_of[rep].index(group)]
+        return self.groups_of[rank][self._position(group, rep)]
+
+    def _position(self, group: tuple[int, ...], rank: int) -> int:
+        """`self.groups_of[rank].index(group)`, without comparing every member when `groups_of`
+        shares one tuple per group (a ValueError if the rank does not use it)."""
+        own = self.groups_of[rank]
+        alias = self._aliases.get(id(group))
+        if alias is not None and alias[0] is group:
+            try:
+                return own.index(alias[1])   # equal to group: the same answer, found by identity
+            except ValueError:
+                pass
+        position = own.index(group)
+        self._aliases[id(group)] = (group, own[position])
+        return position
 
     @property
     def representatives(self) -> list[int]:

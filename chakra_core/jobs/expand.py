@@ -33,6 +33,7 @@ from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec, overflow
+from chakra_core.limits import RANKS
 from chakra_core.et.build import metadata, rank_path
 from chakra_core.et.rank_files import RankFiles
 from chakra_core.et.io import write_trace
@@ -66,6 +67,9 @@ def read_job(data: Any, source: str) -> JobSpec:
     too_large = overflow(job)
     if too_large is not None:
         raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
+    if job.cluster.gpus > RANKS.value():   # before the placement, folding and per-rank results
+        raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus:,} GPUs: more ranks than one "
+                              f"run simulates; {RANKS.hint()}")])
     return job
 
 

@@ -8,6 +8,7 @@ in it, while data and pipeline parallel peers sit on other nodes.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -32,6 +33,17 @@ class Placement:
         self.tp, self.cp, self.dp, self.pp = p.tp, p.cp, job.dp, p.pp
         self.world = job.cluster.gpus
         self.gpus_per_node = gpus_per_node
+        self._interned: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def _group(self, role: str, start: int, stop: int, step: int = 1) -> tuple[int, ...]:
+        """The group `range(start, stop, step)`, one tuple object per group: the ranks of a group
+        share it (a folded run's layers cache by identity; a job of 131,072 ranks holds each group
+        once instead of once per member)."""
+        key = (role, start)
+        group = self._interned.get(key)
+        if group is None:
+            group = self._interned[key] = tuple(range(start, stop, step))
+        return group
 
     def rank(self, c: Coord) -> int:
         return c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
@@ -55,18 +67,18 @@ class Placement:
         tp, stage = self.tp, self.tp * self.cp * self.dp      # ranks per pipeline stage
         out: dict[str, tuple[int, ...]] = {}
         if tp > 1:
-            out["tp"] = tuple(range(rank - c.tp, rank - c.tp + tp))
+            out["tp"] = self._group("tp", rank - c.tp, rank - c.tp + tp)
         if self.cp > 1:
             start = rank - tp * c.cp
-            out["cp"] = tuple(range(start, start + tp * self.cp, tp))
+            out["cp"] = self._group("cp", start, start + tp * self.cp, tp)
         if self.dp * self.cp > 1:
             start = c.tp + stage * c.pp
-            out["dp_cp"] = tuple(range(start, start + stage, tp))
+            out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
         if self.pp > 1 and self.job.shape.tied_embeddings and c.pp in (0, self.pp - 1):
             first = rank - stage * c.pp
-            out["emb"] = (first, first + stage * (self.pp - 1))
+            out["emb"] = self._group("emb", first, first + stage * (self.pp - 1) + 1, stage * (self.pp - 1))
         if self.job.training.precision == "fp8" and stage > 1:
-            out["amax"] = tuple(range(stage * c.pp, stage * (c.pp + 1)))
+            out["amax"] = self._group("amax", stage * c.pp, stage * (c.pp + 1))
         return out
 
     @staticmethod
@@ -96,9 +108,8 @@ class Placement:
         sample = self.groups(0) if self.pp == 1 else {**self.groups(self.representatives[-1]),
                                                       **self.groups(0)}
         for role, members in sample.items():
-            nodes = {self.node(r) for r in members}
-            per_node = max(sum(1 for r in members if self.node(r) == n) for n in nodes)
-            rows.append(PlacedGroup(role, len(members), len(nodes), per_node,
+            nodes = Counter(self.node(r) for r in members)
+            rows.append(PlacedGroup(role, len(members), len(nodes), max(nodes.values()),
                                     "NVLink" if len(nodes) == 1 else "network"))
         if self.pp > 1:
             a, b = self.representatives[0], self.representatives[1]

@@ -82,11 +82,15 @@ class FoldedMatching:
         if hit is not None and hit[0] is members:
             return hit[1]
         representative = self.folding.representative
-        found: dict[tuple[int, Members], None] = {}
+        # by identity first: hashing a group of 32,768 ranks once per member would cost more than
+        # the run; then by value (equal groups may be distinct tuples)
+        found: dict[tuple[int, int], tuple[int, Members]] = {}
         for member in members:
             rep = representative[member]
-            found[(rep, self._corresponding(members, member, rep))] = None
-        result = None if any(group is None for _, group in found) else tuple(found)
+            group = self._corresponding(members, member, rep)
+            found.setdefault((rep, id(group)), (rep, group))
+        distinct = tuple(dict.fromkeys(found.values()))
+        result = None if any(group is None for _, group in distinct) else distinct
         if result is None:
             reason = (f"the folding does not say which group of a representative corresponds to group "
                       f"{list(members)[:8]}; simulating every rank")
@@ -115,10 +119,11 @@ class FoldedMatching:
         if hit is None or hit[0] is not members:
             representative = self.folding.representative
             rep = next(m for m in members if representative[m] == m)   # a representative issued it
-            found = {members: None}
+            found = {id(members): members}    # by identity, then by value (as in _counterparts)
             for mate in self.folding.members[rep]:
-                found[self._corresponding(members, rep, mate)] = None
-            hit = self._weights[id(members)] = (members, tuple(found))
+                group = self._corresponding(members, rep, mate)
+                found.setdefault(id(group), group)
+            hit = self._weights[id(members)] = (members, tuple(dict.fromkeys(found.values())))
         return hit[1]
 
     def _alike(self, rank: int, members: Members) -> bool:
