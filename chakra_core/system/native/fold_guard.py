@@ -112,8 +112,10 @@ class FoldGuard:
                     if any(m in run for m in mates)}
         else:                                       # the same positions in each mate's group
             positions = [coll.members.index(m) for m in run_members]
-            runs = {tuple(group[i] for i in positions)
-                    for group in {folding.corresponding(coll.members, rank, mate) for mate in mates}}
+            # class mates share group tuples (Folding.corresponding): tell them apart by identity,
+            # not by hashing a group of thousands of ranks once per mate
+            groups = {id(g): g for g in (folding.corresponding(coll.members, rank, mate) for mate in mates)}
+            runs = {tuple(group[i] for i in positions) for group in groups.values()}
         profile = None
         for run in runs:
             n = len(run)
