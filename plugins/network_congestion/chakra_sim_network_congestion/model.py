@@ -1,7 +1,7 @@
 """The congestion-aware network layer (`plugin: congestion`): builds the topology and router
 from its configuration (config.py), moves messages over FIFO links (links.py) or max-min fair
-flows (fairlinks.py), times collectives in closed form (claims.py) or as steps of flows
-(flows.py), and reports per-link statistics."""
+flows (fairlinks.py), times collectives in closed form (claims.py) or as steps of messages
+(fifosteps.py) or flows (flows.py), and reports per-link statistics."""
 
 from __future__ import annotations
 
@@ -50,11 +50,18 @@ class CongestionNetwork(NetworkModel):
         self.closed_form = (config.closed_form and not config.trace_messages
                             and isinstance(self.router, DimensionOrderRouter)
                             and context.inputs.closed_form)
-        # Collectives as steps of flows (fair mode): on routers whose links a collective can take
-        # are known in advance.
-        self.flow_level = (config.mode == "fair" and config.closed_form and not config.trace_messages
+        # Collectives as steps of flows (fair) or of messages (fifo): on routers whose links a
+        # collective can take are known in advance.
+        self.flow_level = (config.closed_form and not config.trace_messages
                            and isinstance(self.router, (DimensionOrderRouter, FabricRouter))
                            and context.inputs.closed_form)
+        # fifo's steps time the members' messages exactly: only schedules that are their timing;
+        # and only on generated fabrics: on ASTRA-sim's lists (rings, where a step's messages meet
+        # in ns ordered only by which member's send event ran first) the closed form or message by
+        # message serve better than a restart (see fifosteps.py)
+        self.flow_exact = config.mode == "fifo"
+        if self.flow_exact and not isinstance(self.router, FabricRouter):
+            self.flow_level = False
         self._advanced: list[tuple[Any, Any]] | None = None    # ECMP counts since checkpoint
         self.flows = 0
         self.flow_bytes = 0
@@ -143,7 +150,7 @@ class CongestionNetwork(NetworkModel):
         self._advanced = None
         self.links.commit()
 
-    # Flow level (flows.py; fair mode) ----------------------------------------------------------------
+    # Flow level (fifosteps.py, flows.py) -----------------------------------------------------------
     def _pairs(self, members: Sequence[int], offsets: Sequence[int]) -> tuple[Any, Any, Any]:
         """(sender positions, receiver positions, receivers) of a step's flows, as numpy arrays."""
         import numpy as np
@@ -157,7 +164,6 @@ class CongestionNetwork(NetworkModel):
     def claim_flows(self, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[int] | None:
         import numpy as np
 
-        assert isinstance(self.links, FairLinks)    # flow_level: fair mode
         found = []
         for members, offsets in runs:
             senders, receivers, ranks = self._pairs(members, offsets)
@@ -176,7 +182,6 @@ class CongestionNetwork(NetworkModel):
                        send_times: Sequence[int]) -> list[int]:
         import numpy as np
 
-        assert isinstance(self.links, FairLinks) and self.links.flow_steps is not None   # claimed first
         senders, receivers, ranks = self._pairs(members, offsets)
         src, dst = ranks[senders], ranks[receivers]
         router = self.router
@@ -194,7 +199,12 @@ class CongestionNetwork(NetworkModel):
             flow_links = np.fromiter((link for route in routes for link in route), dtype=np.int64,
                                      count=int(flow_start[-1]))
         times = np.asarray(send_times, dtype=np.int64)
-        arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
+        if isinstance(self.links, FifoLinks):    # a member sends its messages in offset order
+            assert self.links.flow_steps is not None   # claimed first
+            arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size, senders)
+        else:
+            assert self.links.flow_steps is not None
+            arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
         if len(clash):
             self._shared(frozenset(clash.tolist()))
         count = len(src)
@@ -220,10 +230,12 @@ class CongestionNetwork(NetworkModel):
 
     # Statistics ---------------------------------------------------------------------------------
     def link_rows(self) -> list[dict[str, Any]]:
+        if isinstance(self.links, FifoLinks):
+            self.links.settle()
         stats, topo = self.links.stats, self.topo
         makespan = max(self.context.scheduler.now, 1)
         link_bytes, messages, busy, peak = stats.bytes, stats.messages, stats.busy, stats.peak
-        steps = getattr(self.links, "flow_steps", None)
+        steps = self.links.flow_steps if isinstance(self.links, FairLinks) else None
         if steps is not None:   # add what collectives timed as flows carried
             link_bytes = [a + b for a, b in zip(link_bytes, steps.bytes.tolist())]
             messages = [a + b for a, b in zip(messages, steps.messages.tolist())]
