@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from chakra_sim_network_congestion.fairshare import _renumber
 
 if TYPE_CHECKING:
     from chakra_sim_network_congestion.links import FifoLinks
@@ -93,24 +92,33 @@ class FifoSteps:
             self.give_back(link)
 
     # A step --------------------------------------------------------------------------------------------
-    def step(self, flow_start: np.ndarray, flow_links: np.ndarray, starts: np.ndarray, size: int,
+    def step(self, hops: np.ndarray, starts: np.ndarray, size: int,
              origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Messages f over flow_links[flow_start[f]:flow_start[f + 1]], each of `size` bytes,
-        sent at starts[f] (whole ns) by member origin[f], in the order f (a member's in the
-        order it sends them). Returns (each message's delivery in whole ns, the links whose
+        """Messages f over the links of row f of `hops` (then -1s, at least one; int16 when the
+        links are fewer than 32,767), each of `size` bytes, sent at starts[f] (whole ns) by member origin[f], in the order f (a member's in
+        the order it sends them). Returns (each message's delivery in whole ns, the links whose
         order this cannot know: when not empty, nothing changed)."""
-        hops = np.diff(flow_start)
         arrival = starts.astype(np.int64, copy=True)     # a message to itself: at once
-        moving = np.flatnonzero(hops > 0)
+        moving = np.flatnonzero(hops[:, 0] >= 0)
         if not len(moving):
             return arrival, np.empty(0, dtype=np.int64)
-        used, local = _renumber(flow_links, len(self.bw))
+        flat = hops.ravel()             # routes in a row, a -1 after each (the last: at -1)
+        present = np.zeros(len(self.bw) + 1, dtype=bool)
+        present[flat] = True                          # -1 marks the last entry
+        used = np.flatnonzero(present[:-1])
         window = int(self.lat[used].min())
         if window < 1:     # events could come in the ns that scheduled them: no windows
             return arrival, used
         self.take(used.tolist())
-        queue = _Queues(self, used, size)
-        route, state = _Events.start(flow_start, local, starts)
+        if hops.dtype == np.int16:     # link numbers that sort by radix as they are
+            queue = _Queues(self, np.arange(len(self.bw)), size)
+            route = flat
+        else:
+            queue = _Queues(self, used, size)
+            local = np.full(len(self.bw) + 1, _NO_LINK, dtype=queue.link_type)
+            local[used] = np.arange(len(used))
+            route = local[flat]
+        state = _Events(starts, hops.shape[1])
         base = int(starts[moving].min())
         buckets: dict[int, list[np.ndarray]] = {}
         pending: list[int] = []
@@ -135,18 +143,18 @@ class FifoSteps:
             coarse = np.cumsum(new_group)
             coarse += coarse_base - 1
             coarse_base = int(coarse[-1]) + 1
-            unknown, entering, link = queue.entries(times, coarse, origin[ids], into, out_of)
+            unknown, entering, link = queue.entries(times, coarse, origin, ids, into, out_of)
             if len(unknown):
-                return arrival, used[unknown]
+                return arrival, queue.used[unknown]
             moved = into >= 0                           # the others are deliveries
             done = ~moved
             arrival[ids[done]] = times[done]
             if not len(entering):
                 continue
-            nxt_time = queue.serve(entering, link, times, into, route[at + 1] < 0, moved, ids, state)
+            nxt_time = queue.serve(entering, link, times, into, route[at[moved] + 1] < 0, moved, ids, state)
             f = ids[moved]
             state.time[f] = nxt_time
-            state.at[f] += 1
+            state.at[f] = at[moved] + 1
             state.coarse[f] = coarse[moved]
             _bucket(buckets, pending, f, (nxt_time - base) // window, w + 1)
         queue.keep()
@@ -167,27 +175,17 @@ class FifoSteps:
 
 
 class _Events:
-    """Each message's next event: when (ns), where (`at`: its next link in `route`, or the end
-    of its route: its delivery), the coarse rank of the event that scheduled it (-1: a send),
-    and where its first and last bytes are (cut-through)."""
+    """Each message's next event: when (ns), where (`at`: its next link in the routes laid end to
+    end, or the -1 after its route: its delivery), the coarse rank of the event that scheduled it
+    (-1: a send), and where its first and last bytes are (cut-through)."""
 
-    def __init__(self, flows: int, starts: np.ndarray) -> None:
+    def __init__(self, starts: np.ndarray, width: int) -> None:
+        flows = len(starts)
         self.time = starts.astype(np.int64, copy=True)
-        self.at = np.empty(flows, dtype=np.int64)
+        self.at = np.arange(0, flows * width, width, dtype=np.int64)
         self.coarse = np.full(flows, -1, dtype=np.int64)
         self.head = starts.astype(np.float64)
         self.tail = self.head.copy()
-
-    @classmethod
-    def start(cls, flow_start: np.ndarray, local: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, _Events]:
-        """(every route's links, each after a -1, two -1 at the end; the messages at their sends)."""
-        flows = len(starts)
-        shift = np.arange(1, flows + 1, dtype=np.int64)
-        route = np.full(len(local) + flows + 2, _NO_LINK, dtype=np.int32)
-        route[np.repeat(shift, np.diff(flow_start)) + np.arange(len(local))] = local
-        state = cls(flows, starts)
-        state.at[:] = flow_start[:-1] + shift
-        return route, state
 
 
 class _Queues:
@@ -206,28 +204,31 @@ class _Queues:
         self.transfer = transfer
         self.whole_transfer = transfer.astype(np.int64)                    # int(size / bw)
         self.whole_arrival = (self.latency + transfer).astype(np.int64)    # int(lat + size / bw)
-        self.sort_key = np.uint16 if len(used) < (1 << 16) - 1 else np.uint32   # radix sorts
+        # local link numbers, -1 for none; read unsigned (-1 last) they sort by radix
+        self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32
+        self.sort_key = np.uint16 if self.link_type == np.int16 else np.uint32
 
-    def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, into: np.ndarray,
+    def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, ids: np.ndarray, into: np.ndarray,
                 out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A window's events (in the order they run) leave `out_of` and enter `into` (local links,
-        -1: none). Counts the peaks and checks the order is known. Returns (the local links where
+        """A window's events (messages `ids`, sent by origin[ids], in the order they run) leave
+        `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order is known. Returns (the local links where
         it is not, or where an event would come before traffic timed earlier; the events entering
         a link and those links, by link, in the order the events run)."""
-        both = np.empty(2 * len(times), dtype=np.int32)
+        both = np.empty(2 * len(times), dtype=self.link_type)
         both[0::2], both[1::2] = out_of, into        # an event leaves a link, then enters the next
-        order = np.argsort(both.astype(self.sort_key), kind="stable")    # -1 (none) sorts last
+        order = np.argsort(both.view(self.sort_key), kind="stable")    # -1 (none) sorts last
         order = order[:np.count_nonzero(both >= 0)]
         link = both[order]
         event = order >> 1
         entering = (order & 1).astype(bool)
-        when = times[event]
         same = link[1:] == link[:-1]
         starts = np.flatnonzero(np.r_[True, ~same])
+        ends = np.r_[starts[1:], len(link)] - 1
         links = link[starts]
-        early = when[starts] <= self.until[links]     # a link's first event here is its earliest
-        tie = np.flatnonzero(same & (when[1:] == when[:-1]))
-        blind = tie[(coarse[event[tie]] == coarse[event[tie + 1]]) & (origin[event[tie]] != origin[event[tie + 1]])]
+        early = times[event[starts]] <= self.until[links]     # a link's first event here is its earliest
+        rank = coarse[event]          # equal only for events in one ns, ordered by what is unknown
+        tie = np.flatnonzero(same & (rank[1:] == rank[:-1]))
+        blind = tie[origin[ids[event[tie]]] != origin[ids[event[tie + 1]]]]
         if early.any() or len(blind):
             return np.unique(np.concatenate([links[early], link[blind]])), event[:0], link[:0]
         delta = entering.astype(np.int64) * 2 - 1
@@ -235,16 +236,15 @@ class _Queues:
         lengths = np.diff(np.r_[starts, len(link)])
         running = total + np.repeat(self.queued[links] - total[starts] + delta[starts], lengths)
         self.peak[links] = np.maximum(self.peak[links], np.maximum.reduceat(np.where(entering, running, 0), starts))
-        ends = np.r_[starts[1:], len(link)] - 1
         self.queued[links] = running[ends]
-        self.until[links] = when[ends]
+        self.until[links] = times[event[ends]]
         return np.empty(0, dtype=np.int64), event[entering], link[entering]
 
     def serve(self, events: np.ndarray, link: np.ndarray, times: np.ndarray, into: np.ndarray, final: np.ndarray,
               moved: np.ndarray, ids: np.ndarray, state: _Events) -> np.ndarray:
         """The window's `events` (by link, in the order they run) reach `link` (at times[event]):
         serve each link's in order, the k-th of every link at once. Returns when the next event
-        of each message that `moved` comes."""
+        of each message that `moved` comes (`final`: its delivery)."""
         starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
         lengths = np.diff(np.r_[starts, len(link)])
         longest_first = np.argsort(-lengths, kind="stable")
@@ -267,7 +267,7 @@ class _Queues:
                 begin[at], end[at] = start, stop
             state.head[f] = head_out = begin[moved] + latency
             state.tail[f] = tail_out = end[moved] + latency
-            return np.where(final[moved], tail_out, head_out).astype(np.int64)
+            return np.where(final, tail_out, head_out).astype(np.int64)
         whole, begin_whole = self.whole_transfer, np.empty(len(times), dtype=np.int64)
         for k, width in enumerate(active.tolist()):
             at, here = events[starts[:width] + k], links[:width]

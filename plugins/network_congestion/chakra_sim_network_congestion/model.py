@@ -184,26 +184,14 @@ class CongestionNetwork(NetworkModel):
 
         senders, receivers, ranks = self._pairs(members, offsets)
         src, dst = ranks[senders], ranks[receivers]
-        router = self.router
-        if isinstance(router, FabricRouter) and not router._dead:
-            from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs
-            seqs = next_seqs(router._sent, src, dst)
-            if self._advanced is not None:
-                self._advanced.append((src, dst))
-            assert self.topo.fabric is not None
-            flow_start, flow_links = fabric_routes(self.topo.fabric, src, dst, seqs)
-        else:   # a route per flow, counted as send() would count it
-            routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
-            flow_start = np.zeros(len(routes) + 1, dtype=np.intp)
-            np.cumsum(np.fromiter(map(len, routes), dtype=np.intp, count=len(routes)), out=flow_start[1:])
-            flow_links = np.fromiter((link for route in routes for link in route), dtype=np.int64,
-                                     count=int(flow_start[-1]))
         times = np.asarray(send_times, dtype=np.int64)
         if isinstance(self.links, FifoLinks):    # a member sends its messages in offset order
             assert self.links.flow_steps is not None   # claimed first
-            arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size, senders)
+            hops = self._hops(src, dst, len(offsets))
+            arrivals, clash = self.links.flow_steps.step(hops, times[senders], size, senders)
         else:
             assert self.links.flow_steps is not None
+            flow_start, flow_links = self._incidence(src, dst)
             arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
         if len(clash):
             self._shared(frozenset(clash.tolist()))
@@ -214,6 +202,48 @@ class CongestionNetwork(NetworkModel):
         received = times.copy()
         np.maximum.at(received, receivers, arrivals)
         return received.tolist()
+
+    def _incidence(self, src: Any, dst: Any) -> tuple[Any, Any]:
+        """The flow-link incidence of a step's messages (fabric_routes.py), their pairs counted."""
+        import numpy as np
+
+        router = self.router
+        if isinstance(router, FabricRouter) and not router._dead:
+            from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs
+            seqs = next_seqs(router._sent, src, dst)
+            if self._advanced is not None:
+                self._advanced.append((src, dst))
+            assert self.topo.fabric is not None
+            return fabric_routes(self.topo.fabric, src, dst, seqs)
+        routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
+        flow_start = np.zeros(len(routes) + 1, dtype=np.intp)
+        np.cumsum(np.fromiter(map(len, routes), dtype=np.intp, count=len(routes)), out=flow_start[1:])
+        return flow_start, np.fromiter((link for route in routes for link in route), dtype=np.int64,
+                                       count=int(flow_start[-1]))
+
+    def _link_type(self) -> type:
+        import numpy as np
+
+        return np.int16 if len(self.topo.link_src) < (1 << 15) - 1 else np.int32
+
+    def _hops(self, src: Any, dst: Any, per_sender: int) -> Any:
+        """A step's routes as rows of links and at least one -1 (fifosteps.py), pairs counted;
+        the step's messages come in runs of `per_sender` from one sender to distinct peers."""
+        import numpy as np
+
+        router = self.router
+        if isinstance(router, FabricRouter) and not router._dead:
+            from chakra_sim_network_congestion.fabric_routes import fabric_hops, next_seqs_by_source
+            seqs = next_seqs_by_source(router._sent, src, dst, per_sender)
+            if self._advanced is not None:
+                self._advanced.append((src, dst))
+            assert self.topo.fabric is not None
+            return fabric_hops(self.topo.fabric, src, dst, seqs, spare=1, dtype=self._link_type())
+        routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
+        hops: Any = np.full((len(routes), max(map(len, routes), default=0) + 1), -1, dtype=self._link_type())
+        for row, route in zip(hops, routes):
+            row[:len(route)] = route
+        return hops
 
     def _shared(self, links: frozenset[int]) -> None:
         """Closed-form traffic was timed on links that carry other traffic too: start over, timing
