@@ -122,9 +122,20 @@ class FifoSteps:
         base = int(starts[moving].min())
         buckets: dict[int, list[np.ndarray]] = {}
         pending: list[int] = []
-        first = moving[np.argsort(starts[moving], kind="stable")]
-        _bucket(buckets, pending, first, (starts[first] - base) // window, 0)
         coarse_base = 0
+        sent = queue.sent_together(route[state.at[moving]], base, origin[moving]) \
+            if base == int(starts[moving].max()) else None
+        if sent is None:
+            first = moving[np.argsort(starts[moving], kind="stable")]
+            _bucket(buckets, pending, first, (starts[first] - base) // window, 0)
+        else:      # the sends' events are timed: on to their next ones
+            at = state.at[moving]
+            nxt_time = queue.moved(sent, route[at], route[at + 1] < 0, moving, state)
+            state.time[moving] = nxt_time
+            state.at[moving] = at + 1
+            state.coarse[moving] = 0        # one coarse rank: sends in one ns
+            coarse_base = 1
+            _bucket(buckets, pending, moving, (nxt_time - base) // window, 1)
         while pending:
             w = heapq.heappop(pending)
             ids = np.concatenate(buckets.pop(w))
@@ -253,8 +264,6 @@ class _Queues:
         active = np.searchsorted(-lengths, -np.arange(int(lengths[0])), side="left")   # groups longer than k
         self.crossings += np.bincount(link, minlength=len(self.used))
         free, busy = self.free, self.busy
-        latency = self.latency[into[moved]]
-        f = ids[moved]
         if self.steps.cut_through:
             head, tail, transfer = state.head[ids], state.tail[ids], self.transfer
             begin, end = np.empty(len(times)), np.empty(len(times))
@@ -265,9 +274,7 @@ class _Queues:
                 free[here] = stop
                 busy[here] += stop - start
                 begin[at], end[at] = start, stop
-            state.head[f] = head_out = begin[moved] + latency
-            state.tail[f] = tail_out = end[moved] + latency
-            return np.where(final, tail_out, head_out).astype(np.int64)
+            return self.moved((begin[moved], end[moved]), into[moved], final, ids[moved], state)
         whole, begin_whole = self.whole_transfer, np.empty(len(times), dtype=np.int64)
         for k, width in enumerate(active.tolist()):
             at, here = events[starts[:width] + k], links[:width]
@@ -276,7 +283,60 @@ class _Queues:
             free[here] = stop_whole
             busy[here] += stop_whole - start_whole
             begin_whole[at] = start_whole
-        return begin_whole[moved] + self.whole_arrival[into[moved]]
+        return self.moved((begin_whole[moved], None), into[moved], final, ids[moved], state)
+
+    def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray,
+              flows: np.ndarray, state: _Events) -> np.ndarray:
+        """Messages `flows` were served on `link` (when their first byte started, and with
+        cut-through when their last byte left): when their next events come (`final`: their
+        deliveries); with cut-through, where their bytes are then."""
+        begin, end = served
+        if end is None:
+            return begin + self.whole_arrival[link]
+        latency = self.latency[link]
+        state.head[flows] = head = begin + latency
+        state.tail[flows] = tail = end + latency
+        return np.where(final, tail, head).astype(np.int64)
+
+    def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """A step's messages all sent at `time`, in order, over first links `link`: when each link
+        is one member's, and free of earlier steps' traffic by then, its messages go back to back,
+        in closed form (the sums added in the same order as one by one). Returns when each
+        started, and with cut-through when its last byte left (None: time them as events)."""
+        order = np.argsort(link.view(self.sort_key), kind="stable")
+        sorted_link = link[order]
+        starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
+        links = sorted_link[starts]
+        lengths = np.diff(np.r_[starts, len(link)])
+        widest = int(lengths.max())
+        if len(links) * (widest + 1) > 4 * len(link) + 1024 or (self.until[links] >= time).any():
+            return None
+        by_link = origin[order]
+        if (by_link[1:] != by_link[:-1])[sorted_link[1:] == sorted_link[:-1]].any():
+            return None        # two members' sends in one ns on one link: order unknown
+        group = np.repeat(np.arange(len(links)), lengths)
+        position = np.arange(len(link)) - np.repeat(starts, lengths)
+        cut_through = self.steps.cut_through
+        step = self.transfer[links] if cut_through else self.whole_transfer[links]
+        chain = np.empty((len(links), widest + 1), dtype=np.float64 if cut_through else np.int64)
+        chain[:, 0] = np.maximum(self.free[links], time)
+        chain[:, 1:] = step[:, None]
+        np.add.accumulate(chain, axis=1, out=chain)     # each start: the previous end
+        busy = np.empty((len(links), widest + 1), dtype=np.float64)
+        busy[:, 0] = self.busy[links]
+        busy[:, 1:] = chain[:, 1:] - chain[:, :-1]
+        np.add.accumulate(busy, axis=1, out=busy)
+        every = np.arange(len(links))
+        self.free[links] = chain[every, lengths]
+        self.busy[links] = busy[every, lengths]
+        self.crossings[links] += lengths
+        self.queued[links] += lengths
+        self.peak[links] = np.maximum(self.peak[links], self.queued[links])
+        self.until[links] = time
+        begin, end = np.empty(len(link), dtype=chain.dtype), np.empty(len(link), dtype=chain.dtype)
+        begin[order] = chain[group, position]
+        end[order] = chain[group, position + 1]
+        return begin, end if cut_through else None
 
     def keep(self) -> None:
         """The step is timed: its links' state is theirs."""
