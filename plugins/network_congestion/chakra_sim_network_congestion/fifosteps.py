@@ -95,9 +95,10 @@ class FifoSteps:
     def step(self, hops: np.ndarray, starts: np.ndarray, size: int,
              origin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Messages f over the links of row f of `hops` (then -1s, at least one; int16 when the
-        links are fewer than 32,767), each of `size` bytes, sent at starts[f] (whole ns) by member origin[f], in the order f (a member's in
-        the order it sends them). Returns (each message's delivery in whole ns, the links whose
-        order this cannot know: when not empty, nothing changed)."""
+        links are fewer than 32,767), each of `size` bytes, sent at starts[f] (whole ns) by
+        member origin[f], in the order f (a member's in the order it sends them). Returns (each
+        message's delivery in whole ns, the links whose order this cannot know: when not empty,
+        nothing changed)."""
         arrival = starts.astype(np.int64, copy=True)     # a message to itself: at once
         moving = np.flatnonzero(hops[:, 0] >= 0)
         if not len(moving):
@@ -314,8 +315,6 @@ class _Queues:
         by_link = origin[order]
         if (by_link[1:] != by_link[:-1])[sorted_link[1:] == sorted_link[:-1]].any():
             return None        # two members' sends in one ns on one link: order unknown
-        group = np.repeat(np.arange(len(links)), lengths)
-        position = np.arange(len(link)) - np.repeat(starts, lengths)
         cut_through = self.steps.cut_through
         step = self.transfer[links] if cut_through else self.whole_transfer[links]
         chain = np.empty((len(links), widest + 1), dtype=np.float64 if cut_through else np.int64)
@@ -333,9 +332,14 @@ class _Queues:
         self.queued[links] += lengths
         self.peak[links] = np.maximum(self.peak[links], self.queued[links])
         self.until[links] = time
+        # the k-th message of link g started at chain[g, k] and ended at chain[g, k + 1]
+        at = np.repeat(np.arange(0, len(links) * (widest + 1), widest + 1) - starts, lengths)
+        at += np.arange(len(link))
+        flat = chain.ravel()
         begin, end = np.empty(len(link), dtype=chain.dtype), np.empty(len(link), dtype=chain.dtype)
-        begin[order] = chain[group, position]
-        end[order] = chain[group, position + 1]
+        begin[order] = flat[at]
+        at += 1
+        end[order] = flat[at]
         return begin, end if cut_through else None
 
     def keep(self) -> None:
