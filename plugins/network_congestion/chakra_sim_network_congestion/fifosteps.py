@@ -120,21 +120,23 @@ class FifoSteps:
             local[used] = np.arange(len(used))
             route = local[flat]
         state = _Events(starts, hops.shape[1])
-        base = int(starts[moving].min())
+        every = len(moving) == len(starts)      # (then slices, not copies)
+        pick = slice(None) if every else moving
+        sending = starts[pick]
+        base = int(sending.min())
         buckets: dict[int, list[np.ndarray]] = {}
         pending: list[int] = []
         coarse_base = 0
-        sent = queue.sent_together(route[state.at[moving]], base, origin[moving]) \
-            if base == int(starts[moving].max()) else None
+        at = state.at[pick]
+        sent = queue.sent_together(route[at], base, origin[pick]) if base == int(sending.max()) else None
         if sent is None:
-            first = moving[np.argsort(starts[moving], kind="stable")]
+            first = moving[np.argsort(sending, kind="stable")]
             _bucket(buckets, pending, first, (starts[first] - base) // window, 0)
         else:      # the sends' events are timed: on to their next ones
-            at = state.at[moving]
-            nxt_time = queue.moved(sent, route[at], route[at + 1] < 0, moving, state)
-            state.time[moving] = nxt_time
-            state.at[moving] = at + 1
-            state.coarse[moving] = 0        # one coarse rank: sends in one ns
+            nxt_time = queue.moved(sent, route[at], route[at + 1] < 0, pick, state)
+            state.time[pick] = nxt_time
+            state.at[pick] += 1
+            state.coarse[pick] = 0        # one coarse rank: sends in one ns
             coarse_base = 1
             _bucket(buckets, pending, moving, (nxt_time - base) // window, 1)
         while pending:
@@ -287,7 +289,7 @@ class _Queues:
         return self.moved((begin_whole[moved], None), into[moved], final, ids[moved], state)
 
     def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray,
-              flows: np.ndarray, state: _Events) -> np.ndarray:
+              flows: np.ndarray | slice, state: _Events) -> np.ndarray:
         """Messages `flows` were served on `link` (when their first byte started, and with
         cut-through when their last byte left): when their next events come (`final`: their
         deliveries); with cut-through, where their bytes are then."""
