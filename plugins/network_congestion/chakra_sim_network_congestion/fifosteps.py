@@ -16,6 +16,9 @@ which the events that scheduled them ran. `FifoSteps.step` replays that order wi
   (cut-through) or _serve (store and forward), so times and statistics have the same bits.
 - Peak concurrent messages: a message counts on a link from its event there to its next one
   (or its delivery), counted in the order the events run.
+- Sends in one ns. Where each member's first link carries only its messages, they go back to
+  back, in closed form (`sent_together`: np.add.accumulate adds the same numbers in the same
+  order as one by one).
 
 Two things the network cannot know: the order of two members' send events in the same ns, and
 that of a send and a hop's event in the same ns. Events are also ranked coarsely, members'
@@ -34,7 +37,6 @@ import heapq
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 
 if TYPE_CHECKING:
     from chakra_sim_network_congestion.links import FifoLinks
