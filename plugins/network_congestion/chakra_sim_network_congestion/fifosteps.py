@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from chakra_sim_network_congestion.links import FifoLinks
 
 _NO_LINK = -1
+_LOW = (1 << 32) - 1
 
 
 class FifoSteps:
@@ -129,7 +130,7 @@ class FifoSteps:
         buckets: dict[int, list[np.ndarray]] = {}
         pending: list[int] = []
         coarse_base = 0
-        at = state.at[pick]
+        at = state.place[pick] >> 32
         sent = queue.sent_together(route[at], base, origin[pick]) if base == int(sending.max()) else None
         if sent is None:
             first = moving[np.argsort(sending, kind="stable")]
@@ -137,8 +138,7 @@ class FifoSteps:
         else:      # the sends' events are timed: on to their next ones
             nxt_time = queue.moved(sent, route[at], route[at + 1] < 0, pick, state)
             state.time[pick] = nxt_time
-            state.at[pick] += 1
-            state.coarse[pick] = 0        # one coarse rank: sends in one ns
+            state.place[pick] = ((at + 1) << 32) | 1        # one coarse rank (0): sends in one ns
             coarse_base = 1
             _bucket(buckets, pending, moving, (nxt_time - base) // window, 1)
         while pending:
@@ -148,7 +148,8 @@ class FifoSteps:
             offset = times - (base + w * window)     # radix sort: within a window, 0..window-1
             order = np.argsort(offset.astype(np.uint16) if window <= 1 << 16 else offset, kind="stable")
             ids, times = ids[order], times[order]
-            at, parent = state.at[ids], state.coarse[ids]
+            place = state.place[ids]
+            at, parent = place >> 32, place & _LOW
             out_of, into = route[at - 1], route[at]
             sends = out_of < 0
             if sends.any() and not sends.all() and np.intersect1d(times[sends], times[~sends]).size:
@@ -170,8 +171,7 @@ class FifoSteps:
             nxt_time = queue.serve(entering, link, times, into, route[at[moved] + 1] < 0, moved, ids, state)
             f = ids[moved]
             state.time[f] = nxt_time
-            state.at[f] = at[moved] + 1
-            state.coarse[f] = coarse[moved]
+            state.place[f] = ((at[moved] + 1) << 32) | (coarse[moved] + 1)
             _bucket(buckets, pending, f, (nxt_time - base) // window, w + 1)
         queue.keep()
         return arrival, np.empty(0, dtype=np.int64)
@@ -191,15 +191,15 @@ class FifoSteps:
 
 
 class _Events:
-    """Each message's next event: when (ns), where (`at`: its next link in the routes laid end to
-    end, or the -1 after its route: its delivery), the coarse rank of the event that scheduled it
-    (-1: a send), and where its first and last bytes are (cut-through)."""
+    """Each message's next event: when (ns), where and after what (`place`), and where its first
+    and last bytes are (cut-through)."""
 
     def __init__(self, starts: np.ndarray, width: int) -> None:
         flows = len(starts)
         self.time = starts.astype(np.int64, copy=True)
-        self.at = np.arange(0, flows * width, width, dtype=np.int64)
-        self.coarse = np.full(flows, -1, dtype=np.int64)
+        self.place = np.arange(0, flows * width, width, dtype=np.int64) << 32
+        """(its next link's index in the routes laid end to end; the -1 after its route: its
+        delivery) << 32 | (the coarse rank of the event that scheduled it + 1; 0: a send)."""
         self.head = starts.astype(np.float64)
         self.tail = self.head.copy()
 
