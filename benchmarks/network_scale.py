@@ -2,6 +2,7 @@
 """Congestion-aware backend at 1,024 NPUs: a fat-tree all-to-all and a ring all-reduce.
 
     python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair] [--generator JSON]
+    python benchmarks/network_scale.py --growth [--mode fifo|fair] [--growth-npus 64 256 1024 4096]
 
 Runs, each in a fresh process:
 - all-to-all of SIZE per NPU, `direct` algorithm, on a k-ary fat-tree
@@ -15,6 +16,11 @@ Runs, each in a fresh process:
 and prints wall time, peak RSS, simulated finish time, messages (network-level
 flows, one per send), messages per second, how many of them the closed form timed,
 and events.
+
+`--growth` runs the all-to-all and the closed-form ring all-reduce at each of
+--growth-npus NPUs instead, the all-to-all on a fat-tree of radix-32 switches
+(3 tiers, D-mod-k, the same links) sized to the NPUs, and prints how wall time and
+memory grow against the messages.
 """
 
 from __future__ import annotations
@@ -67,8 +73,12 @@ def main() -> int:
     parser.add_argument("--generator", type=json.loads,
                         help="the all-to-all's network generator instead of the k-ary fat-tree (JSON; --npus NPUs)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--growth", action="store_true", help="cost growth over --growth-npus NPUs")
+    parser.add_argument("--growth-npus", type=int, nargs="+", default=[64, 256, 1024, 4096])
     args = parser.parse_args()
     size = int(args.size_mib * (1 << 20))
+    if args.growth:
+        return growth(args.growth_npus, size, args.mode, args.json)
     rows = []
     for case in args.cases:
         with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
@@ -85,6 +95,32 @@ def main() -> int:
               f"{row['closed_form_messages'] or 0:>11,} {row['events']:>11,}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def growth(sizes: list[int], size: int, mode: str, json_out: Path | None) -> int:
+    """The all-to-all and the ring all-reduce at each NPU count, and their growth from the first."""
+    rows = []
+    for npus in sizes:
+        generator = {"kind": "fat_tree", "hosts": npus, "radix": 32, "tiers": 3, "ecmp": "dmodk",
+                     "bandwidth_gbps": 50, "latency_ns": 500}
+        for case in CASES[:2]:
+            with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
+                found = measure(case_manifest(case, npus, size, mode, Path(tmp), generator))
+            rows.append({"case": case, "npus": npus, **found})
+            print(f"  {case}, {npus} NPUs: {found['wall_s']:.1f} s", file=sys.stderr)
+    print(f"congestion backend, mode={mode}, {size / (1 << 20)} MiB per NPU: cost growth")
+    header = (f"{'case':<22} {'NPUs':>6} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>12} "
+              f"{'wall x':>8} {'messages x':>11} {'us/message':>11}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        first = next(r for r in rows if r["case"] == row["case"])
+        print(f"{row['case'][:22]:<22} {row['npus']:>6,} {row['wall_s']:>8.2f} {row['rss_mb']:>8.0f} "
+              f"{row['finish_ns']:>14,} {row['messages']:>12,} {row['wall_s'] / first['wall_s']:>8.1f} "
+              f"{row['messages'] / first['messages']:>11.0f} {1e6 * row['wall_s'] / row['messages']:>11.3f}")
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2) + "\n")
     return 0
 
 

@@ -58,7 +58,11 @@ GEMM epilogues, causal backward, host launch, GPU variation), the Megatron-Core 
 d98e8a64 (bucketing, parameter all-gather dispatch, step overheads, Adam's traffic) and
 Transformer Engine's fp8 work; its results carry the error band and the rate ceiling. The
 plan-gpt-1.7b example changed the same way and gained the `vs_best` and `tie` columns and the
-memory reserve.
+memory reserve. Recorded again (issue 39, fifo steps): the fifo k=8 all-to-all is now timed as
+one step of messages (fifosteps.py); its times and every link statistic are unchanged, its
+`closed_form_messages` (0 -> 16,256) and event count changed, and its folding reason no longer
+names the native system layer (which solves collectives whole now that the network reserves
+links). The other 370 outputs stayed byte-identical.
 """
 
 from __future__ import annotations

@@ -82,6 +82,11 @@ class StepSchedule:
     """Optional, for rotation-symmetric steps: step -> the offsets o for which the member at
     position i sends to position (i + o) % n (send_to must agree). Lets a flow-level network
     time a whole step as one set of flows (`FlowNetwork.transfer_flows`)."""
+    exact: bool = True
+    """The steps time the members as they run, message for message. False: an approximation a
+    flow-level network may take (direct all-reduce: its members start the all-gather as each
+    piece is processed, the steps when all have arrived); a network that must match messages
+    to the ns (`FlowNetwork.flow_exact`) does not."""
 
     @property
     def steps(self) -> int:

@@ -145,7 +145,9 @@ class FlowNetwork(Protocol):
     """
 
     flow_level: bool
-    """True (per instance) when the network offers this protocol in this run."""
+    """True (per instance) when the network offers this protocol in this run. A network may also
+    set `flow_exact` True: it then gets only steps that time the members exactly
+    (`StepSchedule.exact`), as a network timing messages to the ns needs."""
 
     def claim_flows(self, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> object | None:
         """Reserve the links of every (members, offsets) run's flows for one collective: a token

@@ -104,7 +104,7 @@ class Direct(CollectiveAlgorithm):
             return None
         others = tuple(range(1, n))
         return StepSchedule(n, step_bytes, reduces, lambda pos, step: tuple((pos + o) % n for o in others),
-                            offsets=lambda step: others)
+                            offsets=lambda step: others, exact=len(step_bytes) == 1)
 
     def members(self, ctx: PhaseContext, comm_type: int, size: int, variant: int = 0,
                 root: int = 0) -> list[DirectMember]:

@@ -172,7 +172,7 @@ class NativeSystem(MatchingSystem[Collective]):
         if self.closed_form:
             coll.claim = self.network.claim(self.planner.pairs(coll))
         if coll.claim is None and self.flow_level:
-            runs = self.planner.flow_runs(coll)
+            runs = self.planner.flow_runs(coll, exact=bool(getattr(self.flow_network, "flow_exact", False)))
             if runs is not None:
                 coll.claim = self.flow_network.claim_flows(runs)
                 coll.flows = coll.claim is not None

@@ -313,13 +313,15 @@ class CollectivePlanner:
             self._pair_cache[key] = pairs
         return pairs
 
-    def flow_runs(self, coll: Collective) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    def flow_runs(self, coll: Collective,
+                  exact: bool = False) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
         """Every run of the collective's phases as (members, the offsets its flows use), or None
-        when a phase has no flow schedule (see `CollectiveAlgorithm.flow_schedule`)."""
+        when a phase has no flow schedule (see `CollectiveAlgorithm.flow_schedule`), or, if
+        `exact`, one that only approximates its members (`StepSchedule.exact`)."""
         found: dict[tuple[tuple[int, ...], tuple[int, ...]], None] = {}
         for spec, run_members in self.phase_runs(coll):
             schedule = self.flow_schedule(spec, len(run_members))
-            if schedule is None or schedule.offsets is None:
+            if schedule is None or schedule.offsets is None or (exact and not schedule.exact):
                 return None
             offsets = sorted({o for k in range(schedule.steps) for o in schedule.offsets(k)})
             found[(run_members, tuple(offsets))] = None

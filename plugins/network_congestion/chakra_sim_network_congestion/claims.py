@@ -31,6 +31,9 @@ class LinkStats:
 FREE, SHARED = -1, -2
 """`ClaimedLinks.owner` values besides a sender's NPU number."""
 
+GROUP_BASE = 1 << 40
+"""`owner` of links claimed for a collective's flows: GROUP_BASE + the claim's number."""
+
 
 class SharedLinkHint:
     """What a restarted run learned: these links carry more than one sender's traffic."""

@@ -51,16 +51,36 @@ def next_seqs(counter: PairCounter, src: np.ndarray, dst: np.ndarray, back: bool
     return seqs
 
 
+def next_seqs_by_source(counter: PairCounter, src: np.ndarray, dst: np.ndarray, group: int) -> np.ndarray:
+    """`next_seqs` of pairs in runs of `group`, each run from one source to distinct destinations
+    (a step of a collective: a member to each of its peers): no sort needed."""
+    seqs = np.empty(len(src), dtype=np.int64)
+    once = np.ones(group, dtype=np.int64)
+    for lo in range(0, len(src), group):
+        seqs[lo:lo + group] = counter.advance_many(int(src[lo]), dst[lo:lo + group], once)
+    return seqs
+
+
 def fabric_routes(fabric: Clos, src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The flow-link incidence of messages src[i] -> dst[i] (src != dst), the seq[i]-th of their
     pair, exactly as `FabricRouter.route` gives them on a fabric without failed links."""
+    hops = fabric_hops(fabric, src, dst, seq)
+    used = hops >= 0
+    flow_start = np.zeros(len(src) + 1, dtype=np.intp)
+    np.cumsum(used.sum(axis=1), out=flow_start[1:])
+    return flow_start, hops[used]
+
+
+def fabric_hops(fabric: Clos, src: np.ndarray, dst: np.ndarray, seq: np.ndarray, spare: int = 0,
+                dtype: type = np.int64) -> np.ndarray:
+    """The same routes as a matrix: row i holds message i's links, then -1s (at least `spare`)."""
     g = fabric.gpus_per_node
     hashed = fabric.ecmp == "hash"
-    width = 8 if g > 1 else 6
-    hops = np.full((len(src), width), -1, dtype=np.int64)
+    width = (8 if g > 1 else 6) + spare
+    hops: np.ndarray = np.full((len(src), width), -1, dtype=dtype)
     if g == 1:
         x = ecmp_hash_many(src, dst, seq) if hashed else dst + seq
-        _up_down(fabric, hops, 0, src, dst, x, np.ones(len(src), dtype=bool))
+        _up_down(fabric, hops, 0, src, dst, x, None)
     else:
         nv_up, nv_down = np.asarray(fabric.nv_up), np.asarray(fabric.nv_down)
         x = ecmp_hash_many(src, dst, seq) if hashed else dst // g + seq
@@ -73,50 +93,53 @@ def fabric_routes(fabric: Clos, src: np.ndarray, dst: np.ndarray, seq: np.ndarra
         via = node * g + dst_gpu
         hops[detour, 0], hops[detour, 1] = nv_up[src[detour]], nv_down[via[detour]]
         start = np.where(detour, via, src)
-        _up_down(fabric, hops, 2, start, dst, x, ~same & detour)
-        _up_down(fabric, hops, 0, start, dst, x, ~same & ~detour)
-    used = hops >= 0
-    flow_start = np.zeros(len(src) + 1, dtype=np.intp)
-    np.cumsum(used.sum(axis=1), out=flow_start[1:])
-    return flow_start, hops[used]
+        _up_down(fabric, hops, 2, start, dst, x, np.flatnonzero(~same & detour))
+        _up_down(fabric, hops, 0, start, dst, x, np.flatnonzero(~same & ~detour))
+    return hops
 
 
 def _up_down(f: Clos, hops: np.ndarray, col: int, s: np.ndarray, t: np.ndarray, x: np.ndarray,
-             rows: np.ndarray) -> None:
-    """`FabricRouter._up_down` for the `rows` selected, written from column `col` on."""
-    s, t, x = s[rows], t[rows], x[rows]
+             rows: np.ndarray | None) -> None:
+    """`FabricRouter._up_down` for the `rows` given (None: all), written from column `col` on:
+    each column computed for all of them, the route's kind (same leaf, same pod, across pods)
+    choosing among the candidates."""
+    if rows is not None:
+        s, t, x = s[rows], t[rows], x[rows]
     g, d, u = f.gpus_per_node, f.leaf_hosts, f.up
     if g == 1:
         ls, lt = s // d, t // d
     else:
         ls = (s % g) * f.rail_leaves + s // g // d
         lt = (t % g) * f.rail_leaves + t // g // d
-    host_up, host_down = np.asarray(f.host_up), np.asarray(f.host_down)
-    up2, down2 = np.asarray(f.up2), np.asarray(f.down2)
-    pod = f.pod_leaves if f.tiers == 3 else f.leaves
-    index = np.flatnonzero(rows)
     j = x % u
-    pa, pb = ls // pod, lt // pod
     leaf = ls == lt
-    inpod = ~leaf & (pa == pb)
+    table = np.asarray     # the fabric's link tables are lists
+
+    def put(k: int, column: np.ndarray) -> None:
+        if rows is None:
+            hops[:, col + k] = column
+        else:
+            hops[rows, col + k] = column
+
+    put(0, table(f.host_up)[s])
+    down = table(f.host_down)[t]
+    up2 = table(f.up2)[ls * u + j]
+    put(1, np.where(leaf, down, up2))
+    down2 = table(f.down2)[lt * u + j]
+    if f.tiers != 3:
+        put(2, np.where(leaf, -1, down2))
+        put(3, np.where(leaf, -1, down))
+        return
+    pa, pb = ls // f.pod_leaves, lt // f.pod_leaves
+    del ls, lt, up2
+    inpod = pa == pb
+    ua = f.agg_up
+    c = (x // u) % ua
+    put(2, np.where(leaf, -1, np.where(inpod, down2, table(f.up3)[(pa * u + j) * ua + c])))
+    put(3, np.where(leaf, -1, np.where(inpod, down, table(f.down3)[(pb * u + j) * ua + c])))
     cross = ~leaf & ~inpod
-    block = hops[index]
-    block[:, col] = host_up[s]
-    block[leaf, col + 1] = host_down[t[leaf]]
-    block[inpod, col + 1] = up2[ls[inpod] * u + j[inpod]]
-    block[inpod, col + 2] = down2[lt[inpod] * u + j[inpod]]
-    block[inpod, col + 3] = host_down[t[inpod]]
-    if cross.any():
-        up3, down3 = np.asarray(f.up3), np.asarray(f.down3)
-        ua = f.agg_up
-        c = (x[cross] // u) % ua
-        jc = j[cross]
-        block[cross, col + 1] = up2[ls[cross] * u + jc]
-        block[cross, col + 2] = up3[(pa[cross] * u + jc) * ua + c]
-        block[cross, col + 3] = down3[(pb[cross] * u + jc) * ua + c]
-        block[cross, col + 4] = down2[lt[cross] * u + jc]
-        block[cross, col + 5] = host_down[t[cross]]
-    hops[index] = block
+    put(4, np.where(cross, down2, -1))
+    put(5, np.where(cross, down, -1))
 
 
 def reachable_links(fabric: Clos, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

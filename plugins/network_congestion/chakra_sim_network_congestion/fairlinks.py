@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from chakra_sim_network_congestion.claims import SHARED, ClaimedLinks
+from chakra_sim_network_congestion.claims import GROUP_BASE, SHARED, ClaimedLinks
 from chakra_sim_network_congestion.fairshare import MaxMinFair
 
 if TYPE_CHECKING:
@@ -37,10 +37,6 @@ class _Flow:
         self.version = 0
         self.finish: float | None = None
         self.on_arrival, self.arg = on_arrival, arg
-
-
-GROUP_BASE = 1 << 40
-"""`owner` of links claimed for a collective's flows: GROUP_BASE + the claim's number."""
 
 
 class FairLinks(ClaimedLinks):

@@ -17,7 +17,9 @@ and occupies it while its bytes cross. Two ways to forward:
 
 Closed form (claims.py): `transfer` computes a claimed message's hops at
 once, and `transfer_uniform` a whole ring-like run whose messages never find
-a link busy. Per-link statistics: bytes carried, busy time, peak concurrent
+a link busy. Steps of messages (fifosteps.py): a collective claimed as a
+whole (`claim_group`) has each step's messages timed at once, exactly as
+here. Per-link statistics: bytes carried, busy time, peak concurrent
 messages.
 """
 
@@ -26,11 +28,11 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from chakra_sim_network_congestion.claims import SHARED, ClaimedLinks
+from chakra_sim_network_congestion.claims import GROUP_BASE, SHARED, ClaimedLinks
 
 if TYPE_CHECKING:
     from chakra_core import Scheduler
-
+    from chakra_sim_network_congestion.fifosteps import FifoSteps
 
 
 class _Chunk:
@@ -59,6 +61,10 @@ class FifoLinks(ClaimedLinks):
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
         self.cut_through = cut_through
         self.queued = [0] * len(bandwidth)       # chunks waiting or in service (for the peak)
+        self.hinted = frozenset(shared)
+        """Links a previous attempt found shared: never claimed for steps again in this run."""
+        self.flow_steps: FifoSteps | None = None     # once a collective is claimed as steps
+        self._groups = 0
 
     def send(self, route: tuple[int, ...], size: int, on_arrival: Callable[[Any], None], arg: Any) -> None:
         if not route:
@@ -125,6 +131,62 @@ class FifoLinks(ClaimedLinks):
     def _deliver(self, chunk: _Chunk) -> None:
         self.queued[chunk.route[-1]] -= 1
         chunk.on_arrival(chunk.arg)
+
+    # Steps of messages (fifosteps.py) --------------------------------------------------------------
+    def _share(self, link: int, now: int) -> None:
+        steps = self.flow_steps
+        if steps is not None and steps.held[link]:
+            # a step's message at this ns or later would have been served in between
+            if steps.until[link] >= now:
+                self.on_shared(frozenset({link}))
+            steps.give_back(link)
+        super()._share(link, now)
+
+    def claim_group(self, links: Iterable[int]) -> list[int] | None:
+        """Claim links for one collective's steps, whichever of its members send on them: the
+        claimed links, or None (nothing claimed) when one may carry other traffic: shared in a
+        previous attempt, holding a message now, or claimed and not yet over."""
+        now = self.scheduler.now
+        owner, pending, until, queued, hinted = self.owner, self.pending, self.cf_until, self.queued, self.hinted
+        if self.flow_steps is None:
+            from chakra_sim_network_congestion.fifosteps import FifoSteps
+            self.flow_steps = FifoSteps(self)
+        steps_until = self.flow_steps.until
+        wanted = list(links)
+        for link in wanted:
+            holder = owner[link]
+            if holder == SHARED:
+                if link in hinted or queued[link]:
+                    return None
+            elif holder >= 0 and (pending[link] or until[link] > now or steps_until[link] >= now):
+                return None
+        token = GROUP_BASE + self._groups    # above every sender's NPU number
+        self._groups += 1
+        self.flow_steps.take(wanted)
+        for link in wanted:
+            owner[link] = token
+            pending[link] += 1
+        return wanted
+
+    def settle(self) -> None:
+        """Every link's state back in the lists (for the statistics)."""
+        if self.flow_steps is not None:
+            self.flow_steps.give_back_all()
+
+    def checkpoint(self) -> None:
+        super().checkpoint()
+        if self.flow_steps is not None:
+            self.flow_steps.checkpoint()
+
+    def rollback(self) -> None:
+        super().rollback()
+        if self.flow_steps is not None:
+            self.flow_steps.rollback()
+
+    def commit(self) -> None:
+        super().commit()
+        if self.flow_steps is not None:
+            self.flow_steps.commit()
 
     # Closed form (claims.py) ------------------------------------------------------------------------
     def transfer(self, route: tuple[int, ...], size: int, send_time: int) -> int:

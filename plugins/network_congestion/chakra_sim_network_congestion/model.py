@@ -1,7 +1,7 @@
 """The congestion-aware network layer (`plugin: congestion`): builds the topology and router
 from its configuration (config.py), moves messages over FIFO links (links.py) or max-min fair
-flows (fairlinks.py), times collectives in closed form (claims.py) or as steps of flows
-(flows.py), and reports per-link statistics."""
+flows (fairlinks.py), times collectives in closed form (claims.py) or as steps of messages
+(fifosteps.py) or flows (flows.py), and reports per-link statistics."""
 
 from __future__ import annotations
 
@@ -50,11 +50,18 @@ class CongestionNetwork(NetworkModel):
         self.closed_form = (config.closed_form and not config.trace_messages
                             and isinstance(self.router, DimensionOrderRouter)
                             and context.inputs.closed_form)
-        # Collectives as steps of flows (fair mode): on routers whose links a collective can take
-        # are known in advance.
-        self.flow_level = (config.mode == "fair" and config.closed_form and not config.trace_messages
+        # Collectives as steps of flows (fair) or of messages (fifo): on routers whose links a
+        # collective can take are known in advance.
+        self.flow_level = (config.closed_form and not config.trace_messages
                            and isinstance(self.router, (DimensionOrderRouter, FabricRouter))
                            and context.inputs.closed_form)
+        # fifo's steps time the members' messages exactly: only schedules that are their timing;
+        # and only on generated fabrics: on ASTRA-sim's lists (rings, where a step's messages meet
+        # in ns ordered only by which member's send event ran first) the closed form or message by
+        # message serve better than a restart (see fifosteps.py)
+        self.flow_exact = config.mode == "fifo"
+        if self.flow_exact and not isinstance(self.router, FabricRouter):
+            self.flow_level = False
         self._advanced: list[tuple[Any, Any]] | None = None    # ECMP counts since checkpoint
         self.flows = 0
         self.flow_bytes = 0
@@ -143,7 +150,7 @@ class CongestionNetwork(NetworkModel):
         self._advanced = None
         self.links.commit()
 
-    # Flow level (flows.py; fair mode) ----------------------------------------------------------------
+    # Flow level (fifosteps.py, flows.py) -----------------------------------------------------------
     def _pairs(self, members: Sequence[int], offsets: Sequence[int]) -> tuple[Any, Any, Any]:
         """(sender positions, receiver positions, receivers) of a step's flows, as numpy arrays."""
         import numpy as np
@@ -157,7 +164,6 @@ class CongestionNetwork(NetworkModel):
     def claim_flows(self, runs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[int] | None:
         import numpy as np
 
-        assert isinstance(self.links, FairLinks)    # flow_level: fair mode
         found = []
         for members, offsets in runs:
             senders, receivers, ranks = self._pairs(members, offsets)
@@ -176,25 +182,17 @@ class CongestionNetwork(NetworkModel):
                        send_times: Sequence[int]) -> list[int]:
         import numpy as np
 
-        assert isinstance(self.links, FairLinks) and self.links.flow_steps is not None   # claimed first
         senders, receivers, ranks = self._pairs(members, offsets)
         src, dst = ranks[senders], ranks[receivers]
-        router = self.router
-        if isinstance(router, FabricRouter) and not router._dead:
-            from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs
-            seqs = next_seqs(router._sent, src, dst)
-            if self._advanced is not None:
-                self._advanced.append((src, dst))
-            assert self.topo.fabric is not None
-            flow_start, flow_links = fabric_routes(self.topo.fabric, src, dst, seqs)
-        else:   # a route per flow, counted as send() would count it
-            routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
-            flow_start = np.zeros(len(routes) + 1, dtype=np.intp)
-            np.cumsum(np.fromiter(map(len, routes), dtype=np.intp, count=len(routes)), out=flow_start[1:])
-            flow_links = np.fromiter((link for route in routes for link in route), dtype=np.int64,
-                                     count=int(flow_start[-1]))
         times = np.asarray(send_times, dtype=np.int64)
-        arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
+        if isinstance(self.links, FifoLinks):    # a member sends its messages in offset order
+            assert self.links.flow_steps is not None   # claimed first
+            hops = self._hops(src, dst, len(offsets))
+            arrivals, clash = self.links.flow_steps.step(hops, times[senders], size, senders)
+        else:
+            assert self.links.flow_steps is not None
+            flow_start, flow_links = self._incidence(src, dst)
+            arrivals, clash = self.links.flow_steps.step(flow_start, flow_links, times[senders], size)
         if len(clash):
             self._shared(frozenset(clash.tolist()))
         count = len(src)
@@ -204,6 +202,48 @@ class CongestionNetwork(NetworkModel):
         received = times.copy()
         np.maximum.at(received, receivers, arrivals)
         return received.tolist()
+
+    def _incidence(self, src: Any, dst: Any) -> tuple[Any, Any]:
+        """The flow-link incidence of a step's messages (fabric_routes.py), their pairs counted."""
+        import numpy as np
+
+        router = self.router
+        if isinstance(router, FabricRouter) and not router._dead:
+            from chakra_sim_network_congestion.fabric_routes import fabric_routes, next_seqs
+            seqs = next_seqs(router._sent, src, dst)
+            if self._advanced is not None:
+                self._advanced.append((src, dst))
+            assert self.topo.fabric is not None
+            return fabric_routes(self.topo.fabric, src, dst, seqs)
+        routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
+        flow_start = np.zeros(len(routes) + 1, dtype=np.intp)
+        np.cumsum(np.fromiter(map(len, routes), dtype=np.intp, count=len(routes)), out=flow_start[1:])
+        return flow_start, np.fromiter((link for route in routes for link in route), dtype=np.int64,
+                                       count=int(flow_start[-1]))
+
+    def _link_type(self) -> type:
+        import numpy as np
+
+        return np.int16 if len(self.topo.link_src) < (1 << 15) - 1 else np.int32
+
+    def _hops(self, src: Any, dst: Any, per_sender: int) -> Any:
+        """A step's routes as rows of links and at least one -1 (fifosteps.py), pairs counted;
+        the step's messages come in runs of `per_sender` from one sender to distinct peers."""
+        import numpy as np
+
+        router = self.router
+        if isinstance(router, FabricRouter) and not router._dead:
+            from chakra_sim_network_congestion.fabric_routes import fabric_hops, next_seqs_by_source
+            seqs = next_seqs_by_source(router._sent, src, dst, per_sender)
+            if self._advanced is not None:
+                self._advanced.append((src, dst))
+            assert self.topo.fabric is not None
+            return fabric_hops(self.topo.fabric, src, dst, seqs, spare=1, dtype=self._link_type())
+        routes = [router.route_next(s, d) for s, d in zip(src.tolist(), dst.tolist())]
+        hops: Any = np.full((len(routes), max(map(len, routes), default=0) + 1), -1, dtype=self._link_type())
+        for row, route in zip(hops, routes):
+            row[:len(route)] = route
+        return hops
 
     def _shared(self, links: frozenset[int]) -> None:
         """Closed-form traffic was timed on links that carry other traffic too: start over, timing
@@ -220,10 +260,12 @@ class CongestionNetwork(NetworkModel):
 
     # Statistics ---------------------------------------------------------------------------------
     def link_rows(self) -> list[dict[str, Any]]:
+        if isinstance(self.links, FifoLinks):
+            self.links.settle()
         stats, topo = self.links.stats, self.topo
         makespan = max(self.context.scheduler.now, 1)
         link_bytes, messages, busy, peak = stats.bytes, stats.messages, stats.busy, stats.peak
-        steps = getattr(self.links, "flow_steps", None)
+        steps = self.links.flow_steps if isinstance(self.links, FairLinks) else None
         if steps is not None:   # add what collectives timed as flows carried
             link_bytes = [a + b for a, b in zip(link_bytes, steps.bytes.tolist())]
             messages = [a + b for a, b in zip(messages, steps.messages.tolist())]
