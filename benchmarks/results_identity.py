@@ -62,7 +62,10 @@ memory reserve. Recorded again (issue 39, fifo steps): the fifo k=8 all-to-all i
 one step of messages (fifosteps.py); its times and every link statistic are unchanged, its
 `closed_form_messages` (0 -> 16,256) and event count changed, and its folding reason no longer
 names the native system layer (which solves collectives whole now that the network reserves
-links). The other 370 outputs stayed byte-identical.
+links). The other 370 outputs stayed byte-identical. Recorded again (issue 33, output): the two
+job examples' compute table is titled "kernels by kind, every rank's summed" (it sums a folded
+run's class mates too); nothing else in them changed, and the other 369 outputs stayed
+byte-identical.
 """
 
 from __future__ import annotations
