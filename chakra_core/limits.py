@@ -64,6 +64,10 @@ def check_length(path: str, offset: int, length: int) -> None:
                                              f"{MESSAGE_BYTES.hint()}")
 
 
+GENERATED_NODES = Limit("CHAKRA_SIM_MAX_GENERATED_NODES", 20_000_000, "nodes a generator holds in memory")
+"""Nodes `generate microbenchmark` builds before writing (every rank's, at once: about 0.5 KB each):
+--iterations 10**9 would fill memory before the first file."""
+
 RANKS = Limit("CHAKRA_SIM_MAX_RANKS", 131_072, "ranks")
 """Rank files one command writes (generate, synthesize, convert text), and a job's GPUs: above
 the largest clusters trained on (about 100,000 GPUs); a typo of 1,000,000 wrote files until

@@ -245,3 +245,16 @@ def test_a_failed_configuration_read_is_a_manifest_error_naming_the_file(tmp_pat
 
     with pytest.raises(ManifestError, match=r"nope.yaml: file not found"):
         read_config_file(tmp_path / "nope.yaml")
+
+
+def test_a_microbenchmark_too_large_to_build_is_refused_before_any_node(tmp_path):
+    from click.testing import CliRunner
+
+    from chakra_core.cli import main
+
+    for args in (["--collective", "all_reduce", "--size", "1024", "--npus", "8", "--iterations", "1000000000"],
+                 ["--collective", "send_recv", "--pattern", "all-pairs", "--size", "1024", "--npus", "100000"]):
+        result = CliRunner().invoke(main, ["generate", "microbenchmark", *args, "--output", str(tmp_path / "t")])
+        assert result.exit_code == 2, result.output
+        assert "nodes to build in memory" in result.output and "CHAKRA_SIM_MAX_GENERATED_NODES" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 from chakra_core.schema import pb
 from chakra_core.et.build import (Stream, read_collective, int_attr, metadata, p2p_attrs,
                                       write_rank_files)
-from chakra_core.limits import check_rank_count
+from chakra_core.limits import GENERATED_NODES, check_rank_count
 from chakra_core.tools.generate.errors import GeneratorError
 
 
@@ -69,7 +69,10 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
         raise GeneratorError(f"--size {size}: more than the 2^63-1 bytes a Chakra trace's comm_size "
                              "(a 64-bit integer) holds")
     if collective == "send_recv":
+        messages = npus * (npus - 1) if pattern == "all-pairs" else npus   # p2p_rounds' count, not its lists
+        _check_nodes(2 * messages * iterations, npus, iterations)          # a send and a receive each
         return _send_recv_traces(size, npus, iterations, pattern, shift)
+    _check_nodes(npus * iterations, npus, iterations)
     if collective not in COLLECTIVES:
         raise GeneratorError(f"unknown collective {collective!r}; expected one of "
                              f"{', '.join([*COLLECTIVES, 'send_recv'])}")
@@ -98,6 +101,13 @@ def microbenchmark_traces(collective: str, size: int | None, npus: int, iteratio
             nodes.append(node)
         ranks.append(nodes)
     return ranks
+
+
+def _check_nodes(nodes: int, npus: int, iterations: int) -> None:
+    """Every rank's nodes are built before the first is written: refuse what would not fit."""
+    if nodes > GENERATED_NODES.value():
+        raise GeneratorError(f"--npus {npus} x --iterations {iterations}: {nodes:,} nodes to build in memory; "
+                             f"{GENERATED_NODES.hint()}")
 
 
 def _send_recv_traces(size: int | None, npus: int, iterations: int, pattern: str,
