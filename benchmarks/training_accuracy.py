@@ -233,8 +233,8 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
            "each source uses (chakra_core/jobs/flops.py), so their error equals the step time's.", "",
            f"**{len(runs)} runs from {len({publication(r) for r in runs})} publications: geomean error {geo:.1%}, mean signed error "
            f"{signed:+.1%}, worst {worst:.1%}** (geomean error = exp(mean |ln(predicted/measured)|) - 1; mean signed "
-           "error = exp(mean ln(predicted/measured)) - 1, negative when too fast; worst = the largest "
-           "|predicted/measured - 1|). A job's results carry the error of the closest class of these runs "
+           "error = exp(mean ln(predicted/measured)) - 1, negative when too fast; worst = exp(max |ln(predicted/measured)|) - 1, "
+           "the farthest run counted as the geomean counts it, so a run 20% too fast counts 25%). A job's results carry the error of the closest class of these runs "
            f"(chakra_core/jobs/bands.py). One publication holds {max(pubs.values())} of the runs; weighting every "
            f"publication alike (the geomean of their geomean errors): {pub_geo:.1%}.", "",
            "| class | runs | geomean error | mean signed error | worst |", "|---|---:|---:|---:|---:|"]

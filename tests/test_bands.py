@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from chakra_core.jobs.bands import MIN_RUNS, PublishedRun, error_band, published_runs, scale_class
+from chakra_core.jobs.bands import MIN_RUNS, PublishedRun, band_of, error_band, published_runs, scale_class
 
 
 def _runs() -> tuple[PublishedRun, ...]:
@@ -24,7 +24,14 @@ def test_the_closest_class_with_enough_runs_sets_the_band():
     logs = [math.log(r) for r in (0.9, 0.8, 1.1)]
     assert band.geomean_error == pytest.approx(math.exp(sum(abs(x) for x in logs) / 3) - 1)
     assert band.mean_signed_error == pytest.approx(math.exp(sum(logs) / 3) - 1)
-    assert band.worst_error == pytest.approx(0.2)
+    assert band.worst_error == pytest.approx(1 / 0.8 - 1)     # 20% too fast counts as the geomean counts it
+    assert band.worst_error >= band.geomean_error
+
+
+def test_the_worst_is_never_below_the_geomean():
+    for ratios in ((0.9,), (0.5, 0.9), (1.1, 0.95), (0.8, 0.8, 0.8)):
+        geomean, _, worst = band_of([PublishedRun("", "", "", "", 1, r) for r in ratios])
+        assert worst >= geomean - 1e-12
 
 
 def test_fewer_runs_widen_the_class_and_say_so():

@@ -48,7 +48,7 @@ class ErrorBand:
     mean_signed_error: float
     """exp(mean ln(predicted / measured)) - 1: negative when the model ran too fast."""
     worst_error: float
-    """The largest |predicted / measured - 1|."""
+    """exp(max |ln(predicted / measured)|) - 1: the farthest run, counted as the geomean counts it."""
 
     def to_json(self) -> JsonObject:
         return {"scope": self.scope, "runs": self.runs, "geomean_error": self.geomean_error,
@@ -78,7 +78,9 @@ def band_of(runs: tuple[PublishedRun, ...] | list[PublishedRun]) -> tuple[float,
     logs = [math.log(run.ratio) for run in runs]
     geomean = math.exp(sum(abs(x) for x in logs) / len(logs)) - 1
     signed = math.exp(sum(logs) / len(logs)) - 1
-    return geomean, signed, max(abs(run.ratio - 1) for run in runs)
+    # the worst as the geomean counts a run (|ln r|): as |r - 1| a too-fast run counts less, and a
+    # class of one run 10% too fast read "geomean 11.1%, worst 10.0%"
+    return geomean, signed, math.exp(max(abs(x) for x in logs)) - 1
 
 
 def error_band(gpu_model: str, architecture: str, precision: str, gpus: int,
