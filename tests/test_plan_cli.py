@@ -40,6 +40,8 @@ def test_top_shows_that_many_rows_and_says_where_the_others_are(tmp_path):
     table_rows = re.findall(r"^│\s*(\d+)\s*│", result.output, re.M)
     assert table_rows == ["1"]
     assert "2 more simulated layout(s) in plan.csv (--top 1 shows the 1 fastest)" in result.output
+    assert re.search(r"^  1 of 3: .+: [\d.]+ s; about \d+ s left in this round$", result.output, re.M)
+    assert re.search(r"^  3 of 3: .+: [\d.]+ s$", result.output, re.M)
 
 
 def test_a_job_no_layout_of_which_fits_is_an_error_that_writes_nothing(tmp_path):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -376,7 +377,7 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
     data = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
             "output": {"dir": str(out_dir)}}
     sweep = build_sweep(data, base_dir, "plan", name="plan")
-    done = [0]
+    done, started, todo = [0], time.monotonic(), len(chosen) - first_new
 
     def report(point: PointReport) -> None:
         if point.point.index < first_new:
@@ -384,7 +385,9 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
         done[0] += 1
         what = ("read back from an earlier plan" if point.skipped else
                 f"{point.wall_s or 0.0:.1f} s" if point.status is Status.OK else f"failed: {point.error}")
-        say(f"  {done[0]} of {len(chosen) - first_new}: {chosen[point.point.index].layout.label()}: {what}")
+        left = (time.monotonic() - started) / done[0] * (todo - done[0])   # the round's pace so far
+        eta = f"; about {left:.0f} s left in this round" if done[0] < todo else ""
+        say(f"  {done[0]} of {todo}: {chosen[point.point.index].layout.label()}: {what}{eta}")
         if execution.on_point is not None:
             execution.on_point(point)
 
