@@ -15,7 +15,7 @@ the link is shared (see CongestionNetwork).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 
 class LinkStats:
@@ -42,8 +42,21 @@ class SharedLinkHint:
         self.links = links
 
 
+class _Steps(Protocol):
+    """A link model's timing of claimed collectives as steps (FlowSteps, FifoSteps): rolled back
+    with the links."""
+
+    def checkpoint(self) -> None: ...
+
+    def rollback(self) -> None: ...
+
+    def commit(self) -> None: ...
+
+
 class ClaimedLinks:
     """Claims, the closed-form state of every link, and a journal to roll it back."""
+
+    flow_steps: _Steps | None
 
     def __init__(self, count: int, shared: Iterable[int], on_shared: Callable[[frozenset[int]], None] | None,
                  stats: LinkStats | None = None) -> None:
@@ -63,6 +76,8 @@ class ClaimedLinks:
         self.cf_last: list[float] = [0] * count
         self.cf_departs: dict[int, deque] = {}
         self._journal: dict[int, tuple] | None = None
+        self.flow_steps = None      # once a collective is claimed as steps (claim_group)
+        self._groups = 0
 
     def _share(self, link: int, now: int) -> None:
         """From now on `link` carries message-by-message traffic too. Closed-form traffic still
@@ -86,6 +101,17 @@ class ClaimedLinks:
             self.pending[link] += 1
         return list(wanted)
 
+    def _grant_group(self, links: list[int]) -> list[int]:
+        """Claim `links` for one collective's steps (their checks passed): a token above every
+        sender's NPU number as their owner."""
+        token = GROUP_BASE + self._groups
+        self._groups += 1
+        owner, pending = self.owner, self.pending
+        for link in links:
+            owner[link] = token
+            pending[link] += 1
+        return links
+
     def release(self, links: Iterable[int]) -> None:
         """A claim's messages are all timed."""
         for link in links:
@@ -94,6 +120,8 @@ class ClaimedLinks:
     def checkpoint(self) -> None:
         """Remember every link's state as first changed from now on, until rollback/commit."""
         self._journal = {}
+        if self.flow_steps is not None:
+            self.flow_steps.checkpoint()
 
     def _note(self, link: int) -> None:
         journal = self._journal
@@ -114,6 +142,10 @@ class ClaimedLinks:
             else:
                 self.cf_departs[link] = departs
         self._journal = None
+        if self.flow_steps is not None:
+            self.flow_steps.rollback()
 
     def commit(self) -> None:
         self._journal = None
+        if self.flow_steps is not None:
+            self.flow_steps.commit()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from chakra_sim_network_congestion.claims import GROUP_BASE, SHARED, ClaimedLinks
+from chakra_sim_network_congestion.claims import SHARED, ClaimedLinks
 from chakra_sim_network_congestion.fairshare import MaxMinFair
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ class FairLinks(ClaimedLinks):
         """Links a previous attempt found shared: never claimed again in this run."""
         self.bw, self.lat, self.scheduler = bandwidth, latency, scheduler
         self.flow_steps: FlowSteps | None = None     # once a collective is claimed as flows
-        self._groups = 0
         self.solver = MaxMinFair(bandwidth)
         self.flows: dict[int, _Flow] = {}
         self.next_seq = 0
@@ -170,27 +169,7 @@ class FairLinks(ClaimedLinks):
                     return None
             elif holder >= 0 and (pending[link] or until[link] > now or flow_until[link] > now):
                 return None
-        token = GROUP_BASE + self._groups    # above every sender's NPU number
-        self._groups += 1
-        for link in wanted:
-            owner[link] = token
-            pending[link] += 1
-        return wanted
-
-    def checkpoint(self) -> None:
-        super().checkpoint()
-        if self.flow_steps is not None:
-            self.flow_steps.checkpoint()
-
-    def rollback(self) -> None:
-        super().rollback()
-        if self.flow_steps is not None:
-            self.flow_steps.rollback()
-
-    def commit(self) -> None:
-        super().commit()
-        if self.flow_steps is not None:
-            self.flow_steps.commit()
+        return self._grant_group(wanted)
 
     # Closed form (claims.py) ------------------------------------------------------------------------
     # A claimed link carries one sender's closed-form messages. While they do not overlap in time,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from chakra_sim_network_congestion.claims import GROUP_BASE, SHARED, ClaimedLinks
+from chakra_sim_network_congestion.claims import SHARED, ClaimedLinks
 
 if TYPE_CHECKING:
     from chakra_core import Scheduler
@@ -64,7 +64,6 @@ class FifoLinks(ClaimedLinks):
         self.hinted = frozenset(shared)
         """Links a previous attempt found shared: never claimed for steps again in this run."""
         self.flow_steps: FifoSteps | None = None     # once a collective is claimed as steps
-        self._groups = 0
 
     def send(self, route: tuple[int, ...], size: int, on_arrival: Callable[[Any], None], arg: Any) -> None:
         if not route:
@@ -160,33 +159,13 @@ class FifoLinks(ClaimedLinks):
                     return None
             elif holder >= 0 and (pending[link] or until[link] > now or steps_until[link] >= now):
                 return None
-        token = GROUP_BASE + self._groups    # above every sender's NPU number
-        self._groups += 1
         self.flow_steps.take(wanted)
-        for link in wanted:
-            owner[link] = token
-            pending[link] += 1
-        return wanted
+        return self._grant_group(wanted)
 
     def settle(self) -> None:
         """Every link's state back in the lists (for the statistics)."""
         if self.flow_steps is not None:
             self.flow_steps.give_back_all()
-
-    def checkpoint(self) -> None:
-        super().checkpoint()
-        if self.flow_steps is not None:
-            self.flow_steps.checkpoint()
-
-    def rollback(self) -> None:
-        super().rollback()
-        if self.flow_steps is not None:
-            self.flow_steps.rollback()
-
-    def commit(self) -> None:
-        super().commit()
-        if self.flow_steps is not None:
-            self.flow_steps.commit()
 
     # Closed form (claims.py) ------------------------------------------------------------------------
     def transfer(self, route: tuple[int, ...], size: int, send_time: int) -> int:
