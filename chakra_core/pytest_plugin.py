@@ -20,11 +20,12 @@ conftest and nothing from this repository.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import pytest
 
 if TYPE_CHECKING:   # the fixtures import chakra-sim when used: loading this plugin costs any suite nothing
+    from chakra_core.json_types import JsonObject, JsonValue
     from chakra_core.plugins import PluginHost
     from chakra_core.schema import pb
 
@@ -48,10 +49,10 @@ def chakra_host() -> Callable[..., PluginHost]:
 
 
 @pytest.fixture
-def chakra_run(tmp_path: Path) -> Callable[..., dict[str, Any]]:
+def chakra_run(tmp_path: Path) -> Callable[..., JsonObject]:
     """Factory: `chakra_run(manifest_mapping, extra_plugins=(), host=None)` -> results document."""
-    def run(data: dict[str, Any], extra_plugins: Iterable[tuple[str, Any]] = (),
-            host: PluginHost | None = None) -> dict[str, Any]:
+    def run(data: Mapping[str, JsonValue], extra_plugins: Iterable[tuple[str, Any]] = (),
+            host: PluginHost | None = None) -> JsonObject:
         from chakra_core.testing import simulate
 
         return simulate(data, base_dir=tmp_path, extra_plugins=extra_plugins, host=host)

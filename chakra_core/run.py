@@ -37,6 +37,7 @@ from chakra_core.hardware.devices import device_mismatch
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.expand import GenerationProgress, is_job, job_config
 from chakra_core.jobs.report import training_section
+from chakra_core.json_types import JsonObject
 from chakra_core.report.document import Results
 from chakra_core.report.results import build_results
 from chakra_core.report.writers import output_dir_problem, result_files
@@ -87,7 +88,7 @@ class RunResult:
     restarts: list[str] = field(default_factory=list)
 
     @cached_property
-    def document(self) -> dict[str, Any]:
+    def document(self) -> JsonObject:
         """The results as results.json holds them."""
         return self.results.to_json()
 

@@ -43,6 +43,7 @@ from chakra_core.contract.network import Dimension, NetworkModel
 from chakra_core.contract.registry import NetworkRegistry
 from chakra_core.engine.events import EventQueue
 from chakra_core.et.io import write_trace
+from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.run import load
 from chakra_core.run import simulate as simulate_run
 from chakra_core.schema import pb
@@ -193,19 +194,19 @@ TESTING_PLUGIN = ("chakra-sim-testing", _TestingPlugin())
 
 
 # Manifests and runs ---------------------------------------------------------------------------------
-def uniform_network(npus: int, bandwidth_gbps: float = 50.0, latency_ns: int = 500) -> dict[str, Any]:
+def uniform_network(npus: int, bandwidth_gbps: float = 50.0, latency_ns: int = 500) -> JsonObject:
     """A manifest `network:` section selecting `testing_uniform` (see `UniformNetwork`)."""
     return {"plugin": UniformNetwork.name, "npus": npus, "bandwidth_gbps": bandwidth_gbps,
             "latency_ns": latency_ns}
 
 
-def manifest(prefix: str, network: dict[str, Any] | None, system: dict[str, Any] | None = None,
-             compute: dict[str, Any] | None = None, memory: dict[str, Any] | None = None,
-             **workload: Any) -> dict[str, Any]:
+def manifest(prefix: str, network: JsonObject | None, system: JsonObject | None = None,
+             compute: JsonObject | None = None, memory: JsonObject | None = None,
+             **workload: JsonValue) -> JsonObject:
     """A manifest mapping: `workload.trace` is `prefix`, `workload` keywords go to the workload
     section (resources=, comm_groups=, feeder= ...). `system` holds native system-layer keys
     (its `plugin` is `native`); `compute` and `memory` are whole sections, `plugin` included."""
-    data: dict[str, Any] = {"workload": {"trace": prefix, **workload}}
+    data: JsonObject = {"workload": {"trace": prefix, **workload}}
     if network is not None:   # a system layer that times communication itself needs none
         data["network"] = network
     if system is not None:
@@ -223,8 +224,8 @@ def testing_host(extra_plugins: Iterable[tuple[str, Any]] = ()) -> PluginHost:
     return make_plugin_host(extra_plugins=[TESTING_PLUGIN, *extra_plugins])
 
 
-def simulate(data: dict[str, Any], base_dir: str | os.PathLike[str] | None = None,
-             extra_plugins: Iterable[tuple[str, Any]] = (), host: PluginHost | None = None) -> dict[str, Any]:
+def simulate(data: Mapping[str, JsonValue], base_dir: str | os.PathLike[str] | None = None,
+             extra_plugins: Iterable[tuple[str, Any]] = (), host: PluginHost | None = None) -> JsonObject:
     """Validate a manifest mapping and run it; return the results document.
 
     `extra_plugins` are (name, plugin object or module) pairs registered after the installed

@@ -186,7 +186,7 @@ def test_write_timeline_is_atomic_and_deterministic(tmp_path):
         intervals, results = run(tmp_path / name)
         path = tmp_path / f"{name}.json"
         meta = write_timeline(intervals, results, path)
-        assert meta["slices"] == 14
+        assert meta.slices == 14
         outputs.append(path.read_bytes())
     assert outputs[0] == outputs[1]
     assert json.loads(outputs[0])["displayTimeUnit"] == "ns"

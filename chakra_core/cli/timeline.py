@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from chakra_core.cli.output import tool_errors
-from chakra_core.report.timeline import DEFAULT_MAX_FLOWS, build_timeline, timeline_json, write_timeline
+from chakra_core.report.timeline import DEFAULT_MAX_FLOWS, timeline_json, write_timeline
+from chakra_core.report.timeline import timeline as timeline_of
 
 
 @click.command("timeline")
@@ -41,18 +42,17 @@ def timeline(manifest: str, out_file: str | None, max_flows: int, debug: bool) -
         if out_file:
             result = prepared.simulate()
             path = Path(out_file)
-            meta = write_timeline(result.intervals or [], result.results, path, max_flows)
+            counts = write_timeline(result.intervals or [], result.results, path, max_flows)
         else:
             # Into the output folder, as `run` with `timeline: true` writes it: with the results,
             # in the folder's record of what the last run wrote.
             prepare_output_dir(config.output_dir)
             result = prepared.simulate()
-            doc = build_timeline(result.intervals or [], result.results, max_flows)
-            files = {**result_files(result.results, config.formats), "timeline.json": timeline_json(doc)}
+            built = timeline_of(result.intervals or [], result.results, max_flows)
+            files = {**result_files(result.results, config.formats), "timeline.json": timeline_json(built.to_json())}
             write_run_files(config.output_dir, files)
-            path, meta = config.output_dir / "timeline.json", doc["metadata"]
+            path, counts = config.output_dir / "timeline.json", built.counts
         results = result.results
-    flows = meta["flows"]
-    dropped = f", {flows['dropped']:,} more left out (--max-flows)" if flows["dropped"] else ""
+    dropped = f", {counts.flows_dropped:,} more left out (--max-flows)" if counts.flows_dropped else ""
     click.echo(f"finish: {results.finish_ns} ns")
-    click.echo(f"wrote {path} ({meta['slices']:,} slices, {flows['shown']:,} dependency arrows{dropped})")
+    click.echo(f"wrote {path} ({counts.slices:,} slices, {counts.flows_shown:,} dependency arrows{dropped})")

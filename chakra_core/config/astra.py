@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from chakra_core.config.files import read_config_file
 from chakra_core.plugins import Implementation, PluginHost
 from chakra_core.errors import ManifestError, PluginError
+from chakra_core.json_types import JsonObject
 
 ROOFLINE_KEYS = ("roofline-enabled", "peak-perf")
 """System JSON keys that select and configure ASTRA-sim's roofline compute model."""
@@ -75,11 +76,11 @@ ASTRA_SYSTEM_KEYS = frozenset({
 
 
 def split_known(data: Mapping[str, Any], config_cls: type[BaseModel], source: str, layer: str, plugin: str,
-                consumed_elsewhere: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+                consumed_elsewhere: frozenset[str] = frozenset()) -> tuple[JsonObject, list[str]]:
     """Keep the keys `config_cls` implements; return (kept, warnings for the rest). A key that is
     not ASTRA-sim's either (system files) or is close to a known one is named as a likely typo."""
     known = field_keys(config_cls)
-    kept: dict[str, Any] = {}
+    kept: JsonObject = {}
     warnings: list[str] = []
     for key, value in data.items():
         if key in known:
@@ -109,7 +110,7 @@ def _unknown_key(key: str, known: set[str], source: str, layer: str, plugin: str
 class Derived:
     """Settings a layer takes from the system layer's ASTRA-sim file."""
 
-    settings: dict[str, Any]
+    settings: JsonObject
     where: dict[str, str]
     """setting -> "file: key" it was read from."""
     section_at: str | None = None
@@ -140,7 +141,7 @@ class SystemFileLinks:
     warnings.
     """
 
-    def __init__(self, file: tuple[str, dict[str, Any]] | None, compute_given: bool,
+    def __init__(self, file: tuple[str, JsonObject] | None, compute_given: bool,
                  plugins: Mapping[str, str | None], host: PluginHost, problems: list[tuple[str, str]],
                  warnings: list[str]):
         """`plugins`: layer -> the plugin its manifest section selects (None: no section)."""
@@ -176,7 +177,7 @@ class SystemFileLinks:
             consumed.update(derived.read)
         self.consumed = frozenset(consumed)
 
-    def _roofline(self, name: str, data: dict[str, Any], host: PluginHost, problems: list[tuple[str, str]]) -> None:
+    def _roofline(self, name: str, data: JsonObject, host: PluginHost, problems: list[tuple[str, str]]) -> None:
         if "peak-perf" not in data:
             problems.append((f"{name}: peak-perf", "required with roofline-enabled: 1 "
                                                    "(TFLOP/s of the roofline compute model)"))
@@ -219,7 +220,7 @@ def _keys(keys: list[str]) -> str:
 
 
 def astra_manifest(host: PluginHost, workload: str, system: str, network: str, memory: str | None = None,
-                   comm_group: str | None = None, network_plugin: str | None = None) -> dict[str, Any]:
+                   comm_group: str | None = None, network_plugin: str | None = None) -> JsonObject:
     """A manifest equivalent to an ASTRA-sim command line (paths relative to the cwd).
 
     The network plugin is `network_plugin`, or the one standing for ASTRA-sim's congestion-unaware
@@ -230,13 +231,14 @@ def astra_manifest(host: PluginHost, workload: str, system: str, network: str, m
     if network_plugin is None:
         impl = _one(host, "network", "congestion-unaware", "command line: --astra-network", problems)
         network_plugin = impl.name if impl is not None else None
-    manifest: dict[str, Any] = {
-        "workload": {"trace": workload},
+    workload_section: JsonObject = {"trace": workload}
+    if comm_group:
+        workload_section["comm_groups"] = comm_group
+    manifest: JsonObject = {
+        "workload": workload_section,
         "system": {"plugin": NATIVE_SYSTEM, "astra_file": system},
         "network": {"plugin": network_plugin, "astra_file": network},
     }
-    if comm_group:
-        manifest["workload"]["comm_groups"] = comm_group
     if memory:
         section = _memory_section(host, memory, problems)
         if section is not None:
@@ -246,7 +248,7 @@ def astra_manifest(host: PluginHost, workload: str, system: str, network: str, m
     return manifest
 
 
-def _memory_section(host: PluginHost, memory: str, problems: list[tuple[str, str]]) -> dict[str, Any] | None:
+def _memory_section(host: PluginHost, memory: str, problems: list[tuple[str, str]]) -> JsonObject | None:
     """The `memory` section of a remote-memory JSON, or None for NO_MEMORY_EXPANSION: that gives
     ASTRA-sim no model for memory nodes, so here too (MEM_LOAD/MEM_STORE nodes then stop with a
     clear error)."""
@@ -260,7 +262,7 @@ def _memory_section(host: PluginHost, memory: str, problems: list[tuple[str, str
 def override_manifest(host: PluginHost, data: Mapping[str, Any], workload: str | None = None,
                       system: str | None = None, network: str | None = None, memory: str | None = None,
                       comm_group: str | None = None, network_plugin: str | None = None,
-                      ) -> tuple[dict[str, Any], list[str]]:
+                      ) -> tuple[JsonObject, list[str]]:
     """A manifest with the ASTRA-style command-line flags put in place of its own settings (paths
     made absolute: they are relative to the cwd, the manifest's to its folder), and one note per
     flag saying what it replaced."""
@@ -268,7 +270,7 @@ def override_manifest(host: PluginHost, data: Mapping[str, Any], workload: str |
     notes: list[str] = []
     problems: list[tuple[str, str]] = []
 
-    def section(name: str) -> dict[str, Any]:
+    def section(name: str) -> JsonObject:
         value = manifest.get(name)
         return value if isinstance(value, dict) else {}
 

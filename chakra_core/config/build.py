@@ -27,6 +27,7 @@ from chakra_core.contract.inputs import ValidationInputs
 from chakra_core.contract.layers import SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.jsonize import duplicate_ranks, trace_files
+from chakra_core.json_types import JsonObject
 
 
 def load_manifest(path: str | Path, host: PluginHost, out_dir: str | Path | None = None) -> RunConfig:
@@ -72,7 +73,7 @@ def build_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, sour
         sections["compute"] = LayerSection(plugin=links.compute_plugin)
 
     choices: dict[str, LayerChoice] = {}
-    echo: dict[str, Any] = {}
+    echo: JsonObject = {}
     for layer, section in sections.items():
         if section is None or (section.astra_file and files[layer] is None):
             continue   # absent, or its ASTRA-sim file is unreadable (already reported)
@@ -138,7 +139,7 @@ Problems = list[tuple[str, str]]
 
 
 def _read_astra_file(layer: str, section: LayerSection, base_dir: Path, source: str,
-                     problems: Problems) -> tuple[str, dict[str, Any]] | None:
+                     problems: Problems) -> tuple[str, JsonObject] | None:
     """(file name, contents) of a section's `astra_file`; None when there is none or it is unreadable
     (a problem is recorded)."""
     if not section.astra_file:
@@ -152,7 +153,7 @@ def _read_astra_file(layer: str, section: LayerSection, base_dir: Path, source: 
 
 
 def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source: str,
-                    problems: Problems, warnings: list[str], file: tuple[str, dict[str, Any]] | None,
+                    problems: Problems, warnings: list[str], file: tuple[str, JsonObject] | None,
                     derived: Derived | None = None,
                     consumed: frozenset[str] = frozenset(), base_dir: Path = Path(".")) -> LayerChoice | None:
     """Validate one layer section with its plugin's Config; errors point at the key's origin.
@@ -169,7 +170,7 @@ def _validate_layer(layer: str, section: LayerSection, host: PluginHost, source:
     config_cls = impl.cls.Config
     inline = dict(section.model_extra or {})
     file_name: str | None = None
-    file_settings: dict[str, Any] = {}
+    file_settings: JsonObject = {}
     if file is not None:
         file_name = file[0]
         file_settings, file_warnings = split_known(file[1], config_cls, file_name, layer, impl.name,

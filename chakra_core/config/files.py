@@ -19,6 +19,7 @@ import yaml
 
 from chakra_core.errors import InputFileError, ManifestError
 from chakra_core.input_files import read_input_text
+from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.limits import CONFIG_DEPTH, CONFIG_NODES
 
 _INT64 = 1 << 63
@@ -112,8 +113,8 @@ def load_yaml(text: str, where: str) -> Any:
 
 
 def _load_json(text: str, where: str) -> Any:
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def pairs(items: list[tuple[str, JsonValue]]) -> JsonObject:
+        out: JsonObject = {}
         for key, value in items:
             if key in out:
                 raise ManifestError([(where, f"key {key!r} is given twice in one object; keep one")])
@@ -152,7 +153,7 @@ def check_values(data: Any, where: str) -> None:
             raise ManifestError([(location, f"{value} does not fit a 64-bit integer")])
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> JsonObject:
     """A JSON or YAML mapping from `path`, or a ManifestError naming the file and the problem."""
     try:
         text = read_input_text(path, "configuration file")

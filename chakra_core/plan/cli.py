@@ -19,6 +19,7 @@ from chakra_core.config.files import read_config_file
 from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.jobs.spec import Cluster
+from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.plan.report import plan_files
 from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
 from chakra_core.report.writers import prepare_output_dir, write_run_files
@@ -88,8 +89,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         if cluster_file is not None:
             manifest = with_cluster(manifest, Path(cluster_file))
         sizes = _sizes(micro_batches)
-        name = str((manifest.get("job") or {}).get("name", path.stem)) if isinstance(manifest.get("job"), dict) \
-            else path.stem
+        job = manifest.get("job")
+        name = str(job.get("name", path.stem)) if isinstance(job, dict) else path.stem
         output = manifest.get("output")
         folder = output.get("dir") if isinstance(output, dict) and isinstance(output.get("dir"), str) else None
         out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
@@ -129,7 +130,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         raise SystemExit(exc.exit_status if isinstance(exc, Interrupted) else 130) from None
 
 
-def with_cluster(manifest: dict[str, Any], cluster_file: Path) -> dict[str, Any]:
+def with_cluster(manifest: JsonObject, cluster_file: Path) -> JsonObject:
     """The job manifest planned on the cluster a cluster file describes."""
     data = read_config_file(cluster_file)
     unknown = sorted(set(data) - {"cluster", "network"})
@@ -142,20 +143,21 @@ def with_cluster(manifest: dict[str, Any], cluster_file: Path) -> dict[str, Any]
     except ValidationError as exc:
         raise ManifestError(validation_problems(exc, ("cluster",), str(cluster_file), Cluster)) from None
     manifest = copy.deepcopy(manifest)
-    if not isinstance(manifest.get("job"), dict):
+    job = manifest.get("job")
+    if not isinstance(job, dict):
         raise ManifestError([("job", "required: plan searches the layouts of a training job (docs/plan.md)")])
-    manifest["job"]["cluster"] = data["cluster"]
+    job["cluster"] = data["cluster"]
     manifest.pop("cluster", None)
     if "network" in data:
         manifest["network"] = data["network"]
     return manifest
 
 
-def varied(manifest: dict[str, Any], vary: tuple[str, ...]) -> list[tuple[str | None, dict[str, Any]]]:
+def varied(manifest: JsonObject, vary: tuple[str, ...]) -> list[tuple[str | None, JsonObject]]:
     """One manifest per value of each --vary (the manifest itself without any)."""
     if not vary:
         return [(None, manifest)]
-    cases: list[tuple[str | None, dict[str, Any]]] = []
+    cases: list[tuple[str | None, JsonObject]] = []
     for spec in vary:
         key, sep, values = spec.partition("=")
         if not sep or not key.strip() or not values.strip():
@@ -175,11 +177,12 @@ def varied(manifest: dict[str, Any], vary: tuple[str, ...]) -> list[tuple[str | 
     return cases
 
 
-def _value(manifest: dict[str, Any], path: tuple[str | int, ...], text: str, spec: str) -> Any:
+def _value(manifest: JsonObject, path: tuple[str | int, ...], text: str, spec: str) -> JsonValue:
     """A --vary value: `2x` multiplies the manifest's number (or each number of its list)."""
     multiple = _MULTIPLE.match(text)
     if multiple is None:
-        return yaml.safe_load(text)
+        value: JsonValue = yaml.safe_load(text)
+        return value
     node: Any = manifest
     for part in path:
         try:

@@ -337,7 +337,7 @@ class _Queue:
         return None
 
 
-def memory_checked(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+def memory_checked(manifest: Mapping[str, Any]) -> tuple[JsonObject, str | None]:
     """The job manifest whose traces list their tensors (`job.tensors`), for its memory layer to
     follow; or the manifest and why memory cannot be checked (it names no memory layer)."""
     if not isinstance(manifest.get("memory"), Mapping):
@@ -374,7 +374,7 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
               execution: Execution, first_new: int, say: Callable[[str], None]) -> None:
     """One round: a sweep over every layout chosen so far (those of earlier rounds, before
     `first_new`, are read back and not reported again)."""
-    data = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
+    data: JsonObject = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
             "output": {"dir": str(out_dir)}}
     sweep = build_sweep(data, base_dir, "plan", name="plan")
     done, started, todo = [0], time.monotonic(), len(chosen) - first_new

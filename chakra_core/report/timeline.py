@@ -29,11 +29,13 @@ from __future__ import annotations
 import heapq
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from chakra_core._atomic import atomic_write_text
 from chakra_core.errors import ChakraSimError
+from chakra_core.json_types import JsonObject
 from chakra_core.report.document import Results
 
 DEFAULT_MAX_FLOWS = 20000
@@ -62,13 +64,59 @@ def _lane_of(slot: str) -> tuple[int, str]:
     return LANES.get(slot, (6, slot))
 
 
+@dataclass(frozen=True)
+class TimelineCounts:
+    """What a timeline holds, for the command's summary line (also in the document's metadata)."""
+
+    slices: int
+    flows_total: int
+    flows_shown: int
+    max_flows: int
+    memory_counters: int
+
+    @property
+    def flows_dropped(self) -> int:
+        return self.flows_total - self.flows_shown
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """A built timeline: its Chrome-trace events and counts."""
+
+    events: list[JsonObject]
+    counts: TimelineCounts
+    finish_ns: int
+    num_ranks: int
+    version: str
+
+    def to_json(self) -> JsonObject:
+        """The Chrome-trace document (a dict ready for json.dumps); see the module docstring."""
+        counts = self.counts
+        return {"traceEvents": self.events, "displayTimeUnit": "ns", "metadata": {
+            "generator": "chakra-sim timeline",
+            "chakra_sim_version": self.version,
+            "finish_ns": self.finish_ns,
+            "num_ranks": self.num_ranks,
+            "time_unit": "ts and dur are microseconds with nanosecond precision",
+            "slices": counts.slices,
+            "flows": {"total": counts.flows_total, "shown": counts.flows_shown, "cap": counts.max_flows,
+                      "dropped": counts.flows_dropped},
+            "memory_counters": counts.memory_counters,
+        }}
+
+
 def build_timeline(intervals: Iterable[Sequence[Any]], results: Results,
-                   max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
+                   max_flows: int = DEFAULT_MAX_FLOWS) -> JsonObject:
     """The Chrome-trace document (a dict ready for json.dumps); see the module docstring."""
+    return timeline(intervals, results, max_flows).to_json()
+
+
+def timeline(intervals: Iterable[Sequence[Any]], results: Results, max_flows: int = DEFAULT_MAX_FLOWS) -> Timeline:
+    """The timeline of a run's finished nodes (`intervals`) and results."""
     rows = sorted((int(r[0]), int(r[5]), int(r[6]), int(r[1]), str(r[2]), str(r[3]), str(r[4]),
                    tuple(r[7])) for r in intervals)
     ranks = sorted({rank.rank for rank in results.ranks} | {row[0] for row in rows})
-    events: list[dict[str, Any]] = []
+    events: list[JsonObject] = []
     for rank in ranks:
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                        "args": {"name": f"rank {rank}"}})
@@ -78,7 +126,7 @@ def build_timeline(intervals: Iterable[Sequence[Any]], results: Results,
     # Lanes: interval partitioning per (rank, slot), so slices on one tid never overlap.
     placed: dict[tuple[int, int], tuple[int, int, int]] = {}    # (rank, node id) -> (tid, start, end)
     lanes_used: set[tuple[int, int, int]] = set()                # (rank, lane, sub)
-    slices: list[dict[str, Any]] = []
+    slices: list[JsonObject] = []
     busy: dict[tuple[int, str], list[tuple[int, int]]] = {}
     free: dict[tuple[int, str], list[int]] = {}
     count: dict[tuple[int, str], int] = {}
@@ -131,24 +179,11 @@ def build_timeline(intervals: Iterable[Sequence[Any]], results: Results,
 
     counters = _memory_counters(results)
     events.extend(counters)
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ns",
-        "metadata": {
-            "generator": "chakra-sim timeline",
-            "chakra_sim_version": results.version,
-            "finish_ns": results.finish_ns,
-            "num_ranks": len(ranks),
-            "time_unit": "ts and dur are microseconds with nanosecond precision",
-            "slices": len(slices),
-            "flows": {"total": len(candidates), "shown": len(shown), "cap": max_flows,
-                      "dropped": len(candidates) - len(shown)},
-            "memory_counters": len(counters),
-        },
-    }
+    counts = TimelineCounts(len(slices), len(candidates), len(shown), max_flows, len(counters))
+    return Timeline(events, counts, results.finish_ns, len(ranks), results.version)
 
 
-def _memory_counters(results: Results) -> list[dict[str, Any]]:
+def _memory_counters(results: Results) -> list[JsonObject]:
     memory = results.layers.get("memory")
     series = None if memory is None else memory.summary.get("memory_series")
     if not series:
@@ -156,7 +191,7 @@ def _memory_counters(results: Results) -> list[dict[str, Any]]:
     if not isinstance(series, dict):
         raise ChakraSimError("results: layers.memory.summary.memory_series must map ranks to "
                              "[[time_ns, bytes_in_use], ...]")
-    out = []
+    out: list[JsonObject] = []
     for rank_key in sorted(series, key=lambda k: int(k)):
         for point in series[rank_key]:
             try:
@@ -169,14 +204,13 @@ def _memory_counters(results: Results) -> list[dict[str, Any]]:
     return out
 
 
-def timeline_json(doc: dict[str, Any]) -> str:
+def timeline_json(doc: JsonObject) -> str:
     return json.dumps(doc, separators=(",", ":")) + "\n"
 
 
 def write_timeline(intervals: Iterable[Sequence[Any]], results: Results, path: str | os.PathLike[str],
-                   max_flows: int = DEFAULT_MAX_FLOWS) -> dict[str, Any]:
-    """Build the timeline and write it atomically to `path`; return the document's metadata."""
-    doc = build_timeline(intervals, results, max_flows)
-    atomic_write_text(path, timeline_json(doc))
-    metadata: dict[str, Any] = doc["metadata"]
-    return metadata
+                   max_flows: int = DEFAULT_MAX_FLOWS) -> TimelineCounts:
+    """Build the timeline and write it atomically to `path`; return what it holds."""
+    built = timeline(intervals, results, max_flows)
+    atomic_write_text(path, timeline_json(built.to_json()))
+    return built.counts

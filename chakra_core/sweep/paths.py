@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from chakra_core.config.manifest import format_loc
+from chakra_core.json_types import JsonObject, JsonValue
 
 KeyPath = tuple[str | int, ...]  # ('network', 'bandwidth', 0): the parts format_loc joins into 'network.bandwidth[0]'
 
@@ -38,7 +39,7 @@ def parse_key_path(text: Any) -> KeyPath:
     return tuple(int(index) if index else name for name, index in _PART.findall(text))
 
 
-def set_key_path(data: dict[str, Any], path: KeyPath, value: Any) -> None:
+def set_key_path(data: JsonObject, path: KeyPath, value: JsonValue) -> None:
     """Set `path` in `data` to `value`, creating missing mapping keys on the way.
 
     A list index must exist: what a new item would hold in between is anyone's guess,

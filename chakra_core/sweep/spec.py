@@ -35,6 +35,7 @@ from chakra_core._version import __version__
 from chakra_core.config.files import read_config_file
 from chakra_core.config.manifest import Manifest
 from chakra_core.errors import ManifestError
+from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.sweep.paths import KeyPath, KeyPathError, Metric, describe, parse_key_path, set_key_path
 
 _Problem = Callable[[str, str], None]  # problem(where, why): records one problem of the sweep file
@@ -61,9 +62,9 @@ class Point:
 
     index: int
     """Position in the sweep's order (points slowest, then the grid's keys in order)."""
-    overrides: dict[str, Any]
+    overrides: JsonObject
     """key path -> value, in the order they are applied."""
-    data: dict[str, Any]
+    data: JsonObject
     """The point's manifest mapping."""
     id: str = ""
     """Hash of the overrides: names the point's folder, stable when other points come and go."""
@@ -112,7 +113,7 @@ def load_sweep(path: str | Path, out_dir: str | Path | None = None) -> Sweep:
     return build_sweep(data, path.resolve().parent, str(path), out_dir, name=path.stem)
 
 
-def build_sweep(data: dict[str, Any], sweep_dir: Path, source: str, out_dir: str | Path | None = None,
+def build_sweep(data: JsonObject, sweep_dir: Path, source: str, out_dir: str | Path | None = None,
                 name: str = "sweep") -> Sweep:
     """Check a sweep mapping (as read from `source`, whose folder is `sweep_dir`) and expand it."""
     problems: list[tuple[str, str]] = []
@@ -149,7 +150,7 @@ def build_sweep(data: dict[str, Any], sweep_dir: Path, source: str, out_dir: str
 
 
 def _load_base(value: Any, sweep_dir: Path, source: str,
-               problem: _Problem) -> tuple[dict[str, Any] | None, Path, str]:
+               problem: _Problem) -> tuple[JsonObject | None, Path, str]:
     """The base manifest mapping (None when unusable), the folder its relative paths resolve
     against, its name."""
     if isinstance(value, dict):
@@ -194,7 +195,7 @@ def _check_value(value: Any, where: str, problem: _Problem) -> bool:
     return True
 
 
-def _read_grid(value: Any, problem: _Problem) -> dict[str, list[Any]]:
+def _read_grid(value: Any, problem: _Problem) -> dict[str, list[JsonValue]]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -221,7 +222,7 @@ def _read_grid(value: Any, problem: _Problem) -> dict[str, list[Any]]:
     return grid
 
 
-def _read_points(value: Any, problem: _Problem) -> list[dict[str, Any]]:
+def _read_points(value: Any, problem: _Problem) -> list[JsonObject]:
     if value is None:
         return []
     if not isinstance(value, list) or not value:
@@ -311,7 +312,7 @@ def _read_output(value: Any, sweep_dir: Path, out_dir: str | Path | None, name: 
     return path if path.is_absolute() else (sweep_dir / path)
 
 
-def _expand(base: dict[str, Any], grid: dict[str, list[Any]], points: list[dict[str, Any]], base_dir: Path,
+def _expand(base: JsonObject, grid: dict[str, list[JsonValue]], points: list[JsonObject], base_dir: Path,
             problem: _Problem) -> list[Point]:
     """Every point in order: each listed point (or one empty point) times the grid's product.
 
@@ -347,13 +348,14 @@ def _expand(base: dict[str, Any], grid: dict[str, list[Any]], points: list[dict[
                 continue
             seen[point_id] = index
             hashed = copy.deepcopy(data)
-            if isinstance(hashed.get("output"), dict):
-                hashed["output"].pop("dir", None)   # the sweep sets each point's folder
+            output = hashed.get("output")
+            if isinstance(output, dict):
+                output.pop("dir", None)   # the sweep sets each point's folder
             fingerprint = _digest({"manifest": hashed, "base_dir": str(base_dir),
                                    "chakra_sim_version": __version__})
             expanded.append(Point(index, overrides, data, point_id, fingerprint))
     return expanded
 
 
-def _short(overrides: dict[str, Any]) -> str:
+def _short(overrides: JsonObject) -> str:
     return ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in overrides.items())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 import yaml
@@ -16,6 +15,7 @@ from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import model_flops
 from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
+from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
 
 
@@ -73,11 +73,14 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
             click.echo(f"{name}: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads "
                        f"({shape.groups} kv), {shape.params():,} parameters; {shape.source}")
         return
-    data: dict[str, Any] = {}
+    data: JsonObject = {}
     if job_file is not None:
         with tool_errors(str(job_file)):
             raw = read_config_file(job_file)
-        data = dict(raw.get("job", raw))
+        job_section = raw.get("job", raw)
+        if not isinstance(job_section, dict):
+            raise CliError(f"{job_file}: job: a mapping of the job's keys (docs/training.md)")
+        data = dict(job_section)
     if model is not None and model_file is not None:
         raise CliError("give --model (a preset) or --model-file (a shape), not both")
     _override(data, None, "model", model)
@@ -126,7 +129,7 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
 
 
-def _set(data: dict[str, Any], setting: str) -> None:
+def _set(data: JsonObject, setting: str) -> None:
     """--set training.overlap_grad_reduce=false: the value read as YAML, placed at its key path
     (the sweep's key paths, relative to `job:`)."""
     key, sep, text = setting.partition("=")
@@ -137,14 +140,16 @@ def _set(data: dict[str, Any], setting: str) -> None:
     if not sep:
         raise CliError(f"--set {setting}: expected KEY=VALUE with KEY a job key's path, "
                        "e.g. training.overlap_grad_reduce=false")
+    value: JsonValue
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
-    if path[0] == "model" and len(path) > 1 and isinstance(data.get("model"), str):
+    model = data.get("model")
+    if path[0] == "model" and len(path) > 1 and isinstance(model, str):
         # Changing one key of a preset: start from the preset's shape.
         try:
-            data["model"] = preset(data["model"]).model_dump(exclude={"name"})
+            data["model"] = preset(model).model_dump(exclude={"name"})
         except ValueError as exc:
             raise CliError(f"--set {setting}: {exc}") from None
     try:
@@ -153,8 +158,10 @@ def _set(data: dict[str, Any], setting: str) -> None:
         raise CliError(f"--set {setting}: {exc}") from None
 
 
-def _override(data: dict[str, Any], section: str | None, key: str, value: object) -> None:
+def _override(data: JsonObject, section: str | None, key: str, value: JsonValue) -> None:
     if value is None:
         return
     target = data if section is None else data.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise CliError(f"job.{section}: a mapping of keys in the job file, not {target!r}")
     target[key] = value
