@@ -31,6 +31,7 @@ from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.layers import LAYERS, LayerModel
 from chakra_core.contract.registry import LayerRegistry, Registries
 from chakra_core.errors import PluginError
+from chakra_core.json_types import JsonObject
 
 BUILTIN_NAME = "chakra-sim (built-in)"
 
@@ -59,6 +60,31 @@ class Implementation:
     @property
     def fidelity(self) -> str:
         return self.cls.fidelity
+
+
+@dataclass(frozen=True)
+class PluginRow:
+    """One row of `chakra-sim plugins`: an implementation, a command a plugin adds, or a plugin
+    that failed to load (status FAILED, with its error)."""
+
+    layer: str
+    name: str
+    plugin: str
+    distribution: str
+    version: str
+    fidelity: str
+    status: str = "ok"
+    error: str | None = None
+    config_schema: JsonObject | None = None
+
+    def to_json(self) -> JsonObject:
+        row: JsonObject = {"layer": self.layer, "name": self.name, "plugin": self.plugin,
+                           "distribution": self.distribution, "version": self.version,
+                           "fidelity": self.fidelity, "status": self.status}
+        if self.error is not None:
+            row["error"] = self.error
+        row["config_schema"] = self.config_schema
+        return row
 
 
 @dataclass
@@ -136,32 +162,25 @@ class PluginHost:
 
     # Listing --------------------------------------------------------------------------
     def listing(self, include_builtins: bool = True,
-                reserved_commands: frozenset[str] | None = None) -> list[dict[str, Any]]:
+                reserved_commands: frozenset[str] | None = None) -> list[PluginRow]:
         """Rows for `chakra-sim plugins`: one per implementation, one per command plugins add (when
         `reserved_commands`, chakra-sim's own, is given), then one per failed plugin."""
         commands = self.commands(reserved_commands) if reserved_commands is not None else {}
-        rows: list[dict[str, Any]] = []
+        rows: list[PluginRow] = []
         for layer in LAYERS:
             for impl in self.implementations(layer):
                 if not include_builtins and impl.plugin.name == BUILTIN_NAME:
                     continue
-                rows.append({
-                    "layer": layer, "name": impl.name, "plugin": impl.plugin.name,
-                    "distribution": impl.plugin.distribution, "version": impl.plugin.version,
-                    "fidelity": impl.fidelity, "status": "ok",
-                    "config_schema": impl.cls.Config.model_json_schema(),
-                })
+                rows.append(PluginRow(layer, impl.name, impl.plugin.name, impl.plugin.distribution,
+                                      impl.plugin.version, impl.fidelity,
+                                      config_schema=impl.cls.Config.model_json_schema()))
         for name, command in commands.items():   # registered first: a plugin may fail doing so
             info = self.plugins[self.registries.commands.owner(name)]
-            rows.append({"layer": "command", "name": name, "plugin": info.name, "distribution": info.distribution,
-                         "version": info.version, "fidelity": command.get_short_help_str(80), "status": "ok",
-                         "config_schema": None})
+            rows.append(PluginRow("command", name, info.name, info.distribution, info.version,
+                                  command.get_short_help_str(80)))
         for info in self.failed():
-            rows.append({
-                "layer": "?", "name": info.name, "plugin": info.name,
-                "distribution": info.distribution, "version": info.version,
-                "fidelity": "", "status": "FAILED", "error": info.error, "config_schema": None,
-            })
+            rows.append(PluginRow("?", info.name, info.name, info.distribution, info.version, "", "FAILED",
+                                  info.error))
         return rows
 
 

@@ -372,7 +372,7 @@ def test_transformer_simulates_with_roofline_hbm_and_analytical(tmp_path, option
 @pytest.mark.parametrize("network", ["analytical", "congestion"])
 def test_transformer_simulates_on_every_network_backend(tmp_path, network):
     host = make_plugin_host()
-    if not any(row["layer"] == "network" and row["name"] == network and row["status"] == "ok"
+    if not any(row.layer == "network" and row.name == network and row.status == "ok"
                for row in host.listing(include_builtins=True)):
         pytest.skip(f"network plugin '{network}' is not installed")
     cfg = TransformerConfig(**{**SMALL, "hidden": 64, "heads": 4, "seq": 32, "vocab": 256, "sp": True})

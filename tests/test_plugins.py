@@ -59,7 +59,7 @@ def test_entry_points_load_one_by_one_and_failures_are_recorded():
     assert "ModuleNotFoundError" in failed["broken"]
     assert "chakra_sim_register_compte" in failed["typo"]      # unknown hook name caught
     rows = host.listing()
-    assert {r["name"]: r["status"] for r in rows}["broken"] == "FAILED"
+    assert {r.name: r.status for r in rows}["broken"] == "FAILED"
     # A failed plugin only matters when the manifest asks for something missing:
     with pytest.raises(PluginError, match="no compute plugin named 'roof'.*installed compute plugins: "
                                           "fast, replay.*'broken'.*ModuleNotFoundError"):
@@ -96,7 +96,7 @@ def test_registry_rejects_bad_classes_and_duplicates():
 
 
 def test_installed_bundled_plugins_are_listed():
-    rows = {(r["layer"], r["name"]): r for r in make_plugin_host().listing()}
+    rows = {(r.layer, r.name): r.to_json() for r in make_plugin_host().listing()}
     assert rows[("network", "analytical")]["distribution"] == "chakra-sim-network-analytical"
     assert rows[("compute", "roofline")]["status"] == "ok"
     assert rows[("system", "native")]["config_schema"]["properties"]["endpoint-delay"]["default"] == 10

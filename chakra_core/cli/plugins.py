@@ -25,15 +25,14 @@ def plugins(as_json: bool, layer: str | None, show_all: bool) -> None:
     host = make_plugin_host()
     rows = host.listing(include_builtins=show_all or not as_json, reserved_commands=frozenset(COMMANDS))
     if layer:
-        rows = [r for r in rows if r["layer"] in (layer, "?")]
+        rows = [r for r in rows if r.layer in (layer, "?")]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([row.to_json() for row in rows], indent=2))
         return
     table = Table(title="chakra-sim plugins", title_justify="left")
     for header in ("layer", "name", "distribution", "version", "status", "fidelity"):
         table.add_column(header)
     for row in rows:
-        status = "[green]ok[/green]" if row["status"] == "ok" else f"[red]FAILED[/red]: {escape(row.get('error', ''))}"
-        table.add_row(row["layer"], row["name"], row["distribution"], row["version"], status,
-                      escape(row["fidelity"]))
+        status = "[green]ok[/green]" if row.status == "ok" else f"[red]FAILED[/red]: {escape(row.error or '')}"
+        table.add_row(row.layer, row.name, row.distribution, row.version, status, escape(row.fidelity))
     out_console().print(table)

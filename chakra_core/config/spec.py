@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from chakra_core.contract.folding import Folding
 from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import Implementation
+from chakra_core.json_types import JsonObject
 
 if TYPE_CHECKING:   # the type only: jobs builds on config
     from chakra_core.jobs.info import JobInfo
@@ -54,7 +55,7 @@ class RunSpec:
     resources: Resources = field(default_factory=Resources)
     comm_groups: dict[str, list[int]] = field(default_factory=dict)
     base_dir: Path = Path(".")
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: JsonObject = field(default_factory=dict)
     """The resolved manifest, echoed in results.json."""
     warnings: list[str] = field(default_factory=list)
     folding: Folding | None = None

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 import pluggy
+from chakra_core.json_types import JsonObject
 
 if TYPE_CHECKING:
     from chakra_core.contract.registry import (CommandRegistry, ComputeRegistry, MemoryRegistry,
@@ -139,7 +140,7 @@ def chakra_sim_simulation_start(run: Mapping[str, Any]) -> None:
 
 
 @hookspec
-def chakra_sim_simulation_end(run: Mapping[str, Any], results: Mapping[str, Any]) -> dict[str, Any] | None:
+def chakra_sim_simulation_end(run: Mapping[str, Any], results: Mapping[str, Any]) -> JsonObject | None:
     """Called once when the run ends successfully, before results are written.
 
     Not called when the run fails (an error, a deadlock). Observers are called

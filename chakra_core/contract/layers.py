@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from chakra_core.comm.collectives import CollectiveCall
 from chakra_core.contract.inputs import NO_LOAD, GpuLoad, LayerContext, ValidationInputs
 from chakra_core.et.attrs import NodeView
+from chakra_core.json_types import JsonObject
 
 LAYERS = ("system", "compute", "memory", "network")
 """The layers a manifest configures, in the order results list them."""
@@ -106,11 +107,11 @@ class LayerModel(ABC):
         """Called once when the run is over, before any statistics are read (in the order the
         layers were built: memory, compute, network, system); report leftovers with context.warn."""
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """Run-level statistics for results.json (JSON-serialisable)."""
         return {}
 
-    def rank_summary(self, rank: int) -> dict[str, Any]:
+    def rank_summary(self, rank: int) -> JsonObject:
         """Per-rank statistics, stored in that rank's entry of results.json under the plugin's `name`."""
         return {}
 

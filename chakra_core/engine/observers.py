@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from chakra_core.plugins import PluginHost
 from chakra_core.errors import ChakraSimError, PluginError, SimulationError
+from chakra_core.json_types import JsonObject
 
 ObserverCall = tuple[str, Callable[..., Any], tuple[str, ...]]
 """(plugin name, function, argument names) of one hook implementation."""
@@ -65,7 +66,7 @@ class Observers:
         hook = "chakra_sim_simulation_start"
         self.call(hook, self.calls(hook), {"run": run_info})
 
-    def end(self, run_info: Mapping[str, Any], results: Mapping[str, Any]) -> dict[str, Any] | None:
+    def end(self, run_info: Mapping[str, Any], results: Mapping[str, Any]) -> JsonObject | None:
         """Call chakra_sim_simulation_end with a read-only copy of the results document; what the
         plugins returned, by plugin name (results.json's "plugins"), or None when none returned a dict."""
         hook_name = "chakra_sim_simulation_end"
@@ -73,7 +74,7 @@ class Observers:
         if not calls:
             return None
         view = ReadOnlyDict.of(results)
-        returned: dict[str, Any] = {}
+        returned: JsonObject = {}
         for plugin, value in self.call(hook_name, calls, {"run": run_info, "results": view}):
             if value is None:
                 continue

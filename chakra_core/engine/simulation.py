@@ -41,6 +41,7 @@ from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
+from chakra_core.json_types import JsonObject
 
 MAX_RESTARTS = 8
 """Restarts before the last attempt, which runs with RunInputs.closed_form False."""
@@ -347,11 +348,11 @@ class Simulation:
         except Exception as exc:
             raise blame(self.host, exc, self.queue.now) from exc
 
-    def observe_end(self, document: Mapping[str, Any]) -> dict[str, Any] | None:
+    def observe_end(self, document: Mapping[str, Any]) -> JsonObject | None:
         """chakra_sim_simulation_end with the results document; what the observers returned (see Observers.end)."""
         return self.observers.end(self.run_info, document)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """What observers see of the run (`chakra_sim_simulation_start`)."""
         return {"manifest": self.spec.manifest, "num_ranks": self.num_ranks,
                 "layers": dict(self.layers), "version": __version__}

@@ -19,9 +19,10 @@ from google.protobuf.message import Message
 from chakra_core._atomic import AtomicFiles, atomic_output
 from chakra_core.errors import ChakraSimError
 from chakra_core.et.io import iter_trace
+from chakra_core.json_types import JsonObject
 
 
-def message_dict(message: Message) -> dict[str, Any]:
+def message_dict(message: Message) -> JsonObject:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 

@@ -37,6 +37,7 @@ from chakra_core.limits import RANKS
 from chakra_core.et.build import metadata, rank_path
 from chakra_core.et.rank_files import RankFiles
 from chakra_core.et.io import write_trace
+from chakra_core.json_types import JsonObject
 
 GENERATOR = "chakra-sim job"
 
@@ -49,10 +50,12 @@ GenerationProgress = Callable[[int, int], None]
 class JobRun:
     """What a job manifest becomes: a plain manifest, its traces and what the report needs."""
 
-    manifest: dict[str, Any]
+    manifest: JsonObject
     traces: list[Path]
     folding: Folding | None
     info: JobInfo
+    trace_prefix: Path
+    """The traces' `<prefix>` (workload.trace): `<prefix>.<rank>.et` in the output folder's traces/."""
     reused: bool = False
     """The traces were already in the output folder, written for this job by this generator."""
     lock: OutputLock | None = None
@@ -151,8 +154,9 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     if folded and placement.world > len(ranks):
         groups_of = [tuple(placement.groups(r).values()) for r in range(placement.world)]
         folding = Folding.of(representative, groups_of)
-    manifest: dict[str, Any] = {
-        "workload": {"trace": str(folder / "traces" / job.name), "ranks": placement.world,
+    trace_prefix = folder / "traces" / job.name
+    manifest: JsonObject = {
+        "workload": {"trace": str(trace_prefix), "ranks": placement.world,
                      "resources": {"comm": None}, **workload},
         "output": output,
     }
@@ -163,7 +167,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                    {formula: model_flops(job, formula) for formula in FORMULAS}, placement.where(),
                    profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile)
-    return JobRun(manifest, trace_files, folding, info, reused, lock)
+    return JobRun(manifest, trace_files, folding, info, trace_prefix, reused, lock)
 
 
 @lru_cache(maxsize=1)
@@ -229,10 +233,10 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     config.spec.training = job.info
     config.spec.manifest["job"] = job.info.job.model_dump(mode="json")
     config.output_lock = job.lock
-    config.traces_written = None if job.reused else Path(job.manifest["workload"]["trace"]).parent
+    config.traces_written = None if job.reused else job.trace_prefix.parent
     config.spec.warnings.extend(w for w in job.info.job.warnings() if w not in config.spec.warnings)
     if job.reused:
-        config.notes.append(f"reusing the job's traces in {Path(job.manifest['workload']['trace']).parent} "
+        config.notes.append(f"reusing the job's traces in {job.trace_prefix.parent} "
                             f"(generated for this job by chakra-sim {__version__}; a changed job or "
                             "generator regenerates them)")
     return config
@@ -243,16 +247,17 @@ def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
     defaults = {"profile": job.info.profile_name, "gpus-per-node": job.info.gpus_per_node}
     for layer in LAYER_DEFAULTS:
         section = job.manifest.get(layer)
-        if not isinstance(section, Mapping) or not isinstance(section.get("plugin"), str):
+        plugin = section.get("plugin") if isinstance(section, Mapping) else None
+        if not isinstance(section, Mapping) or not isinstance(plugin, str):
             continue
         try:
-            config_cls = host.get(layer, section["plugin"]).cls.Config
+            config_cls = host.get(layer, plugin).cls.Config
         except PluginError:
             continue   # an unknown plugin: build_config reports it, listing the installed ones
         job.manifest[layer] = with_cluster_defaults(config_cls, section, defaults)
 
 
-def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any]) -> JsonObject:
     """A layer's section with the cluster's `defaults` (profile, gpus-per-node) where its config
     takes them and the section does not say: a required profile, the GPUs per node anywhere."""
     keys = {field.alias or name for name, field in config_cls.model_fields.items()

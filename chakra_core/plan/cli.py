@@ -95,7 +95,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         folder = output.get("dir") if isinstance(output, dict) and isinstance(output.get("dir"), str) else None
         out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
         cases = varied(manifest, vary)
-        settings = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
+        settings: JsonObject = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
                     "check_memory": check_memory, "headroom_gib": headroom_gib}
         options = PlanOptions(top, batch, {"micro_batches": sizes}, check_memory=check_memory,
                               headroom_gib=headroom_gib, source=job_file, progress=None if quiet else _progress)

@@ -37,7 +37,7 @@ BREAKDOWN_SHOWN = 8
 """Layouts drawn side by side in breakdown.png."""
 
 
-def plan_files(plan: Plan, settings: dict[str, Any]) -> dict[str, str | bytes]:
+def plan_files(plan: Plan, settings: JsonObject) -> dict[str, str | bytes]:
     """File name -> content of everything the plan writes (see the module docstring)."""
     rows = plan.rows()
     files: dict[str, str | bytes] = {

@@ -24,6 +24,7 @@ from chakra_core.engine.simulation import FinishedRun
 from chakra_core.errors import SimulationError
 from chakra_core.limits import TIME_NS
 from chakra_core.report.document import FoldingResult, Highlight, LayerResult, RankResult, Results
+from chakra_core.json_types import JsonObject
 
 CORE_RANK_KEYS = frozenset({"rank", "finish_ns", *BREAKDOWN, "compute_ns", "exposed_comm_ns", "comm_ns",
                             "bytes_sent", "bytes_received", "comm_bytes_by_type", "node_counts"})
@@ -73,7 +74,7 @@ def _layer(layer: str, instance: LayerModel) -> LayerResult:
     return LayerResult(layer, instance.name, instance.fidelity, summary, highlights, peak)
 
 
-def _check_numbers(document: dict[str, Any]) -> None:
+def _check_numbers(document: JsonObject) -> None:
     """A SimulationError naming the key path of the first number results.json cannot hold:
     NaN or infinity (strict JSON has neither) or a time beyond `limits.TIME_NS`."""
     max_ns = TIME_NS.value()
@@ -93,7 +94,7 @@ def _check_numbers(document: dict[str, Any]) -> None:
             raise SimulationError(f"results: {key_path} is {value:,} ns; {TIME_NS.hint()}")
 
 
-def _holdable(document: dict[str, Any], max_ns: int) -> bool:
+def _holdable(document: JsonObject, max_ns: int) -> bool:
     """Whether every number is finite and every time (a key ending in _ns) at most max_ns."""
     stack: list[Any] = [document]
     while stack:

@@ -18,6 +18,7 @@ from chakra_core.comm.p2p import P2PNetwork, PointToPoint
 from chakra_core.contract.inputs import LayerContext
 from chakra_core.contract.layers import SystemLayer
 from chakra_core.et.attrs import NodeView
+from chakra_core.json_types import JsonObject
 
 C = TypeVar("C", bound=OpenCollective)
 _CALL = object()
@@ -69,7 +70,7 @@ class MatchingSystem(SystemLayer, Generic[C]):
     def finish(self) -> None:
         self.p2p.warn_unmatched()
 
-    def rank_summary(self, rank: int) -> dict[str, Any]:
+    def rank_summary(self, rank: int) -> JsonObject:
         return {"collectives": self.collectives_done[rank]}
 
     def traffic(self, rank: int) -> tuple[int, int]:

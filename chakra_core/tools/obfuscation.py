@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +153,20 @@ def obfuscate_node(node: pb.Node, new_id: int, renumber: dict[int, int], groups:
     return out
 
 
+@dataclass(frozen=True)
+class ObfuscationReport:
+    """What `obfuscate_traces` wrote."""
+
+    ranks: int
+    nodes: int
+    dropped_parent_references: int
+    """References to parents the source trace does not hold, left out of the copy."""
+    groups_renamed: int
+    files: list[str]
+
+
 def obfuscate_traces(prefix: str, out_prefix: str, seed: int = 0, tolerance: float = DEFAULT_TOLERANCE,
-                     comm_groups: dict[str, list[int]] | None = None) -> dict[str, Any]:
+                     comm_groups: dict[str, list[int]] | None = None) -> ObfuscationReport:
     """Write the obfuscated copy of every rank of `prefix` to `out_prefix`; return a report."""
     if not 0 <= tolerance < 1:
         raise ChakraSimError(f"the tolerance must be in [0, 1), got {tolerance}")
@@ -190,8 +203,7 @@ def obfuscate_traces(prefix: str, out_prefix: str, seed: int = 0, tolerance: flo
         path = Path(f"{out_prefix}.comm-groups.json")
         atomic_write_text(path, json.dumps(renamed, indent=1) + "\n")
         written.append(str(path))
-    return {"ranks": len(files), "nodes": nodes_written, "dropped_parent_references": dropped,
-            "groups_renamed": len(groups.names), "files": written}
+    return ObfuscationReport(len(files), nodes_written, dropped, len(groups.names), written)
 
 
 def read_comm_groups(path: str | None) -> dict[str, list[int]] | None:
@@ -224,9 +236,9 @@ def obfuscate(prefix: str, out_prefix: str, seed: int, tolerance: float, comm_gr
         raise CliError(f"--tolerance must be in [0, 1), got {tolerance}")
     with tool_errors(f"{out_prefix}.<rank>.et", debug):
         report = obfuscate_traces(prefix, out_prefix, seed, tolerance, read_comm_groups(comm_group))
-    click.echo(f"wrote {report['ranks']} rank(s), {report['nodes']:,} nodes to {out_prefix}.<rank>.et "
-               f"({report['groups_renamed']} communicator group(s) renamed"
-               + (f", {report['dropped_parent_references']} reference(s) to missing parents dropped"
-                  if report["dropped_parent_references"] else "") + ")")
+    click.echo(f"wrote {report.ranks} rank(s), {report.nodes:,} nodes to {out_prefix}.<rank>.et "
+               f"({report.groups_renamed} communicator group(s) renamed"
+               + (f", {report.dropped_parent_references} reference(s) to missing parents dropped"
+                  if report.dropped_parent_references else "") + ")")
     if comm_group:
-        click.echo(f"wrote {report['files'][-1]}")
+        click.echo(f"wrote {report.files[-1]}")

@@ -37,6 +37,7 @@ from chakra_core.system.native.fold_guard import FoldGuard
 from chakra_core.system.native.planner import Collective, CollectivePlanner
 from chakra_core.system.native.queues import ChunkQueues
 from chakra_core.system.native.solver import CollectiveSolver
+from chakra_core.json_types import JsonObject
 
 
 class NativeSystem(MatchingSystem[Collective]):
@@ -220,7 +221,7 @@ class NativeSystem(MatchingSystem[Collective]):
         out.extend(self.p2p.waits(rank))
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         unmatched = self.p2p.unmatched_sends()
         if self.folding is not None:   # each representative's row stands for its class's
             members, representative = self.folding.members, self.folding.representative
