@@ -43,10 +43,10 @@ def _temp_sibling(target: Path) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def _written(fd: int, tmp_name: str, mode: str, open_kwargs: dict[str, Any]) -> Iterator[IO[Any]]:
+def _written(fd: int, tmp_name: str, mode: str, encoding: str | None) -> Iterator[IO[Any]]:
     """Write through `fd` and flush it to disk; remove the temporary file on any failure."""
     try:
-        with os.fdopen(fd, mode, **open_kwargs) as handle:
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -57,11 +57,11 @@ def _written(fd: int, tmp_name: str, mode: str, open_kwargs: dict[str, Any]) -> 
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
+def atomic_output(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = None) -> Iterator[IO[Any]]:
     """Open a temporary sibling of `path` for writing; rename it over `path` on success."""
     target = Path(path)
     fd, tmp_name = _temp_sibling(target)
-    with _written(fd, tmp_name, mode, open_kwargs) as handle:
+    with _written(fd, tmp_name, mode, encoding) as handle:
         yield handle
     try:
         os.replace(tmp_name, target)
@@ -101,23 +101,22 @@ class AtomicFiles:
         self.interrupted = False
 
     def write_text(self, path: str | os.PathLike[str], text: str) -> None:
-        self._stage(path, "w", {"encoding": "utf-8"}, text)
+        self._stage(path, "w", "utf-8", text)
 
     def write_bytes(self, path: str | os.PathLike[str], data: bytes) -> None:
-        self._stage(path, "wb", {}, data)
+        self._stage(path, "wb", None, data)
 
-    def _stage(self, path: str | os.PathLike[str], mode: str, open_kwargs: dict[str, Any],
-               contents: str | bytes) -> None:
-        with self.open(path, mode, **open_kwargs) as handle:
+    def _stage(self, path: str | os.PathLike[str], mode: str, encoding: str | None, contents: str | bytes) -> None:
+        with self.open(path, mode, encoding) as handle:
             handle.write(contents)
 
     @contextlib.contextmanager
-    def open(self, path: str | os.PathLike[str], mode: str = "w", **open_kwargs: Any) -> Iterator[IO[Any]]:
+    def open(self, path: str | os.PathLike[str], mode: str = "w", encoding: str | None = None) -> Iterator[IO[Any]]:
         """A handle to write one of the files through, for contents too large to hold at once."""
         target = Path(path)
         fd, tmp_name = _temp_sibling(target)
         self._staged.append((tmp_name, target))
-        with _written(fd, tmp_name, mode, open_kwargs) as handle:
+        with _written(fd, tmp_name, mode, encoding) as handle:
             yield handle
 
     def commit(self) -> list[Path]:

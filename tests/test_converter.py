@@ -19,7 +19,7 @@ from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace, write_trace
 from chakra_core.feeder import open_feeder
 from chakra_core.schema import pb
-from chakra_core.comm.groups import parse_pg_list
+from chakra_core.comm.groups import ProcessGroupEntry, parse_pg_list
 from chakra_core.tools.pytorch import Conversion, ConversionError, convert
 from chakra_core.tools.pytorch.cli import convert_pytorch
 from chakra_core.tools.pytorch.deps import Dependencies
@@ -408,7 +408,7 @@ def test_collective_attributes_and_process_groups(tmp_path):
     result = convert(write_json(tmp_path / "et.json", host_doc(nodes)))
     meta, first, second, mul, third = result.nodes
     assert meta.type == pb.METADATA_NODE and meta.id == 0
-    assert parse_pg_list(meta.inputs.values) == [{"pg_name": "0", "ranks": []}, {"pg_name": "7", "ranks": []}]
+    assert parse_pg_list(meta.inputs.values) == [ProcessGroupEntry("0", ()), ProcessGroupEntry("7", ())]
     for comm, size, pg in ((first, 4000, "0"), (second, 96, "7")):
         view = NodeView(comm)
         assert comm.type == pb.COMM_COLL_NODE and comm.name == "c10d::allreduce_"
@@ -557,7 +557,7 @@ def test_groups_spanning_an_8_rank_job_run_among_the_ranks_present(tmp_path):
         result = convert(write_json(tmp_path / f"et{rank}.json", host_doc(nodes)))
         assert result.rank == rank
         assert parse_pg_list(result.nodes[0].inputs.values) == [
-            {"pg_name": "0", "ranks": []}, {"pg_name": "1", "ranks": [0, 1]}]
+            ProcessGroupEntry("0", ()), ProcessGroupEntry("1", (0, 1))]
         assert any("span the whole job (8 ranks)" in note for note in result.summary.notes)
         assert any("group(s) 2 defined but not used" in note for note in result.summary.notes)
         result.write(tmp_path / "job")
@@ -650,8 +650,8 @@ def test_kineto_rank_and_process_groups_are_used(tmp_path):
     assert result.rank == 3
     warnings = "\n".join(result.summary.warnings)
     assert "(record_param_comms) says rank 0 but" in warnings
-    assert parse_pg_list(result.nodes[0].inputs.values) == [{"pg_name": "0", "ranks": []},
-                                                             {"pg_name": "5", "ranks": [2, 3]}]
+    assert parse_pg_list(result.nodes[0].inputs.values) == [ProcessGroupEntry("0", ()),
+                                                             ProcessGroupEntry("5", (2, 3))]
     (neg,) = [n for n in result.nodes if n.name == "aten::neg"]
     assert (neg.duration_micros, neg.start_time_micros) == (10, 10)
     assert (result.summary.linked, result.summary.units) == (1, 3)

@@ -10,6 +10,7 @@ runs among all ranks, as in ASTRA-sim.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from chakra_core.errors import SimulationError
@@ -79,12 +80,36 @@ class GroupRegistry:
             raise SimulationError(f"rank {rank}, METADATA node {node.id}: cannot parse the process "
                                   f"groups in inputs.values: {text[:120]!r}")
         for entry in parsed:
-            self.define(str(entry["pg_name"]), entry.get("ranks") or [],
-                        f"METADATA node {node.id} of rank {rank}")
+            self.define(entry.name, entry.ranks, f"METADATA node {node.id} of rank {rank}")
         return len(parsed)
 
 
-def parse_pg_list(text: str) -> list[dict[str, Any]] | None:
+@dataclass(frozen=True)
+class ProcessGroupEntry:
+    """One process group a METADATA node defines: its name and ranks (none: every rank)."""
+
+    name: str
+    ranks: tuple[int, ...]
+
+
+def _entries(value: object) -> list[ProcessGroupEntry] | None:
+    """Parsed JSON as process groups: a list of {"pg_name", "ranks" (ints or digit strings), ...}."""
+    if not isinstance(value, list):
+        return None
+    entries = []
+    for item in value:
+        if not isinstance(item, dict) or "pg_name" not in item:
+            return None
+        ranks = item.get("ranks") or []
+        if not isinstance(ranks, list) or not all(
+                (isinstance(r, int) and not isinstance(r, bool)) or (isinstance(r, str) and r.isdigit())
+                for r in ranks):
+            return None
+        entries.append(ProcessGroupEntry(str(item["pg_name"]), tuple(int(r) for r in ranks)))
+    return entries
+
+
+def parse_pg_list(text: str) -> list[ProcessGroupEntry] | None:
     """The process groups a METADATA node's `inputs.values` lists (PyTorch `pg_config`), or None."""
     candidates = [text]
     # The converter stores "[['<json>']]"-like strings; peel wrappers until JSON parses.
@@ -102,8 +127,9 @@ def parse_pg_list(text: str) -> list[dict[str, Any]] | None:
             continue
         if isinstance(value, dict):
             value = list(value.values()) if all(isinstance(v, dict) for v in value.values()) else [value]
-        if isinstance(value, list) and all(isinstance(v, dict) and "pg_name" in v for v in value):
-            return value
+        entries = _entries(value)
+        if entries is not None:
+            return entries
     return None
 
 

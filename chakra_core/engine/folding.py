@@ -64,10 +64,6 @@ def _relative_ring(members: tuple[int, ...], rank: int) -> tuple[int, ...]:
     return members[position:] + members[:position]
 
 
-def _pg_list(text: str) -> list[dict[str, Any]]:
-    return parse_pg_list(text) or []
-
-
 @dataclass
 class _Seen:
     """What `_canonical` notes while it reads a rank's nodes."""
@@ -85,9 +81,9 @@ def _canonical(node: pb.Node, rank: int, ranks: int, groups: dict[str, tuple[int
     text = copy.inputs.values
     if copy.type == pb.METADATA_NODE and "pg_name" in text:
         shapes = []
-        for entry in _pg_list(text):
-            defined = tuple(sorted(int(r) for r in entry.get("ranks") or []))
-            groups[str(entry["pg_name"])] = defined
+        for entry in parse_pg_list(text) or []:
+            defined = tuple(sorted(entry.ranks))
+            groups[entry.name] = defined
             if rank in defined:
                 shapes.append(repr(group_shape(defined, rank)))
         copy.inputs.values = ";".join(sorted(shapes))

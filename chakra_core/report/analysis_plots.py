@@ -12,7 +12,7 @@ bytes for the same input, legends outside the axes, rank axes readable from 1 to
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chakra_core.report.plots import (TICK_EVERY_RANK, empty_figure, figure_of, group_label, png_bytes,
                                       rank_axis, readable_unit, size_text)
@@ -115,16 +115,23 @@ def message_sizes_figure(report: JobAnalysis) -> "Figure":
     return figure
 
 
-def _group_styles(count: int) -> list[dict[str, Any]]:
+class _Style(NamedTuple):
+    color: Any   # a matplotlib colour (an RGBA tuple from the colormap)
+    marker: str
+    linestyle: str
+    offset: float
+
+
+def _group_styles(count: int) -> list[_Style]:
     """A colour, marker, line style and x offset per group, so no two groups look alike and lines
     that coincide (groups equally balanced) stay visible side by side."""
     from matplotlib import colormaps
 
     palette = colormaps["tab10" if count <= 10 else "tab20"]
     width = min(0.5, 0.12 * (count - 1))     # the spread of one collective's points over the groups
-    return [{"color": palette(i % palette.N), "marker": _MARKERS[i % len(_MARKERS)],
-             "linestyle": _LINESTYLES[(i // len(_MARKERS)) % len(_LINESTYLES)],
-             "offset": (i / (count - 1) - 0.5) * width if count > 1 else 0.0} for i in range(count)]
+    return [_Style(palette(i % palette.N), _MARKERS[i % len(_MARKERS)],
+                   _LINESTYLES[(i // len(_MARKERS)) % len(_LINESTYLES)],
+                   (i / (count - 1) - 0.5) * width if count > 1 else 0.0) for i in range(count)]
 
 
 def imbalance_figure(report: JobAnalysis) -> "Figure":
@@ -146,7 +153,7 @@ def imbalance_figure(report: JobAnalysis) -> "Figure":
     axes = figure.add_subplot()
     labelled = len(groups) <= MAX_LEGEND_GROUPS
     styles = _group_styles(len(groups)) if labelled else []
-    offset_of = {group.group: style["offset"] for group, style in zip(groups, styles)}
+    offset_of = {group.group: style.offset for group, style in zip(groups, styles)}
     infinite = [entry.index + offset_of.get(group.group, 0.0)
                 for group in groups for entry in group.collectives if entry.ratio is None]
     for i, group in enumerate(groups):
@@ -156,8 +163,8 @@ def imbalance_figure(report: JobAnalysis) -> "Figure":
         xs = [x + offset_of.get(group.group, 0.0) for x, _ in points]
         if labelled:
             style = styles[i]
-            axes.plot(xs, [y for _, y in points], marker=style["marker"], markersize=size, linewidth=0.8,
-                      linestyle=style["linestyle"], color=style["color"],
+            axes.plot(xs, [y for _, y in points], marker=style.marker, markersize=size, linewidth=0.8,
+                      linestyle=style.linestyle, color=style.color,
                       label=f"{group_label(group.group)} ({group.members} ranks)")
         else:
             axes.plot(xs, [y for _, y in points], marker=".", markersize=size, linewidth=0.8, color="tab:blue",

@@ -37,14 +37,13 @@ def run_ray(tasks: list[PointTask], workers: int | None, address: str | None,
     try:
         if not ray.is_initialized():
             started_here = True   # set first: what an interrupted ray.init started is shut down too
-            quiet: dict[str, Any] = {"logging_level": logging.WARNING}
             try:
                 if where:
-                    ray.init(address=where, **quiet)
+                    ray.init(address=where, logging_level=logging.WARNING)
                 else:
                     with _ray_on_loopback():
-                        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1,
-                                 include_dashboard=False, _node_ip_address=LOOPBACK, **quiet)
+                        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                                 _node_ip_address=LOOPBACK, logging_level=logging.WARNING)
             except Exception as exc:   # Ray raises ConnectionError, RuntimeError, ValueError ...
                 target = f"the Ray cluster at {where}" if where else "a local Ray instance"
                 raise SweepError(f"cannot start or reach {target}: {first_line(str(exc))}") from None

@@ -107,7 +107,7 @@ def _defined_groups(nodes: list[pb.Node]) -> list[tuple[str, list[int]]]:
     for node in nodes:
         if node.type == pb.METADATA_NODE and "pg_name" in node.inputs.values:
             parsed = parse_pg_list(node.inputs.values.strip()) or []
-            out.extend((str(entry["pg_name"]), list(entry.get("ranks") or [])) for entry in parsed)
+            out.extend((entry.name, list(entry.ranks)) for entry in parsed)
     return out
 
 
