@@ -169,7 +169,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
         if self.job.training.attention == "unfused":
             return self._unfused_attention(name, backward)
-        b, a, g, d, s, sq = self.b, self.a, self.g, self.d, self.s, self.local_seq
+        b, a, g, d, s, seq_q = self.b, self.a, self.g, self.d, self.s, self.local_seq
         # causal attention over the whole sequence, split evenly over CP ranks (load-balanced chunks)
         flops = 4 * b * a * s * s * d // 2 // self.cp
         qkvo = (self.n * (2 * a + 2 * g) * d) * self.act_bytes
@@ -177,7 +177,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         kv = 2 * self.n * g * d * self.act_bytes
         if self.cp > 1:   # ring attention: K/V blocks circulate while blocks already here are used
             ring = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv)
-        attrs = [uint_attr("attn_batch", b * a), uint_attr("attn_seq_q", sq), uint_attr("attn_seq_kv", s),
+        attrs = [uint_attr("attn_batch", b * a), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", s),
                  uint_attr("attn_head_dim", d), bool_attr("attn_causal", True),
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", g)]
         # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
@@ -222,7 +222,8 @@ class LayerKernels(TensorParallel, Fp8Quantization):
     def layer_forward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
-        nl, e = self.local_tokens, self.act_bytes
+        act_bytes = self.act_bytes
+        residual = self.local_tokens * h   # elements of the residual stream held here
         recomputing = self.part == "recompute"
         # under full recompute the forward keeps only the layer's input; the recompute keeps the rest
         self._layer_key, self._saving = (mb, layer), not (layer in self.recomputed and not recomputing)
@@ -231,44 +232,45 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         if recomputing:
             self._read(norm1, "x")
         else:
-            self.ledger.save(norm1, (mb, layer, "x"), nl * h, e, output=False)
+            self.ledger.save(norm1, (mb, layer, "x"), residual, act_bytes, output=False)
         qkv = self._gemm_with(p + "qkv", n, h, (a + 2 * g) * d, gather=True)
-        self._keep(qkv, "qkv_in", nl * h, self.gemm_in, output=False)
-        self._keep(qkv, "qkv", n * (a + 2 * g) * d, e)
+        self._keep(qkv, "qkv_in", residual, self.gemm_in, output=False)
+        self._keep(qkv, "qkv", n * (a + 2 * g) * d, act_bytes)
         if self.job.shape.position == "rope":
             self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.act_bytes, 3)
-        self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, e)
+        self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, act_bytes)
         proj = self._row_gemm(p + "proj", n, a * d, h)
         if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
             self._keep(proj, "proj_in", n * a * d, 1, output=False)
-        residual1 = self.elementwise(p + "residual1", nl * h, nl * h * (3 * e + self.mask))
-        self._keep(residual1, "mask1", nl * h * self.mask, 1)
-        self._keep(self.norm(p + "norm2"), "x2", nl * h, e, output=False)
+        residual1 = self.elementwise(p + "residual1", residual, residual * (3 * act_bytes + self.mask))
+        self._keep(residual1, "mask1", residual * self.mask, 1)
+        self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
         up = 2 * self.f // self.tp if self.job.shape.gated else self.f // self.tp
         fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True)
-        self._keep(fc1, "fc1_in", nl * h, self.gemm_in, output=False)
-        self._keep(fc1, "fc1", n * up, e)
-        fl = f // self.tp
-        activation = self.elementwise(p + "activation", n * fl, (up + fl) * n * self.act_bytes, 4)
-        self._keep(activation, "act", n * fl, self.gemm_in)
-        self._row_gemm(p + "fc2", n, fl, h)
-        residual2 = self.elementwise(p + "residual2", nl * h, nl * h * (3 * e + self.mask))
-        self._keep(residual2, "mask2", nl * h * self.mask, 1)
+        self._keep(fc1, "fc1_in", residual, self.gemm_in, output=False)
+        self._keep(fc1, "fc1", n * up, act_bytes)
+        ffn_here = f // self.tp
+        activation = self.elementwise(p + "activation", n * ffn_here, (up + ffn_here) * n * self.act_bytes, 4)
+        self._keep(activation, "act", n * ffn_here, self.gemm_in)
+        self._row_gemm(p + "fc2", n, ffn_here, h)
+        residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
+        self._keep(residual2, "mask2", residual * self.mask, 1)
         self._saving = True
 
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
-        nl, e = self.local_tokens, self.act_bytes
-        fl = f // self.tp
-        up = 2 * fl if self.job.shape.gated else fl
+        act_bytes = self.act_bytes
+        residual = self.local_tokens * h   # elements of the residual stream held here
+        ffn_here = f // self.tp
+        up = 2 * ffn_here if self.job.shape.gated else ffn_here
         self._layer_key = (mb, layer)
         read = self._read
-        read(self.elementwise(p + "residual2.bwd", nl * h, nl * h * (2 * e + self.mask)), "mask2")
-        read(self._row_backward(p + "fc2", n, fl, h)[1], "act")
-        read(self.elementwise(p + "activation.bwd", n * fl, (up + fl + up) * n * e, 6), "fc1")
+        read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
+        read(self._row_backward(p + "fc2", n, ffn_here, h)[1], "act")
+        read(self.elementwise(p + "activation.bwd", n * ffn_here, (up + ffn_here + up) * n * act_bytes, 6), "fc1")
         read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
-        read(self.elementwise(p + "norm2.bwd", nl * h, 4 * nl * h * e, 2 * NORM_OPS), "x2", "mask1")
+        read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
             # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
@@ -278,9 +280,9 @@ class LayerKernels(TensorParallel, Fp8Quantization):
             self.part, self._saving = part, True
         self.attention(p + "attention.bwd", backward=True)
         if self.job.shape.position == "rope":
-            self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * e, 3)
+            self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * act_bytes, 3)
         read(self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)[1], "qkv_in")
-        read(self.elementwise(p + "norm1.bwd", nl * h, 4 * nl * h * e, 2 * NORM_OPS), "x")
+        read(self.elementwise(p + "norm1.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x")
         self._grad_ready(layer)
 
     # Embedding and output layer -------------------------------------------------------------------
