@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Iterable, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
+from chakra_core.jobs.context_parallel import ContextParallel
 from chakra_core.jobs.fp8 import Fp8Quantization
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.tensor_parallel import TensorParallel
@@ -36,7 +37,7 @@ NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
 
-class LayerKernels(TensorParallel, Fp8Quantization):
+class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
     """A rank's place in the job and the nodes of its layers (see the module docstring).
 
     Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
@@ -76,6 +77,7 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         self.recomputed: set[int] = set()   # layers under full recompute (set by the step)
         self._layer_key: tuple[int, int | str] = (0, 0)   # (micro-batch, layer) whose tensors are listed
         self._saving = True                 # False in the forward of a layer under full recompute
+        self._cp_exchanges = 0              # ring attention's exchanges so far (their tags)
 
     # Nodes ----------------------------------------------------------------------------------------
     def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -169,25 +171,35 @@ class LayerKernels(TensorParallel, Fp8Quantization):
         """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
         if self.job.training.attention == "unfused":
             return self._unfused_attention(name, backward)
-        b, a, g, d, s, seq_q = self.b, self.a, self.g, self.d, self.s, self.local_seq
-        # causal attention over the whole sequence, split evenly over CP ranks (load-balanced chunks)
-        flops = 4 * b * a * s * s * d // 2 // self.cp
-        qkvo = (self.n * (2 * a + 2 * g) * d) * self.act_bytes
-        ring = None
-        kv = 2 * self.n * g * d * self.act_bytes
-        if self.cp > 1:   # ring attention: K/V blocks circulate while blocks already here are used
-            ring = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv)
-        attrs = [uint_attr("attn_batch", b * a), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", s),
-                 uint_attr("attn_head_dim", d), bool_attr("attn_causal", True),
-                 str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", g)]
+        if self.cp > 1 and self.job.parallel.cp_comm_type == "p2p":
+            return self.ring_attention(name, backward)
+        if self.cp > 1 and self.job.parallel.cp_comm_type == "a2a":
+            return self.a2a_attention(name, backward)
+        # one kernel over the whole sequence: this rank's queries (its 2 load-balanced chunks of a
+        # causal split) against every key; with allgather CP the key/value blocks are gathered beside it
+        kv = self._kv_bytes()
+        gathered = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv) if self.cp > 1 else None
+        node = self.flash_attention(name, backward, self.local_seq, self.s, True, self.a)
+        self.stream.wait(gathered)
+        if backward and self.cp > 1:
+            self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
+        return node
+
+    def flash_attention(self, name: str, backward: bool, seq_q: int, seq_kv: int, causal: bool, heads: int) -> int:
+        """One fused attention kernel: `heads` query heads (and their share of the key/value heads)
+        of `seq_q` queries against `seq_kv` keys, for the micro-batch."""
+        b, d = self.b, self.d
+        kv_heads = self.g * heads // self.a
+        flops = 4 * b * heads * seq_q * seq_kv * d // (2 if causal else 1)
+        qkvo = b * (2 * heads * seq_q + 2 * kv_heads * seq_kv) * d * self.act_bytes
+        attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
+                 uint_attr("attn_head_dim", d), bool_attr("attn_causal", causal),
+                 str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
         # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
         ops, nbytes = (flops * 5 // 2, 2 * qkvo) if backward else (flops, qkvo)
         node = self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
         if backward:
             self._read(node, "qkv", "attn_out")
-        self.stream.wait(ring)
-        if backward and self.cp > 1:
-            self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
         return node
 
     def _unfused_attention(self, name: str, backward: bool) -> int:

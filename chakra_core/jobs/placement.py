@@ -91,31 +91,43 @@ class Placement:
         return self.rank(Coord(c.tp, c.cp, c.dp, (c.pp + stage_step) % self.pp))
 
     # Folding ------------------------------------------------------------------------------------
+    @cached_property
+    def _cp_distinct(self) -> bool:
+        """Ring attention's exchanges go to the next rank of the CP group, not to a fixed offset
+        (the last wraps to the first): CP ranks stand only for their own index's peers."""
+        return self.cp > 1 and self.job.parallel.cp_comm_type == "p2p"
+
     def representative(self, rank: int) -> int:
         """Ranks of one pipeline stage run the same program up to rank ids; the stage's rank with
-        tp, cp and dp index 0 stands for them (so representatives' pipeline peers are
-        representatives)."""
-        return self.rank(Coord(0, 0, 0, self.coord(rank).pp))
+        tp and dp index 0 (and cp index 0, unless ring attention's exchanges tell CP ranks apart)
+        stands for them, so representatives' pipeline and ring peers are representatives."""
+        c = self.coord(rank)
+        return self.rank(Coord(0, c.cp if self._cp_distinct else 0, 0, c.pp))
 
     @cached_property
     def representatives(self) -> list[int]:
+        cps = range(self.cp) if self._cp_distinct else range(1)
+        return [self.rank(Coord(0, cp, 0, stage)) for stage in range(self.pp) for cp in cps]
+
+    @cached_property
+    def stage_heads(self) -> list[int]:
+        """The rank with tp, cp and dp index 0 of each pipeline stage."""
         return [self.rank(Coord(0, 0, 0, stage)) for stage in range(self.pp)]
 
     def where(self) -> tuple[PlacedGroup, ...]:
         """Per role: group size, GPUs of a group per node, nodes a group spans (every group of a
         role has the same shape), for `chakra-sim validate` and results."""
         rows: list[PlacedGroup] = []
-        sample = self.groups(0) if self.pp == 1 else {**self.groups(self.representatives[-1]),
-                                                      **self.groups(0)}
+        sample = self.groups(0) if self.pp == 1 else {**self.groups(self.stage_heads[-1]), **self.groups(0)}
         for role, members in sample.items():
             nodes = Counter(self.node(r) for r in members)
             rows.append(PlacedGroup(role, len(members), len(nodes), max(nodes.values()),
                                     "NVLink" if len(nodes) == 1 else "network"))
         if self.pp > 1:
-            a, b = self.representatives[0], self.representatives[1]
+            a, b = self.stage_heads[0], self.stage_heads[1]
             same = self.node(a) == self.node(b)
-            rows.append(PlacedGroup("pp", self.pp, len({self.node(r) for r in self.representatives}),
-                                    1 if not same else sum(1 for r in self.representatives
+            rows.append(PlacedGroup("pp", self.pp, len({self.node(r) for r in self.stage_heads}),
+                                    1 if not same else sum(1 for r in self.stage_heads
                                                            if self.node(r) == self.node(a)),
                                     "NVLink" if same else "network"))
         return tuple(rows)

@@ -23,7 +23,12 @@ class Parallel(_Strict):
     pp: PositiveInt = Field(1, description="pipeline stages (--pipeline-model-parallel-size)")
     vp: PositiveInt | None = Field(None, description="model chunks per pipeline stage: interleaved 1F1B "
                                                      "(--num-layers-per-virtual-pipeline-stage = layers/pp/vp)")
-    cp: PositiveInt = Field(1, description="context parallel size: ring attention over the sequence")
+    cp: PositiveInt = Field(1, description="context parallel size: attention over the sequence split in "
+                                            "2 x cp load-balanced chunks")
+    cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
+        "p2p", description="how context parallel attention communicates (Megatron's --cp-comm-type): 'p2p' ring "
+                           "attention, key/value blocks passed around the CP ring beside the steps; 'a2a' "
+                           "all-to-alls of q, k, v and the output (Ulysses); 'allgather' key/value blocks gathered")
     sp: bool | None = Field(None, description="sequence parallelism with TP; default: on when tp > 1")
     account_for_embedding_and_loss: bool = Field(
         False, description="the pipeline split counts the embedding and the loss as one layer each "
@@ -193,6 +198,10 @@ class JobSpec(_Strict):
             if vp > 1 and p.pp == 1:
                 # vp 1 is no interleaving (Megatron-LM@d98e8a64 megatron/training/arguments.py:978)
                 problems.append(f"parallel.vp {vp} needs pp > 1 (vp 1 means no interleaving)")
+        if p.cp > 1 and p.cp_comm_type == "a2a" and ((m.heads // p.tp) % p.cp or (m.groups // p.tp) % p.cp):
+            problems.append(f"cp_comm_type a2a splits each rank's heads over cp: its {m.heads // p.tp} query heads "
+                            f"and {m.groups // p.tp} key/value heads (heads / tp, query groups / tp) must be "
+                            f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         if t.recompute_layers is not None and t.recompute != "full":
