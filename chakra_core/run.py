@@ -10,7 +10,8 @@ sweep workers, and the tests and benchmarks.
     print(result.results.finish_ns)                           # typed; result.document: results.json
 
 In steps, as `chakra-sim run` does: `prepare` builds the layers (a plugin that
-refuses its settings stops here, before anything is written), then
+refuses its settings stops here, before anything is written; `build_layers`
+builds them alone, for plan's compute bound), then
 `PreparedRun.simulate` runs the event loop, builds the results document and
 calls the observers. `validate` finds what a run would reject without
 simulating.
@@ -28,7 +29,7 @@ from chakra_core.config.build import build_config
 from chakra_core.config.files import read_config_file
 from chakra_core.config.checks import check_traces
 from chakra_core.config.spec import RunConfig
-from chakra_core.contract.layers import SystemLayer
+from chakra_core.contract.layers import LayerModel, SystemLayer
 from chakra_core.plugins import PluginHost, make_plugin_host
 from chakra_core.engine.driver import Interval
 from chakra_core.engine.simulation import Simulation
@@ -151,6 +152,14 @@ def _warn_replayed_device(config: RunConfig) -> None:
 def prepare(config: RunConfig, host: PluginHost | None = None, timeline: bool | None = None) -> PreparedRun:
     """Build the layers of a run (`timeline`: record every node; default: as the config says)."""
     return PreparedRun(config, host if host is not None else make_plugin_host(), timeline)
+
+
+def build_layers(config: RunConfig, host: PluginHost | None = None, ranks: int | None = None) -> dict[str, LayerModel]:
+    """The layers of a run by name, built as `prepare` builds them (same order, context and
+    errors), for a caller that times operations with them instead of simulating a trace (plan's
+    compute bound); `ranks`: how many ranks they serve when `config` lists no traces."""
+    host = host if host is not None else make_plugin_host()
+    return Simulation(config.spec, host, ranks=ranks).layers
 
 
 def simulate(config: RunConfig | str | Path | ManifestData, host: PluginHost | None = None, *,

@@ -107,7 +107,8 @@ def test_a_pipeline_bubble_is_waiting_not_network_time(tmp_path):
     assert result.exit_code == 0, result.output
     free = {"plugin": "analytical", "topology": ["Switch"], "npus_count": [8], "bandwidth": [1e9],
             "latency": [0]}
-    results = simulate(manifest(str(prefix), free, system={"endpoint-delay": 0, "local-mem-bw": 1e12}))
+    results = simulate(manifest(str(prefix), free, system={"endpoint-delay": 0, "local-mem-bw": 1e12},
+                                compute={"plugin": "roofline", "peak_tflops": 100, "memory_bandwidth_gbps": 2000}))
     for row in results["ranks"]:
         assert sum(row[key] for key in BREAKDOWN) == row["finish_ns"]
         assert row["exposed_network_ns"] <= 0.01 * row["finish_ns"], row

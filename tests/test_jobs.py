@@ -282,13 +282,14 @@ def test_docs_name_every_job_key():
 
 
 def test_replaying_another_devices_durations_is_said(tmp_path):
-    """A GPT generated with A100 nominal durations, replayed under an H100 profile, warns; under
-    an A100 profile it does not."""
-    from chakra_core.tools.generate.transformer import write_transformer
-    from chakra_core.tools.generate.transformer_config import TransformerConfig
+    """Durations estimated for a 312 TFLOP/s device (A100; the trace's metadata `peak_tflops`),
+    replayed under an H100 profile, warn; under an A100 profile they do not."""
+    from chakra_core.et.build import metadata, write_rank_files
+    from chakra_core.schema import pb
+    from chakra_core.testing import collective, comp
 
-    write_transformer(tmp_path / "gpt", TransformerConfig(layers=2, hidden=256, heads=4, seq=128, batch=4,
-                                                          vocab=512, dp=2, tp=2, pp=1))
+    ranks = [[comp(1, 10), collective(2, pb.ALL_REDUCE, 1 << 20, deps=[1])] for _ in range(2)]
+    write_rank_files(tmp_path / "gpt", ranks, metadata({"peak_tflops": "312"}))
 
     def warnings(profile: str) -> list[str]:
         data = {"workload": {"trace": str(tmp_path / "gpt")}, "system": {"plugin": "nccl", "profile": profile},

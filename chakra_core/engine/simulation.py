@@ -85,12 +85,13 @@ class FinishedRun:
 class Simulation:
     """Build with a RunSpec and a PluginHost (the layers are built at once), then call run()."""
 
-    def __init__(self, spec: RunSpec, host: PluginHost, record_intervals: bool = False):
+    def __init__(self, spec: RunSpec, host: PluginHost, record_intervals: bool = False, ranks: int | None = None):
         self.spec = spec
         self.host = host
         self.intervals: list[Interval] | None = [] if record_intervals else None
         """With record_intervals: one per finished node, in completion order (for timelines)."""
-        self.num_ranks = len(spec.trace_files)
+        # `ranks`: layers built for a job's ranks without its traces (run.build_layers)
+        self.num_ranks = len(spec.trace_files) if ranks is None else ranks
         self.restarts: list[str] = []
         """Why the run started over (restart requests' reasons), oldest first."""
         self.observers = Observers(host, lambda: self.queue.now)   # _setup builds the queue

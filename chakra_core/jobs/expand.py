@@ -195,15 +195,16 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
 
 
 def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None,
-              progress: GenerationProgress | None = None) -> list[Path]:
-    """Write PREFIX.<rank>.et for `ranks` (default every rank), removing rank files of an
-    earlier, larger job under the same prefix; `progress(ranks written, ranks)` after each."""
+              progress: GenerationProgress | None = None, compress: bool = False) -> list[Path]:
+    """Write PREFIX.<rank>.et for `ranks` (default every rank; gzipped with `compress`), removing
+    rank files of an earlier, larger job under the same prefix; `progress(ranks written, ranks)`
+    after each."""
     ranks = list(range(placement.world)) if ranks is None else ranks
     meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
         for done, rank in enumerate(ranks, start=1):
-            write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build())
+            write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build(), compress=compress)
             if progress is not None:
                 progress(done, len(ranks))
         return staged.commit()

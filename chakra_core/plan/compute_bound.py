@@ -5,7 +5,8 @@ but the profile, and it is loose (GEMM shapes, norms, activations, the optimizer
 are left out). This bound times the kernels themselves: it builds one layer's forward and
 backward (and the embedding, output layer, fp8 weight casts and optimizer step) as the job's
 traces hold them (`jobs.program.RankProgram`, one micro-batch, no trace written) and asks the
-manifest's compute model for each compute node's duration. A stage's compute kernels run one
+manifest's compute model for each compute node's duration (the layers built by
+`run.build_layers`, as a run of the job builds them). A stage's compute kernels run one
 after another on its GPU (`workload.resources.gpu`, default 1, at once), so its step is at least
 their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. Communication,
 waiting and overlap are not counted: they only add time.
@@ -19,16 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from chakra_core.contract.inputs import LayerContext, RunInputs
+from chakra_core.config.build import build_config
+from chakra_core.config.spec import RunConfig
 from chakra_core.contract.layers import ComputeModel, SystemLayer
-from chakra_core.engine.events import EventQueue
-from chakra_core.errors import ManifestError
+from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.expand import with_cluster_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.plugins import PluginHost
+from chakra_core.run import build_layers
 from chakra_core.schema import pb
 
 Times = tuple[float, float, float, float, float, float]
@@ -41,19 +43,21 @@ class ComputeBound:
 
     def __init__(self, manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str,
                  gpus_per_node: int, gpus: int):
-        section = dict(manifest.get("compute") or {})
-        name = section.pop("plugin", None)
-        if not isinstance(name, str):
+        if not isinstance((manifest.get("compute") or {}).get("plugin"), str):
             raise ManifestError([("compute.plugin", "required: the compute layer plan times kernels with")])
-        impl = host.get("compute", name)
-        context = LayerContext(num_ranks=1, scheduler=EventQueue(), inputs=RunInputs(base_dir=base_dir))
-        model = impl.cls(_layer_config(impl.cls, section, profile, gpus_per_node), context)
+        config = _layers_config(manifest, base_dir, host, profile, gpus_per_node)
+        # as a run of the job builds them: for its ranks (the compute model's GPU variation, as
+        # `achievable` models it, is the slowest of them)
+        layers = build_layers(config, host, ranks=gpus)
+        model = layers["compute"]
         if not isinstance(model, ComputeModel):
-            raise ManifestError([("compute.plugin", f"'{name}' is not a compute layer")])
+            raise ManifestError([("compute.plugin", f"'{model.name}' is not a compute layer")])
         self.model = model
-        self.system = _system(manifest, base_dir, host, profile, gpus_per_node, gpus)
-        resources = (manifest.get("workload") or {}).get("resources") or {}
-        self.streams = max(1, int(resources.get("gpu", 1) or 1))
+        # a system layer that times collectives alone (without a network) says how long one takes;
+        # otherwise collectives count 0 in the bound
+        system = layers["system"]
+        self.system = system if isinstance(system, SystemLayer) and "network" not in manifest else None
+        self.streams = max(1, config.spec.resources.gpu or 1)
         self.gpus_per_node = gpus_per_node
         self._layers: dict[tuple[Any, ...], Times] = {}
 
@@ -149,23 +153,22 @@ class ComputeBound:
         return self._time(stream.nodes[start:])
 
 
-def _layer_config(impl_cls: Any, section: dict[str, Any], profile: str, gpus_per_node: int) -> Any:
-    """A layer's config with the cluster's profile and GPUs per node where a job's would get them."""
+def _layers_config(manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str,
+                   gpus_per_node: int) -> RunConfig:
+    """The job's compute and system layers (and network, which a system may need) with the
+    cluster's profile and GPUs per node where a run of the job gives them (jobs.expand), as a
+    run's configuration without traces: the kernels are timed one by one, nothing is simulated."""
     defaults = {"profile": profile, "gpus-per-node": gpus_per_node}
-    return impl_cls.Config.model_validate(with_cluster_defaults(impl_cls.Config, section, defaults))
-
-
-def _system(manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str, gpus_per_node: int,
-            gpus: int) -> SystemLayer | None:
-    """The job's system layer, if it times collectives without a network (then it can say how
-    long one takes alone); None otherwise (collectives then count 0 in the bound)."""
-    section = dict(manifest.get("system") or {})
-    name = section.pop("plugin", None)
-    if not isinstance(name, str) or "network" in manifest:
-        return None
-    impl = host.get("system", name)
-    if not issubclass(impl.cls, SystemLayer) or impl.cls.needs_network:
-        return None
-    context = LayerContext(num_ranks=gpus, scheduler=EventQueue(), inputs=RunInputs(base_dir=base_dir))
-    system: SystemLayer = impl.cls(_layer_config(impl.cls, section, profile, gpus_per_node), context)
-    return system
+    workload = {key: value for key, value in (manifest.get("workload") or {}).items() if key == "resources"}
+    data: dict[str, Any] = {"workload": {"trace": "(plan: no trace)", **workload}}
+    for layer in ("compute", "system", "network"):
+        section = manifest.get(layer)
+        if not isinstance(section, Mapping) or not isinstance(section.get("plugin"), str):
+            continue
+        try:
+            config_cls = host.get(layer, section["plugin"]).cls.Config
+        except PluginError:
+            data[layer] = dict(section)   # build_config names the installed plugins
+            continue
+        data[layer] = with_cluster_defaults(config_cls, section, defaults)
+    return build_config(data, host, base_dir, "plan", traces=[])

@@ -1,4 +1,4 @@
-"""The `chakra-sim generate` command group: `microbenchmark`, `transformer` and `job`."""
+"""The `chakra-sim generate` command group: `microbenchmark`, `job` and its front `transformer`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import click
 from chakra_core.cli.output import tool_errors
 from chakra_core.tools.generate.job import job
 from chakra_core.tools.generate.microbenchmark import COLLECTIVES, P2P_PATTERNS, write_microbenchmark
-from chakra_core.tools.generate.transformer import write_transformer
-from chakra_core.tools.generate.transformer_config import DTYPE_BYTES, TransformerConfig
+from chakra_core.tools.generate.transformer import transformer
 
 
 @click.group("generate")
@@ -17,6 +16,7 @@ def generate() -> None:
 
 
 generate.add_command(job)
+generate.add_command(transformer)
 
 
 @generate.command("microbenchmark")
@@ -52,63 +52,4 @@ def microbenchmark(collective: str, size: int | None, npus: int, iterations: int
     with tool_errors(f"{output}.<rank>.et"):
         files = write_microbenchmark(output, collective, size, npus, iterations, root, pattern, shift,
                                      compress)
-    click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")
-
-
-@generate.command("transformer")
-@click.option("--layers", required=True, type=int, help="transformer layers (L)")
-@click.option("--hidden", required=True, type=int, help="hidden size (h)")
-@click.option("--heads", required=True, type=int, help="attention heads (a)")
-@click.option("--seq", required=True, type=int, help="sequence length (s)")
-@click.option("--batch", required=True, type=int, help="global batch in sequences per iteration (B)")
-@click.option("--vocab", required=True, type=int, help="vocabulary size (V; divisible by --tp)")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(list(DTYPE_BYTES)),
-              help="activation and parameter type")
-@click.option("--dp", default=1, show_default=True, type=int, help="data-parallel replicas")
-@click.option("--tp", default=1, show_default=True, type=int, help="tensor-parallel ranks")
-@click.option("--pp", default=1, show_default=True, type=int, help="pipeline stages")
-@click.option("--sp", is_flag=True, help="sequence parallelism (TP all-reduces become reduce-scatter + "
-                                         "all-gather)")
-@click.option("--microbatches", type=int, help="micro-batches per replica and iteration [default: --pp]")
-@click.option("--ffn-hidden", type=int, help="MLP hidden size [default: 4 x --hidden]")
-@click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(["1f1b", "gpipe"]),
-              help="pipeline schedule")
-@click.option("--dp-reduce", default="allreduce", show_default=True,
-              type=click.Choice(["allreduce", "rs-ag"]),
-              help="gradient all-reduce, or reduce-scatter + all-gather (distributed optimizer)")
-@click.option("--grad-dtype", type=click.Choice(list(DTYPE_BYTES)),
-              help="type of the reduced gradients [default: --dtype]")
-@click.option("--peak-tflops", default=312.0, show_default=True, type=float,
-              help="nominal device for duration_micros (a replay fallback; the roofline plugin uses "
-                   "num_ops / tensor_size instead)")
-@click.option("--mem-bw-gbps", default=2039.0, show_default=True, type=float,
-              help="nominal device memory bandwidth, GB/s (10^9 B/s)")
-@click.option("--output", required=True, metavar="PREFIX", help="writes PREFIX.<rank>.et")
-@click.option("--compress", is_flag=True, help="gzip the .et files")
-def transformer(layers: int, hidden: int, heads: int, seq: int, batch: int, vocab: int, dtype: str, dp: int, tp: int,
-                pp: int, sp: bool, microbatches: int | None, ffn_hidden: int | None, schedule: str, dp_reduce: str,
-                grad_dtype: str | None, peak_tflops: float, mem_bw_gbps: float, output: str, compress: bool) -> None:
-    """One training iteration of a Megatron-style GPT, one trace per rank.
-
-    Ranks are numbered tensor-parallel first, then data-parallel, then
-    pipeline stage: rank = stage x dp x tp + replica x tp + tp_index.
-
-    \b
-    Example (GPT-2 medium on 16 GPUs: TP 2 with SP, PP 2, DP 4):
-      chakra-sim generate transformer --layers 24 --hidden 1024 --heads 16 \\
-                 --seq 1024 --batch 64 --vocab 50304 --dtype bf16 \\
-                 --dp 4 --tp 2 --pp 2 --sp --microbatches 8 --output traces/gpt
-    """
-    cfg = TransformerConfig(layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, vocab=vocab,
-                            dtype=dtype, dp=dp, tp=tp, pp=pp, sp=sp, microbatches=microbatches,
-                            ffn=ffn_hidden, schedule=schedule, dp_reduce=dp_reduce, grad_dtype=grad_dtype,
-                            peak_tflops=peak_tflops, mem_bw_gbps=mem_bw_gbps)
-    with tool_errors(f"{output}.<rank>.et"):
-        files = write_transformer(output, cfg, compress)
-    params = cfg.model_params()
-    tokens = cfg.batch * cfg.seq
-    click.echo(f"{cfg.world} ranks (dp {dp} x tp {tp} x pp {pp}{', sp' if sp else ''}), {cfg.m} "
-               f"micro-batch(es) of {cfg.micro_batch} sequence(s) per replica, {schedule}")
-    click.echo(f"model: {params:,} parameters; 6 x parameters x tokens = {6 * params * tokens:.4g} FLOPs "
-               f"per iteration ({tokens:,} tokens)")
     click.echo(f"wrote {files[0]} ... {files[-1]}" if len(files) > 1 else f"wrote {files[0]}")

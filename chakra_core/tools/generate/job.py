@@ -102,7 +102,13 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         _set(data, setting)
     if output is None and save_job is None:
         raise CliError("give --output PREFIX (traces) and/or --save-job FILE (the job description)")
-    source = str(job_file or "options")
+    write_job_files(data, str(job_file or "options"), output, save_job)
+
+
+def write_job_files(data: JsonObject, source: str, output: str | None, save_job: Path | None = None,
+                    compress: bool = False) -> None:
+    """Validate the job `data` (its `job:` section) and write its description and/or traces,
+    saying what was written; `generate job` and its front `generate transformer` end here."""
     try:
         spec = read_job(data, source)
     except ManifestError as exc:
@@ -119,7 +125,7 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
         click.echo(f"wrote {save_job}")
     if output is not None:
         with tool_errors(f"{output}.<rank>.et"):
-            files = write_job(spec, placement, Path(output))
+            files = write_job(spec, placement, Path(output), compress=compress)
         click.echo(f"{placement.world} ranks (tp {spec.parallel.tp} x cp {spec.parallel.cp} x dp {spec.dp} x pp "
                    f"{spec.parallel.pp}, vp {spec.vp}), {spec.microbatches} micro-batch(es) per replica; "
                    f"{model_flops(spec, 'nemo'):.4g} model FLOPs per step")

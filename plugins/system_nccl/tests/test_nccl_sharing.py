@@ -8,8 +8,9 @@ from chakra_core import pb
 from chakra_core.contract.folding import Folding
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.testing import collective, comp, recv, send, simulate, write_ranks
-from chakra_core.tools.generate.transformer import write_transformer
-from chakra_core.tools.generate.transformer_config import TransformerConfig
+from chakra_core.jobs.expand import read_job, write_job
+from chakra_core.jobs.placement import Placement
+from chakra_core.tools.generate import transformer_job
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import FoldedMatching
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, group_shape
@@ -146,9 +147,9 @@ def test_folding_without_groups_starts_over():
 @pytest.mark.parametrize("dp,tp,pp,gpus_per_node,reduce", [(4, 2, 2, 8, "allreduce"), (4, 2, 2, 2, "allreduce"),
                                                           (2, 2, 4, 2, "rs-ag")])
 def test_generated_transformer_folds_exactly(tmp_path, dp, tp, pp, gpus_per_node, reduce):
-    cfg = TransformerConfig(layers=4, hidden=512, heads=8, seq=512, batch=dp * pp, vocab=51200, dp=dp, tp=tp,
-                            pp=pp, sp=True, dp_reduce=reduce)
-    write_transformer(tmp_path / "gpt", cfg)
+    job = read_job(transformer_job(layers=4, hidden=512, heads=8, seq=512, batch=dp * pp, vocab=51200, dp=dp,
+                                   tp=tp, pp=pp, sp=True, dp_reduce=reduce), "test")
+    write_job(job, Placement(job, gpus_per_node), tmp_path / "gpt")
     outs = {}
     for fold in ("auto", "off"):
         outs[fold] = simulate({"workload": {"trace": str(tmp_path / "gpt"), "fold": fold},
