@@ -111,7 +111,7 @@ def test_a_headroom_beyond_the_gpu_is_a_clear_error(tmp_path, headroom):
 
 
 def test_without_usable_memory_the_plan_counts_the_datasheets_and_says_so(tmp_path):
-    base = load_profile("h100-sxm-hgx").model_dump(mode="json", exclude_none=True)
+    base = load_profile("h100-sxm-hgx").as_data()
     del base["gpu"]["usable_memory_gib"]
     (tmp_path / "flat.yaml").write_text(yaml.safe_dump(base))
     headroom = Headroom.of(load_profile(tmp_path / "flat.yaml"))
