@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import pytest
 import yaml
 
-from chakra_core import ManifestError, Profile, Sourced, hookimpl, load_profile, make_plugin_host
+from chakra_core import ManifestError, PluginError, Profile, Sourced, hookimpl, load_profile, make_plugin_host
 from chakra_core.contract import ProfileSectionModel, ProfileSectionRegistry
 
 PARENT = "h100-sxm-hgx"
@@ -124,6 +124,18 @@ def test_a_key_taken_twice_or_the_core_s_is_refused():
     for key in ("gpu", "name", "cooling.fans", "Nccl", "gpu.a.b"):
         with pytest.raises(Exception, match="not one a plugin may take"):
             registry.add(key, Cooling)
+
+
+class TakesThePeak:
+    @hookimpl
+    def chakra_sim_register_profile_sections(self, registry: ProfileSectionRegistry) -> None:
+        registry.add("gpu.peak_tflops", Cooling)
+
+
+def test_a_section_may_not_take_a_key_of_a_core_part():
+    sections = make_plugin_host(extra_plugins=[("peak", TakesThePeak())]).profile_sections()
+    with pytest.raises(PluginError, match="plugin 'peak' registers profile section 'gpu.peak_tflops', a key of the core"):
+        load_profile(PARENT, sections=sections)
 
 
 def test_a_section_read_with_another_schema_is_a_type_error():

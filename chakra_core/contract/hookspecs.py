@@ -16,7 +16,8 @@ import package ``chakra_sim_<name>``, entry point ``<name>``.
 Two kinds of hooks:
 
 - **Registration hooks** (``chakra_sim_register_<layer>``,
-  ``chakra_sim_register_profile_sections``) are called once, when plugins load. They add implementation *classes* to a typed registry. They
+  ``chakra_sim_register_profile_sections``) are called once, when plugins load.
+  They add implementation *classes* (or profile section schemas) to a typed registry. They
   never run the simulation: the engine instantiates the selected class and
   calls its methods directly (a pluggy call costs ~4 µs, a method call ~0.2 µs).
   ``chakra_sim_register_commands`` adds click commands to ``chakra-sim``; it is

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 from chakra_core.config.files import check_values, load_yaml, yaml_error_text
 from chakra_core.contract.profile_sections import ProfileSections
 from chakra_core.hardware.values import DTYPES as DTYPES, Sourced as Sourced, _Strict
-from chakra_core.errors import InputFileError, ManifestError
+from chakra_core.errors import InputFileError, ManifestError, PluginError
 from chakra_core.input_files import read_input_text
 from chakra_core.hardware.inheritance import InheritedRate, Origin, inherited, origins
 from chakra_core.plugins import installed_profile_sections
@@ -368,6 +368,11 @@ def _take_sections(data: dict[str, Any], sections: ProfileSections,
     the keys neither the core profile nor a registered section knows, as problems."""
     found: dict[str, Any] = {}
     problems: list[tuple[str, str]] = []
+    for section in sections.entries:   # the registry cannot see the core's fields: a section may not take one
+        part, _, inner = section.key.partition(".")
+        if inner in dict(CORE_PARTS).get(part, Profile).model_fields:
+            raise PluginError(f"plugin '{section.owner}' registers profile section '{section.key}', a key of the "
+                              "core profile")
 
     def take(holder: dict[str, Any], key: str, full: str) -> None:
         value = holder.pop(key)

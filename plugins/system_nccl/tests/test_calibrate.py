@@ -50,7 +50,8 @@ def test_fit_never_changes_nccls_choice():
 def test_only_the_parameters_the_sizes_exercise_are_fitted():
     points = measured()   # one node: nothing about the network or the launch
     fitted = cal.fit(load_profile(H100), points, "test")
-    assert fitted.section("calibration", Calibration).network_latency_us is None and fitted.section("calibration", Calibration).launch_us is None
+    calibration = fitted.section("calibration", Calibration)
+    assert calibration.network_latency_us is None and calibration.launch_us is None
     assert fitted.section("calibration", Calibration).nic_efficiency == 1.0
 
 
