@@ -49,9 +49,11 @@ def summary(profile: Profile) -> dict[str, Any]:
 
 
 def rows(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any, Sourced | None]]:
-    """(key path, value, Sourced or None) for every value of a profile, in field order."""
-    for name in type(model).model_fields:
-        value = getattr(model, name)
+    """(key path, value, Sourced or None) for every value of a profile (its plugins' sections
+    where a file puts them) or of one of its parts, in field order."""
+    parts = model.parts() if isinstance(model, Profile) else \
+        [(name, getattr(model, name)) for name in type(model).model_fields]
+    for name, value in parts:
         yield from _rows(value, f"{prefix}{name}")
 
 
@@ -130,7 +132,7 @@ def profiles(name_or_path: str | None, as_json: bool) -> None:
             return
         profile = load_profile(name_or_path, Path.cwd())
         if as_json:
-            click.echo(json.dumps(profile.model_dump(mode="json", exclude_none=True), indent=2))
+            click.echo(json.dumps(profile.as_data(), indent=2))
         else:
             out_console().print(_profile_table(profile))
             _print_inherited(profile)
