@@ -34,6 +34,7 @@ from chakra_core.errors import InputFileError, ManifestError, PluginError
 from chakra_core.input_files import read_input_text
 from chakra_core.hardware.inheritance import InheritedRate, Origin, inherited, origins
 from chakra_core.plugins import installed_profile_sections
+from chakra_core.json_types import JsonObject
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -181,18 +182,21 @@ class Profile(_Strict):
         found.append(("inherited_rates", self.inherited_rates))
         return found
 
-    def as_data(self) -> dict[str, Any]:
+    def as_data(self) -> JsonObject:
         """The profile as a flat file holds it (JSON types, unset values left out): what
         `chakra-sim profiles --json` prints and `load_profile` reads back."""
-        data: dict[str, Any] = {}
+        data: JsonObject = {}
         for key, value in self.parts():
             if isinstance(value, BaseModel):
                 value = value.model_dump(mode="json", exclude_none=True)
             elif isinstance(value, list):
                 value = [item.model_dump(mode="json", exclude_none=True) for item in value]
             part, _, inner = key.partition(".")
-            if inner:
-                data[part][inner] = value
+            if inner:   # a section inside gpu, node or network, which parts() gives first
+                holder = data[part]
+                if not isinstance(holder, dict):
+                    raise TypeError(f"profile part '{part}' holds {holder!r}, not a mapping")
+                holder[inner] = value
             else:
                 data[key] = value
         return data
@@ -233,8 +237,8 @@ SIBLING_SOURCES = {"transport": "transport_source", "protocols": "protocols_sour
 """Settings whose source is a sibling key rather than a `source` inside them."""
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any], where: str, problems: list[tuple[str, str]],
-           parent: str) -> dict[str, Any]:
+def _merge(base: JsonObject, override: JsonObject, where: str, problems: list[tuple[str, str]],
+           parent: str) -> JsonObject:
     """`override` over `base` key by key. A sourced value the child changes takes the child's source
     and note only: the parent's would cite a document for a number it does not give."""
     if "source" in base and any(value != base.get(key) for key, value in override.items()
@@ -245,8 +249,9 @@ def _merge(base: dict[str, Any], override: dict[str, Any], where: str, problems:
         return dict(override)
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value, f"{where}{key}.", problems, parent)
+        current = merged.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            merged[key] = _merge(current, value, f"{where}{key}.", problems, parent)
         else:
             merged[key] = value
         sibling = SIBLING_SOURCES.get(key)
@@ -272,11 +277,11 @@ class _Resolved:
     """A profile file with its `extends` chain merged, and where each rate that depends on another
     value was stated (chakra_core.hardware.inheritance)."""
 
-    data: dict[str, Any]
+    data: JsonObject
     origins: dict[str, Origin]
 
 
-def _records(data: dict[str, Any], path: Path) -> list[InheritedRate]:
+def _records(data: JsonObject, path: Path) -> list[InheritedRate]:
     """A flat profile's record of the rates it inherited (written by --json or calibrate)."""
     raw = data.pop("inherited_rates", None) or []
     try:
@@ -362,11 +367,11 @@ def _problems(exc: ValidationError, path: Path, *head: str) -> list[tuple[str, s
 CORE_PARTS: tuple[tuple[str, type[BaseModel]], ...] = (("gpu", GpuSpec), ("node", NodeSpec), ("network", NetworkSpec))
 
 
-def _take_sections(data: dict[str, Any], sections: ProfileSections,
-                   path: Path) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _take_sections(data: JsonObject, sections: ProfileSections,
+                   path: Path) -> tuple[JsonObject, list[tuple[str, str]]]:
     """Take the plugins' sections out of a raw profile ({key path: raw value}, in file order), and
     the keys neither the core profile nor a registered section knows, as problems."""
-    found: dict[str, Any] = {}
+    found: JsonObject = {}
     problems: list[tuple[str, str]] = []
     for section in sections.entries:   # the registry cannot see the core's fields: a section may not take one
         part, _, inner = section.key.partition(".")
@@ -374,7 +379,7 @@ def _take_sections(data: dict[str, Any], sections: ProfileSections,
             raise PluginError(f"plugin '{section.owner}' registers profile section '{section.key}', a key of the "
                               "core profile")
 
-    def take(holder: dict[str, Any], key: str, full: str) -> None:
+    def take(holder: JsonObject, key: str, full: str) -> None:
         value = holder.pop(key)
         if sections.get(full) is not None:
             found[full] = value

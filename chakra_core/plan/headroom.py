@@ -30,6 +30,7 @@ from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.expand import with_cluster_defaults
 from chakra_core.plan.layouts import Layout
 from chakra_core.plugins import PluginHost
+from chakra_core.json_types import JsonObject
 
 GIB = 1 << 30
 MB = 10**6
@@ -128,7 +129,7 @@ class Headroom:
                 f"communicator (TP, CP, DP, PP groups of more than one GPU) + {100 * FRAGMENTATION:g}% of the "
                 "peak for fragmentation (--headroom GIB sets one reserve for all)")
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """For plan.json."""
         return {"gpu_memory_gib": self.gpu_memory / GIB, "usable_memory_gib": self.usable / GIB,
                 "usable_memory_from": self.usable_from,

@@ -34,6 +34,7 @@ from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.json_types import JsonObject
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -71,7 +72,7 @@ class Layout:
     recompute: str
     distributed_optimizer: bool
 
-    def overrides(self) -> dict[str, Any]:
+    def overrides(self) -> JsonObject:
         """Key paths of a job manifest -> values; dp is implied by the GPU count, never set."""
         return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
                 "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp,
@@ -146,10 +147,11 @@ def job_with(job: Mapping[str, Any], layout: Layout) -> JobSpec:
 
 
 def _spec(job: Mapping[str, Any], layout: Layout) -> JobSpec:
-    data: dict[str, Any] = {**job}
+    data: JsonObject = {**job}
     for path, value in layout.overrides().items():
         _, section, key = path.split(".")
-        data[section] = {**(data.get(section) or {}), key: value}
+        current = data.get(section)
+        data[section] = {**(current if isinstance(current, Mapping) else {}), key: value}
     return JobSpec.model_validate(data)
 
 
