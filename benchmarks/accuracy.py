@@ -43,6 +43,7 @@ from chakra_sim_system_nccl import calibrate as cal  # noqa: E402
 from chakra_sim_system_nccl import model as nccl  # noqa: E402
 from chakra_sim_system_nccl.launch import LaunchInfo  # noqa: E402
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog, load, parse_busbw_table  # noqa: E402
+from chakra_sim_system_nccl.section import calibration_of  # noqa: E402
 from chakra_core.hardware.profiles import Profile, load_profile  # noqa: E402
 from chakra_core.plugins import PluginHost, make_plugin_host  # noqa: E402
 from chakra_core.schema import pb  # noqa: E402
@@ -269,8 +270,9 @@ def transfer_table(rows: list[Evaluated]) -> list[str]:
         if source is None or target is None:
             continue
         fitted = cal.fit(source.profile, source.points, f"benchmarks/accuracy.py on {source.dataset.file}")
-        assert fitted.calibration is not None
-        moved = cal.transfer(fitted.calibration, target.profile)
+        calibration = calibration_of(fitted)
+        assert calibration is not None
+        moved = cal.transfer(calibration, target.profile)
         before = cal.geomean_error(cal.log_errors(target.profile, target.points))
         after = cal.geomean_error(cal.log_errors(moved, target.points))
         verdict = "better" if after < before - 5e-4 else "same" if after <= before + 5e-4 else "**worse**"

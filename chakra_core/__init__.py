@@ -58,9 +58,8 @@ if TYPE_CHECKING:
     from chakra_core.et.dtypes import canonical as canonical_dtype
     from chakra_core.et.dtypes import node_dtype
     from chakra_core.et.io import iter_trace
-    from chakra_core.hardware.achievable import AttentionCurve
     from chakra_core.hardware.devices import device_mismatch
-    from chakra_core.hardware.profiles import Calibration, Profile, load_profile, profile_problems, shipped_or_file
+    from chakra_core.hardware.profiles import Profile, load_profile, profile_problems, shipped_or_file
     from chakra_core.hardware.values import DTYPES as PEAK_DTYPES
     from chakra_core.hardware.values import Sourced
 
@@ -97,7 +96,6 @@ _EXPORTS = {
     # hardware profiles
     "Profile": "chakra_core.hardware.profiles", "load_profile": "chakra_core.hardware.profiles",
     "profile_problems": "chakra_core.hardware.profiles", "shipped_or_file": "chakra_core.hardware.profiles",
-    "Calibration": "chakra_core.hardware.profiles", "AttentionCurve": "chakra_core.hardware.achievable",
     "Sourced": "chakra_core.hardware.values", "PEAK_DTYPES": "chakra_core.hardware.values:DTYPES",
     "device_mismatch": "chakra_core.hardware.devices",
     # building and reading traces in a plugin

@@ -21,6 +21,7 @@ import importlib.metadata as metadata
 import sys
 import traceback
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable
 
 import click
@@ -29,6 +30,7 @@ import pluggy
 from chakra_core.contract import hookspecs
 from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.layers import LAYERS, LayerModel
+from chakra_core.contract.profile_sections import ProfileSections
 from chakra_core.contract.registry import LayerRegistry, Registries
 from chakra_core.errors import PluginError
 from chakra_core.json_types import JsonObject
@@ -125,6 +127,10 @@ class PluginHost:
     def algorithms(self) -> dict[str, type[CollectiveAlgorithm]]:
         """The collective algorithms registered with the system registry, by name."""
         return dict(self.registries.system.algorithms)
+
+    def profile_sections(self) -> ProfileSections:
+        """The profile sections the plugins registered (load_profile's `sections`)."""
+        return self.registries.profile_sections.snapshot()
 
     def astra_equivalents(self, layer: str, model: str) -> list[Implementation]:
         """The implementations of `layer` that stand for ASTRA-sim's `model` (see AstraEquivalent)."""
@@ -228,12 +234,24 @@ def _register_plugin(host: PluginHost, obj: Any, info: PluginInfo) -> None:
                 if impl.plugin is obj:
                     registry.current_owner = info.name
                     impl.function(registry)
+        sections = host.registries.profile_sections
+        for impl in pm.hook.chakra_sim_register_profile_sections.get_hookimpls():
+            if impl.plugin is obj:
+                sections.current_owner = info.name
+                impl.function(sections)
     except Exception as exc:
         # Undo what the plugin registered: a half-registered plugin is not usable.
         for owned in host.registries.all():
             owned.forget(info.name)
         pm.unregister(obj)
         info.status, info.error = "failed", f"error while registering: {_detail(exc)}"
+
+
+@lru_cache(maxsize=1)
+def installed_profile_sections() -> ProfileSections:
+    """The profile sections of the installed plugins (what `load_profile` validates a profile
+    against unless told otherwise), their plugins discovered once per process."""
+    return make_plugin_host().profile_sections()
 
 
 def _entry_points() -> Iterable[metadata.EntryPoint]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,11 +16,13 @@ from click.testing import CliRunner
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import load_profile
-from chakra_core.plan.headroom import (CUDA_CONTEXT_BYTES, FRAGMENTATION, GIB, NCCL_RING_BYTES, Headroom, Reserve,
+from chakra_core.plan.headroom import (CUDA_CONTEXT_BYTES, FRAGMENTATION, GIB, Headroom, Reserve, communicator_bytes,
                                        communicators)
 from chakra_core.plan.layouts import Layout
 from chakra_core.plan.search import SIMULATED, TOO_BIG, PlanOptions, plan
 from chakra_core.sweep.run import Execution
+from chakra_core.plugins import make_plugin_host
+from chakra_sim_system_nccl.section import NCCL_RING_BYTES
 
 PROFILE = "h100-hgx-ndr400"
 # Llama 2 7B on one H100 node: TP2 PP4 with micro-batch 8 predicts 78.9 GiB per GPU, which fits in
@@ -35,7 +38,9 @@ def manifest(**job: Any) -> dict[str, Any]:
 
 
 def test_the_reserve_is_the_context_nccl_buffers_and_fragmentation():
-    headroom = Headroom.of(load_profile(PROFILE))
+    # the nccl system layer says what one communicator holds (SystemLayer.communicator_memory_bytes)
+    headroom = Headroom.of(load_profile(PROFILE), None,
+                           communicator_bytes(manifest(), Path("."), make_plugin_host(), PROFILE, 8))
     assert headroom.usable == int(79.2 * GIB) and headroom.usable_from == "gpu.usable_memory_gib"
     # NCCL: per channel two connections of LL (512 KiB), LL128 (4,800 KiB) and Simple (4 MiB) buffers
     assert NCCL_RING_BYTES == 2 * (512 + 4800 + 4096) * 1024
@@ -106,7 +111,7 @@ def test_a_headroom_beyond_the_gpu_is_a_clear_error(tmp_path, headroom):
 
 
 def test_without_usable_memory_the_plan_counts_the_datasheets_and_says_so(tmp_path):
-    base = load_profile("h100-sxm-hgx").model_dump(mode="json", exclude_none=True)
+    base = load_profile("h100-sxm-hgx").as_data()
     del base["gpu"]["usable_memory_gib"]
     (tmp_path / "flat.yaml").write_text(yaml.safe_dump(base))
     headroom = Headroom.of(load_profile(tmp_path / "flat.yaml"))

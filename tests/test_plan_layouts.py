@@ -140,6 +140,16 @@ def test_llama3_70b_on_1024_gpus_enumerates_fast():
 
 
 # The lower bound ------------------------------------------------------------------------------------
+def achievable() -> Any:
+    """The `achievable` compute model on PROFILE: the rates plan's bound takes from it."""
+    from chakra_core.contract.inputs import LayerContext, RunInputs
+    from chakra_core.engine.events import EventQueue
+    from chakra_sim_compute_achievable import AchievableCompute, AchievableConfig
+
+    context = LayerContext(num_ranks=1, scheduler=EventQueue(), inputs=RunInputs(base_dir=Path(".")))
+    return AchievableCompute(AchievableConfig(profile=PROFILE), context)
+
+
 def simulated_step(tmp_path: Path, data: dict[str, Any], layout: Layout) -> float:
     job_data = job_with(data, layout).model_dump(mode="json")
     manifest = {"job": job_data, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
@@ -162,7 +172,7 @@ BOUND_CASES = {
 def test_the_bound_is_never_above_the_simulated_step(tmp_path, case):
     data, layout = BOUND_CASES[case]
     spec = job_with(data, layout)
-    bound = lower_bound_s(spec, load_profile(PROFILE))
+    bound = lower_bound_s(spec, load_profile(PROFILE), achievable())
     step = simulated_step(tmp_path, data, layout)
     print(f"\n{case}: bound {bound * 1e3:.3f} ms, simulated {step * 1e3:.3f} ms, ratio {bound / step:.3f}")
     assert 0 < bound <= step
@@ -171,7 +181,7 @@ def test_the_bound_is_never_above_the_simulated_step(tmp_path, case):
 def test_the_bound_is_close_with_a_real_model(tmp_path):
     data = job(model="llama3-8b", seq=8192, global_batch=32)
     layout = Layout(2, 2, 1, 1, 4, 1, "selective", True)
-    bound = lower_bound_s(job_with(data, layout), load_profile(PROFILE))
+    bound = lower_bound_s(job_with(data, layout), load_profile(PROFILE), achievable())
     step = simulated_step(tmp_path, data, layout)
     print(f"\nllama3-8b {layout.label()}: bound {bound:.3f} s, simulated {step:.3f} s, ratio {bound / step:.3f}")
     assert 0.5 * step < bound <= step
@@ -181,21 +191,20 @@ def test_the_bound_is_at_least_the_flops_at_the_mamf_times_the_bubble():
     # the brief form: model FLOPs (causal attention, padded vocabulary) per GPU at the MAMF, times
     # 1F1B's bubble factor; the stage-by-stage bound counts attention at slower rates and the
     # output layer on the last stage
-    profile = load_profile(PROFILE)
+    profile, compute = load_profile(PROFILE), achievable()
     data = job(gpus=32, seq=4096, global_batch=64)
     found = enumerate_layouts(data, 8)
     assert found.layouts
     for layout in found.layouts:
         spec = job_with(data, layout)
-        mamf = profile.gpu.achievable.matmul_tflops["bf16"].value * 1e12
+        mamf = compute.achievable.matmul_tflops["bf16"].value * 1e12
         flops = model_flops(spec, "megatron_bridge") / 32
         simple = flops / mamf * (1 + (layout.pp - 1) / (spec.microbatches * layout.vp))
-        assert lower_bound_s(spec, profile) >= simple * (1 - 1e-9), layout.label()
+        assert lower_bound_s(spec, profile, compute) >= simple * (1 - 1e-9), layout.label()
 
 
-def test_a_profile_without_achievable_rates_bounds_at_the_peak():
+def test_a_compute_model_that_names_no_ceiling_bounds_at_the_peak():
     spec = job_with(job(), Layout(2, 2, 1, 1, 4, 1, "none", True))
     profile = load_profile(PROFILE)
-    peak_only = profile.model_copy(update={"gpu": profile.gpu.model_copy(update={"achievable": None})})
-    assert 0 < lower_bound_s(spec, peak_only) < lower_bound_s(spec, profile)
+    assert 0 < lower_bound_s(spec, profile) < lower_bound_s(spec, profile, achievable())
     assert isinstance(spec, JobSpec)

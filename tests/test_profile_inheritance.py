@@ -14,6 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from chakra_sim_compute_achievable import AchievableSpec
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import builtin_profiles, load_profile
@@ -107,7 +108,8 @@ def test_the_docs_example_restates_every_rate(tmp_path):
     (tmp_path / "b200-whatif.yaml").write_text(text)
     profile = load_profile(tmp_path / "b200-whatif.yaml")
     assert profile.inherited_rates == []
-    assert profile.gpu.achievable is not None and profile.gpu.achievable.matmul_tflops["bf16"].value == 1745.0
+    achievable = profile.section("gpu.achievable", AchievableSpec)
+    assert achievable is not None and achievable.matmul_tflops["bf16"].value == 1745.0
     # the same file without its rates keeps 16 achievable ones and the usable memory
     del data["gpu"]["achievable"], data["gpu"]["usable_memory_gib"]
     (tmp_path / "bare.yaml").write_text(yaml.safe_dump(data))

@@ -13,6 +13,7 @@ docs/hardware.md is the user guide; chakra_core.hardware.profiles the loader.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,6 +25,7 @@ from rich.table import Table
 
 from chakra_core.hardware.profiles import Profile, Sourced, builtin_profiles, load_profile
 from chakra_core.cli.output import tool_errors
+from chakra_core.json_types import JsonObject
 
 
 def _number(value: float) -> str:
@@ -34,24 +36,35 @@ def fabric(profile: Profile) -> str:
     return profile.network.fabric if profile.network else "single node"
 
 
-def summary(profile: Profile) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProfileLine:
     """One line of the listing: name, GPU, GPUs per node, fabric, bf16 peak, HBM bandwidth."""
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    fabric: str
+    bf16_tflops: float | None
+    hbm_gbps: float
+    description: str
+
+    def to_json(self) -> JsonObject:
+        return {"name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "fabric": self.fabric,
+                "bf16_tflops": self.bf16_tflops, "hbm_gbps": self.hbm_gbps, "description": self.description}
+
+
+def summary(profile: Profile) -> ProfileLine:
     bf16 = profile.gpu.peak_tflops.get("bf16")
-    return {
-        "name": profile.name,
-        "gpu": profile.gpu.model,
-        "gpus_per_node": profile.gpus_per_node,
-        "fabric": fabric(profile),
-        "bf16_tflops": bf16.value if bf16 else None,
-        "hbm_gbps": profile.gpu.memory_bandwidth_gbps.value,
-        "description": profile.description,
-    }
+    return ProfileLine(profile.name, profile.gpu.model, profile.gpus_per_node, fabric(profile),
+                       bf16.value if bf16 else None, profile.gpu.memory_bandwidth_gbps.value, profile.description)
 
 
 def rows(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any, Sourced | None]]:
-    """(key path, value, Sourced or None) for every value of a profile, in field order."""
-    for name in type(model).model_fields:
-        value = getattr(model, name)
+    """(key path, value, Sourced or None) for every value of a profile (its plugins' sections
+    where a file puts them) or of one of its parts, in field order."""
+    parts = model.parts() if isinstance(model, Profile) else \
+        [(name, getattr(model, name)) for name in type(model).model_fields]
+    for name, value in parts:
         yield from _rows(value, f"{prefix}{name}")
 
 
@@ -78,10 +91,8 @@ def _listing_table() -> Table:
         table.add_column(header, justify=justify)
     for name in builtin_profiles():
         line = summary(load_profile(name))
-        table.add_row(escape(line["name"]), escape(line["gpu"]), str(line["gpus_per_node"]),
-                      escape(line["fabric"]),
-                      "-" if line["bf16_tflops"] is None else _number(line["bf16_tflops"]),
-                      _number(line["hbm_gbps"]))
+        table.add_row(escape(line.name), escape(line.gpu), str(line.gpus_per_node), escape(line.fabric),
+                      "-" if line.bf16_tflops is None else _number(line.bf16_tflops), _number(line.hbm_gbps))
     return table
 
 
@@ -124,13 +135,13 @@ def profiles(name_or_path: str | None, as_json: bool) -> None:
     with tool_errors("output"):
         if name_or_path is None:
             if as_json:
-                click.echo(json.dumps([summary(load_profile(name)) for name in builtin_profiles()], indent=2))
+                click.echo(json.dumps([summary(load_profile(name)).to_json() for name in builtin_profiles()], indent=2))
             else:
                 out_console().print(_listing_table())
             return
         profile = load_profile(name_or_path, Path.cwd())
         if as_json:
-            click.echo(json.dumps(profile.model_dump(mode="json", exclude_none=True), indent=2))
+            click.echo(json.dumps(profile.as_data(), indent=2))
         else:
             out_console().print(_profile_table(profile))
             _print_inherited(profile)

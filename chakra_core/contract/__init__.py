@@ -7,7 +7,8 @@ Everything a plugin author needs is re-exported here and from `chakra_core` itse
   fast paths `ContentionFreeNetwork` and `ClosedFormNetwork`) and `SystemLayer`, their
   `PluginConfig` base and `AstraEquivalent`;
 - what a layer receives: `LayerContext`, `RunInputs`, `Scheduler`, `Folding`;
-- the registries the hooks fill, and the collective algorithm interface.
+- the registries the hooks fill, and the collective algorithm interface;
+- the sections of a hardware profile a plugin owns (`ProfileSectionRegistry`, `ProfileSectionModel`).
 
 The plugin host (`chakra_core.plugins`) discovers plugins and answers lookups.
 """
@@ -20,13 +21,15 @@ from chakra_core.contract.inputs import (LayerContext, RestartRequest, RunInputs
 from chakra_core.contract.layers import (LAYERS, AstraEquivalent, ComputeModel, LayerModel, MemoryModel,
                                          PluginConfig, SystemLayer)
 from chakra_core.contract.network import ClosedFormNetwork, ContentionFreeNetwork, Dimension, NetworkModel
+from chakra_core.contract.profile_sections import ProfileSection, ProfileSectionModel, ProfileSections
 from chakra_core.contract.registry import (CommandRegistry, ComputeRegistry, LayerRegistry, MemoryRegistry,
-                                           NetworkRegistry, Registries, SystemRegistry)
+                                           NetworkRegistry, ProfileSectionRegistry, Registries, SystemRegistry)
 
 __all__ = [
     "LAYERS", "AstraEquivalent", "ClosedFormNetwork", "CollectiveAlgorithm", "CommandRegistry", "ComputeModel",
     "ComputeRegistry", "ContentionFreeNetwork", "Dimension", "Folding", "LayerContext", "LayerModel",
     "LayerRegistry", "MemoryModel", "MemoryRegistry", "NetworkModel", "NetworkRegistry", "PhaseContext",
-    "PhaseIO", "PhaseMember", "PluginConfig", "Registries", "RestartRequest", "RunInputs", "Scheduler",
+    "PhaseIO", "PhaseMember", "PluginConfig", "ProfileSection", "ProfileSectionModel", "ProfileSectionRegistry",
+    "ProfileSections", "Registries", "RestartRequest", "RunInputs", "Scheduler",
     "StepSchedule", "SystemLayer", "SystemRegistry", "Unfold", "ValidationInputs", "hookimpl", "hookspec",
 ]

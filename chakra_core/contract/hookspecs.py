@@ -15,8 +15,9 @@ import package ``chakra_sim_<name>``, entry point ``<name>``.
 
 Two kinds of hooks:
 
-- **Registration hooks** (``chakra_sim_register_<layer>``) are called once, when
-  plugins load. They add implementation *classes* to a typed registry. They
+- **Registration hooks** (``chakra_sim_register_<layer>``,
+  ``chakra_sim_register_profile_sections``) are called once, when plugins load.
+  They add implementation *classes* (or profile section schemas) to a typed registry. They
   never run the simulation: the engine instantiates the selected class and
   calls its methods directly (a pluggy call costs ~4 µs, a method call ~0.2 µs).
   ``chakra_sim_register_commands`` adds click commands to ``chakra-sim``; it is
@@ -44,7 +45,7 @@ from chakra_core.json_types import JsonObject
 
 if TYPE_CHECKING:
     from chakra_core.contract.registry import (CommandRegistry, ComputeRegistry, MemoryRegistry,
-                                               NetworkRegistry, SystemRegistry)
+                                               NetworkRegistry, ProfileSectionRegistry, SystemRegistry)
     from chakra_core.et.attrs import NodeView
 
 PROJECT = "chakra_sim"
@@ -108,6 +109,27 @@ def chakra_sim_register_system(registry: "SystemRegistry") -> None:
 
     :param registry: the system registry; ``add`` as for compute,
         ``add_algorithm`` refuses a name already taken.
+    """
+
+
+@hookspec
+def chakra_sim_register_profile_sections(registry: "ProfileSectionRegistry") -> None:
+    """Register the sections of a hardware profile your models read (docs/hardware.md).
+
+    Called once per plugin when plugins load, before any profile is read. The core profile
+    holds the GPU, the node and the network; what only your model needs (NCCL's channels, a
+    GPU's achievable rates) is a section you own: the loader validates it against your schema
+    when it reads a profile, and your model reads it with ``profile.section(key, Schema)``
+    (``None`` when the profile has none: say what is missing when your model needs it).
+
+    :param registry: ``registry.add(key, Schema, check=None, rates=None)``. ``key`` is a
+        lower-case name at the top of the profile (``nccl``) or inside one of ``gpu``, ``node``,
+        ``network`` (``gpu.achievable``); ``Schema`` a pydantic model (subclass
+        ``chakra_core.contract.ProfileSectionModel``: unknown keys are errors). ``check(section,
+        profile)`` raises ``ValueError`` where the section contradicts the core profile (reported
+        at the section's key); ``rates(raw)`` names the rates that hold only for the core values
+        they were measured with (chakra_core.contract.profile_sections). A key taken by another
+        plugin is refused (``PluginError``) and the plugin listed as failed.
     """
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -142,6 +143,18 @@ class ComputeModel(LayerModel):
         a training job's report checks its own figure against it."""
         return None
 
+    def matmul_ceiling_flops(self, dtype: str) -> float | None:
+        """The highest FLOP/s at which this model times any matrix multiplication of `dtype`, or
+        None if it does not say: `chakra-sim plan`'s step bound then counts the profile's dense peak
+        (which a model's rate must not exceed for the bound to hold)."""
+        return None
+
+    def attention_ceiling_flops(self, dtype: str, backward: bool) -> float | None:
+        """The highest FLOP/s at which this model times a fused (causal) attention kernel's forward
+        or backward pass in `dtype`, or None if it does not say: `chakra-sim plan`'s step bound then
+        counts such a kernel at the matmul ceiling of the job's activations."""
+        return None
+
 
 class MemoryModel(LayerModel):
     """Times MEM_LOAD/MEM_STORE nodes and tells compute models the memory bandwidth."""
@@ -223,6 +236,14 @@ class SystemLayer(LayerModel):
     def waits(self, rank: int) -> list[str]:
         """What `rank` still waits for (used in deadlock reports)."""
         return []
+
+    @classmethod
+    def communicator_memory_bytes(cls, config: Any, base_dir: Path) -> int:
+        """Optional: the GPU memory one communicator (process group) of this layer holds on each of
+        its GPUs, e.g. NCCL's channel buffers; `chakra-sim plan` reserves it for each group a
+        layout's GPU is in, beside the predicted peak. `config` is the layer's Config, `base_dir`
+        the manifest's folder. Default 0: the layer holds none."""
+        return 0
 
     def idle_collective_ns(self, comm_type: int, size: int, members: Sequence[int]) -> int | None:
         """Optional: a lower bound on a collective's duration in any run of this layer (e.g. its

@@ -3,14 +3,16 @@
 One registry per layer, as tox 4 keeps one per kind of plugin: `add(cls)` checks
 the class against its layer's interface and refuses a name already taken,
 naming both providers. The system registry also takes collective algorithms
-(`add_algorithm`), and the command registry click commands a plugin adds to
-`chakra-sim` (`add`).
+(`add_algorithm`), the command registry click commands a plugin adds to
+`chakra-sim` (`add`), and the profile section registry the sections of a hardware
+profile a plugin owns (`add`, chakra_core.contract.profile_sections).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Generic, Iterable, TypeVar
+from typing import Any, Callable, Generic, Iterable, TypeVar
 
 import click
 from pydantic import BaseModel
@@ -19,6 +21,8 @@ from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.layers import (LAYERS, RESERVED_NAMES, ComputeModel, LayerModel, MemoryModel,
                                          SystemLayer)
 from chakra_core.contract.network import ContentionFreeNetwork, NetworkModel
+from chakra_core.contract.profile_sections import (CORE_KEYS, CORE_PARTS, M, ProfileSection, ProfileSections,
+                                                   RateRules)
 from chakra_core.errors import PluginError
 
 L = TypeVar("L", bound=LayerModel)
@@ -160,6 +164,39 @@ class CommandRegistry(_Owned):
         self.commands.pop(key.split(":", 1)[1], None)
 
 
+class ProfileSectionRegistry(_Owned):
+    """Sections of a hardware profile plugins own, by key path (`nccl`, `gpu.achievable`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sections: dict[str, ProfileSection[Any]] = {}
+
+    def add(self, key: str, schema: type[M], check: Callable[[M, Any], None] | None = None,
+            rates: RateRules | None = None) -> type[M]:
+        """Register `schema` (a pydantic model) for the profile key `key`; returns the schema.
+        `check` and `rates`: see chakra_core.contract.profile_sections."""
+        owner = self.current_owner
+        if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+            raise PluginError(f"plugin '{owner}': profile section '{key}' needs a pydantic model, not {schema!r}")
+        # a name at the top, or one inside a part of the core profile (gpu.achievable)
+        valid = isinstance(key, str) and re.fullmatch(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?", key) is not None and (
+            key.split(".")[0] in CORE_PARTS if "." in key else key not in CORE_KEYS)
+        if not valid:
+            raise PluginError(f"plugin '{owner}': profile section key {key!r} is not one a plugin may take: a "
+                              f"lower-case name, at the top or inside one of {', '.join(CORE_PARTS)} "
+                              f"(e.g. 'gpu.my_rates'), not a key of the core profile ({', '.join(sorted(CORE_KEYS))})")
+        self._claim("section:" + key, f"profile section '{key}'")
+        self.sections[key] = ProfileSection(key, schema, check, rates, owner)
+        return schema
+
+    def snapshot(self) -> ProfileSections:
+        """The sections registered so far, in registration order, for the profile loader."""
+        return ProfileSections(tuple(self.sections.values()))
+
+    def _drop(self, key: str) -> None:
+        self.sections.pop(key.split(":", 1)[1], None)
+
+
 @dataclass
 class Registries:
     """Every registry of one plugin host."""
@@ -169,6 +206,7 @@ class Registries:
     memory: MemoryRegistry = field(default_factory=MemoryRegistry)
     network: NetworkRegistry = field(default_factory=NetworkRegistry)
     commands: CommandRegistry = field(default_factory=CommandRegistry)
+    profile_sections: ProfileSectionRegistry = field(default_factory=ProfileSectionRegistry)
 
     def layer(self, name: str) -> LayerRegistry[Any]:
         """The registry of a layer by name ("system", "compute", "memory", "network")."""
@@ -178,4 +216,4 @@ class Registries:
         return registry
 
     def all(self) -> tuple[_Owned, ...]:
-        return (self.system, self.compute, self.memory, self.network, self.commands)
+        return (self.system, self.compute, self.memory, self.network, self.commands, self.profile_sections)

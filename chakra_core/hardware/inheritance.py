@@ -1,8 +1,9 @@
 """Rates a profile inherits although what they depend on changed (issue 31; docs/hardware.md).
 
-A rate measured on one GPU holds for that GPU: a matmul rate (MAMF) for its peak, a STREAM
-bandwidth for its HBM, a FlashAttention curve for its peak, the memory a program can allocate
-for its memory, an SM count for its model. A profile that `extends` another and changes one of
+A rate measured on one GPU holds for that GPU: the memory a program can allocate for its memory,
+and in a plugin's section what its plugin says (`rates` of chakra_core.contract.profile_sections:
+the `achievable` compute model's matmul rate (MAMF) for the GPU's peak, its STREAM bandwidth for
+the HBM, its SM count for the GPU's model). A profile that `extends` another and changes one of
 those without restating the rates that depend on it keeps the parent's rates, which then
 describe another GPU: a profile raising an H100's peaks to a B200's would give the H100's step.
 The loader records each such rate on the profile (`Profile.inherited_rates`), so that
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict
+
+from chakra_core.contract.profile_sections import ProfileSections
 
 Setting = Union[float, str]
 """A value a rate depends on: a number, or the GPU's model name."""
@@ -74,33 +77,18 @@ class Origin:
     depends: tuple[tuple[str, Any], ...]
 
 
-def dependents(data: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
-    """Key path of each dependent value in a raw (merged) profile -> the key paths it depends on."""
+def dependents(data: Mapping[str, Any], sections: ProfileSections) -> dict[str, tuple[str, ...]]:
+    """Key path of each dependent value in a raw (merged) profile -> the key paths it depends on:
+    the core's own, and those the sections' plugins name."""
     gpu = data.get("gpu")
-    if not isinstance(gpu, Mapping):
-        return {}
     found: dict[str, tuple[str, ...]] = {}
-    if isinstance(gpu.get("usable_memory_gib"), Mapping):
+    if isinstance(gpu, Mapping) and isinstance(gpu.get("usable_memory_gib"), Mapping):
         found["gpu.usable_memory_gib"] = ("gpu.memory_gib",)
-    ach = gpu.get("achievable")
-    if not isinstance(ach, Mapping):
-        return found
-    for dtype in _mapping(ach.get("matmul_tflops")):
-        found[f"gpu.achievable.matmul_tflops.{dtype}"] = (f"gpu.peak_tflops.{dtype}",)
-    if "hbm_gbps" in ach:
-        found["gpu.achievable.hbm_gbps"] = ("gpu.memory_bandwidth_gbps",)
-    # counts and measurements of the chip and its host, not of its clocks: they go with the model
-    for key in ("sm_count", "kernel_gap_us", "host_launch_us", "sustained_fraction", "speed_spread"):
-        if key in ach:
-            found[f"gpu.achievable.{key}"] = ("gpu.model",)
-    for dtype, passes in _mapping(ach.get("attention")).items():
-        for name in _mapping(passes):
-            found[f"gpu.achievable.attention.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}",)
+    for section in sections.entries:
+        raw = _node(data, section.key)
+        if section.rates is not None and isinstance(raw, Mapping):
+            found.update({f"{section.key}.{key}": tuple(depends) for key, depends in section.rates(raw).items()})
     return found
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _node(data: Mapping[str, Any], key: str) -> Any:
@@ -127,13 +115,14 @@ def restated(own: Mapping[str, Any], key: str) -> bool:
 
 
 def origins(merged: Mapping[str, Any], own: Mapping[str, Any], name: str, parent: str | None,
-            from_parent: Mapping[str, Origin], records: list[InheritedRate]) -> dict[str, Origin]:
+            from_parent: Mapping[str, Origin], records: list[InheritedRate],
+            sections: ProfileSections) -> dict[str, Origin]:
     """Where each dependent value of `merged` (profile `name`, extending `parent`, whose own file
     is `own`) was stated: here if this file gives it a source, else where the parent's was. A
     flat file's `records` keep their origin while the value is the one recorded."""
     recorded = {record.key: record for record in records}
     found: dict[str, Origin] = {}
-    for key, depends in dependents(merged).items():
+    for key, depends in dependents(merged, sections).items():
         now = tuple((dep, value_at(merged, dep)) for dep in depends)
         record = recorded.get(key)
         if record is not None and value_at(merged, key) == record.value:

@@ -11,6 +11,10 @@ NCCL's public source, never a measurement that the accuracy tables judge.
 extending file changes must carry its own source (the parent's would be untrue), and a rate it
 keeps although what the rate depends on changed is recorded (`Profile.inherited_rates`,
 chakra_core.hardware.inheritance) for the layers that use it to say so.
+
+The core profile is the GPU, the node and the network. Everything else in a profile file (`nccl`,
+`calibration`, `gpu.achievable`) is a section a plugin registers (chakra_core.contract.
+profile_sections), validated here against its schema and read with `Profile.section`.
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from chakra_core.config.files import check_values, load_yaml, yaml_error_text
-from chakra_core.hardware.achievable import AchievableSpec as AchievableSpec, AttentionCurve as AttentionCurve
+from chakra_core.contract.profile_sections import ProfileSections
 from chakra_core.hardware.values import DTYPES as DTYPES, Sourced as Sourced, _Strict
-from chakra_core.errors import InputFileError, ManifestError
+from chakra_core.errors import InputFileError, ManifestError, PluginError
 from chakra_core.input_files import read_input_text
 from chakra_core.hardware.inheritance import InheritedRate, Origin, inherited, origins
+from chakra_core.plugins import installed_profile_sections
+from chakra_core.json_types import JsonObject
+
+M = TypeVar("M", bound=BaseModel)
 
 ARCHITECTURES = ("volta", "ampere", "hopper")
 """GPU generations NCCL's tuning tables distinguish (compute capability 7.x, 8.x, 9.x)."""
@@ -48,8 +56,6 @@ class GpuSpec(_Strict):
                           "(the memory less what the driver reserves); default memory_gib")
     nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
     nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
-    achievable: AchievableSpec | None = Field(
-        None, description="achievable (not peak) rates, for the `achievable` compute model")
 
     @field_validator("peak_tflops")
     @classmethod
@@ -69,29 +75,6 @@ class GpuSpec(_Strict):
                              f"({self.memory_gib.value:g})")
         return self
 
-    @model_validator(mode="after")
-    def _achievable_below_peak(self) -> "GpuSpec":
-        """Achieved <= achievable <= peak: an achievable rate above the datasheet is a typo."""
-        ach = self.achievable
-        if ach is None:
-            return self
-        # a data type without a peak is not checked here; the compute model ignores its rates
-        for dtype, rate in ach.matmul_tflops.items():
-            peak = self.peak_tflops.get(dtype)
-            if peak is not None and rate.value > peak.value:
-                raise ValueError(f"achievable.matmul_tflops.{dtype} ({rate.value:g}) is above the "
-                                 f"{dtype} peak ({peak.value:g})")
-        if ach.hbm_gbps.value > self.memory_bandwidth_gbps.value:
-            raise ValueError(f"achievable.hbm_gbps ({ach.hbm_gbps.value:g}) is above "
-                             f"memory_bandwidth_gbps ({self.memory_bandwidth_gbps.value:g})")
-        for dtype, passes in ach.attention.items():
-            peak = self.peak_tflops.get(dtype)
-            for name, curve in passes.items():
-                if peak is not None and max(curve.tflops) > peak.value:
-                    raise ValueError(f"achievable.attention.{dtype}.{name}: above the {dtype} peak "
-                                     f"({peak.value:g})")
-        return self
-
 
 class NodeSpec(_Strict):
     gpus: Sourced = Field(..., description="GPUs per node (NVLink domain)")
@@ -107,24 +90,6 @@ class NodeSpec(_Strict):
     pcie_gbps: Sourced | None = Field(
         None, description="PCIe bandwidth between one GPU and host memory, GB/s per direction: what a "
                           "host-staged network transfer crosses twice")
-
-
-class NcclSpec(_Strict):
-    """What NCCL's topology search and tuning derive from this hardware (NCCL's public source)."""
-
-    graph_channels: Sourced = Field(
-        ..., description="channels NCCL's intra-node ring search finds (graph nChannels); tuning's bus "
-                         "bandwidth is graph_channels x channel_bw_gbps")
-    channel_bw_gbps: Sourced = Field(..., description="bandwidth per channel the search settles on (bwIntra), GB/s")
-    channels: Sourced = Field(..., description="ring/tree channels of a communicator (comm->nChannels, "
-                                               "the search's channels duplicated)")
-    nvls_channels: Sourced | None = Field(None, description="NVLS channels (NVLS_NCHANNELS_SM90)")
-    nvls_bus_bw_gbps: Sourced | None = Field(
-        None, description="bus bandwidth of the NVLS graph (one channel per GPU x its bwIntra), GB/s; "
-                          "NCCL's tuning takes nvlsEfficiency of twice it for an all-reduce")
-    nvls_inter_bw_gbps: Sourced | None = Field(
-        None, description="bwInter of the NVLS graph per channel, GB/s (the search's second pass raises it); "
-                          "caps an NVLS channel's bandwidth; default its bwIntra")
 
 
 class NetworkSpec(_Strict):
@@ -161,40 +126,19 @@ class NetworkSpec(_Strict):
         return self
 
 
-class Calibration(_Strict):
-    """Physical parameters `chakra-sim calibrate` fits to measurements, in place of the spec-only
-    values (absent from spec-only profiles). Each is one property of the machine, so a fit on one
-    collective at one scale carries to the others."""
-
-    source: str
-    step_overhead_us: float | None = Field(
-        None, ge=0, description="synchronisation cost of one Simple-protocol step over NVLink, µs "
-                                "(spec-only: NCCL's LL per-hop NVLink latency)")
-    hop_latency_scale: float = Field(1.0, gt=0, description="factor on NCCL's per-hop step latencies over NVLink")
-    nvlink_efficiency: float = Field(1.0, gt=0, le=1.0, description="fraction of the NVLink bandwidth NCCL's "
-                                                                     "topology search counts that collectives reach")
-    nic_efficiency: float = Field(1.0, gt=0, le=1.0, description="fraction of the NICs' line rate reached")
-    network_latency_us: float | None = Field(
-        None, ge=0, description="latency of one network step beyond NCCL's table, µs (spec-only: the profile's "
-                                "network.extra_latency_us)")
-    launch_us: float | None = Field(None, ge=0, description="host time to launch one kernel, µs "
-                                                            "(spec-only: node.kernel_launch_us)")
-    proxy_post_us: float | None = Field(
-        None, ge=0, description="host time NCCL's proxy thread spends on one network step, µs (spec-only: "
-                                "NCCL's network post overhead, 1 µs on Intel hosts, 2 on AMD)")
-
-
 class Profile(_Strict):
     name: str
     description: str
     gpu: GpuSpec
     node: NodeSpec
-    nccl: NcclSpec
     network: NetworkSpec | None = None
-    calibration: Calibration | None = None
     inherited_rates: list[InheritedRate] = Field(
         default_factory=list, description="rates kept from the parent profile although a value they depend on "
                                           "changed (worked out when the profile loads)")
+    _sections: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
+    """The plugins' sections, validated, by key path (`section`)."""
+    _order: tuple[str, ...] = PrivateAttr(default=())
+    """`network` and the top-level sections in the order the file gives them (shown so)."""
 
     @model_validator(mode="after")
     def _staging_needs_pcie(self) -> "Profile":
@@ -202,6 +146,60 @@ class Profile(_Strict):
             raise ValueError("network.transport host_staged copies every network step through host memory: "
                              "give node.pcie_gbps (the GPU's PCIe bandwidth)")
         return self
+
+    def section(self, key: str, schema: type[M]) -> M | None:
+        """The section at `key` (e.g. "nccl") as its plugin's `schema` validated it; None if the
+        profile has none. TypeError if another schema was registered for the key."""
+        value = self._sections.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, schema):
+            raise TypeError(f"profile section '{key}' is a {type(value).__name__}, not a {schema.__name__}")
+        return value
+
+    def section_keys(self) -> tuple[str, ...]:
+        return tuple(self._sections)
+
+    def with_section(self, key: str, value: BaseModel | None) -> "Profile":
+        """A copy with the section at `key` replaced (None: removed), e.g. a fitted calibration."""
+        copy = self.model_copy()
+        copy._sections = {k: v for k, v in self._sections.items() if k != key}
+        if value is not None:
+            copy._sections[key] = value
+        return copy
+
+    def parts(self) -> list[tuple[str, Any]]:
+        """(key path, value) of everything the profile holds, as a file would order it: a section
+        inside a core part right after that part, the top-level ones where the file put them."""
+        tops = [key for key in (*self._order, "network", *self._sections) if "." not in key]
+        found: list[tuple[str, Any]] = [("name", self.name), ("description", self.description)]
+        for key in ("gpu", "node", *dict.fromkeys(tops)):
+            value = getattr(self, key) if key in ("gpu", "node", "network") else self._sections.get(key)
+            if value is None:
+                continue
+            found.append((key, value))
+            found.extend((k, v) for k, v in self._sections.items() if k.startswith(key + "."))
+        found.append(("inherited_rates", self.inherited_rates))
+        return found
+
+    def as_data(self) -> JsonObject:
+        """The profile as a flat file holds it (JSON types, unset values left out): what
+        `chakra-sim profiles --json` prints and `load_profile` reads back."""
+        data: JsonObject = {}
+        for key, value in self.parts():
+            if isinstance(value, BaseModel):
+                value = value.model_dump(mode="json", exclude_none=True)
+            elif isinstance(value, list):
+                value = [item.model_dump(mode="json", exclude_none=True) for item in value]
+            part, _, inner = key.partition(".")
+            if inner:   # a section inside gpu, node or network, which parts() gives first
+                holder = data[part]
+                if not isinstance(holder, dict):
+                    raise TypeError(f"profile part '{part}' holds {holder!r}, not a mapping")
+                holder[inner] = value
+            else:
+                data[key] = value
+        return data
 
     def inherited(self, prefix: str) -> list[InheritedRate]:
         """The inherited rates whose key path starts with `prefix` (e.g. "gpu.achievable.")."""
@@ -239,8 +237,8 @@ SIBLING_SOURCES = {"transport": "transport_source", "protocols": "protocols_sour
 """Settings whose source is a sibling key rather than a `source` inside them."""
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any], where: str, problems: list[tuple[str, str]],
-           parent: str) -> dict[str, Any]:
+def _merge(base: JsonObject, override: JsonObject, where: str, problems: list[tuple[str, str]],
+           parent: str) -> JsonObject:
     """`override` over `base` key by key. A sourced value the child changes takes the child's source
     and note only: the parent's would cite a document for a number it does not give."""
     if "source" in base and any(value != base.get(key) for key, value in override.items()
@@ -251,8 +249,9 @@ def _merge(base: dict[str, Any], override: dict[str, Any], where: str, problems:
         return dict(override)
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value, f"{where}{key}.", problems, parent)
+        current = merged.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            merged[key] = _merge(current, value, f"{where}{key}.", problems, parent)
         else:
             merged[key] = value
         sibling = SIBLING_SOURCES.get(key)
@@ -278,11 +277,11 @@ class _Resolved:
     """A profile file with its `extends` chain merged, and where each rate that depends on another
     value was stated (chakra_core.hardware.inheritance)."""
 
-    data: dict[str, Any]
+    data: JsonObject
     origins: dict[str, Origin]
 
 
-def _records(data: dict[str, Any], path: Path) -> list[InheritedRate]:
+def _records(data: JsonObject, path: Path) -> list[InheritedRate]:
     """A flat profile's record of the rates it inherited (written by --json or calibrate)."""
     raw = data.pop("inherited_rates", None) or []
     try:
@@ -293,7 +292,7 @@ def _records(data: dict[str, Any], path: Path) -> list[InheritedRate]:
         raise ManifestError([(f"{path}: inherited_rates", f"not a record of inherited rates: {exc}")]) from None
 
 
-def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
+def _raw(path: Path, seen: tuple[Path, ...], sections: ProfileSections) -> _Resolved:
     if path in seen:
         raise ManifestError([(str(path), "profile 'extends' chain loops: "
                               + " -> ".join(p.name for p in (*seen, path)))])
@@ -311,7 +310,7 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
     records = _records(data, path)
     parent = data.pop("extends", None)
     if parent is None:
-        return _Resolved(data, origins(data, data, name, None, {}, records))
+        return _Resolved(data, origins(data, data, name, None, {}, records, sections))
     if not isinstance(parent, str) or not parent:
         raise ManifestError([(f"{path}: extends", "give a shipped profile's name or a .yaml path")])
     # Resolved, so that a loop through '..' or a symlink is seen as one.
@@ -319,31 +318,89 @@ def _raw(path: Path, seen: tuple[Path, ...]) -> _Resolved:
         parent_path = _path_of(parent, path.parent)
     except ManifestError as exc:   # name the file that says `extends`
         raise ManifestError([(f"{path}: extends: {where}", why) for where, why in exc.problems]) from None
-    base = _raw(parent_path.resolve(), (*seen, path))
+    base = _raw(parent_path.resolve(), (*seen, path), sections)
     parent_name = base.data.pop("name", parent_path.stem)   # a profile is named after its own file unless it says
     problems: list[tuple[str, str]] = []
     merged = _merge(base.data, data, "", problems, parent)
     if problems:
         raise ManifestError([(f"{path}: {where}", why) for where, why in problems])
-    return _Resolved(merged, origins(merged, data, name, str(parent_name), base.origins, records))
+    return _Resolved(merged, origins(merged, data, name, str(parent_name), base.origins, records, sections))
 
 
 @lru_cache(maxsize=64)
-def _load(path: Path) -> Profile:
-    resolved = _raw(path, ())
+def _load(path: Path, sections: ProfileSections) -> Profile:
+    resolved = _raw(path, (), sections)
     data = resolved.data
     data.setdefault("name", path.stem)
+    rates = inherited(data, resolved.origins)
+    order = tuple(key for key in data if key == "network" or sections.get(key) is not None)
+    raw_sections, problems = _take_sections(data, sections, path)
+    profile = None
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError([(f"{path}: {'.'.join(str(p) for p in err['loc'])}", err["msg"])
-                             for err in exc.errors()]) from None
-    return profile.model_copy(update={"inherited_rates": inherited(data, resolved.origins)})
+        problems.extend(_problems(exc, path))
+    found: dict[str, BaseModel] = {}
+    for key, raw in raw_sections.items():
+        section = sections.get(key)
+        assert section is not None   # _take_sections took only registered keys
+        try:
+            found[key] = value = section.schema.model_validate(raw)
+            if profile is not None and section.check is not None:
+                section.check(value, profile)
+        except ValidationError as exc:
+            problems.extend(_problems(exc, path, key))
+        except ValueError as exc:   # the section contradicts the core profile
+            problems.append((f"{path}: {key}", str(exc)))
+    if problems or profile is None:
+        raise ManifestError(problems)
+    profile = profile.model_copy(update={"inherited_rates": rates})
+    profile._sections, profile._order = found, order
+    return profile
 
 
-def load_profile(name: str | Path, base_dir: Path = Path(".")) -> Profile:
-    """A shipped profile by name, or a profile file (relative paths against `base_dir`)."""
-    return _load(_path_of(name, base_dir).resolve())
+def _problems(exc: ValidationError, path: Path, *head: str) -> list[tuple[str, str]]:
+    """Each error at its key path in the file (`head`: the section's key)."""
+    return [(f"{path}: {'.'.join(str(p) for p in (*head, *err['loc']))}", err["msg"]) for err in exc.errors()]
+
+
+CORE_PARTS: tuple[tuple[str, type[BaseModel]], ...] = (("gpu", GpuSpec), ("node", NodeSpec), ("network", NetworkSpec))
+
+
+def _take_sections(data: JsonObject, sections: ProfileSections,
+                   path: Path) -> tuple[JsonObject, list[tuple[str, str]]]:
+    """Take the plugins' sections out of a raw profile ({key path: raw value}, in file order), and
+    the keys neither the core profile nor a registered section knows, as problems."""
+    found: JsonObject = {}
+    problems: list[tuple[str, str]] = []
+    for section in sections.entries:   # the registry cannot see the core's fields: a section may not take one
+        part, _, inner = section.key.partition(".")
+        if inner in dict(CORE_PARTS).get(part, Profile).model_fields:
+            raise PluginError(f"plugin '{section.owner}' registers profile section '{section.key}', a key of the "
+                              "core profile")
+
+    def take(holder: JsonObject, key: str, full: str) -> None:
+        value = holder.pop(key)
+        if sections.get(full) is not None:
+            found[full] = value
+        else:
+            problems.append((f"{path}: {full}", f"not a key of the core profile, and no installed plugin registers "
+                                                f"a '{full}' section; registered sections: {sections.listing()}"))
+
+    for key in [key for key in data if key not in Profile.model_fields]:
+        take(data, key, key)
+    for part, model in CORE_PARTS:
+        raw = data.get(part)
+        if isinstance(raw, dict):
+            for key in [key for key in raw if key not in model.model_fields]:
+                take(raw, key, f"{part}.{key}")
+    return found, problems
+
+
+def load_profile(name: str | Path, base_dir: Path = Path("."), sections: ProfileSections | None = None) -> Profile:
+    """A shipped profile by name, or a profile file (relative paths against `base_dir`), its
+    plugin sections validated against `sections` (default: those the installed plugins register)."""
+    return _load(_path_of(name, base_dir).resolve(), installed_profile_sections() if sections is None else sections)
 
 
 def profile_problems(name: str | Path, base_dir: Path) -> list[tuple[tuple[str | int, ...], str]]:

@@ -32,6 +32,7 @@ from chakra_core.jobs.spec import JobSpec
 from chakra_core.plugins import PluginHost
 from chakra_core.run import build_layers
 from chakra_core.schema import pb
+from chakra_core.json_types import JsonObject
 
 Times = tuple[float, float, float, float, float, float]
 """Seconds of one micro-batch: layer forward, layer backward, embedding forward and backward,
@@ -160,7 +161,7 @@ def _layers_config(manifest: Mapping[str, Any], base_dir: Path, host: PluginHost
     run's configuration without traces: the kernels are timed one by one, nothing is simulated."""
     defaults = {"profile": profile, "gpus-per-node": gpus_per_node}
     workload = {key: value for key, value in (manifest.get("workload") or {}).items() if key == "resources"}
-    data: dict[str, Any] = {"workload": {"trace": "(plan: no trace)", **workload}}
+    data: JsonObject = {"workload": {"trace": "(plan: no trace)", **workload}}
     for layer in ("compute", "system", "network"):
         section = manifest.get(layer)
         if not isinstance(section, Mapping) or not isinstance(section.get("plugin"), str):

@@ -9,8 +9,9 @@ a program can use:
   although it changed `memory_gib`, has `memory_gib` counted instead, with a warning.
 - the reserve, per layout:
   - the CUDA context: CUDA_CONTEXT_BYTES;
-  - NCCL's buffers: NCCL_RING_BYTES per channel (the profile's `nccl.channels`) for each
-    communicator the layout's GPU uses (`communicators`);
+  - the communication library's buffers: what the job's system layer says one communicator holds
+    (`SystemLayer.communicator_memory_bytes`; the `nccl` layer: NCCL's buffers per channel of the
+    profile's `nccl.channels`) for each communicator the layout's GPU uses (`communicators`);
   - the allocator's fragmentation: FRAGMENTATION of the predicted peak.
   `--headroom GIB` gives one reserve for every layout instead (0: none).
 The predictions themselves are unchanged: only the limit they are held against moves.
@@ -20,11 +21,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
+from chakra_core.contract.layers import SystemLayer
 from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import Profile
+from chakra_core.jobs.expand import with_cluster_defaults
 from chakra_core.plan.layouts import Layout
+from chakra_core.plugins import PluginHost
+from chakra_core.json_types import JsonObject
 
 GIB = 1 << 30
 MB = 10**6
@@ -34,20 +40,6 @@ CUDA_CONTEXT_BYTES = 400 * MB
 loading enabled (default in PyTorch)" (ptrblck, NVIDIA, in https://github.com/pytorch/pytorch/issues/109888);
 pytorch/pytorch pull request 86509 measured 287 MB lazy and 667 MB eager (cudaMemGetInfo). Kernels
 loaded later (cuBLAS, cuDNN, Transformer Engine) grow it; no public per-job figure was found."""
-
-NCCL_PROTOCOL_BUFFERS = 524_288 + 4_915_200 + 4_194_304
-"""One NCCL connection's buffers, one per protocol (NVIDIA/nccl src/init.cc DEFAULT_LL_BUFFSIZE,
-DEFAULT_LL128_BUFFSIZE, DEFAULT_BUFFSIZE with src/include/device.h, commit
-0f900e1bb7806fcc4252301cf7977d3d68beb0e2): LL 8 lines x 512 threads x 8 steps x 16 B = 512 KiB,
-LL128 120 elements x 640 threads x 8 steps x 8 B = 4,800 KiB, Simple NCCL_BUFFSIZE 4 MiB."""
-
-NCCL_RING_CONNECTIONS = 2
-"""Connections a GPU holds per channel of a ring, its send and its receive: "Ring uses a limited amount
-of memory as it only has 2 connections regardless of the scale", and "the memory usage is linearly tied
-to the number of channels" (sjeaugey, NCCL maintainer, https://github.com/NVIDIA/nccl/issues/864)."""
-
-NCCL_RING_BYTES = NCCL_RING_CONNECTIONS * NCCL_PROTOCOL_BUFFERS
-"""NCCL's buffers per channel of one communicator: 18.4 MiB."""
 
 FRAGMENTATION = 0.01
 """Memory the allocator cannot hand out at the limit, as a fraction of the peak. PyTorch's caching
@@ -91,11 +83,13 @@ class Headroom:
     gpu_memory: int
     """The datasheet's memory (gpu.memory_gib), bytes."""
     nccl_per_communicator: int
+    """What the system layer holds per communicator on each GPU (NCCL's buffers), bytes."""
     given: int | None = None
     warnings: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, profile: Profile, headroom_gib: float | None = None) -> "Headroom":
+    def of(cls, profile: Profile, headroom_gib: float | None = None, per_communicator: int = 0) -> "Headroom":
+        """`per_communicator`: bytes the system layer holds per communicator (communicator_bytes)."""
         gpu = profile.gpu
         memory = int(gpu.memory_gib.value * GIB)
         stale = profile.inherited("gpu.usable_memory_gib")
@@ -115,8 +109,7 @@ class Headroom:
                 raise ManifestError([("--headroom", f"{headroom_gib:g} GiB: give a reserve of at least 0 and below "
                                                     f"the {usable / GIB:.2f} GiB a GPU can use")])
             given = int(headroom_gib * GIB)
-        return cls(usable, usable_from, memory, int(profile.nccl.channels.value) * NCCL_RING_BYTES, given,
-                   tuple(warnings))
+        return cls(usable, usable_from, memory, per_communicator, given, tuple(warnings))
 
     def reserve(self, layout: Layout, peak: int) -> Reserve:
         """The reserve of `layout` whose predicted peak is `peak` bytes."""
@@ -136,7 +129,7 @@ class Headroom:
                 f"communicator (TP, CP, DP, PP groups of more than one GPU) + {100 * FRAGMENTATION:g}% of the "
                 "peak for fragmentation (--headroom GIB sets one reserve for all)")
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         """For plan.json."""
         return {"gpu_memory_gib": self.gpu_memory / GIB, "usable_memory_gib": self.usable / GIB,
                 "usable_memory_from": self.usable_from,
@@ -144,3 +137,19 @@ class Headroom:
                             {"cuda_context_gib": CUDA_CONTEXT_BYTES / GIB,
                              "nccl_per_communicator_gib": self.nccl_per_communicator / GIB,
                              "fragmentation_of_peak": FRAGMENTATION})}
+
+
+def communicator_bytes(manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str,
+                       gpus_per_node: int) -> int:
+    """What one communicator of the job's system layer holds on each GPU (0 without one), its
+    config filled with the cluster's profile and GPUs per node as a job's would be."""
+    section = dict(manifest.get("system") or {})
+    name = section.pop("plugin", None)
+    if not isinstance(name, str):
+        return 0
+    cls = host.get("system", name).cls
+    if not issubclass(cls, SystemLayer):
+        return 0
+    defaults = {"profile": profile, "gpus-per-node": gpus_per_node}
+    config = cls.Config.model_validate(with_cluster_defaults(cls.Config, section, defaults))
+    return cls.communicator_memory_bytes(config, base_dir)

@@ -12,9 +12,10 @@ interleaving needing micro-batches divisible by pp: Megatron-LM's own argument c
 megatron/training/arguments.py); this module only skips the subtrees where tp pp cp does not
 divide the GPUs or tp leaves the node before asking it.
 
-Lower bound. The simulated step of a layout under the `achievable` compute model is never shorter
-than `lower_bound_s`: the GEMM and attention FLOPs of the busiest pipeline stage, at rates the
-compute model never exceeds, plus the pipeline's fill and drain. For equal stages it is the work
+Lower bound. The simulated step of a layout under the job's compute model is never shorter than
+`lower_bound_s`: the GEMM and attention FLOPs of the busiest pipeline stage, at rates the compute
+model never exceeds (its `matmul_ceiling_flops` and `attention_ceiling_flops`, else the profile's
+dense peaks), plus the pipeline's fill and drain. For equal stages it is the work
 per GPU times (1 + (p - 1) / (m v)), the bubble of (interleaved) 1F1B (Narayanan et al., SC'21,
 arXiv 2104.04473, section 2.2.2: the bubble (p - 1) / (m v) of the ideal compute time).
 """
@@ -29,9 +30,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from pydantic import ValidationError
 
-from chakra_core.hardware.profiles import AttentionCurve, Profile
+from chakra_core.contract.layers import ComputeModel
+from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.json_types import JsonObject
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -69,7 +72,7 @@ class Layout:
     recompute: str
     distributed_optimizer: bool
 
-    def overrides(self) -> dict[str, Any]:
+    def overrides(self) -> JsonObject:
         """Key paths of a job manifest -> values; dp is implied by the GPU count, never set."""
         return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
                 "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp,
@@ -144,10 +147,11 @@ def job_with(job: Mapping[str, Any], layout: Layout) -> JobSpec:
 
 
 def _spec(job: Mapping[str, Any], layout: Layout) -> JobSpec:
-    data: dict[str, Any] = {**job}
+    data: JsonObject = {**job}
     for path, value in layout.overrides().items():
         _, section, key = path.split(".")
-        data[section] = {**(data.get(section) or {}), key: value}
+        current = data.get(section)
+        data[section] = {**(current if isinstance(current, Mapping) else {}), key: value}
     return JobSpec.model_validate(data)
 
 
@@ -178,17 +182,18 @@ def _unique(values: Iterable[Any]) -> list[Any]:
 
 
 # The lower bound -----------------------------------------------------------------------------------
-def lower_bound_s(spec: JobSpec, profile: Profile) -> float:
-    """Seconds no simulated step of `spec` under the `achievable` compute model can beat.
+def lower_bound_s(spec: JobSpec, profile: Profile, compute: ComputeModel | None = None) -> float:
+    """Seconds no simulated step of `spec` under the compute model `compute` can beat (None: a
+    model that runs no kernel above the profile's dense peaks).
 
     Why each part can only be below what the simulation gives:
     - only GEMMs (linear layers, output layer) and attention are counted, with the FLOPs
       `jobs.kernels` gives their nodes; norms, activations, cross entropy, the optimizer step,
       kernel gaps and every exposed communication add time;
-    - each is timed at a rate the compute model never exceeds: a GEMM at the MAMF of its type
-      (tile and wave quantization and the HBM bound only slow it, gemm.py), attention at the
-      highest point of its FlashAttention curve (interpolation stays between points, too few
-      CTAs only slow it) (`_Rates`);
+    - each is timed at a rate the compute model never exceeds, as the model says (`_Rates`); the
+      `achievable` model's: a GEMM at the MAMF of its type (tile and wave quantization and the
+      HBM bound only slow it), attention at the highest point of its FlashAttention curve
+      (interpolation stays between points, too few CTAs only slow it);
     - compute kernels of a rank run one after another (a stream), so a stage takes at least the
       sum of its kernels;
     - pipeline fill and drain: stage j starts with the forward of micro-batch 0 in its chunk 0
@@ -202,7 +207,7 @@ def lower_bound_s(spec: JobSpec, profile: Profile) -> float:
       early stages are the heavier ones.
     """
     m, p, t = spec.shape, spec.parallel, spec.training
-    rates = _Rates(profile, t.precision)
+    rates = _Rates(profile, t.precision, compute)
     b, s, tp, cp = t.micro_batch, t.seq, p.tp, p.cp
     n = b * s // cp                                     # tokens of a micro-batch on this rank
     a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp
@@ -237,29 +242,23 @@ def lower_bound_s(spec: JobSpec, profile: Profile) -> float:
 
 
 class _Rates:
-    """The highest FLOP/s the `achievable` compute model can time each kind of kernel at (the
-    profile's dense peaks where it has no achievable section)."""
+    """The highest FLOP/s the compute model times each kind of kernel at: what it says
+    (ComputeModel.matmul_ceiling_flops, .attention_ceiling_flops), else the profile's dense peaks."""
 
-    def __init__(self, profile: Profile, precision: str):
-        gpu = profile.gpu
-        peaks = {dtype: rate.value * 1e12 for dtype, rate in gpu.peak_tflops.items()}
-        achievable = gpu.achievable
-        matmul = peaks if achievable is None else {d: r.value * 1e12 for d, r in achievable.matmul_tflops.items()}
+    def __init__(self, profile: Profile, precision: str, compute: ComputeModel | None):
+        peaks = {dtype: rate.value * 1e12 for dtype, rate in profile.gpu.peak_tflops.items()}
         act = "fp16" if precision == "fp16" else "bf16"   # kernels.py: activations, attention, output layer
-        # a type without a rate is timed at compute.dtype's: the fastest rate of any type bounds it
-        self.linear = matmul.get(precision) or max(matmul.values())
-        self.activations = matmul.get(act) or max(matmul.values())
-        curves = {} if achievable is None else achievable.attention
-        self.attention_forward = _fastest(curves, act, ("forward_causal", "forward")) or self.activations
-        self.attention_backward = _fastest(curves, act, ("backward",)) or self.activations
 
+        def matmul(dtype: str) -> float:
+            said = None if compute is None else compute.matmul_ceiling_flops(dtype)
+            # a type without a peak runs at another type's: the fastest bounds it
+            return said if said is not None else peaks.get(dtype) or max(peaks.values())
 
-def _fastest(curves: Mapping[str, Mapping[Any, AttentionCurve]], dtype: str, passes: Sequence[str]) -> float:
-    """The top of the curve the compute model takes for a pass (the first of `passes` there):
-    the type's own, or, when it lacks the pass, compute.dtype's, i.e. any type's; 0 if none."""
-    def top(per: Mapping[Any, AttentionCurve]) -> float:
-        found = next((per[name] for name in passes if name in per), None)
-        return 0.0 if found is None else max(found.tflops) * 1e12
+        def attention(backward: bool) -> float:
+            said = None if compute is None else compute.attention_ceiling_flops(act, backward)
+            return said if said is not None else self.activations
 
-    own = curves.get(dtype, {})
-    return top(own) if passes[-1] in own else max((top(per) for per in curves.values()), default=0.0)
+        self.linear = matmul(precision)
+        self.activations = matmul(act)
+        self.attention_forward = attention(False)
+        self.attention_backward = attention(True)

@@ -45,7 +45,7 @@ from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.spec import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
-from chakra_core.plan.headroom import Headroom, Reserve
+from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.report.document import Results
@@ -247,13 +247,19 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     if not enumeration.layouts:
         reasons = "; ".join(f"{why} ({count})" for why, count in sorted(enumeration.rejected.items()))
         raise ManifestError([(f"{source}: job", f"no valid layout among {enumeration.tried} tried: {reasons}")])
-    headroom = Headroom.of(profile, options.headroom_gib)
+    from chakra_core.plugins import make_plugin_host
+
+    host = make_plugin_host()
+    # the profile as the job names it: a file's path, not the name it loads under
+    tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus)
+    headroom = Headroom.of(profile, options.headroom_gib,
+                           communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node))
     candidates = []
     for layout in enumeration.layouts:
         spec = enumeration.specs[layout]
         estimate = predict_memory(spec)
         reserve = headroom.reserve(layout, estimate.total)
-        candidate = Candidate(layout, estimate, lower_bound_s(spec, profile), reserve)
+        candidate = Candidate(layout, estimate, lower_bound_s(spec, profile, tight.model), reserve)
         candidate.overflow = overflow(estimate, headroom.usable, reserve.total)
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
@@ -269,11 +275,6 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         result.memory_checked = why_not is None
         if why_not is not None:
             result.warnings.append(f"memory is not checked: {why_not}")
-    from chakra_core.plugins import make_plugin_host
-
-    # the profile as the job names it: a file's path, not the name it loads under
-    tight = ComputeBound(manifest, base_dir, make_plugin_host(), cluster.profile, gpus_per_node,
-                         cluster.gpus)
     # what the compute model warns of when built (e.g. rates its profile inherited), a run would too
     result.warnings.extend(w for w in tight.model.context.warnings if w not in result.warnings)
     queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(enumeration.specs[c.layout]))

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_left
 from typing import Any
 
 from chakra_core import (
-    AttentionCurve, ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs,
-    device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
+    ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs, device_mismatch,
+    load_profile, node_dtype, profile_problems, replay_time_ns,
 )
 from chakra_sim_compute_achievable.config import AchievableConfig
+from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionCurve, attention_ceiling,
+                                                   interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
@@ -68,7 +69,7 @@ class AchievableCompute(ComputeModel):
     def config_problems(cls, config: AchievableConfig,
                         inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
         problems = profile_problems(config.profile, inputs.base_dir)
-        if not problems and load_profile(config.profile, inputs.base_dir).gpu.achievable is None:
+        if not problems and load_profile(config.profile, inputs.base_dir).section(KEY, AchievableSpec) is None:
             problems.append((("profile",), f"profile '{config.profile}' has no gpu.achievable section"))
         if config.kernel_times is not None:
             try:
@@ -80,10 +81,11 @@ class AchievableCompute(ComputeModel):
     def __init__(self, config: AchievableConfig, context: LayerContext) -> None:
         super().__init__(config, context)
         profile = self.profile = load_profile(config.profile, context.base_dir)
-        ach = profile.gpu.achievable
+        ach = profile.section(KEY, AchievableSpec)
         if ach is None:
             raise SimulationError(f"compute.profile: profile '{profile.name}' has no gpu.achievable section "
                                   "(achievable matmul rates, HBM bandwidth, SM count); see docs/hardware.md")
+        self.achievable: AchievableSpec = ach
         self._peak = {d: s.value * 1e12 for d, s in profile.gpu.peak_tflops.items() if s.value > 0}
         # rates count only for data types with a peak (the check achieved <= peak needs one)
         self._mamf = {d: s.value * 1e12 for d, s in ach.matmul_tflops.items() if s.value > 0 and d in self._peak}
@@ -121,8 +123,7 @@ class AchievableCompute(ComputeModel):
 
     def _setup_effects(self, config: AchievableConfig, context: LayerContext) -> None:
         """The factors and per-rank state of `compute.effects` (effects.py)."""
-        ach, on = self.profile.gpu.achievable, config.effects
-        assert ach is not None   # __init__ checked
+        ach, on = self.achievable, config.effects
         missing = []
         # compute-bound rates: the sustained share of the benchmarks', at the slowest chip's pace
         self._compute_scale = 1.0
@@ -158,6 +159,12 @@ class AchievableCompute(ComputeModel):
         """The fastest rate this run timed a modelled kernel at (its FLOPs over its time); measured
         and replayed times are not the model's, and bound nothing."""
         return self._fastest or None
+
+    def matmul_ceiling_flops(self, dtype: str) -> float | None:
+        return matmul_ceiling(self.achievable, dtype)
+
+    def attention_ceiling_flops(self, dtype: str, backward: bool) -> float | None:
+        return attention_ceiling(self.achievable, dtype, backward)
 
     # Per node -------------------------------------------------------------------------------------
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
@@ -405,15 +412,3 @@ class AchievableCompute(ComputeModel):
         # a folded run's representatives count for their class mates: every rank's kernels
         return [("kernels by kind, every rank's summed", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
 
-
-def _interpolate(curve: AttentionCurve, seq: float) -> float:
-    """TFLOP/s at `seq`, linear in log2(seq) between the figure's points, flat beyond them."""
-    points, values = curve.seq_len, curve.tflops
-    if seq <= points[0]:
-        return values[0]
-    if seq >= points[-1]:
-        return values[-1]
-    i = bisect_left(points, seq)
-    x0, x1 = math.log2(points[i - 1]), math.log2(points[i])
-    t = (math.log2(seq) - x0) / (x1 - x0)
-    return values[i - 1] + t * (values[i] - values[i - 1])

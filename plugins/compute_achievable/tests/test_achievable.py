@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from chakra_sim_compute_achievable.section import AchievableSpec
 from chakra_core import LayerContext, NodeView, RunInputs, SimulationError, pb
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.testing import EventQueue, comp, make_metadata, manifest, simulate, uniform_network, write_et
@@ -43,7 +44,7 @@ def tflops(flops: float, ns: int) -> float:
 # GEMMs -----------------------------------------------------------------------------------------------
 def test_a_large_bf16_gemm_on_h100_lands_at_the_mamf():
     ns = model().compute_time_ns(0, gemm(8192, 8192, 8192))
-    mamf = H100.gpu.achievable.matmul_tflops["bf16"].value
+    mamf = H100.section("gpu.achievable", AchievableSpec).matmul_tflops["bf16"].value
     assert tflops(2 * 8192**3, ns) == pytest.approx(mamf, rel=0.04)
     assert tflops(2 * 8192**3, ns) <= mamf
 
@@ -51,7 +52,7 @@ def test_a_large_bf16_gemm_on_h100_lands_at_the_mamf():
 def test_a_tiny_gemm_is_launch_bound():
     compute = model()
     ns = compute.compute_time_ns(0, gemm(16, 16, 16))
-    gap_ns = H100.gpu.achievable.kernel_gap_us.value * 1e3
+    gap_ns = H100.section("gpu.achievable", AchievableSpec).kernel_gap_us.value * 1e3
     assert gap_ns <= ns <= gap_ns + 100          # the arithmetic is a rounding error next to the gap
     assert model(launch_overhead_us=5.0).compute_time_ns(0, gemm(16, 16, 16)) >= 5000
 
@@ -80,7 +81,7 @@ def test_achieved_never_exceeds_mamf_nor_peak(m, n, k, batch, dtype):
     compute = model()
     ns = compute.compute_time_ns(0, gemm(m, n, k, batch, dtype))
     achieved = tflops(2.0 * m * n * k * batch, ns)
-    mamf = H100.gpu.achievable.matmul_tflops[dtype].value
+    mamf = H100.section("gpu.achievable", AchievableSpec).matmul_tflops[dtype].value
     assert achieved <= mamf * (1 + 1e-6) <= H100.gpu.peak_tflops[dtype].value
 
 
@@ -100,11 +101,11 @@ def attention(seq: int, passname: str = "forward", causal: bool = False, batch: 
 
 
 def test_attention_follows_the_flashattention3_figure_points():
-    curve = H100.gpu.achievable.attention["bf16"]
+    curve = H100.section("gpu.achievable", AchievableSpec).attention["bf16"]
     for passname, seq in (("forward", 2048), ("backward", 8192)):
         node = attention(seq, passname)
         ns = model().compute_time_ns(0, node)
-        gap = H100.gpu.achievable.kernel_gap_us.value * 1e3
+        gap = H100.section("gpu.achievable", AchievableSpec).kernel_gap_us.value * 1e3
         expected = curve[passname].tflops[curve[passname].seq_len.index(seq)]
         assert tflops(node.int("num_ops"), ns - gap) == pytest.approx(expected, rel=1e-3)
 
@@ -126,7 +127,7 @@ def named(node_id: int, name: str, **attrs) -> NodeView:
 
 
 def test_other_kernels_are_bound_by_hbm_or_the_cuda_core_peak():
-    ach = H100.gpu.achievable
+    ach = H100.section("gpu.achievable", AchievableSpec)
     ns = model().compute_time_ns(0, named(1, "aten::add", num_ops=10**6, tensor_size=10**9))
     assert ns == pytest.approx(1e9 / (ach.hbm_gbps.value * 1e9) * 1e9 + ach.kernel_gap_us.value * 1e3, abs=1)
     softmax = model().compute_time_ns(0, named(2, "aten::softmax", num_ops=10**12, tensor_size=10))
@@ -138,7 +139,7 @@ def test_other_kernels_are_bound_by_hbm_or_the_cuda_core_peak():
 
 def test_a_gemm_without_its_shape_runs_at_the_mamf():
     """`chakra-sim generate transformer` writes kernel: gemm with num_ops but no gemm_m/n/k."""
-    ach = H100.gpu.achievable
+    ach = H100.section("gpu.achievable", AchievableSpec)
     node = comp(4, 5, kernel="gemm", num_ops=10**12, tensor_size=10, dtype="bf16")
     node.name = "mb0.L0.qkv"
     ns = model().compute_time_ns(0, NodeView(node))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from chakra_sim_compute_achievable.section import AchievableSpec
 from chakra_core import GpuLoad, LayerContext, NodeView, RunInputs
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.testing import EventQueue, comp
@@ -16,7 +17,7 @@ from chakra_sim_compute_achievable.effects import AchievableEffects, slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time
 
 H100 = load_profile("h100-sxm-hgx")
-ACH = H100.gpu.achievable
+ACH = H100.section("gpu.achievable", AchievableSpec)
 assert ACH is not None
 
 

@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 from chakra_core import hookimpl
-from chakra_core.contract.registry import CommandRegistry, SystemRegistry
+from chakra_core.contract.registry import CommandRegistry, ProfileSectionRegistry, SystemRegistry
 from chakra_sim_system_nccl.layer import NcclSystem, NcclSystemConfig
+from chakra_sim_system_nccl.section import CALIBRATION_KEY, NCCL_KEY, Calibration, NcclSpec
 
-__all__ = ["NcclSystem", "NcclSystemConfig"]
+__all__ = ["Calibration", "NcclSpec", "NcclSystem", "NcclSystemConfig"]
 
 
 @hookimpl
 def chakra_sim_register_system(registry: SystemRegistry) -> None:
     registry.add(NcclSystem)
+
+
+@hookimpl
+def chakra_sim_register_profile_sections(registry: ProfileSectionRegistry) -> None:
+    registry.add(NCCL_KEY, NcclSpec)
+    registry.add(CALIBRATION_KEY, Calibration)
 
 
 @hookimpl

@@ -29,9 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from chakra_core import Calibration, Profile
+from chakra_core import Profile
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog
+from chakra_sim_system_nccl.section import CALIBRATION_KEY, Calibration, calibration_of
 from chakra_sim_system_nccl.tuning import NET_OVERHEAD_US
 
 ROBUST_SCALE = 0.05
@@ -168,7 +169,7 @@ by the measurements and keep their spec-only values."""
 
 def exercised(profile: Profile, points: Sequence[Observation]) -> list[str]:
     """The parameters the points' times depend on enough to be fitted, in `PARAMETERS` order."""
-    base = profile.model_copy(update={"calibration": None})
+    base = profile.with_section(CALIBRATION_KEY, None)
     used = set()
     for p, choice in zip(points, predict(base, points)):
         if p.nodes == 1:
@@ -193,7 +194,7 @@ def exercised(profile: Profile, points: Sequence[Observation]) -> list[str]:
 
 def calibrated(profile: Profile, values: dict[str, float], source: str) -> Profile:
     """`profile` with the given parameter values (the others stay spec-only)."""
-    return profile.model_copy(update={"calibration": Calibration(source=source, **values)})
+    return profile.with_section(CALIBRATION_KEY, Calibration(source=source, **values))
 
 
 def fit(profile: Profile, points: Sequence[Observation], source: str) -> Profile:
@@ -202,7 +203,7 @@ def fit(profile: Profile, points: Sequence[Observation], source: str) -> Profile
 
     if not points:
         raise ValueError("no measurements to fit")
-    base = profile.model_copy(update={"calibration": None})
+    base = profile.with_section(CALIBRATION_KEY, None)
     names = exercised(base, points)
     if not names:
         return calibrated(base, {}, source)
@@ -247,7 +248,7 @@ class Movement:
 
 def movements(spec_profile: Profile, fitted: Profile) -> list[Movement]:
     """The fitted parameters, each against its spec-only value and its sources' range."""
-    calibration = fitted.calibration
+    calibration = calibration_of(fitted)
     if calibration is None:
         return []
     spec = spec_values(spec_profile)
@@ -265,4 +266,4 @@ def transfer(calibration: Calibration, target: Profile) -> Profile:
     """`target` with the parameters `calibration` fitted (a fit on one machine's log applied to
     another collective, scale or profile of the same machine)."""
     values = {name: getattr(calibration, name) for name in calibration.model_fields_set - {"source"}}
-    return calibrated(target.model_copy(update={"calibration": None}), values, calibration.source)
+    return calibrated(target.with_section(CALIBRATION_KEY, None), values, calibration.source)

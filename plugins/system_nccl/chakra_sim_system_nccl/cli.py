@@ -71,7 +71,7 @@ def calibrate(logs: tuple[Path, ...], base: str, out: Path | None, name: str | N
         fitted = fitted.model_copy(update={"name": name or (out.stem if out else profile.name + "-calibrated")})
         _report(profile, fitted, fit_on, held)
         if out is not None:
-            data = fitted.model_dump(mode="json", exclude_none=True)
+            data = fitted.as_data()
             atomic_write_text(out, "# Written by chakra-sim calibrate: the base profile's values with a fitted "
                               "calibration.\n" + yaml.safe_dump(data, sort_keys=False))
             click.echo(f"wrote {out}")

@@ -39,7 +39,7 @@ algorithm, protocol and channels and times what the kernels then do (NVIDIA/nccl
 
 The bandwidth term is the tuner's (the graph NCCL's search finds, its protocol factors and
 per-channel caps) for the channels that run, split into what NVLink bounds and what the NICs
-bound so that a calibration can correct each (chakra_core.hardware.profiles.Calibration).
+bound so that a calibration can correct each (chakra_sim_system_nccl.section.Calibration).
 """
 
 from __future__ import annotations

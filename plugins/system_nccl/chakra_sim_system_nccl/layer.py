@@ -1,14 +1,12 @@
-"""The `nccl` system layer: each collective runs with the algorithm, protocol and channels NCCL's
-cost model chooses and takes the time of what NCCL then executes (chakra_sim_system_nccl.model,
-chakra_sim_system_nccl.execution), on its communicator's share of the node's fabrics, launched
-as the config's `launch` says.
+"""The `nccl` system layer: each collective runs with the algorithm, protocol and channels NCCL's cost
+model chooses and takes the time of what NCCL then executes (chakra_sim_system_nccl.model, .execution),
+on its communicator's share of the node's fabrics, launched as the config's `launch` says.
 
 Collectives match as in the built-in layer (the k-th collective a rank issues in a group
 matches the k-th of every other member; type and size must agree). Once the last member has
-issued it, the collective runs with the algorithm and protocol NCCL would pick for its size,
-rank count, node count and NIC share (chakra_sim_system_nccl.model), and every member finishes
-that long after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a
-node.
+issued it, the collective runs with the algorithm and protocol NCCL would pick for its size, rank
+count, node count and NIC share (chakra_sim_system_nccl.model), and every member finishes that long
+after the last one joined. Ranks are numbered node by node, `gpus-per-node` to a node.
 
 Sends and receives match by (src, dst, tag) as in the built-in layer; a message takes one NCCL
 step's latency plus its size over the sender's NVLinks (same node) or NIC share (other node).
@@ -23,9 +21,9 @@ static NIC share); an operation ends when NCCL's time alone says, or its latency
 flow got through, whichever is later. On an idle network as fast as the profile's NICs the
 times are those without a network.
 
-Folding (chakra_sim_system_nccl.folded): with `RunInputs.folding` only representatives issue
-nodes; a collective is ready when every member's representative has issued its counterpart,
-and times and bytes are those of the unfolded run.
+Folding (chakra_sim_system_nccl.folded): with `RunInputs.folding` only representatives issue nodes; a
+collective is ready when every member's representative has issued its counterpart, and times and
+bytes are those of the unfolded run.
 
 Not modelled without a network: shares revised as operations start and finish.
 """
@@ -33,6 +31,7 @@ Not modelled without a network: shares revised as operations start and finish.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 from pydantic import Field, PositiveInt
@@ -44,6 +43,7 @@ from chakra_core import (
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
 from chakra_sim_system_nccl.footprint import GpuFootprint, link_gbps
+from chakra_sim_system_nccl.section import NCCL_KEY, NcclSpec, communicator_bytes, nccl_of
 from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 
@@ -242,7 +242,14 @@ class NcclSystem(MatchingSystem[_Pending]):
 
     @classmethod
     def config_problems(cls, config: NcclSystemConfig, inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
-        return profile_problems(config.profile, inputs.base_dir)
+        problems = profile_problems(config.profile, inputs.base_dir)
+        if not problems and load_profile(config.profile, inputs.base_dir).section(NCCL_KEY, NcclSpec) is None:
+            problems.append((("profile",), f"profile '{config.profile}' has no nccl section (docs/hardware.md)"))
+        return problems
+
+    @classmethod
+    def communicator_memory_bytes(cls, config: NcclSystemConfig, base_dir: Path) -> int:
+        return communicator_bytes(nccl_of(load_profile(config.profile, base_dir)))
 
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:

@@ -39,6 +39,7 @@ from functools import lru_cache
 
 from chakra_core import Profile
 from chakra_sim_system_nccl import execution, tuning
+from chakra_sim_system_nccl.section import calibration_of, nccl_of
 from chakra_sim_system_nccl.tuning import (
     ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BASE_LATENCY, BROADCAST, COLLECTIVES, HW_LATENCY, LL, MAX_THREADS,
     NET_OVERHEAD_US, NVLS, NVLS_TREE, PROTOCOLS, REDUCE, REDUCE_SCATTER, RING, SIMPLE, THREAD_THRESHOLD, TREE,
@@ -80,7 +81,8 @@ class NcclModel:
         self.profile = profile
         self.tuner = tuning.tuner_for(nccl_version)
         """The tables NCCL chooses with (its release's; chakra_sim_system_nccl.tuning.TUNERS)."""
-        calibration = profile.calibration
+        calibration = self.calibration = calibration_of(profile)
+        self.nccl = nccl_of(profile)
         launch = profile.node.kernel_launch_us.value if profile.node.kernel_launch_us else 0.0
         if calibration is not None and calibration.launch_us is not None:
             launch = calibration.launch_us
@@ -150,7 +152,7 @@ class NcclModel:
 
     def _executed(self, pair: Pair, collective: str, nbytes: int, nranks: int, nodes: int) -> Choice:
         """The time of NCCL's choice as its kernels execute it (chakra_sim_system_nccl.execution)."""
-        profile, calibration = self.profile, self.profile.calibration
+        profile, calibration = self.profile, self.calibration
         intra_hw = "nvlink" if profile.gpu.nvlink_links.value > 0 else "pci"
         hop_scale = calibration.hop_latency_scale if calibration is not None else 1.0
         nvlink_eff = calibration.nvlink_efficiency if calibration is not None else 1.0
@@ -210,14 +212,14 @@ class NcclModel:
     def proxy_post_us(self) -> float:
         """What the proxy thread spends on one network step: calibrated, or NCCL's getNetOverhead
         (src/graph/tuning.cc: 1 us on Intel hosts, 2 on AMD)."""
-        calibration = self.profile.calibration
+        calibration = self.calibration
         if calibration is not None and calibration.proxy_post_us is not None:
             return calibration.proxy_post_us
         return NET_OVERHEAD_US.get(self.profile.node.cpu_vendor, 1.0)
 
     def _network_latency_us(self) -> float:
         """What one network step costs beyond NCCL's table: calibrated, or the profile's."""
-        calibration, network = self.profile.calibration, self.profile.network
+        calibration, network = self.calibration, self.profile.network
         if calibration is not None and calibration.network_latency_us is not None:
             return calibration.network_latency_us
         return network.extra_latency_us.value if network is not None and network.extra_latency_us else 0.0
@@ -257,9 +259,9 @@ class NcclModel:
     def p2p_bandwidth_gbps(self, same_node: bool) -> float:
         """One GPU's send bandwidth: what NCCL's ring search finds on its NVLinks within a node, its
         share of the node's NICs across nodes (each at its calibrated efficiency)."""
-        profile, calibration = self.profile, self.profile.calibration
+        profile, calibration = self.profile, self.calibration
         if same_node or profile.network is None:
-            bw = profile.nccl.graph_channels.value * profile.nccl.channel_bw_gbps.value
+            bw = self.nccl.graph_channels.value * self.nccl.channel_bw_gbps.value
             return bw * (calibration.nvlink_efficiency if calibration is not None else 1.0)
         network = profile.network
         bw = network.nics_per_node.value * network.nic_gbits.value / 8 / profile.gpus_per_node
@@ -270,7 +272,7 @@ class NcclModel:
         remote = not same_node and self.profile.network is not None
         if remote:
             return BASE_LATENCY[RING][2] + HW_LATENCY["net"][RING][2] + self._network_latency_us()
-        scale = self.profile.calibration.hop_latency_scale if self.profile.calibration is not None else 1.0
+        scale = self.calibration.hop_latency_scale if self.calibration is not None else 1.0
         return BASE_LATENCY[RING][2] + HW_LATENCY["nvlink"][RING][2] * scale
 
     def p2p_transfer_us(self, nbytes: float, same_node: bool, peers: int = 1,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Final, Iterator, Literal, cast
 
 from chakra_core import Profile, Sourced
+from chakra_sim_system_nccl.section import nccl_of
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
@@ -143,7 +144,7 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     a node's NICs (its GPUs' rails, chakra_sim_system_nccl.sharing): its channels share
     that bandwidth. The latency is what the network plugin reports to NCCL, or with `priced`
     what a network step really costs."""
-    spec = profile.nccl
+    spec = nccl_of(profile)
     network = profile.network
     if algorithm in (NVLS, NVLS_TREE):
         assert spec.nvls_bus_bw_gbps is not None   # NVLS only when the profile gives it (algorithms)
@@ -203,7 +204,7 @@ def comm_channels(profile: Profile, graph_channels: int, bw: float) -> int:
 
 def algorithms(profile: Profile, collective: str, nodes: int, local: int) -> list[AlgorithmName]:
     """The algorithms NCCL considers for this collective on this hardware."""
-    spec = profile.nccl
+    spec = nccl_of(profile)
     nvls = profile.node.nvls and spec.nvls_channels is not None and spec.nvls_bus_bw_gbps is not None
     # ncclNvlsInit (src/transport/nvls.cc): no NVLS for a communicator of 2 or fewer GPUs on a node
     nvls = nvls and local > NVLS_MIN_LOCAL_GPUS
@@ -306,11 +307,11 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
             latency = base + hops.intra_us + hops.inter_hops * (inter_hw + net_hops * latency_inter)
             # NVLS only when the profile gives nvls_channels (algorithms)
             if algorithm in (NVLS, NVLS_TREE):
-                channels = int(cast(Sourced, profile.nccl.nvls_channels).value)
+                channels = int(cast(Sourced, nccl_of(profile).nvls_channels).value)
             elif nodes > 1 and network is not None:   # across nodes: the channels the NICs' search found
                 channels = comm_channels(profile, graph_channels, bw_inter)
             else:
-                channels = int(profile.nccl.channels.value)
+                channels = int(nccl_of(profile).channels.value)
             if algorithm in (NVLS, NVLS_TREE):   # NVLS always runs on all of its channels
                 per_channel /= channels
             elif nodes > 1:   # rings and trees across nodes: the NICs bound them

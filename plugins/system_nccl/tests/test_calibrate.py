@@ -9,11 +9,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from chakra_sim_system_nccl.section import Calibration, NcclSpec
 from chakra_core.cli import main
 from chakra_sim_system_nccl import calibrate as cal
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.nccl_tests import busbw_factor
-from chakra_core.hardware.profiles import Calibration, load_profile
+from chakra_core.hardware.profiles import load_profile
 from nccl_logs import result_line
 
 H100 = "h100-sxm-hgx"
@@ -22,7 +23,7 @@ TRUE = Calibration(source="test", step_overhead_us=1.2, hop_latency_scale=1.5, n
 
 
 def measured(profile=H100, calibration=TRUE, collective="all_reduce", ranks=8, nodes=1, sizes=SIZES):
-    truth = load_profile(profile).model_copy(update={"calibration": calibration})
+    truth = load_profile(profile).with_section("calibration", calibration)
     model = nccl.NcclModel(truth)
     name = cal.COLLECTIVE_OF_TEST[collective]
     return [cal.Observation(name, size, ranks, nodes, model.time_us(name, size, ranks, nodes).time_us, "truth")
@@ -33,9 +34,9 @@ def test_fit_recovers_the_parameters_that_made_the_times():
     points = measured()
     fitted = cal.fit(load_profile(H100), points, "test")
     assert cal.geomean_error(cal.log_errors(fitted, points)) < 5e-3
-    assert fitted.calibration.step_overhead_us == pytest.approx(1.2, rel=0.05)
-    assert fitted.calibration.hop_latency_scale == pytest.approx(1.5, rel=0.05)
-    assert fitted.calibration.nvlink_efficiency == pytest.approx(0.9, rel=0.02)
+    assert fitted.section("calibration", Calibration).step_overhead_us == pytest.approx(1.2, rel=0.05)
+    assert fitted.section("calibration", Calibration).hop_latency_scale == pytest.approx(1.5, rel=0.05)
+    assert fitted.section("calibration", Calibration).nvlink_efficiency == pytest.approx(0.9, rel=0.02)
 
 
 def test_fit_never_changes_nccls_choice():
@@ -49,8 +50,9 @@ def test_fit_never_changes_nccls_choice():
 def test_only_the_parameters_the_sizes_exercise_are_fitted():
     points = measured()   # one node: nothing about the network or the launch
     fitted = cal.fit(load_profile(H100), points, "test")
-    assert fitted.calibration.network_latency_us is None and fitted.calibration.launch_us is None
-    assert fitted.calibration.nic_efficiency == 1.0
+    calibration = fitted.section("calibration", Calibration)
+    assert calibration.network_latency_us is None and calibration.launch_us is None
+    assert fitted.section("calibration", Calibration).nic_efficiency == 1.0
 
 
 def test_a_fit_on_one_collective_carries_to_another_and_to_more_nodes():
@@ -62,7 +64,7 @@ def test_a_fit_on_one_collective_carries_to_another_and_to_more_nodes():
                                              ("h100-hgx-ndr400", "all_reduce", 16, 2)):
         judged = measured(target, truth, collective, ranks, nodes)
         spec_error = cal.geomean_error(cal.log_errors(load_profile(target), judged))
-        moved = cal.transfer(fitted.calibration, load_profile(target))
+        moved = cal.transfer(fitted.section("calibration", Calibration), load_profile(target))
         assert cal.geomean_error(cal.log_errors(moved, judged)) < spec_error, (collective, nodes)
 
 
@@ -102,7 +104,7 @@ def test_cli_writes_a_profile_a_run_can_use(tmp_path):
     assert "fitted parameters" in result.output and "step_overhead_us" in result.output
     assert "warning" not in result.output   # the true values are within their sources' range
     profile = load_profile(out)
-    assert profile.calibration is not None and profile.gpus_per_node == 8
+    assert profile.section("calibration", Calibration) is not None and profile.gpus_per_node == 8
 
     from chakra_core.schema import pb
     from chakra_core.testing import collective, simulate, write_ranks

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from chakra_sim_system_nccl import model as nccl
+from chakra_sim_system_nccl.section import Calibration, NcclSpec
 from chakra_core.hardware.profiles import builtin_profiles, load_profile
 
 H100 = "h100-sxm-hgx"
@@ -28,7 +29,7 @@ def test_single_node_latencies_are_nccls_tables():
 
 def test_single_node_bandwidths_follow_nccls_refinements():
     profile = load_profile(H100)
-    spec = profile.nccl
+    spec = profile.section("nccl", NcclSpec)
     bus = spec.graph_channels.value * spec.channel_bw_gbps.value
     pairs = {(p.algorithm, p.protocol): p for p in model().pairs(nccl.ALL_REDUCE, 8, 1)}
     assert pairs[("ring", "Simple")].bandwidth_gbps == pytest.approx(bus * 8 / 14)
@@ -135,7 +136,7 @@ def test_nvls_bandwidth_grows_with_the_chunk_nccl_moves():
     rates = [c.bandwidth_gbps for c in choices]
     assert rates == sorted(rates) and rates[0] < 0.8 * rates[-1]
     # and never beyond the NVLS graph's bandwidth: bwInter caps each of the 8 heads
-    spec = load_profile(H100).nccl
+    spec = load_profile(H100).section("nccl", NcclSpec)
     assert rates[-1] <= spec.nvls_inter_bw_gbps.value * 8 * 8 / 14 + 1e-9
 
 
@@ -156,12 +157,11 @@ def test_one_thread_driving_eight_gpus_launches_eight_kernels_per_collective():
 
 
 def test_calibrated_parameters_act_where_they_belong():
-    from chakra_core.hardware.profiles import Calibration
 
     base = load_profile("h100-hgx-ndr400")
 
     def timed(calibration, nodes, size=64 * 2**20):
-        profile = base.model_copy(update={"calibration": calibration})
+        profile = base.with_section("calibration", calibration)
         return nccl.NcclModel(profile).time_us(nccl.ALL_REDUCE, size, 8 * nodes, nodes).time_us
 
     slow_nvlink = Calibration(source="t", nvlink_efficiency=0.5)
@@ -182,7 +182,7 @@ def test_host_staged_transfers_cross_pcie_and_cost_more_than_gpudirect():
     with pytest.raises(ValueError, match="node.pcie_gbps"):
         Profile.model_validate(data)
     data["node"]["pcie_gbps"] = Sourced(value=25.0, source="test").model_dump()   # slower than a 50 GB/s NIC
-    staged = Profile.model_validate(data)
+    staged = Profile.model_validate(data).with_section("nccl", direct.section("nccl", NcclSpec))   # the core's copy
     for size in (4096, 2**26):
         fast = nccl.NcclModel(direct).time_us(nccl.ALL_REDUCE, size, 32, 4)
         slow = nccl.NcclModel(staged).time_us(nccl.ALL_REDUCE, size, 32, 4)

@@ -8,7 +8,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from chakra_core.hardware.profiles import Calibration, builtin_profiles, load_profile
+from chakra_sim_system_nccl.section import Calibration, NcclSpec
+from chakra_core.hardware.profiles import builtin_profiles, load_profile
 from chakra_sim_system_nccl import execution, model as nccl, tuning
 from chakra_sim_system_nccl.nccl_tests import parse
 from chakra_sim_system_nccl.nccl_tests_scan import version_of_code
@@ -20,7 +21,7 @@ NDR = "h100-hgx-ndr400"
 def with_post(name: str, post_us: float | None) -> nccl.NcclModel:
     profile = load_profile(name)
     if post_us is not None:
-        profile = profile.model_copy(update={"calibration": Calibration(source="test", proxy_post_us=post_us)})
+        profile = profile.with_section("calibration", Calibration(source="test", proxy_post_us=post_us))
     return nccl.NcclModel(profile)
 
 
@@ -189,13 +190,13 @@ def test_the_layer_chooses_with_the_configured_release(tmp_path):
 def test_calibration_fits_the_proxy_on_multi_node_logs():
     from chakra_sim_system_nccl import calibrate as cal
 
-    truth = load_profile(NDR).model_copy(update={"calibration": Calibration(source="t", proxy_post_us=2.5)})
+    truth = load_profile(NDR).with_section("calibration", Calibration(source="t", proxy_post_us=2.5))
     model = nccl.NcclModel(truth)
     points = [cal.Observation(nccl.ALL_GATHER, 2**k, 32, 4, model.time_us(nccl.ALL_GATHER, 2**k, 32, 4).time_us, "t")
               for k in range(16, 30)]
     assert "proxy_post_us" in cal.exercised(load_profile(NDR), points)
     fitted = cal.fit(load_profile(NDR), points, "test")
-    assert fitted.calibration.proxy_post_us == pytest.approx(2.5, rel=0.1)
+    assert fitted.section("calibration", Calibration).proxy_post_us == pytest.approx(2.5, rel=0.1)
     single = [cal.Observation(nccl.ALL_GATHER, 2**20, 8, 1, 30.0, "t")]
     assert "proxy_post_us" not in cal.exercised(load_profile(NDR), single)
 

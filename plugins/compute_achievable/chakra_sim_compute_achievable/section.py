@@ -1,13 +1,21 @@
 """A GPU's achievable (not peak) rates: what kernels reach in practice, for the `achievable`
-compute model (`gpu.achievable` of a profile; docs/hardware.md)."""
+compute model. The plugin owns the profile's `gpu.achievable` section (docs/hardware.md): its
+schema, its cross-check against the GPU's peaks and the rates that hold only for the GPU they
+were measured on."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from bisect import bisect_left
+from typing import Any, Literal, Mapping
 
 from pydantic import Field, field_validator, model_validator
 
-from chakra_core.hardware.values import DTYPES, Sourced, _Strict
+from chakra_core import PEAK_DTYPES as DTYPES, Profile, Sourced
+from chakra_core.contract import ProfileSectionModel as _Strict
+
+KEY = "gpu.achievable"
+"""Where a profile gives the section."""
 
 
 class AttentionCurve(_Strict):
@@ -74,3 +82,77 @@ class AchievableSpec(_Strict):
         if self.speed_spread is not None and not 0 <= self.speed_spread.value < 1:
             raise ValueError("speed_spread must be in [0, 1)")
         return self
+
+
+def below_peak(ach: AchievableSpec, profile: Profile) -> None:
+    """Achieved <= achievable <= peak: an achievable rate above the datasheet is a typo."""
+    gpu = profile.gpu
+    # a data type without a peak is not checked here; the compute model ignores its rates
+    for dtype, rate in ach.matmul_tflops.items():
+        peak = gpu.peak_tflops.get(dtype)
+        if peak is not None and rate.value > peak.value:
+            raise ValueError(f"matmul_tflops.{dtype} ({rate.value:g}) is above the {dtype} peak ({peak.value:g})")
+    if ach.hbm_gbps.value > gpu.memory_bandwidth_gbps.value:
+        raise ValueError(f"hbm_gbps ({ach.hbm_gbps.value:g}) is above the GPU's memory_bandwidth_gbps "
+                         f"({gpu.memory_bandwidth_gbps.value:g})")
+    for dtype, passes in ach.attention.items():
+        peak = gpu.peak_tflops.get(dtype)
+        for name, curve in passes.items():
+            if peak is not None and max(curve.tflops) > peak.value:
+                raise ValueError(f"attention.{dtype}.{name}: above the {dtype} peak ({peak.value:g})")
+
+
+def measured_for(raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The section's rates and what each holds for: a matmul rate or an attention curve for the
+    type's peak, the STREAM bandwidth for the HBM's, counts and measurements of the chip and its
+    host (not of its clocks) for the GPU's model."""
+    found: dict[str, tuple[str, ...]] = {}
+    for dtype in _mapping(raw.get("matmul_tflops")):
+        found[f"matmul_tflops.{dtype}"] = (f"gpu.peak_tflops.{dtype}",)
+    if "hbm_gbps" in raw:
+        found["hbm_gbps"] = ("gpu.memory_bandwidth_gbps",)
+    for key in ("sm_count", "kernel_gap_us", "host_launch_us", "sustained_fraction", "speed_spread"):
+        if key in raw:
+            found[key] = ("gpu.model",)
+    for dtype, passes in _mapping(raw.get("attention")).items():
+        for name in _mapping(passes):
+            found[f"attention.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}",)
+    return found
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def interpolate(curve: AttentionCurve, seq: float) -> float:
+    """TFLOP/s at `seq`, linear in log2(seq) between the figure's points, flat beyond them."""
+    points, values = curve.seq_len, curve.tflops
+    if seq <= points[0]:
+        return values[0]
+    if seq >= points[-1]:
+        return values[-1]
+    i = bisect_left(points, seq)
+    x0, x1 = math.log2(points[i - 1]), math.log2(points[i])
+    t = (math.log2(seq) - x0) / (x1 - x0)
+    return values[i - 1] + t * (values[i] - values[i - 1])
+
+
+def matmul_ceiling(ach: AchievableSpec, dtype: str) -> float:
+    """The highest FLOP/s the model times a `dtype` matmul at: its MAMF; a type without one is timed
+    at compute.dtype's, which the fastest rate of any type bounds."""
+    rates = {d: rate.value * 1e12 for d, rate in ach.matmul_tflops.items()}
+    return rates.get(dtype) or max(rates.values())
+
+
+def attention_ceiling(ach: AchievableSpec, dtype: str, backward: bool) -> float | None:
+    """The top of the curve the model times a (causal) attention pass at: the type's own, or, when
+    it lacks the pass, compute.dtype's, i.e. any type's; None without a curve."""
+    passes = ("backward",) if backward else ("forward_causal", "forward")
+
+    def top(per: Mapping[Any, AttentionCurve]) -> float:
+        found = next((per[name] for name in passes if name in per), None)
+        return 0.0 if found is None else max(found.tflops) * 1e12
+
+    own = ach.attention.get(dtype, {})
+    fastest = top(own) if passes[-1] in own else max((top(per) for per in ach.attention.values()), default=0.0)
+    return fastest or None
