@@ -274,14 +274,14 @@ class AchievableCompute(ComputeModel):
             _, _, m, n, k, batch, mamf, width, c_bytes, chunks, _ = shape
             one = gemm_time(-(-m // chunks), n, k, batch, mamf * scale, hbm, width, self._sms, sms,
                             c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
-            return chunks * one + (chunks - 1) * self._gap
+            return float(chunks * one + (chunks - 1) * self._gap)
         sms = max(1, sms - busy)
         if shape[0] == "attention":
             _, flops, rate, ctas, _ = shape
             full = flops / (rate * scale * min(1.0, ctas / self._sms)) if flops else 0.0
-            return full * max(1.0, min(ctas, self._sms) / sms)   # fewer SMs than CTAs: more waves
+            return float(full * max(1.0, min(ctas, self._sms) / sms))   # fewer SMs than CTAs: more waves
         _, ops, nbytes, rate, _ = shape
-        return max(ops / (rate * scale), nbytes / hbm)
+        return float(max(ops / (rate * scale), nbytes / hbm))
 
     def _measured(self, node: NodeView, kernel: str) -> float | None:
         """A measured time in seconds from kernel_times, or None."""

@@ -236,7 +236,7 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
             write_rank_files(prefix, [[node]] * plan.ranks, trace_metadata({}))
             config = load({"workload": {"trace": str(prefix)}, "system": plan.system()}, host,
                           base_dir=base_dir if base_dir is not None else Path.cwd(), name=plan.log)
-            times.append(simulate(config, host, timeline=False).document["finish_ns"] / 1000)
+            times.append(simulate(config, host, timeline=False).results.finish_ns / 1000)
     return times
 
 
@@ -298,7 +298,8 @@ def report_json(results: Sequence[LogResult]) -> dict[str, Any]:
                            "geomean_error": geomean_error([r.log_error for result in results for r in result.sizes])}
     if len(logs) == 1:
         out["sizes"] = logs[0]["sizes"]
-    return json.loads(json.dumps(out, default=str), parse_constant=lambda name: None)
+    strict: dict[str, Any] = json.loads(json.dumps(out, default=str), parse_constant=lambda name: None)
+    return strict
 
 
 # --------------------------------------------------------------------------- plotting
@@ -334,8 +335,9 @@ def plot_png(results: Sequence[LogResult], fmt: str = "png") -> bytes:
             sizes = [r.size.nbytes for r in points]
             measured = [r.size.measured_us for r in points]
             predicted = [r.predicted_us for r in points]
-            for axes, convert in ((time_axes, lambda n, t: t),
-                                  (bw_axes, lambda n, t: n / (t * 1e3) * factor)):
+            for axes, as_bw in ((time_axes, False), (bw_axes, True)):
+                def convert(n: int, t: float) -> float:
+                    return n / (t * 1e3) * factor if as_bw else t   # busbw in GB/s, or time in µs
                 axes.plot(sizes, [convert(n, t) for n, t in zip(sizes, measured)], "o-", markersize=3,
                           label=f"measured{suffix}")
                 axes.plot(sizes, [convert(n, t) for n, t in zip(sizes, predicted)], "s--", markersize=3,

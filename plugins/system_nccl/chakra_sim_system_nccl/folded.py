@@ -95,7 +95,7 @@ class FoldedMatching:
             reason = (f"the folding does not say which group of a representative corresponds to group "
                       f"{list(members)[:8]}; simulating every rank")
             self.restart(reason, Unfold(reason))
-        self._needed[id(members)] = (members, result)   # type: ignore[assignment]  # None: restarting
+        self._needed[id(members)] = (members, result)   # None: restarting
         return result
 
     def _corresponding(self, group: Members, rank: int, other: int) -> Any:

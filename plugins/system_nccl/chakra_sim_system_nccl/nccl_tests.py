@@ -102,7 +102,7 @@ def parse(text: str, path: str = "<text>", *, collective: str | None = None,
     chosen_collective = choose_collective(scan, explicit_collective, path)
 
     # Each (size, dtype, op, root, placement) is timed once per run; algbw must be size/time.
-    seen: dict[tuple, int] = {}
+    seen: dict[tuple[object, ...], int] = {}
     for row in scan.rows:
         for half in row.halves:
             key = (row.size, row.dtype, row.redop, row.root, half.in_place)
@@ -178,7 +178,7 @@ def size_from_label(label: str) -> int:
     nearest = 2 ** round(math.log2(decimal))
     if abs(nearest / decimal - 1) > 0.03:
         raise ValueError(f"size label {label!r} is not (a rounding of) a power of two")
-    return nearest
+    return int(nearest)
 
 
 def parse_busbw_table(text: str, collective: str, ranks: int, *, path: str = "<table>",
