@@ -256,3 +256,23 @@ def test_presets_give_their_published_sizes():
         m = preset(name)
         assert m.params() == pytest.approx(total, rel=0.01), name
         assert m.active_params() == pytest.approx(active, rel=0.03), name
+
+
+
+def test_tensors_list_the_expert_weights_and_the_dispatched_tokens():
+    """With tensors: true, the model state holds every MoE layer's routed experts (weights, main
+    gradients, optimizer shards over edp) and each MoE layer keeps its dispatched tokens (fc1's
+    input) for the backward."""
+    from chakra_sim_memory_hbm.tensors import parse_tensors
+    data = job(MOE, dp=4, ep=2, etp=1).model_dump(mode="json")
+    spec = JobSpec.model_validate({**data, "tensors": True})
+    nodes = nodes_of(spec, 0)
+
+    def sizes(text: str) -> list[int]:
+        return [elements * width for _, _, _, elements, width, _ in parse_tensors(text)]
+    state = [size for node in nodes[:2] for size in sizes(node.outputs.values)]
+    experts_here = 8 // 2 * 3 * 512 * 512 * MOE["layers"]   # 4 local experts per layer, gated 512 FFN
+    assert experts_here * 2 in state and experts_here * 4 in state        # bf16 weights, fp32 main gradients
+    assert experts_here // 2 * 4 in state                                 # an fp32 optimizer shard over edp 2
+    fc1 = next(n for n in nodes if n.name.endswith("L0.moe.fc1"))
+    assert routed(spec) * MOE["hidden"] * 2 in sizes(fc1.inputs.values)
