@@ -276,3 +276,20 @@ def test_tensors_list_the_expert_weights_and_the_dispatched_tokens():
     assert experts_here // 2 * 4 in state                                 # an fp32 optimizer shard over edp 2
     fc1 = next(n for n in nodes if n.name.endswith("L0.moe.fc1"))
     assert routed(spec) * MOE["hidden"] * 2 in sizes(fc1.inputs.values)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_fp8_experts_are_quantized_and_the_router_stays_bf16(tmp_path, recipe):
+    """Transformer Engine's GroupedLinear runs the experts in fp8 (their inputs cast first, as no
+    fused norm wrote them); the router is a plain linear in bf16; the step simulates."""
+    spec = job({**MOE, "shared_expert_ffn": 1024}, tp=2, dp=2, ep=2, precision="fp8", fp8_recipe=recipe)
+    nodes = nodes_of(spec, 0)
+    names = [n.name for n in nodes]
+    dtype = {n.name: NodeView(n).str("dtype") for n in nodes if n.type == pb.COMP_NODE}
+    assert dtype["mb0.L0.moe.fc1"] == dtype["mb0.L0.moe.fc2.dgrad"] == "fp8"
+    assert dtype["mb0.L0.moe.router"] == "bf16"
+    assert "mb0.L0.moe.fc1.cast_fp8" in names and names.index("mb0.L0.moe.fc1.cast_fp8") < names.index("mb0.L0.moe.fc1")
+    data = {"job": spec.model_dump(mode="json"), "output": {"dir": str(tmp_path)},
+            "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+    step = run.simulate(run.load(data, base_dir=tmp_path)).results.training
+    assert step is not None and step.step_time_s > 0
