@@ -181,7 +181,7 @@ class MixtureOfExperts:
         combine (MoELayer.forward's order without shared-expert overlap)."""
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
-        experts, k = m.num_experts or 1, m.router_topk
+        experts = m.num_experts or 1
         routed, per_expert, local = self.routed_tokens(), self.expert_tokens(), self.experts_here
         received = per_expert * local
         up, ffn = m.up_projections() * (m.expert_ffn // self.etp), m.expert_ffn // self.etp
