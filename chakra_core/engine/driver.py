@@ -58,7 +58,7 @@ BREAKDOWN = ("gpu_compute_ns", "cpu_compute_ns", "memory_ns", "exposed_network_n
              "idle_ns")
 """Per-rank time categories, in priority order; they sum to the rank's finish time."""
 
-STEP_PARTS = ("forward", "backward", "recompute", "optimizer", "tp", "cp", "dp", "pp", "other")
+STEP_PARTS = ("forward", "backward", "recompute", "optimizer", "tp", "cp", "ep", "dp", "pp", "other")
 """Values of a node's `step_part` attribute (generated jobs write it; absent or unknown: other).
 With RunSpec.step_parts, each breakdown category is split by the step part of the first
 active node's part in this order."""

@@ -28,7 +28,7 @@ from chakra_core.errors import ManifestError, PluginError
 from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import Profile, load_profile
-from chakra_core.jobs.flops import FORMULAS, model_flops
+from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
@@ -164,7 +164,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         if data.get(layer) is not None:
             manifest[layer] = data[layer]
     info = JobInfo(job, placement.world, gpn, job.dp, job.microbatches, job.training.global_batch * job.training.seq,
-                   {formula: model_flops(job, formula) for formula in FORMULAS}, placement.where(),
+                   {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile)
     return JobRun(manifest, trace_files, folding, info, trace_prefix, reused, lock)

@@ -7,6 +7,10 @@ names one (benchmarks/data/training-runs.yaml quotes each source). A run's own r
 can never exceed the rate the compute model runs kernels at, while `nemo`'s full s^2 attention can
 (at long sequences attention dominates, and half of it is never computed).
 
+A mixture of experts counts each MoE layer's topk routed experts and shared experts in place of its
+dense MLP, as Megatron-Core's num_floating_point_operations does (the router's h x experts GEMM
+is left out there and here); `nemo` counts them the same way with its full s^2 attention.
+
 - `nemo`: NeMo's nemo/utils/flops_formulas.py (llama2/llama3/gpt3), forward and backward without
   recomputation, attention counted as full s^2, the unpadded vocabulary:
   gbs s L h^2 (12 + 12 G/A + 18 F/h + 12 s/h + 6 V/(L h)) for SwiGLU models (12 F/h ... for a
@@ -55,9 +59,21 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     if formula not in FORMULAS:
         raise ValueError(f"unknown FLOPs formula {formula!r}; known: {', '.join(FORMULAS)}")
     d, f = m.head_dim, m.ffn_hidden
-    linear = h * (m.heads + 2 * m.groups) * d + h * h + (3 if m.gated else 2) * h * f
+    mlp = (3 if m.gated else 2) * h
+    linear = h * (m.heads + 2 * m.groups) * d + m.heads * d * h + mlp * f
+    # causal core attention counted half: 6 s h per token and layer is 12 s (a d) / 2
     if formula == "nemo":
-        attention, V = 12 * s * h, m.vocab          # per token and layer, fwd + bwd, full s^2
+        attention, V = 12 * s * m.heads * d, m.vocab          # per token and layer, fwd + bwd, full s^2
     else:
-        attention, V = 6 * s * h, m.padded_vocab(job.parallel.tp)   # causal: half
-    return float(B * s * (l * (6 * linear + attention) + 6 * h * V))
+        attention, V = 6 * s * m.heads * d, m.padded_vocab(job.parallel.tp)   # causal: half
+    # MoE layers (Megatron-LM training.py num_floating_point_operations at d98e8a64): the dense MLP
+    # replaced by topk routed experts of moe_ffn_hidden and the shared experts; the router's GEMM
+    # is not counted there, nor here
+    moe = m.moe_layers * mlp * (m.expert_ffn * m.router_topk + m.shared_ffn - f)
+    return float(B * s * (l * (6 * linear + attention) + 6 * moe + 6 * h * V))
+
+
+def formulas(job: JobSpec) -> tuple[str, ...]:
+    """The formulas that describe the job's model: the dense tables' own (SC'21, dgxc) count no
+    experts, so a mixture of experts is reported by Megatron-Core's and NeMo's only."""
+    return FORMULAS[:2] if job.shape.moe else FORMULAS

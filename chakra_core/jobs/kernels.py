@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
 from chakra_core.jobs.context_parallel import ContextParallel
 from chakra_core.jobs.fp8 import Fp8Quantization
+from chakra_core.jobs.moe import MixtureOfExperts
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.tensor_parallel import TensorParallel
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
@@ -37,7 +38,7 @@ NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
 
-class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
+class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfExperts):
     """A rank's place in the job and the nodes of its layers (see the module docstring).
 
     Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
@@ -137,10 +138,12 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
     def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
         self.stream.wait(self.collective(name, role, comm_type, size, part))
 
-    def linear_weights(self) -> int:
+    def linear_weights(self, layer: int) -> int:
         """Elements of a layer's linear weights on this rank (what fp8 quantizes)."""
         gated = 2 if self.job.shape.gated else 1
         h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
+        if self.job.shape.is_moe_layer(layer):
+            return h * (a + 2 * g) * d + a * d * h + self.moe_linear_weights()
         return h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
 
     # Saved tensors (tensors.TensorLedger) ------------------------------------------------------------
@@ -256,7 +259,19 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
             self._keep(proj, "proj_in", n * a * d, 1, output=False)
         residual1 = self.elementwise(p + "residual1", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual1, "mask1", residual * self.mask, 1)
-        self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
+        if self.job.shape.is_moe_layer(layer):   # its norm feeds the router and the dispatcher in bf16
+            self._keep(self.norm(p + "norm2", feeds_fp8=False), "x2", residual, act_bytes, output=False)
+            self.moe_forward(p)
+        else:
+            self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
+            self._mlp_forward(p)
+        residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
+        self._keep(residual2, "mask2", residual * self.mask, 1)
+        self._saving = True
+
+    def _mlp_forward(self, p: str) -> None:
+        h, f, n, act_bytes = self.h, self.f, self.n, self.act_bytes
+        residual = self.local_tokens * h
         up = 2 * self.f // self.tp if self.job.shape.gated else self.f // self.tp
         fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True)
         self._keep(fc1, "fc1_in", residual, self.gemm_in, output=False)
@@ -265,9 +280,6 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
         activation = self.elementwise(p + "activation", n * ffn_here, (up + ffn_here) * n * self.act_bytes, 4)
         self._keep(activation, "act", n * ffn_here, self.gemm_in)
         self._row_gemm(p + "fc2", n, ffn_here, h)
-        residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
-        self._keep(residual2, "mask2", residual * self.mask, 1)
-        self._saving = True
 
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
@@ -279,9 +291,12 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization):
         self._layer_key = (mb, layer)
         read = self._read
         read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
-        read(self._row_backward(p + "fc2", n, ffn_here, h)[1], "act")
-        read(self.elementwise(p + "activation.bwd", n * ffn_here, (up + ffn_here + up) * n * act_bytes, 6), "fc1")
-        read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
+        if self.job.shape.is_moe_layer(layer):
+            self.moe_backward(p)
+        else:
+            read(self._row_backward(p + "fc2", n, ffn_here, h)[1], "act")
+            read(self.elementwise(p + "activation.bwd", n * ffn_here, (up + ffn_here + up) * n * act_bytes, 6), "fc1")
+            read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
         read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":

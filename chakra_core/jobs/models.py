@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializationInfo, SerializerFunctionWrapHandler, \
+    model_serializer, model_validator
 
 PRESETS = Path(__file__).with_name("presets") / "models.yaml"
 VOCAB_DIVISOR = 128
@@ -15,8 +16,14 @@ VOCAB_DIVISOR = 128
 megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
 
 
+OPTIONAL_KEYS = ("kv_channels", "num_experts", "topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first",
+                 "capacity_factor")
+"""Keys a model echoes only when set: a dense model's echo (results.json, the trace cache's digest)
+stays what it was before mixtures of experts were modelled."""
+
+
 class ModelSpec(BaseModel):
-    """A dense decoder-only transformer."""
+    """A decoder-only transformer: dense, or a mixture of experts (`num_experts`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -37,16 +44,99 @@ class ModelSpec(BaseModel):
     position: Literal["rope", "learned"] = Field("rope", description="rotary or learned absolute position embeddings")
     tied_embeddings: bool = Field(False, description="the output layer shares the input embedding's weights")
     bias: bool = Field(False, description="linear layers have biases (--add-bias-linear)")
+    kv_channels: PositiveInt | None = Field(None, description="head size (--kv-channels); default hidden / heads "
+                                                              "(Qwen3: 128 whatever the hidden size)")
+    # Mixture of experts (Megatron-Core megatron/core/transformer/moe/, NVIDIA/Megatron-LM at d98e8a64)
+    num_experts: PositiveInt | None = Field(None, description="routed experts per MoE layer (--num-experts); "
+                                                              "none: a dense model")
+    topk: PositiveInt | None = Field(None, description="experts each token is routed to (--moe-router-topk; "
+                                                       "Megatron's default 2)")
+    moe_ffn_hidden: PositiveInt | None = Field(None, description="an expert's FFN hidden size, per up-projection "
+                                                                 "when gated (--moe-ffn-hidden-size; default "
+                                                                 "ffn_hidden, as Megatron's)")
+    shared_expert_ffn: int | None = Field(None, ge=0, description="the shared experts' FFN hidden size, all of "
+                                                                  "them together (--moe-shared-expert-intermediate-"
+                                                                  "size); 0 or none: no shared expert")
+    dense_layers_first: int | None = Field(None, ge=0, description="leading layers with a dense MLP of ffn_hidden "
+                                                                   "(DeepSeek's first 3; --moe-layer-freq "
+                                                                   "[0]*k+[1]*(L-k)); default 0")
+    capacity_factor: float | None = Field(None, gt=0, description="expert capacity factor "
+                                                                  "(--moe-expert-capacity-factor); none: dropless")
     source: str = Field("", description="where the shape comes from")
     name: str = Field("", description="the preset's name (set for presets)")
 
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> object:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in OPTIONAL_KEYS:
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
+
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.kv_channels is None and self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads} (or give kv_channels)")
         if self.heads % self.groups:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.groups}")
+        moe_keys = [key for key in OPTIONAL_KEYS[2:] if getattr(self, key) is not None]
+        if self.num_experts is None and moe_keys:
+            raise ValueError(f"{', '.join(moe_keys)} describe a mixture of experts: give num_experts too")
+        if self.num_experts is not None:
+            if self.router_topk > self.num_experts:
+                raise ValueError(f"topk {self.router_topk} is more than num_experts {self.num_experts}")
+            if self.first_moe_layer >= self.layers:
+                raise ValueError(f"dense_layers_first {self.first_moe_layer} leaves no MoE layer of the "
+                                 f"{self.layers} layers")
+            if self.bias:
+                raise ValueError("bias with num_experts: biased experts are not modelled (Megatron allows "
+                                 "them only with expert_tensor_parallel_size 1)")
         return self
+
+    # Mixture of experts -------------------------------------------------------------------------
+    @property
+    def moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def router_topk(self) -> int:
+        # megatron/core/transformer/transformer_config.py: moe_router_topk: int = 2
+        return self.topk or 2
+
+    @property
+    def expert_ffn(self) -> int:
+        # megatron/training/arguments.py: moe_ffn_hidden_size defaults to ffn_hidden_size
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn or 0
+
+    @property
+    def first_moe_layer(self) -> int:
+        return self.dense_layers_first or 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Layer `layer` (0-based) has a MoE block: every layer after the leading dense ones
+        (Megatron's --moe-layer-freq as the list [0]*k + [1]*(L-k))."""
+        return self.num_experts is not None and layer >= self.first_moe_layer
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.first_moe_layer if self.moe else 0
+
+    def up_projections(self) -> int:
+        return 2 if self.gated else 1
+
+    def expert_params(self) -> int:
+        """Parameters of one MoE layer's routed experts: each a (gated) MLP of expert_ffn."""
+        return (self.num_experts or 0) * (self.up_projections() + 1) * self.hidden * self.expert_ffn
+
+    def moe_dense_params(self) -> int:
+        """Parameters of a MoE layer's block beside its routed experts: router (h x experts,
+        replicated over TP) and shared experts (a TP-split MLP)."""
+        return self.hidden * (self.num_experts or 0) + (self.up_projections() + 1) * self.hidden * self.shared_ffn
 
     @property
     def gated(self) -> bool:
@@ -59,19 +149,19 @@ class ModelSpec(BaseModel):
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.kv_channels or self.hidden // self.heads
 
     def padded_vocab(self, tp: int) -> int:
         multiple = VOCAB_DIVISOR * tp
         return -(-self.vocab // multiple) * multiple
 
     def layer_params(self) -> int:
-        """Parameters of one layer: attention (QKV with its query groups, output projection),
+        """Parameters of one dense layer: attention (QKV with its query groups, output projection),
         MLP (two up-projections when gated), two norms, biases when the model has them."""
         h, f, d = self.hidden, self.ffn_hidden, self.head_dim
         qkv = h * (self.heads + 2 * self.groups) * d
         up = (2 if self.gated else 1) * h * f
-        params = qkv + h * h + up + f * h
+        params = qkv + self.heads * d * h + up + f * h
         norms = (2 if self.norm == "layernorm" else 1) * 2 * h
         biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0
         return params + norms + biases
@@ -93,7 +183,17 @@ class ModelSpec(BaseModel):
         embeddings = v * self.hidden * (1 if self.tied_embeddings else 2)
         learned = (self.max_seq or 0) * self.hidden if self.position == "learned" else 0
         final_norm = (2 if self.norm == "layernorm" else 1) * self.hidden
-        return self.layers * self.layer_params() + embeddings + learned + final_norm
+        moe = self.moe_layers * (self.expert_params() + self.moe_dense_params() - self.mlp_params())
+        return self.layers * self.layer_params() + moe + embeddings + learned + final_norm
+
+    def active_params(self) -> int:
+        """Parameters a token passes through: the routed experts counted topk of num_experts."""
+        idle = self.moe_layers * self.expert_params() * ((self.num_experts or 1) - self.router_topk)
+        return self.params() - idle // (self.num_experts or 1)
+
+    def mlp_params(self) -> int:
+        """Parameters of a dense layer's MLP (the block a MoE layer replaces)."""
+        return (self.up_projections() + 1) * self.hidden * self.ffn_hidden
 
 
 @lru_cache(maxsize=1)

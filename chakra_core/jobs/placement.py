@@ -33,6 +33,8 @@ class Placement:
         self.tp, self.cp, self.dp, self.pp = p.tp, p.cp, job.dp, p.pp
         self.world = job.cluster.gpus
         self.gpus_per_node = gpus_per_node
+        self.moe = job.shape.moe
+        self.ep, self.etp = p.ep, p.expert_tp
         self._interned: dict[tuple[str, int], tuple[int, ...]] = {}
 
     def _group(self, role: str, start: int, stop: int, step: int = 1) -> tuple[int, ...]:
@@ -61,7 +63,8 @@ class Placement:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
         tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
-        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp).
+        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp);
+        a mixture of experts adds etp, ep and edp (`expert_groups`).
         Members are arithmetic runs of the rank order (a job of 16,384 ranks asks for all of them)."""
         c = self.coord(rank)
         tp, stage = self.tp, self.tp * self.cp * self.dp      # ranks per pipeline stage
@@ -79,6 +82,32 @@ class Placement:
             out["emb"] = self._group("emb", first, first + stage * (self.pp - 1) + 1, stage * (self.pp - 1))
         if self.job.training.precision == "fp8" and stage > 1:
             out["amax"] = self._group("amax", stage * c.pp, stage * (c.pp + 1))
+        if self.moe:
+            out.update(self.expert_groups(rank))
+        return out
+
+    def expert_groups(self, rank: int) -> dict[str, tuple[int, ...]]:
+        """MoE parallel folding: Megatron-Core's expert RankGenerator lays etp, ep and expert-data
+        parallel ranks over each pipeline stage's tp x cp x dp ranks in the order tp-ep-dp with etp
+        as the tensor size (megatron/core/parallel_state.py initialize_model_parallel at d98e8a64:
+        expert_decoder_rank_generator, cp=1, pp last as in the dense order), independently of how
+        attention splits them. etp: an expert's tensor-parallel shards (the dispatcher's all-gather
+        and reduce-scatter); ep: ranks holding different experts (the token all-to-alls); edp: ranks
+        holding the same expert shard (its gradients' reduction, its optimizer shards)."""
+        stage = self.tp * self.cp * self.dp
+        base = stage * (rank // stage)
+        i = rank - base
+        etp, ep = self.etp, self.ep
+        out: dict[str, tuple[int, ...]] = {}
+        if etp > 1:
+            start = base + i - i % etp
+            out["etp"] = self._group("etp", start, start + etp)
+        if ep > 1:
+            start = base + i % etp + etp * ep * (i // (etp * ep))
+            out["ep"] = self._group("ep", start, start + etp * ep, etp)
+        if stage // (etp * ep) > 1:
+            start = base + i % (etp * ep)
+            out["edp"] = self._group("edp", start, base + stage, etp * ep)
         return out
 
     @staticmethod

@@ -16,6 +16,8 @@ step keeps alive (chakra_core.jobs.tensors).
 
 from __future__ import annotations
 
+from typing import Callable
+
 from chakra_core.et.build import p2p_attrs, str_attr
 from chakra_core.jobs.kernels import LayerKernels
 from chakra_core.jobs.placement import Placement
@@ -31,6 +33,8 @@ GRAD_COPY_BYTES = 2 + 4
 """16-bit main gradients are first copied to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads)."""
 ADAM_OPS_PER_PARAM = 10
 """Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
+Key = tuple[bool, int]
+"""A parameter bucket: (in the expert buffer, its first unit in forward order)."""
 
 
 class RankProgram(LayerKernels):
@@ -40,10 +44,15 @@ class RankProgram(LayerKernels):
         super().__init__(job, placement, rank)
         self.pending_grads: list[int] = []
         self.reductions = 0                               # gradient buckets reduced so far
-        self.param_gather: dict[int, int | None] = {}    # a bucket's first unit -> its all-gather, launched
-        self.gather_size: dict[int, int] = {}             # a bucket's first unit -> its parameters
-        self.gather_next: dict[int, int] = {}             # ... -> the next bucket's, launched beside it
-        self.gather_with: dict[int, list[int]] = {}       # chunk -> buckets launched at its first forward
+        self.expert_reductions = 0                        # expert gradient buckets reduced so far
+        # keyed by (expert buffer?, a bucket's first unit): dense and expert parameters are gathered
+        # over their own groups (Megatron-Core's expert_parallel_buffers)
+        self.param_gather: dict[Key, int | None] = {}     # -> its all-gather, launched
+        self.gather_size: dict[Key, int] = {}             # -> its parameters
+        self.gather_next: dict[Key, Key] = {}             # -> the next bucket's, launched beside it
+        self.gather_with: dict[int, list[Key]] = {}       # chunk -> buckets launched at its first forward
+        self.expert_buckets: list[tuple[list[int], int]] = []
+        self.expert_bucket_end: dict[int, int] = {}
         t = job.training
         if t.recompute == "full":
             for chunk in range(self.vp):
@@ -57,21 +66,32 @@ class RankProgram(LayerKernels):
         once after the backward passes (`_optimizer`: finish_grad_sync starts and waits for them)."""
         if self.job.training.overlap_grad_reduce and self._last_backward and layer in self.bucket_end:
             self._reduce_bucket(self.bucket_end[layer])
+        if self.job.training.overlap_grad_reduce and self._last_backward and layer in self.expert_bucket_end:
+            self._reduce_bucket(self.expert_bucket_end[layer], expert=True)
 
-    def _reduce_bucket(self, params: int) -> None:
-        if self.dp_group is None:
+    def _reduce_bucket(self, params: int, expert: bool = False) -> None:
+        """A bucket's reduction: dense gradients over dp x cp, expert gradients over the expert-data-
+        parallel group (distributed_data_parallel.py at d98e8a64: expert_parallel_buffers on
+        expert_data_parallel_group)."""
+        role = "edp" if expert else "dp_cp"
+        if role not in self.groups:
             return
         dist = self.job.training.distributed_optimizer
         kind, what = (pb.REDUCE_SCATTER, "reduce_scatter") if dist else (pb.ALL_REDUCE, "all_reduce")
-        node = self.collective(f"grads.dp_{what}.{self.reductions}", "dp_cp", kind, params * self.grad_bytes, "dp")
-        self.reductions += 1
+        if expert:
+            name = f"grads.edp_{what}.{self.expert_reductions}"
+            self.expert_reductions += 1
+        else:
+            name = f"grads.dp_{what}.{self.reductions}"
+            self.reductions += 1
+        node = self.collective(name, role, kind, params * self.grad_bytes, "dp")
         if node is not None:
             if self.job.training.overlap_grad_reduce:
                 self.pending_grads.append(node)
             else:
                 self.stream.wait(node)
 
-    def _plan_param_gathers(self, buckets: list[tuple[list[int], int]]) -> None:
+    def _plan_param_gathers(self, buckets: list[tuple[list[int], int]], expert: bool = False) -> None:
         """When each bucket's parameter all-gather starts, as Megatron-Core dispatches them (at
         d98e8a64): without interleaving, a chunk's first bucket at its first forward and each
         next bucket when the one before is waited for (param_and_grad_buffer.py
@@ -79,33 +99,36 @@ class RankProgram(LayerKernels):
         bucket of chunks 0 and 1 at the step's start and those of chunk c when chunk c - 1 starts
         (pipeline_parallel/schedules.py, param_sync_func)."""
         for chunk, chunk_buckets in enumerate(self._by_chunk(buckets)):
-            forward = [units[-1] for units, _ in reversed(chunk_buckets)]   # first units, forward order
+            forward = [(expert, units[-1]) for units, _ in reversed(chunk_buckets)]   # first units, forward order
             for units, size in chunk_buckets:
-                self.gather_size[units[-1]] = size
+                self.gather_size[expert, units[-1]] = size
             if self.vp == 1:
                 self.gather_next.update(zip(forward, forward[1:]))
             elif chunk < 2:
-                for unit in forward:
-                    self.param_gather[unit] = self._gather_params(unit)
+                for key in forward:
+                    self.param_gather[key] = self._gather_params(key)
             else:
-                self.gather_with[chunk - 1] = forward
+                self.gather_with.setdefault(chunk - 1, []).extend(forward)
 
     def _await_params(self, layer: int) -> None:
         """Before a bucket's first forward, wait for its parameters (launched now if nothing
         launched them) and launch the next bucket's beside this one's forward."""
-        if layer not in self.gather_size:
-            return
-        node = self.param_gather.pop(layer) if layer in self.param_gather else self._gather_params(layer)
-        del self.gather_size[layer]
-        self.stream.wait(node)
-        following = self.gather_next.pop(layer, None)
-        if following is not None:
-            self.param_gather[following] = self._gather_params(following)
+        for key in ((False, layer), (True, layer)):
+            if key not in self.gather_size:
+                continue
+            node = self.param_gather.pop(key) if key in self.param_gather else self._gather_params(key)
+            del self.gather_size[key]
+            self.stream.wait(node)
+            following = self.gather_next.pop(key, None)
+            if following is not None:
+                self.param_gather[following] = self._gather_params(following)
 
-    def _gather_params(self, unit: int) -> int | None:
+    def _gather_params(self, key: Key) -> int | None:
+        expert, unit = key
+        role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
         part, self.part = self.part, "dp"
-        node = self.collective(f"params.dp_all_gather.u{unit}", "dp_cp", pb.ALL_GATHER,
-                               -(-self.gather_size[unit] // len(self.groups["dp_cp"])) * self.act_bytes, "dp")
+        node = self.collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
+                               -(-self.gather_size[key] // len(self.groups[role])) * self.act_bytes, "dp")
         self.part = part
         return node
 
@@ -122,6 +145,8 @@ class RankProgram(LayerKernels):
     def unit_params(self, unit: int) -> int:
         """Parameters this rank holds for a layer (>= 0), the embedding (-1) or the head (-2)."""
         m, h = self.job.shape, self.h
+        if unit >= 0 and m.is_moe_layer(unit):   # attention, norms, router and shared experts
+            return m.layer_params_on(self.tp) - m.mlp_params() // self.tp + self.moe_dense_params_here()
         if unit >= 0:
             return m.layer_params_on(self.tp)
         if unit == -1:
@@ -141,6 +166,10 @@ class RankProgram(LayerKernels):
             out[chunk_of[units[0]]].append((units, size))
         return out
 
+    def expert_unit_params(self, unit: int) -> int:
+        """Routed experts' parameters this rank holds for a unit (0 but in MoE layers)."""
+        return self.expert_params_here() if unit >= 0 and self.job.shape.is_moe_layer(unit) else 0
+
     def plan_buckets(self) -> list[tuple[list[int], int]]:
         """Megatron-Core's buckets: parameters in backward order, one set per model chunk, cut when
         a bucket reaches bucket_params, but only in the first pipeline stage's first chunk with
@@ -149,22 +178,32 @@ class RankProgram(LayerKernels):
         overlap_grad_reduce, and get_model disables bucketing for chunks after the first and for
         pp ranks > 0, "since data-parallel communication on these stages is not on the critical
         path"). Returns each bucket's units and parameters; sets bucket_end (a bucket's last
-        unit -> its parameters)."""
-        self.bucket_end: dict[int, int] = {}
+        unit -> its parameters). A mixture of experts' routed experts are bucketed by the same rule
+        in a buffer of their own (`expert_buckets`, `expert_bucket_end`; units without experts skipped)."""
+        buckets = self._cut_buckets(self.unit_params, skip_empty=False)
+        self.bucket_end = {units[-1]: size for units, size in buckets}
+        if self.job.shape.moe:
+            self.expert_buckets = self._cut_buckets(self.expert_unit_params, skip_empty=True)
+            self.expert_bucket_end = {units[-1]: size for units, size in self.expert_buckets}
+        return buckets
+
+    def _cut_buckets(self, params_of: Callable[[int], int], skip_empty: bool) -> list[tuple[list[int], int]]:
         buckets: list[tuple[list[int], int]] = []
         bucketing = self.job.training.overlap_grad_reduce and self.stage == 0
         for chunk in range(self.vp):
             limit = self.job.bucket_params if bucketing and chunk == 0 else None
             units, size = [], 0
             for unit in self.backward_units(chunk):
+                params = params_of(unit)
+                if skip_empty and not params:
+                    continue
                 units.append(unit)
-                size += self.unit_params(unit)
+                size += params
                 if limit is not None and size >= limit:
                     buckets.append((units, size))
                     units, size = [], 0
             if units:
                 buckets.append((units, size))
-        self.bucket_end = {units[-1]: size for units, size in buckets}
         return buckets
 
     # The step -------------------------------------------------------------------------------------
@@ -177,9 +216,12 @@ class RankProgram(LayerKernels):
         dist = t.distributed_optimizer and self.dp_group is not None
         if dist and t.overlap_param_gather:   # parameters updated by the previous step, bucket by bucket
             self._plan_param_gathers(buckets)
+        if self._expert_sharded and t.overlap_param_gather:
+            self._plan_param_gathers(self.expert_buckets, expert=True)
+        zeroed = stage_params + sum(size for _, size in self.expert_buckets)
         if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
             self.part = "optimizer"
-            self.elementwise("optimizer.zero_grad_buffer", stage_params, stage_params * self.grad_bytes)
+            self.elementwise("optimizer.zero_grad_buffer", zeroed, zeroed * self.grad_bytes)
         seen_forward: set[int] = set()
         for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
             if kind == "F":
@@ -228,13 +270,15 @@ class RankProgram(LayerKernels):
         ledger = self.ledger
         state = []
         fp32_copies = 3 if self.grad_bytes == 4 else 4   # master weight, two moments (and a gradient copy)
-        for _, size in buckets:
+        expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
+        for (_, size), split in [*((bucket, shards) for bucket in buckets),
+                                 *((bucket, expert_shards) for bucket in self.expert_buckets)]:
             state += [ledger.new(size, self.act_bytes), ledger.new(size, self.grad_bytes)]
-            state += [ledger.new(-(-size // shards), 4) for _ in range(fp32_copies)]
+            state += [ledger.new(-(-size // split), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
-            linear = self.linear_weights()
-            layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
-            state += [ledger.new(linear, 1) for _ in range(2 * layers)]
+            for chunk in range(self.vp):
+                for layer in self.chunk_layers(chunk):
+                    state += [ledger.new(self.linear_weights(layer), 1) for _ in range(2)]
         for storage in state:
             ledger.refer(0, storage, output=True)
             ledger.refer(optimizer, storage, output=False)
@@ -245,7 +289,7 @@ class RankProgram(LayerKernels):
     def _fp8_weights(self, layer: int) -> None:
         """fp8: each linear weight is quantized (and transposed for the backward) once per step."""
         if self.fp8 and self._first_forward:
-            self.quantize(f"L{layer}.weights", self.linear_weights())
+            self.quantize(f"L{layer}.weights", self.linear_weights(layer))
 
     def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> int:
         """The gradient reductions left, the optimizer step (returned) and the parameters' all-gather."""
@@ -254,17 +298,23 @@ class RankProgram(LayerKernels):
             self.part = "dp"
             for _, size in buckets:
                 self._reduce_bucket(size)
+            for _, size in self.expert_buckets:
+                self._reduce_bucket(size, expert=True)
         self.stream.wait(*self.pending_grads)
         if self.job.effects.step_overheads and self.sp:
-            # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms)
-            layers = sum(len(self.chunk_layers(chunk)) for chunk in range(self.vp))
-            norms = layers * self.job.shape.norm_params()
+            # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms, and
+            # MoE routers: router.py marks their weight sequence_parallel)
+            layers = [layer for chunk in range(self.vp) for layer in self.chunk_layers(chunk)]
+            routers = sum(1 for layer in layers if self.job.shape.is_moe_layer(layer))
+            norms = len(layers) * self.job.shape.norm_params() + routers * self.h * (self.job.shape.num_experts or 0)
             self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.grad_bytes, "tp")
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.grad_bytes,
                           "dp")
         self.part = "optimizer"
         updated = -(-stage_params // shards) if dist else stage_params
+        expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
+        updated += sum(-(-size // expert_shards) for _, size in self.expert_buckets)   # their own shards
         if self.job.effects.step_overheads:
             # clip_grads.get_grad_norm_fp32: the squared norm of the (fp32) main gradients this
             # rank updates, then an all-reduce of one float (Megatron's over every rank of the
@@ -279,7 +329,16 @@ class RankProgram(LayerKernels):
             for i, (_, size) in enumerate(buckets):
                 self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER,
                               -(-size // shards) * self.act_bytes, "dp")
+        if self._expert_sharded and not t.overlap_param_gather:
+            for i, (_, size) in enumerate(self.expert_buckets):
+                self.blocking(f"params.edp_all_gather.{i}", "edp", pb.ALL_GATHER,
+                              -(-size // expert_shards) * self.act_bytes, "dp")
         return step
+
+    @property
+    def _expert_sharded(self) -> bool:
+        """Expert parameters' optimizer state is sharded over the expert-data-parallel group."""
+        return self.job.training.distributed_optimizer and "edp" in self.groups
 
     # Pipeline ---------------------------------------------------------------------------------------
     def _receive(self, direction: str, mb: int, chunk: int) -> None:

@@ -2,7 +2,7 @@
 
 Each rank's time is split exclusively (it sums to the rank's finish): compute by part of the
 step (forward, backward, recompute, optimizer, other), communication exposed by communicator
-role (tp, cp, dp, pp, other: a collective or message in flight or waiting for peers while no
+role (tp, cp, dp, pp, other, and ep for a mixture of experts' token dispatch and combine: a collective or message in flight or waiting for peers while no
 kernel runs) and the pipeline bubble (waiting for a pipeline neighbour's activations or
 gradients, or nothing in flight at all). The step takes as long as its slowest rank; its
 split is reported, and one per pipeline stage.
@@ -21,10 +21,14 @@ COMPUTE = ("forward", "backward", "recompute", "optimizer")
 ROLES = ("tp", "cp", "dp", "pp", "other")
 
 
-def split(record: RankRecord) -> dict[str, int]:
+MOE_ROLES = ("tp", "cp", "ep", "dp", "pp", "other")
+"""A mixture of experts' split adds the dispatcher's all-to-alls and expert-TP gathers (step_part ep)."""
+
+
+def split(record: RankRecord, roles: tuple[str, ...] = ROLES) -> dict[str, int]:
     """A rank's finish time split into the categories of the module docstring (ns)."""
     out = {f"compute_{p}": 0 for p in (*COMPUTE, "other")}
-    out.update({f"exposed_{r}": 0 for r in ROLES})
+    out.update({f"exposed_{r}": 0 for r in roles})
     out["bubble"] = record.breakdown["idle_ns"]
     parts = record.parts or {}
     for part, ns in parts.get("gpu_compute_ns", {}).items():
@@ -35,7 +39,7 @@ def split(record: RankRecord) -> dict[str, int]:
             if category == "waiting_ns" and part == "pp":
                 out["bubble"] += ns
             else:
-                out[f"exposed_{part if part in ROLES else 'other'}"] += ns
+                out[f"exposed_{part if part in roles else 'other'}"] += ns
     if sum(out.values()) != record.finish_ns:
         raise SimulationError(f"internal error: rank {record.rank}'s step parts {out} do not sum to its "
                               f"finish time {record.finish_ns} ns (please report this)")
@@ -65,7 +69,8 @@ def training_section(run: FinishedRun) -> TrainingStep:
     # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
     pp = job.parallel.pp
     records = {record.rank: record for record in run.ranks}
-    stages = {str(stage): _seconds(split(records[stage * (gpus // pp)])) for stage in range(pp)}
+    roles = MOE_ROLES if job.shape.moe else ROLES
+    stages = {str(stage): _seconds(split(records[stage * (gpus // pp)], roles)) for stage in range(pp)}
     return TrainingStep(
         model=info.model, gpus=gpus, profile=info.profile,
         layout={**job.parallel.model_dump(mode="json"), "dp": info.dp, "micro_batch": job.training.micro_batch,
@@ -81,7 +86,7 @@ def training_section(run: FinishedRun) -> TrainingStep:
         tflops_per_gpu_by_formula={name: value / step_s / gpus / 1e12 if step_s else 0.0
                                    for name, value in by_formula.items()},
         error_band=band,
-        breakdown_s=_seconds(split(slowest)),
+        breakdown_s=_seconds(split(slowest, roles)),
         breakdown_rank=slowest.rank,
         breakdown_by_stage_s=stages,
         placement=info.placement,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, \
+    model_serializer, model_validator
 
 from chakra_core.jobs.models import ModelSpec, preset
 
@@ -38,6 +39,27 @@ class Parallel(_Strict):
                            "last chunk hold one layer fewer")
     tp_comm_overlap: bool = Field(False, description="TP all-gathers / reduce-scatters overlap the GEMMs "
                                                      "they feed (Transformer Engine userbuffers)")
+    ep: PositiveInt = Field(1, description="expert parallel size (--expert-model-parallel-size): each rank of an "
+                                           "EP group holds num_experts / ep experts")
+    etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
+                                                      "each expert's FFN split over etp ranks; default tp, as "
+                                                      "Megatron's")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # a dense layout echoes (results.json's layout, the job) as before experts were modelled
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("ep") == 1:
+                data.pop("ep")
+            if data.get("etp") is None:
+                data.pop("etp", None)
+        return data
+
+    @property
+    def expert_tp(self) -> int:
+        # megatron/training/arguments.py: expert_tensor_parallel_size defaults to tensor_model_parallel_size
+        return self.etp or self.tp
 
 
 class Training(_Strict):
@@ -206,6 +228,7 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
+        problems += _moe_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -214,6 +237,32 @@ class JobSpec(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+
+def _moe_problems(job: JobSpec) -> list[str]:
+    """The expert layout's rules (Megatron-LM at d98e8a64: megatron/training/arguments.py and
+    megatron/core/parallel_state.py), each naming its keys."""
+    m, p = job.shape, job.parallel
+    if not m.moe:
+        return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
+                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1]
+    out = []
+    experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
+    if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
+        out.append(f"parallel.ep {ep} must divide model.num_experts {experts}")
+    stage = job.cluster.gpus // p.pp
+    if job.cluster.gpus % p.pp == 0 and stage % (ep * etp):
+        # the expert RankGenerator (order tp-ep-dp-pp over etp) folds ep x etp into each stage's ranks
+        out.append(f"parallel.ep x parallel.etp = {ep} x {etp} must divide a pipeline stage's tp x cp x dp = "
+                   f"{stage} ranks (MoE parallel folding)")
+    if m.expert_ffn % etp:
+        out.append(f"parallel.etp {etp} must divide model.moe_ffn_hidden {m.expert_ffn}")
+    if m.shared_ffn % p.tp:
+        out.append(f"parallel.tp {p.tp} must divide model.shared_expert_ffn {m.shared_ffn}")
+    if p.tp > 1 and p.sp is False:
+        # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
+        out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
+    return out
 
 
 def _split_problem(layers: int, chunks: int, counted: bool) -> str:

@@ -70,8 +70,10 @@ def job(job_file: Path | None, model: str | None, list_models: bool, gpus: int |
     """
     if list_models:
         for name, shape in sorted(presets().items()):
+            experts = (f", {shape.num_experts} experts (top {shape.router_topk}), {shape.active_params():,} active"
+                       if shape.moe else "")
             click.echo(f"{name}: {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads "
-                       f"({shape.groups} kv), {shape.params():,} parameters; {shape.source}")
+                       f"({shape.groups} kv), {shape.params():,} parameters{experts}; {shape.source}")
         return
     data: JsonObject = {}
     if job_file is not None:

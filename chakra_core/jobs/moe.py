@@ -1,0 +1,269 @@
+"""A mixture-of-experts layer's block as Megatron-Core trains it (a mixin of `kernels.LayerKernels`).
+
+Read at NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/core/transformer/moe/:
+moe_layer.py (MoELayer.forward: shared experts, route, dispatch, experts, combine), router.py
+(TopKRouter: a gating GEMM of h x num_experts, replicated over TP, then softmax and top-k),
+token_dispatcher.py (MoEAlltoAllTokenDispatcher, `--moe-token-dispatcher-type alltoall`: permute
+the tokens by expert, all-to-all over EP, all-gather over expert TP, sort the chunks by local
+expert; combine in reverse: sort back, reduce-scatter over expert TP, all-to-all, unpermute),
+experts.py (TEGroupedMLP, `--moe-grouped-gemm`: one grouped GEMM per linear layer over the local
+experts, fc1 column- and fc2 row-parallel over expert TP, the routing probabilities applied in
+the activation), shared_experts.py (SharedExpertMLP: a dense TP MLP beside the routed experts).
+
+Routing is balanced, as published benchmarks force it (--moe-router-force-load-balancing): each
+rank routes its t tokens to topk experts and sends t x topk / ep of them to every EP rank, so it
+receives as many as it sends and each of its num_experts / ep local experts gets
+etp x ep x t x topk / num_experts tokens (one grouped GEMM of that M per expert: `gemm_batch`
+local experts). With a capacity factor an expert takes at most ceil(t x topk / num_experts x
+capacity_factor) tokens from each rank (moe_utils.get_capacity); balanced routing drops none
+unless the factor is below 1.
+
+Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
+bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, skewed
+routing, DeepEP / HybridEP (flex) and the all-gather dispatcher, overlap of shared experts or of
+the all-to-alls with other micro-batches' compute (--moe-shared-expert-overlap,
+--overlap-moe-expert-parallel-comm).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from chakra_core.et.build import uint_attr
+from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
+
+EP_PART = "ep"
+"""step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
+
+
+class MixtureOfExperts:
+    """The MoE block of a layer (see the module docstring)."""
+
+    job: "JobSpec"
+    groups: dict[str, tuple[int, ...]]
+    tp: int
+    h: int
+    n: int
+    local_tokens: int
+    act_bytes: int
+    grad_bytes: int
+    fp8: bool
+    linear_fp8: bool
+    gemm_dtype: str
+    act_dtype: str
+
+    if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
+        def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
+                    extra: Iterable[pb.AttributeProto] = ()) -> int:
+            raise NotImplementedError
+
+        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
+            raise NotImplementedError
+
+        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
+                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
+            raise NotImplementedError
+
+        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
+            raise NotImplementedError
+
+        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+            raise NotImplementedError
+
+        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
+                       tp_amax: bool = False, te: bool = True) -> int:
+            raise NotImplementedError
+
+        def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
+            raise NotImplementedError
+
+        def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
+            raise NotImplementedError
+
+        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True) -> tuple[int, int]:
+            raise NotImplementedError
+
+        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
+            raise NotImplementedError
+
+        def _read(self, node: int | None, *what: str) -> None:
+            raise NotImplementedError
+
+    # Sizes ------------------------------------------------------------------------------------------
+    @property
+    def experts_here(self) -> int:
+        """Local experts: num_experts / ep."""
+        return (self.job.shape.num_experts or 1) // self.job.parallel.ep
+
+    @property
+    def etp(self) -> int:
+        return self.job.parallel.expert_tp
+
+    def routed_tokens(self) -> int:
+        """Token copies this rank sends to the experts (t x topk, capped by the capacity)."""
+        m = self.job.shape
+        experts, routed = m.num_experts or 1, self.local_tokens * m.router_topk
+        if m.capacity_factor is not None:
+            capacity = -(-routed * m.capacity_factor // experts)   # moe_utils.get_capacity: ceil
+            routed = min(routed, experts * int(capacity))
+        return routed
+
+    def expert_tokens(self) -> int:
+        """Tokens each local expert computes: what the EP ranks sent here (balanced: as many as
+        this rank sent), all-gathered over expert TP, split over the local experts."""
+        return -(-self.routed_tokens() * self.etp // self.experts_here)
+
+    def expert_params_here(self) -> int:
+        """Parameters of one MoE layer's routed experts on this rank."""
+        m = self.job.shape
+        return self.experts_here * (m.up_projections() + 1) * self.h * (m.expert_ffn // self.etp)
+
+    def moe_dense_params_here(self) -> int:
+        """A MoE layer's router (replicated over TP) and shared experts (split over TP) here."""
+        m = self.job.shape
+        return self.h * (m.num_experts or 0) + (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp
+
+    def moe_linear_weights(self) -> int:
+        """Elements of a MoE block's fp8 linear weights here: shared and routed experts (the router
+        is not a Transformer Engine module)."""
+        m = self.job.shape
+        return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here()
+
+    # Kernels ----------------------------------------------------------------------------------------
+    def grouped_gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, accumulate: bool = False) -> int:
+        """TE's GroupedLinear over the local experts: one [m,k] x [k,n] product per expert (its own
+        weight and tokens), timed by the compute layer as `gemm_batch` products of the expert's own
+        shape (a batch of 1 is exactly the dense `gemm`)."""
+        experts = self.experts_here
+        if experts == 1:
+            return self.gemm(name, m, k, n, cast=cast, accumulate=accumulate)
+        fp8 = self.fp8 and self.linear_fp8
+        if fp8 and cast:
+            self.quantize(name, experts * m * k)
+        shape = [uint_attr("gemm_m", m), uint_attr("gemm_n", n), uint_attr("gemm_k", k),
+                 uint_attr("gemm_batch", experts)]
+        out = 2 * self.grad_bytes if accumulate else self.act_bytes
+        if accumulate:
+            shape.append(uint_attr("gemm_c_bytes", out))
+        opnd = 1 if fp8 else self.act_bytes
+        return self._kernel(name, "gemm", 2 * experts * m * k * n, experts * ((m * k + k * n) * opnd + m * n * out),
+                            self.gemm_dtype if fp8 else self.act_dtype, shape)
+
+    def _dispatch_comm(self, name: str, forward_direction: bool) -> None:
+        """The dispatcher's communication toward the experts (forward dispatch, or the backward of
+        combine): the tokens' and the probabilities' all-to-alls over EP (each rank's whole send
+        buffer: routed tokens x h, docs/collectives.md), then their all-gather over expert TP."""
+        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
+        if forward_direction:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
+            self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
+        self.blocking(name + ".etp_all_gather", "etp", pb.ALL_GATHER, routed * h * b, EP_PART)
+        if forward_direction:
+            self.blocking(name + ".etp_all_gather_probs", "etp", pb.ALL_GATHER, routed * b, EP_PART)
+
+    def _combine_comm(self, name: str, probs: bool) -> None:
+        """Back from the experts (forward combine, or the backward of dispatch): reduce-scatter over
+        expert TP (the whole buffer), then the all-to-all over EP (and the probabilities' gradient)."""
+        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+        self.blocking(name + ".etp_reduce_scatter", "etp", pb.REDUCE_SCATTER, routed * self.etp * h * b, EP_PART)
+        if probs:
+            self.blocking(name + ".etp_reduce_scatter_probs", "etp", pb.REDUCE_SCATTER, routed * self.etp * b,
+                          EP_PART)
+        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
+        if probs:
+            self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
+
+    def moe_forward(self, p: str) -> None:
+        """The block after the second norm: shared experts, router, dispatch, grouped expert GEMMs,
+        combine (MoELayer.forward's order without shared-expert overlap)."""
+        m = self.job.shape
+        h, t, b = self.h, self.local_tokens, self.act_bytes
+        experts = m.num_experts or 1
+        routed, per_expert, local = self.routed_tokens(), self.expert_tokens(), self.experts_here
+        received = per_expert * local
+        up, ffn = m.up_projections() * (m.expert_ffn // self.etp), m.expert_ffn // self.etp
+        self._shared_forward(p)
+        self.linear_fp8 = False   # the router's GEMM is a plain linear (router_gating_linear), bf16
+        router = self.gemm(p + "moe.router", t, h, experts)
+        self.linear_fp8 = True
+        self._keep(router, "moe_x", t * h, b, output=False)
+        scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
+        self._keep(scores, "moe_probs", t * experts, b)
+        self._keep(scores, "moe_map", t * experts, 1)
+        self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
+        self._dispatch_comm(p + "moe.dispatch", True)
+        if local > 1:   # sort_chunks_by_idxs: the received chunks grouped by local expert
+            self.elementwise(p + "moe.sort_chunks", received * h, 2 * received * h * b)
+        fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
+        self._keep(fc1, "moe_in", received * h, 1 if self.fp8 else b, output=False)
+        self._keep(fc1, "moe_fc1", received * up, b)
+        act = self.elementwise(p + "moe.activation", received * ffn, (up + ffn) * received * b + received * b, 5)
+        self._keep(act, "moe_act", received * ffn, 1 if self.fp8 else b)
+        self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
+        if local > 1:
+            self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
+        self._combine_comm(p + "moe.combine", False)
+        self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
+        if m.shared_ffn:
+            self.elementwise(p + "moe.add_shared", t * h, 3 * t * h * b)
+
+    def moe_backward(self, p: str) -> None:
+        """The block's backward, in reverse: combine's backward (the tokens' gradient dispatched
+        again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'."""
+        m = self.job.shape
+        h, t, b = self.h, self.local_tokens, self.act_bytes
+        experts = m.num_experts or 1
+        routed, per_expert, local = self.routed_tokens(), self.expert_tokens(), self.experts_here
+        received = per_expert * local
+        up, ffn = m.up_projections() * (m.expert_ffn // self.etp), m.expert_ffn // self.etp
+        self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
+                   "moe_probs", "moe_map")
+        self._dispatch_comm(p + "moe.combine.bwd", False)
+        if local > 1:
+            self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
+        self.grouped_gemm(p + "moe.fc2.dgrad", per_expert, h, ffn, cast=True)
+        self._read(self.grouped_gemm(p + "moe.fc2.wgrad", ffn, per_expert, h, accumulate=True), "moe_act")
+        self._read(self.elementwise(p + "moe.activation.bwd", received * ffn, (2 * up + ffn) * received * b, 7),
+                   "moe_fc1")
+        self.grouped_gemm(p + "moe.fc1.dgrad", per_expert, up, h, cast=True)
+        self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
+        if local > 1:
+            self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
+        self._combine_comm(p + "moe.dispatch.bwd", True)
+        self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
+        self._read(self.elementwise(p + "moe.topk.bwd", t * experts, t * experts * (3 * b + 1), 4), "moe_probs")
+        self.linear_fp8 = False
+        self.gemm(p + "moe.router.dgrad", t, experts, h)
+        self._read(self.gemm(p + "moe.router.wgrad", experts, t, h, accumulate=True), "moe_x")
+        self.linear_fp8 = True
+        self._shared_backward(p)
+
+    def _shared_forward(self, p: str) -> None:
+        """Shared experts: a dense TP MLP of shared_expert_ffn on the same input (SharedExpertMLP,
+        sequence-parallel like the layer's dense MLP)."""
+        m = self.job.shape
+        if not m.shared_ffn:
+            return
+        n, h, b = self.n, self.h, self.act_bytes
+        ffn = m.shared_ffn // self.tp
+        up = m.up_projections() * ffn
+        fc1 = self._gemm_with(p + "shared.fc1", n, h, up, gather=True, cast=True)
+        self._keep(fc1, "fc1_in", self.local_tokens * h, 1 if self.fp8 else b, output=False)
+        self._keep(fc1, "fc1", n * up, b)
+        act = self.elementwise(p + "shared.activation", n * ffn, (up + ffn) * n * b, 4)
+        self._keep(act, "act", n * ffn, 1 if self.fp8 else b)
+        self._row_gemm(p + "shared.fc2", n, ffn, h)
+
+    def _shared_backward(self, p: str) -> None:
+        m = self.job.shape
+        if not m.shared_ffn:
+            return
+        n, h, b = self.n, self.h, self.act_bytes
+        ffn = m.shared_ffn // self.tp
+        up = m.up_projections() * ffn
+        self._read(self._row_backward(p + "shared.fc2", n, ffn, h)[1], "act")
+        self._read(self.elementwise(p + "shared.activation.bwd", n * ffn, (up + ffn + up) * n * b, 6), "fc1")
+        self._read(self._column_backward(p + "shared.fc1", n, h, up)[1], "fc1_in")
