@@ -27,11 +27,10 @@ class Parallel(_Strict):
     cp: PositiveInt = Field(1, description="context parallel size: attention over the sequence split in "
                                             "2 x cp load-balanced chunks")
     cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
-        "allgather", description="how context parallel attention communicates (Megatron's --cp-comm-type, whose "
-                                 "default is p2p): 'p2p' ring attention, key/value blocks passed around the CP ring "
-                                 "beside the steps; 'a2a' all-to-alls of q, k, v and the output (Ulysses); "
-                                 "'allgather' key/value blocks gathered beside one kernel (the default until the "
-                                 "accuracy tables are simulated again with p2p)")
+        "p2p", description="how context parallel attention communicates (Megatron's --cp-comm-type): 'p2p' ring "
+                           "attention, key/value blocks passed around the CP ring beside the steps; 'a2a' "
+                           "all-to-alls of q, k, v and the output (Ulysses); 'allgather' key/value blocks gathered "
+                           "beside one kernel")
     sp: bool | None = Field(None, description="sequence parallelism with TP; default: on when tp > 1")
     account_for_embedding_and_loss: bool = Field(
         False, description="the pipeline split counts the embedding and the loss as one layer each "
