@@ -280,7 +280,8 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
                  b["bubble"], record["step"]]
         out.append(f"| {run['id']} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     if folds:
-        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage) against `off` (every rank):", ""]
+        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage, and per CP index with ring "
+                "attention) against `off` (every rank):", ""]
         out += [f"- {run_id}: {'identical results' if same else 'DIFFERENT results'}" for run_id, same in folds]
     if excluded:
         out += ["", "## Published runs not compared", ""]
