@@ -77,7 +77,7 @@ class RooflineConfig(PluginConfig):
     def _keys_in_effect(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The settings as the run uses them (the manifest echo in results.json): with peak_tflops,
         the keys of earlier releases only; with profile, the data type that nodes default to."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)     # pydantic's serializer: the settings' JSON
         if self.profile is None:
             for key in ("profile", "dtype", "fp32_as_tf32"):
                 data.pop(key, None)

@@ -201,7 +201,8 @@ class CongestionNetwork(NetworkModel):
         self.closed_form_messages += count
         received = times.copy()
         np.maximum.at(received, receivers, arrivals)
-        return received.tolist()
+        done: list[int] = received.tolist()
+        return done
 
     def _incidence(self, src: Any, dst: Any) -> tuple[Any, Any]:
         """The flow-link incidence of a step's messages (fabric_routes.py), their pairs counted."""
