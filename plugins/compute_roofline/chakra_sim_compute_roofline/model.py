@@ -44,6 +44,8 @@ class RooflineConfig(PluginConfig):
                           "(h100-sxm-hgx, ...) or a .yaml file relative to the manifest; each node is "
                           "timed at the peak of its data type (node attribute dtype, else the types of "
                           "its input tensors, else the dtype key)")
+    # The ignore (valid-type): a Literal of the core's tuple of names, which pydantic reads at run time
+    # and mypy cannot (mypy takes literal values only).
     dtype: Literal[PEAK_DTYPES] | None = Field(  # type: ignore[valid-type]
         None, description=f"with profile: the data type of nodes that do not tell theirs, and of nodes "
                           f"whose data type the profile has no peak for (a warning names it); "

@@ -170,7 +170,7 @@ class CongestionNetwork(NetworkModel):
             src, dst = ranks[senders], ranks[receivers]
             if isinstance(self.router, FabricRouter):
                 from chakra_sim_network_congestion.fabric_routes import reachable_links
-                found.append(reachable_links(self.topo.fabric, src, dst))   # type: ignore[arg-type]
+                found.append(reachable_links(self.router.fabric, src, dst))   # the router's: self.topo.fabric
             else:
                 route = self.router.route
                 found.append(np.fromiter({link for s, d in zip(src.tolist(), dst.tolist())
