@@ -44,6 +44,8 @@ class RooflineConfig(PluginConfig):
                           "(h100-sxm-hgx, ...) or a .yaml file relative to the manifest; each node is "
                           "timed at the peak of its data type (node attribute dtype, else the types of "
                           "its input tensors, else the dtype key)")
+    # The ignore (valid-type): a Literal of the core's tuple of names, which pydantic reads at run time
+    # and mypy cannot (mypy takes literal values only).
     dtype: Literal[PEAK_DTYPES] | None = Field(  # type: ignore[valid-type]
         None, description=f"with profile: the data type of nodes that do not tell theirs, and of nodes "
                           f"whose data type the profile has no peak for (a warning names it); "
@@ -77,7 +79,7 @@ class RooflineConfig(PluginConfig):
     def _keys_in_effect(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The settings as the run uses them (the manifest echo in results.json): with peak_tflops,
         the keys of earlier releases only; with profile, the data type that nodes default to."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)     # pydantic's serializer: the settings' JSON
         if self.profile is None:
             for key in ("profile", "dtype", "fp32_as_tf32"):
                 data.pop(key, None)

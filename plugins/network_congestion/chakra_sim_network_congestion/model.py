@@ -170,7 +170,7 @@ class CongestionNetwork(NetworkModel):
             src, dst = ranks[senders], ranks[receivers]
             if isinstance(self.router, FabricRouter):
                 from chakra_sim_network_congestion.fabric_routes import reachable_links
-                found.append(reachable_links(self.topo.fabric, src, dst))   # type: ignore[arg-type]
+                found.append(reachable_links(self.router.fabric, src, dst))   # the router's: self.topo.fabric
             else:
                 route = self.router.route
                 found.append(np.fromiter({link for s, d in zip(src.tolist(), dst.tolist())
@@ -201,7 +201,8 @@ class CongestionNetwork(NetworkModel):
         self.closed_form_messages += count
         received = times.copy()
         np.maximum.at(received, receivers, arrivals)
-        return received.tolist()
+        done: list[int] = received.tolist()
+        return done
 
     def _incidence(self, src: Any, dst: Any) -> tuple[Any, Any]:
         """The flow-link incidence of a step's messages (fabric_routes.py), their pairs counted."""
