@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     )
     from chakra_core.contract.folding import Folding as Folding
     from chakra_core.contract.hookspecs import hookimpl as hookimpl
+    from chakra_core.json_types import JsonObject as JsonObject, JsonValue as JsonValue
     from chakra_core.plugins import PluginHost as PluginHost, make_plugin_host as make_plugin_host
     from chakra_core.contract.inputs import (
         LayerContext as LayerContext, RunInputs as RunInputs, Scheduler as Scheduler, Unfold as Unfold,
@@ -96,6 +97,7 @@ _EXPORTS = {
     "LayerResult": "chakra_core.report.document", "TrainingStep": "chakra_core.jobs.step",
     # the plugin contract
     "hookimpl": "chakra_core.contract.hookspecs",
+    "JsonObject": "chakra_core.json_types", "JsonValue": "chakra_core.json_types",
     "LayerModel": "chakra_core.contract.layers", "ComputeModel": "chakra_core.contract.layers",
     "MemoryModel": "chakra_core.contract.layers", "SystemLayer": "chakra_core.contract.layers",
     "PluginConfig": "chakra_core.contract.layers", "AstraEquivalent": "chakra_core.contract.layers",

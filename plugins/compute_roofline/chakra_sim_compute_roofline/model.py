@@ -13,6 +13,7 @@ from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, Valid
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from chakra_core import JsonObject
 from chakra_core import (
     PEAK_DTYPES, AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, Profile, SimulationError,
     ValidationInputs, load_profile, node_dtype, profile_problems, shipped_or_file,
@@ -269,8 +270,8 @@ class RooflineCompute(ComputeModel):
             return 0, bound, slot
         return int(num_ops / perf * 1e9), bound, slot
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"memory_bound_nodes": self.memory_bound,
+    def summary(self) -> JsonObject:
+        out: JsonObject = {"memory_bound_nodes": self.memory_bound,
                                "compute_bound_nodes": self.compute_bound}
         if self._by_dtype is not None:   # with a profile: nodes timed (memory- or compute-bound) per type
             out["nodes_by_dtype"] = {dtype: count for dtype, count in zip(PEAK_DTYPES, self._by_dtype) if count}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, SimulationError, ValidationInputs
+from chakra_core import JsonObject
 from chakra_core.topology import DimensionOrderRouter, FabricRouter, build_network, source_problems
 from chakra_sim_network_congestion.claims import SharedLinkHint
 from chakra_sim_network_congestion.config import CongestionConfig
@@ -281,7 +282,7 @@ class CongestionNetwork(NetworkModel):
             })
         return rows
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         rows = self.link_rows()
         rows.sort(key=lambda r: (-r["bytes"], r["index"]))
         summary = {"mode": self.config.mode,
