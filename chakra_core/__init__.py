@@ -20,48 +20,72 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from chakra_core._version import __version__
+from chakra_core._version import __version__ as __version__
 
 if TYPE_CHECKING:
-    from chakra_core.comm.collectives import CollectiveCall, collective_name
-    from chakra_core.config.spec import RunConfig
-    from chakra_core.contract.algorithm import CollectiveAlgorithm, PhaseContext, StepSchedule
-    from chakra_core.contract.folding import Folding
-    from chakra_core.contract.hookspecs import hookimpl
-    from chakra_core.plugins import PluginHost, make_plugin_host
-    from chakra_core.contract.inputs import LayerContext, RunInputs, Scheduler, Unfold, ValidationInputs
-    from chakra_core.contract.layers import (AstraEquivalent, ComputeModel, LayerModel, MemoryModel, PluginConfig,
-                                             SystemLayer)
-    from chakra_core.contract.network import (ClosedFormNetwork, ContentionFreeNetwork, Dimension, FlowNetwork,
-                                              NetworkModel)
-    from chakra_core.et.duration import replay_time_ns
-    from chakra_core.errors import (AttributeTypeError, ChakraSimError, DeadlockError, InputFileError, ManifestError,
-                                    PluginError, SimulationError, TraceFormatError, TraceGraphError)
-    from chakra_core.et.attrs import NodeView
-    from chakra_core.et.io import read_trace, write_trace
-    from chakra_core.feeder import GraphFeeder, open_feeder
-    from chakra_core.run import PreparedRun, RunResult, Validation, load, load_astra, prepare, simulate, validate
-    from chakra_core.report.document import LayerResult, RankResult, Results
-    from chakra_core.jobs.step import TrainingStep
-    from chakra_core.schema import pb
-    from chakra_core.system.matching import MatchingSystem
-    from chakra_core._atomic import atomic_write_bytes, atomic_write_text
-    from chakra_core.input_files import read_input_text
-    from chakra_core.cli.output import CliError, out_console, tool_errors
-    from chakra_core.cli.output import warn as print_warnings
-    from chakra_core.comm.collectives import collective_wait
-    from chakra_core.comm.matcher import OpenCollective
-    from chakra_core.contract.inputs import GpuLoad, NO_LOAD
-    from chakra_core.et.build import int_attr, write_rank_files
-    from chakra_core.et.build import metadata as trace_metadata
-    from chakra_core.et.build import read_collective as collective_attrs
-    from chakra_core.et.dtypes import canonical as canonical_dtype
-    from chakra_core.et.dtypes import node_dtype
-    from chakra_core.et.io import iter_trace
-    from chakra_core.hardware.devices import device_mismatch
-    from chakra_core.hardware.profiles import Profile, load_profile, profile_problems, shipped_or_file
-    from chakra_core.hardware.values import DTYPES as PEAK_DTYPES
-    from chakra_core.hardware.values import Sourced
+    # `name as name`: an explicit re-export, so that mypy --strict (no implicit re-export) sees the
+    # public names plugins import; at run time __getattr__ below imports them on first use.
+    from chakra_core.comm.collectives import (
+        CollectiveCall as CollectiveCall, collective_name as collective_name, collective_wait as collective_wait,
+    )
+    from chakra_core.config.spec import RunConfig as RunConfig
+    from chakra_core.contract.algorithm import (
+        CollectiveAlgorithm as CollectiveAlgorithm, PhaseContext as PhaseContext, StepSchedule as StepSchedule,
+    )
+    from chakra_core.contract.folding import Folding as Folding
+    from chakra_core.contract.hookspecs import hookimpl as hookimpl
+    from chakra_core.json_types import JsonObject as JsonObject, JsonValue as JsonValue
+    from chakra_core.plugins import PluginHost as PluginHost, make_plugin_host as make_plugin_host
+    from chakra_core.contract.inputs import (
+        LayerContext as LayerContext, RunInputs as RunInputs, Scheduler as Scheduler, Unfold as Unfold,
+        ValidationInputs as ValidationInputs, GpuLoad as GpuLoad, NO_LOAD as NO_LOAD,
+    )
+    from chakra_core.contract.layers import (
+        AstraEquivalent as AstraEquivalent, ComputeModel as ComputeModel, LayerModel as LayerModel,
+        MemoryModel as MemoryModel, PluginConfig as PluginConfig, SystemLayer as SystemLayer,
+    )
+    from chakra_core.contract.network import (
+        ClosedFormNetwork as ClosedFormNetwork, ContentionFreeNetwork as ContentionFreeNetwork, Dimension as Dimension,
+        FlowNetwork as FlowNetwork, NetworkModel as NetworkModel,
+    )
+    from chakra_core.et.duration import replay_time_ns as replay_time_ns
+    from chakra_core.errors import (
+        AttributeTypeError as AttributeTypeError, ChakraSimError as ChakraSimError, DeadlockError as DeadlockError,
+        InputFileError as InputFileError, ManifestError as ManifestError, PluginError as PluginError,
+        SimulationError as SimulationError, TraceFormatError as TraceFormatError, TraceGraphError as TraceGraphError,
+    )
+    from chakra_core.et.attrs import NodeView as NodeView
+    from chakra_core.et.io import read_trace as read_trace, write_trace as write_trace, iter_trace as iter_trace
+    from chakra_core.feeder import GraphFeeder as GraphFeeder, open_feeder as open_feeder
+    from chakra_core.run import (
+        PreparedRun as PreparedRun, RunResult as RunResult, Validation as Validation, load as load,
+        load_astra as load_astra, prepare as prepare, simulate as simulate, validate as validate,
+    )
+    from chakra_core.report.document import LayerResult as LayerResult, RankResult as RankResult, Results as Results
+    from chakra_core.jobs.step import TrainingStep as TrainingStep
+    from chakra_core.schema import pb as pb
+    from chakra_core.system.matching import MatchingSystem as MatchingSystem
+    from chakra_core._atomic import atomic_write_bytes as atomic_write_bytes, atomic_write_text as atomic_write_text
+    from chakra_core.input_files import read_input_text as read_input_text
+    from chakra_core.cli.output import CliError as CliError, out_console as out_console, tool_errors as tool_errors
+    from chakra_core.comm.matcher import OpenCollective as OpenCollective
+    from chakra_core.et.build import int_attr as int_attr, write_rank_files as write_rank_files
+    from chakra_core.et.dtypes import node_dtype as node_dtype
+    from chakra_core.hardware.devices import device_mismatch as device_mismatch
+    from chakra_core.hardware.profiles import (
+        Profile as Profile, load_profile as load_profile, profile_problems as profile_problems,
+        shipped_or_file as shipped_or_file,
+    )
+    from chakra_core.hardware.values import Sourced as Sourced
+    # A renamed import (`from m import a as b`) is no re-export to mypy: these names are assigned.
+    from chakra_core.cli import output as _output
+    from chakra_core.et import build as _build, dtypes as _dtypes
+    from chakra_core.hardware import values as _values
+    print_warnings = _output.warn
+    trace_metadata = _build.metadata
+    collective_attrs = _build.read_collective
+    canonical_dtype = _dtypes.canonical
+    PEAK_DTYPES = _values.DTYPES
 
 _EXPORTS = {
     # running
@@ -73,6 +97,7 @@ _EXPORTS = {
     "LayerResult": "chakra_core.report.document", "TrainingStep": "chakra_core.jobs.step",
     # the plugin contract
     "hookimpl": "chakra_core.contract.hookspecs",
+    "JsonObject": "chakra_core.json_types", "JsonValue": "chakra_core.json_types",
     "LayerModel": "chakra_core.contract.layers", "ComputeModel": "chakra_core.contract.layers",
     "MemoryModel": "chakra_core.contract.layers", "SystemLayer": "chakra_core.contract.layers",
     "PluginConfig": "chakra_core.contract.layers", "AstraEquivalent": "chakra_core.contract.layers",

@@ -138,6 +138,31 @@ def test_the_public_api_is_documented_and_importable():
     assert documented <= set(chakra_core.__all__), f"docs/api.md lists {documented - set(chakra_core.__all__)}"
 
 
+def test_the_type_checker_sees_the_public_api_and_only_it():
+    """chakra_core/__init__.py's `if TYPE_CHECKING:` block names, as explicit re-exports (`from m import a
+    as a`, or `b = m.a` where the public name differs), exactly the names __getattr__ resolves, each from
+    the module it resolves it from: what `mypy --strict` lets a plugin import is the public API."""
+    init = CORE / "__init__.py"
+    block = next(n for n in ast.parse(init.read_text()).body
+                 if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    private_modules: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for node in block.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.asname and alias.asname.startswith("_"):
+                    private_modules[alias.asname] = f"{node.module}.{alias.name}"
+                else:
+                    assert alias.asname == alias.name, f"{alias.name} as {alias.asname}: not a re-export to mypy"
+                    seen[alias.name] = node.module or ""
+        else:
+            assert isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute), ast.unparse(node)
+            assert isinstance(node.value.value, ast.Name), ast.unparse(node)
+            (target,) = node.targets
+            assert isinstance(target, ast.Name), ast.unparse(node)
+            seen[target.id] = f"{private_modules[node.value.value.id]}:{node.value.attr}"
+    assert seen == chakra_core._EXPORTS
+
 PLUGIN_API = ("chakra_core.contract", "chakra_core.topology")
 """What a plugin may import from besides `chakra_core` itself: the contract's registries and the
 networks any network layer may build (both public, docs/api.md)."""

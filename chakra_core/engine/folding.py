@@ -34,7 +34,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from chakra_core.comm.collectives import ROOT_ATTRS
 from chakra_core.comm.groups import group_shape, parse_pg_list

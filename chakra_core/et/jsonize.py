@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message

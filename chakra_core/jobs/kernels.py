@@ -235,7 +235,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         return context
 
     def layer_forward(self, mb: int, layer: int) -> None:
-        h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
+        h, a, g, d, n = self.h, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         act_bytes = self.act_bytes
         residual = self.local_tokens * h   # elements of the residual stream held here

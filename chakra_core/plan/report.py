@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from chakra_core.json_types import JsonObject
 from chakra_core.plan.search import GIB, SIMULATED, Candidate, Plan

@@ -21,7 +21,7 @@ Point-to-point messages go through `chakra_core.comm.p2p` (eager, or with
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from chakra_core.comm.collectives import ROOTED, collective_name, collective_wait
 from chakra_core.contract.algorithm import CollectiveAlgorithm

@@ -19,6 +19,7 @@ import math
 import re
 from typing import Any
 
+from chakra_core import JsonObject
 from chakra_core import (
     ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs, device_mismatch,
     load_profile, node_dtype, profile_problems, replay_time_ns,
@@ -393,8 +394,8 @@ class AchievableCompute(ComputeModel):
             self._warn("device", message)
 
     # Results --------------------------------------------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        kinds: dict[str, Any] = {}
+    def summary(self) -> JsonObject:
+        kinds: JsonObject = {}
         peak = max(self._peak.values())
         for name, (count, ns, flops) in zip(KINDS, self._stats):
             if not count:

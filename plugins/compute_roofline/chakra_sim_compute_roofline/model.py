@@ -13,6 +13,7 @@ from pydantic import (Field, PositiveFloat, SerializerFunctionWrapHandler, Valid
                       model_serializer, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from chakra_core import JsonObject
 from chakra_core import (
     PEAK_DTYPES, AstraEquivalent, ComputeModel, LayerContext, NodeView, PluginConfig, Profile, SimulationError,
     ValidationInputs, load_profile, node_dtype, profile_problems, shipped_or_file,
@@ -44,6 +45,8 @@ class RooflineConfig(PluginConfig):
                           "(h100-sxm-hgx, ...) or a .yaml file relative to the manifest; each node is "
                           "timed at the peak of its data type (node attribute dtype, else the types of "
                           "its input tensors, else the dtype key)")
+    # The ignore (valid-type): a Literal of the core's tuple of names, which pydantic reads at run time
+    # and mypy cannot (mypy takes literal values only).
     dtype: Literal[PEAK_DTYPES] | None = Field(  # type: ignore[valid-type]
         None, description=f"with profile: the data type of nodes that do not tell theirs, and of nodes "
                           f"whose data type the profile has no peak for (a warning names it); "
@@ -77,7 +80,7 @@ class RooflineConfig(PluginConfig):
     def _keys_in_effect(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The settings as the run uses them (the manifest echo in results.json): with peak_tflops,
         the keys of earlier releases only; with profile, the data type that nodes default to."""
-        data = handler(self)
+        data: dict[str, Any] = handler(self)     # pydantic's serializer: the settings' JSON
         if self.profile is None:
             for key in ("profile", "dtype", "fp32_as_tf32"):
                 data.pop(key, None)
@@ -267,8 +270,8 @@ class RooflineCompute(ComputeModel):
             return 0, bound, slot
         return int(num_ops / perf * 1e9), bound, slot
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"memory_bound_nodes": self.memory_bound,
+    def summary(self) -> JsonObject:
+        out: JsonObject = {"memory_bound_nodes": self.memory_bound,
                                "compute_bound_nodes": self.compute_bound}
         if self._by_dtype is not None:   # with a profile: nodes timed (memory- or compute-bound) per type
             out["nodes_by_dtype"] = {dtype: count for dtype, count in zip(PEAK_DTYPES, self._by_dtype) if count}

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from chakra_core import AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, SimulationError, pb
+from chakra_core import JsonObject
 from chakra_sim_memory_hbm.config import GIB, LOCATION_ATTR, NO_EXPANSION, PER_NODE, POOL, HBMConfig
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import RankTensors, TensorTracker
@@ -281,8 +282,8 @@ class HBMMemory(MemoryModel):
         known = self._known_peaks()
         return max(known) if known else None
 
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def summary(self) -> JsonObject:
+        out: JsonObject = {
             "memory_type": self.config.memory_type,
             "bandwidth_gbps": self._bw,
             "channels": self.config.channels,
@@ -384,12 +385,11 @@ class HBMMemory(MemoryModel):
             title += " — simulated ranks, one per class of equivalent ranks"
         return [(title, columns, rows)] if rows else []
 
-    def rank_summary(self, rank: int) -> dict[str, Any]:
+    def rank_summary(self, rank: int) -> JsonObject:
         # folded runs: a rank that was not simulated has its representative's row (as results.json
         # gives every rank its representative's row)
         rank = self._representative[rank]
-        row: dict[str, Any] = {"memory_bytes_loaded": self._loaded[rank],
-                               "memory_bytes_stored": self._stored[rank]}
+        row: JsonObject = {"memory_bytes_loaded": self._loaded[rank], "memory_bytes_stored": self._stored[rank]}
         if self.tensors is None:
             row["peak_memory_bytes"] = None
         else:

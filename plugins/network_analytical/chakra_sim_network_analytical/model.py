@@ -6,7 +6,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import Field, PositiveFloat, StrictInt, model_validator
 
-from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, PluginConfig
+from chakra_core import AstraEquivalent, Dimension, JsonObject, LayerContext, NetworkModel, PluginConfig
 
 GIB = 1 << 30
 HOPS_SWITCH = 2   # NPU -> switch -> NPU
@@ -94,7 +94,7 @@ class AnalyticalNetwork(NetworkModel):
     def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
         self._scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         return {"dimensions": [
             {"topology": d.topology, "npus": d.npus, "bandwidth_gbps": d.bandwidth_gbps,
              "latency_ns": d.latency_ns} for d in self.dims]}

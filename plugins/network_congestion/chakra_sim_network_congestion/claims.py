@@ -28,6 +28,10 @@ class LinkStats:
         self.messages = [0] * count
 
 
+_Saved = tuple[float, int, float, int, int, float, float, "deque[float] | None"]
+"""A link's state as the journal saved it: free_at, bytes, busy, messages, peak, cf_last, cf_until,
+cf_departs (ClaimedLinks._note)."""
+
 FREE, SHARED = -1, -2
 """`ClaimedLinks.owner` values besides a sender's NPU number."""
 
@@ -74,8 +78,8 @@ class ClaimedLinks:
         self.pending = [0] * count
         self.cf_until: list[float] = [0] * count
         self.cf_last: list[float] = [0] * count
-        self.cf_departs: dict[int, deque] = {}
-        self._journal: dict[int, tuple] | None = None
+        self.cf_departs: dict[int, deque[float]] = {}
+        self._journal: dict[int, _Saved] | None = None
         self.flow_steps = None      # once a collective is claimed as steps (claim_group)
         self._groups = 0
 

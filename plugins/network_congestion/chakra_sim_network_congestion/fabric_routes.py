@@ -27,7 +27,8 @@ def ecmp_hash_many(src: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> np.ndar
     h = (h * np.uint64(0x85EBCA6B)) & _MASK32
     h ^= h >> np.uint64(13)
     h = (h * np.uint64(0xC2B2AE35)) & _MASK32
-    return (h ^ (h >> np.uint64(16))).astype(np.int64)
+    hashes: np.ndarray = (h ^ (h >> np.uint64(16))).astype(np.int64)   # numpy's operators type as Any
+    return hashes
 
 
 def next_seqs(counter: PairCounter, src: np.ndarray, dst: np.ndarray, back: bool = False) -> np.ndarray:

@@ -237,7 +237,8 @@ class MaxMinFair:
         del routes
         links, flow_links = _renumber(flat, len(self.capacity))
         del flat
-        return water_fill(self._capacity[links], flow_start, flow_links).tolist()
+        rates: list[float] = water_fill(self._capacity[links], flow_start, flow_links).tolist()
+        return rates
 
 
 def water_fill(capacity: np.ndarray, flow_start: np.ndarray, flow_links: np.ndarray) -> np.ndarray:

@@ -297,11 +297,13 @@ class _Queues:
         deliveries); with cut-through, where their bytes are then."""
         begin, end = served
         if end is None:
-            return begin + self.whole_arrival[link]
+            arrival: np.ndarray = begin + self.whole_arrival[link]     # numpy's operators type as Any
+            return arrival
         latency = self.latency[link]
         state.head[flows] = head = begin + latency
         state.tail[flows] = tail = end + latency
-        return np.where(final, tail, head).astype(np.int64)
+        next_events: np.ndarray = np.where(final, tail, head).astype(np.int64)
+        return next_events
 
     def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A step's messages all sent at `time`, in order, over first links `link`: when each link

@@ -205,7 +205,7 @@ class FifoLinks(ClaimedLinks):
         return False."""
         free_at, bw, lat, cf_until = self.free_at, self.bw, self.lat, self.cf_until
         first = send_times[0]
-        checked: set[tuple] = set()
+        checked: set[tuple[tuple[float, float], ...]] = set()
         for route in routes:
             for link in route:
                 if free_at[link] > first or cf_until[link] > first:

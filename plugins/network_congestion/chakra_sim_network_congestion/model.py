@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Sequence
 
 from chakra_core import AstraEquivalent, Dimension, LayerContext, NetworkModel, SimulationError, ValidationInputs
+from chakra_core import JsonObject
 from chakra_core.topology import DimensionOrderRouter, FabricRouter, build_network, source_problems
 from chakra_sim_network_congestion.claims import SharedLinkHint
 from chakra_sim_network_congestion.config import CongestionConfig
@@ -170,7 +171,7 @@ class CongestionNetwork(NetworkModel):
             src, dst = ranks[senders], ranks[receivers]
             if isinstance(self.router, FabricRouter):
                 from chakra_sim_network_congestion.fabric_routes import reachable_links
-                found.append(reachable_links(self.topo.fabric, src, dst))   # type: ignore[arg-type]
+                found.append(reachable_links(self.router.fabric, src, dst))   # the router's: self.topo.fabric
             else:
                 route = self.router.route
                 found.append(np.fromiter({link for s, d in zip(src.tolist(), dst.tolist())
@@ -201,7 +202,8 @@ class CongestionNetwork(NetworkModel):
         self.closed_form_messages += count
         received = times.copy()
         np.maximum.at(received, receivers, arrivals)
-        return received.tolist()
+        done: list[int] = received.tolist()
+        return done
 
     def _incidence(self, src: Any, dst: Any) -> tuple[Any, Any]:
         """The flow-link incidence of a step's messages (fabric_routes.py), their pairs counted."""
@@ -280,7 +282,7 @@ class CongestionNetwork(NetworkModel):
             })
         return rows
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         rows = self.link_rows()
         rows.sort(key=lambda r: (-r["bytes"], r["index"]))
         summary = {"mode": self.config.mode,

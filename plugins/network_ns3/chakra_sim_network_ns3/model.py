@@ -24,6 +24,7 @@ from typing import Any, Callable
 from pydantic import Field, PositiveInt, model_validator
 
 from chakra_core import Dimension, LayerContext, NetworkModel, PluginConfig, SimulationError, ValidationInputs
+from chakra_core import JsonObject
 from chakra_core.topology import (
     BuiltNetwork, DegradedLink, Dragonfly, FatTree, NetworkSource, RailOptimized, Torus, build_network, source_problems,
 )
@@ -287,9 +288,9 @@ class Ns3Network(NetworkModel):
         assert self._rows is not None    # set by finish
         return self._rows
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         rows = sorted(self.link_rows(), key=lambda r: (-r["bytes"], r["index"]))
-        summary: dict[str, Any] = {
+        summary: JsonObject = {
             "topology": self.topo.source, "devices": self.topo.devices, "links": len(rows),
             "transport": "TCP NewReno, one connection per NPU pair, window-limited, no loss",
             "mtu_bytes": self.config.mtu_bytes, "segment_bytes": self.segment, "window_bytes": self.window,

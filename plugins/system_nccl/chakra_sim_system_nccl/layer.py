@@ -36,6 +36,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from pydantic import Field, PositiveInt
 
+from chakra_core import JsonObject
 from chakra_core import (
     GpuLoad, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError, Unfold,
     ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
@@ -392,7 +393,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         out.extend(self.p2p.waits(rank))
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,
                 "choices": [{"collective": c, "algorithm": a, "protocol": p, "count": self.choices[(c, a, p)],
                              "time_ns": self.choice_ns[(c, a, p)]} for c, a, p in sorted(self.choices)],
