@@ -36,10 +36,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from pydantic import Field, PositiveInt
 
-from chakra_core import JsonObject
 from chakra_core import (
-    GpuLoad, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError, Unfold,
-    ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
+    GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
+    Unfold, ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
 )
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
