@@ -15,7 +15,7 @@ from chakra_core.testing import collective, comp, manifest, recv, send, simulate
 
 __all__ = ["DATA", "MICRO", "GIB", "collective", "comp", "manifest", "recv", "ring_network", "send",
            "simulate", "uniform_network", "write_ranks", "hop_ns", "PairDelayNetwork",
-           "REF_RESULTS", "astra_cases", "run_astra_case", "results_of"]
+           "REF_RESULTS", "astra_cases", "run_astra_case", "results_of", "job_folded_and_unfolded"]
 
 DATA = Path(__file__).resolve().parent / "data"
 MICRO = DATA / "astra-microbenchmarks"
@@ -85,3 +85,18 @@ class PairDelayNetwork:
 
     def send(self, src, dst, size, on_arrival, arg=None) -> None:
         self.scheduler.schedule(self.message_delay(src, dst, size), on_arrival, arg)
+
+
+def job_folded_and_unfolded(job: dict[str, Any], tmp_path: Path) -> dict[str, tuple[Any, Any]]:
+    """A training job simulated with `workload.fold` auto and off (achievable compute, nccl system):
+    fold -> (finish_ns, rank rows); the folded run must have folded and the other not."""
+    from chakra_core import run
+
+    out = {}
+    for fold in ("auto", "off"):
+        data = {"job": job, "workload": {"fold": fold}, "output": {"dir": str(tmp_path / fold)},
+                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+        document = run.simulate(run.load(data, base_dir=tmp_path)).document
+        assert (document["folding"]["folded"] is True) == (fold == "auto")
+        out[fold] = (document["finish_ns"], document["ranks"])
+    return out

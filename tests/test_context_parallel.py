@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chakra_core import run
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
+from tests.simhelpers import job_folded_and_unfolded
 
 MODEL = {"layers": 4, "hidden": 512, "ffn_hidden": 1408, "heads": 8, "kv_heads": 4, "vocab": 8000}
 
@@ -89,13 +89,7 @@ def test_every_ring_send_meets_a_receive_of_the_same_size():
 @pytest.mark.parametrize("comm", ["p2p", "a2a", "allgather"])
 def test_a_folded_run_equals_every_rank_simulated(tmp_path, comm):
     spec = job(2 if comm == "a2a" else 4, comm, tp=2, pp=2, dp=2).model_dump(mode="json")   # a2a: 2 kv heads
-    finish = {}
-    for fold in ("auto", "off"):
-        data = {"job": spec, "workload": {"fold": fold}, "output": {"dir": str(tmp_path / fold)},
-                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
-        document = run.simulate(run.load(data, base_dir=tmp_path)).document
-        finish[fold] = (document["finish_ns"], document["ranks"])
-        assert (document["folding"]["folded"] is True) == (fold == "auto")
+    finish = job_folded_and_unfolded(spec, tmp_path)
     assert finish["auto"] == finish["off"]
 
 

@@ -19,6 +19,7 @@ from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
+from tests.simhelpers import job_folded_and_unfolded
 
 DENSE = {"layers": 4, "hidden": 512, "ffn_hidden": 1408, "heads": 8, "kv_heads": 4, "vocab": 8000}
 MOE = {**DENSE, "num_experts": 8, "topk": 2, "moe_ffn_hidden": 512}
@@ -179,13 +180,7 @@ def test_every_expert_collective_meets_the_same_collective_on_every_member():
 def test_a_folded_run_equals_every_rank_simulated(tmp_path, etp):
     spec = job({**MOE, "shared_expert_ffn": 1024, "dense_layers_first": 1}, tp=2, pp=2, dp=2, ep=2, etp=etp,
                microbatches=4).model_dump(mode="json")
-    finish = {}
-    for fold in ("auto", "off"):
-        data = {"job": spec, "workload": {"fold": fold}, "output": {"dir": str(tmp_path / fold)},
-                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
-        document = run.simulate(run.load(data, base_dir=tmp_path)).document
-        finish[fold] = (document["finish_ns"], document["ranks"])
-        assert (document["folding"]["folded"] is True) == (fold == "auto")
+    finish = job_folded_and_unfolded(spec, tmp_path)
     assert finish["auto"] == finish["off"]
 
 

@@ -27,7 +27,7 @@ the all-to-alls with other micro-batches' compute (--moe-shared-expert-overlap,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 from chakra_core.et.build import uint_attr
 from chakra_core.schema import pb
@@ -37,6 +37,18 @@ if TYPE_CHECKING:
 
 EP_PART = "ep"
 """step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
+
+
+class _BlockSizes(NamedTuple):
+    """A MoE block's sizes on this rank."""
+
+    experts: int
+    routed: int        # token copies this rank sends to the experts
+    per_expert: int    # tokens each local expert computes
+    local: int         # local experts
+    received: int      # tokens the local experts compute in all
+    up: int            # fc1's output width per token (gated: twice the expert FFN), expert TP share
+    ffn: int           # the expert FFN's width, expert TP share
 
 
 class MixtureOfExperts:
@@ -176,15 +188,19 @@ class MixtureOfExperts:
         if probs:
             self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
 
+    def _block_sizes(self) -> "_BlockSizes":
+        m = self.job.shape
+        per_expert, local = self.expert_tokens(), self.experts_here
+        ffn = m.expert_ffn // self.etp
+        return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, per_expert * local,
+                           m.up_projections() * ffn, ffn)
+
     def moe_forward(self, p: str) -> None:
         """The block after the second norm: shared experts, router, dispatch, grouped expert GEMMs,
         combine (MoELayer.forward's order without shared-expert overlap)."""
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
-        experts = m.num_experts or 1
-        routed, per_expert, local = self.routed_tokens(), self.expert_tokens(), self.experts_here
-        received = per_expert * local
-        up, ffn = m.up_projections() * (m.expert_ffn // self.etp), m.expert_ffn // self.etp
+        experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
         self._shared_forward(p)
         self.linear_fp8 = False   # the router's GEMM is a plain linear (router_gating_linear), bf16
         router = self.gemm(p + "moe.router", t, h, experts)
@@ -213,12 +229,8 @@ class MixtureOfExperts:
     def moe_backward(self, p: str) -> None:
         """The block's backward, in reverse: combine's backward (the tokens' gradient dispatched
         again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'."""
-        m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
-        experts = m.num_experts or 1
-        routed, per_expert, local = self.routed_tokens(), self.expert_tokens(), self.experts_here
-        received = per_expert * local
-        up, ffn = m.up_projections() * (m.expert_ffn // self.etp), m.expert_ffn // self.etp
+        experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
         self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
                    "moe_probs", "moe_map")
         self._dispatch_comm(p + "moe.combine.bwd", False)
