@@ -264,39 +264,45 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
             self.moe_forward(p)
         else:
             self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
-            self._mlp_forward(p)
+            self._mlp_forward(p, self.f)
         residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual2, "mask2", residual * self.mask, 1)
         self._saving = True
 
-    def _mlp_forward(self, p: str) -> None:
-        h, f, n, act_bytes = self.h, self.f, self.n, self.act_bytes
-        residual = self.local_tokens * h
-        up = 2 * self.f // self.tp if self.job.shape.gated else self.f // self.tp
-        fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True)
-        self._keep(fc1, "fc1_in", residual, self.gemm_in, output=False)
+    def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
+        """A TP MLP of hidden width `ffn` (the layer's, or its MoE block's shared experts: `cast` when
+        its input is not already fp8 from a fused norm)."""
+        h, n, act_bytes = self.h, self.n, self.act_bytes
+        ffn_here = ffn // self.tp
+        up = self.job.shape.up_projections() * ffn_here
+        fc1 = self._gemm_with(p + "fc1", n, h, up, gather=True, cast=cast)
+        self._keep(fc1, "fc1_in", self.local_tokens * h, self.gemm_in, output=False)
         self._keep(fc1, "fc1", n * up, act_bytes)
-        ffn_here = f // self.tp
-        activation = self.elementwise(p + "activation", n * ffn_here, (up + ffn_here) * n * self.act_bytes, 4)
+        activation = self.elementwise(p + "activation", n * ffn_here, (up + ffn_here) * n * act_bytes, 4)
         self._keep(activation, "act", n * ffn_here, self.gemm_in)
         self._row_gemm(p + "fc2", n, ffn_here, h)
+
+    def _mlp_backward(self, p: str, ffn: int) -> None:
+        h, n, act_bytes = self.h, self.n, self.act_bytes
+        ffn_here = ffn // self.tp
+        up = self.job.shape.up_projections() * ffn_here
+        self._read(self._row_backward(p + "fc2", n, ffn_here, h)[1], "act")
+        self._read(self.elementwise(p + "activation.bwd", n * ffn_here, (up + ffn_here + up) * n * act_bytes, 6),
+                   "fc1")
+        self._read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
 
     def layer_backward(self, mb: int, layer: int) -> None:
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         act_bytes = self.act_bytes
         residual = self.local_tokens * h   # elements of the residual stream held here
-        ffn_here = f // self.tp
-        up = 2 * ffn_here if self.job.shape.gated else ffn_here
         self._layer_key = (mb, layer)
         read = self._read
         read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
         if self.job.shape.is_moe_layer(layer):
             self.moe_backward(p)
         else:
-            read(self._row_backward(p + "fc2", n, ffn_here, h)[1], "act")
-            read(self.elementwise(p + "activation.bwd", n * ffn_here, (up + ffn_here + up) * n * act_bytes, 6), "fc1")
-            read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
+            self._mlp_backward(p, f)
         read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":

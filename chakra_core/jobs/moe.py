@@ -101,6 +101,12 @@ class MixtureOfExperts:
         def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
             raise NotImplementedError
 
+        def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
+            raise NotImplementedError
+
+        def _mlp_backward(self, p: str, ffn: int) -> None:
+            raise NotImplementedError
+
         def _read(self, node: int | None, *what: str) -> None:
             raise NotImplementedError
 
@@ -255,27 +261,10 @@ class MixtureOfExperts:
 
     def _shared_forward(self, p: str) -> None:
         """Shared experts: a dense TP MLP of shared_expert_ffn on the same input (SharedExpertMLP,
-        sequence-parallel like the layer's dense MLP)."""
-        m = self.job.shape
-        if not m.shared_ffn:
-            return
-        n, h, b = self.n, self.h, self.act_bytes
-        ffn = m.shared_ffn // self.tp
-        up = m.up_projections() * ffn
-        fc1 = self._gemm_with(p + "shared.fc1", n, h, up, gather=True, cast=True)
-        self._keep(fc1, "fc1_in", self.local_tokens * h, 1 if self.fp8 else b, output=False)
-        self._keep(fc1, "fc1", n * up, b)
-        act = self.elementwise(p + "shared.activation", n * ffn, (up + ffn) * n * b, 4)
-        self._keep(act, "act", n * ffn, 1 if self.fp8 else b)
-        self._row_gemm(p + "shared.fc2", n, ffn, h)
+        sequence-parallel like the layer's dense MLP; a plain TE Linear, so its input is cast)."""
+        if self.job.shape.shared_ffn:
+            self._mlp_forward(p + "shared.", self.job.shape.shared_ffn, cast=True)
 
     def _shared_backward(self, p: str) -> None:
-        m = self.job.shape
-        if not m.shared_ffn:
-            return
-        n, h, b = self.n, self.h, self.act_bytes
-        ffn = m.shared_ffn // self.tp
-        up = m.up_projections() * ffn
-        self._read(self._row_backward(p + "shared.fc2", n, ffn, h)[1], "act")
-        self._read(self.elementwise(p + "shared.activation.bwd", n * ffn, (up + ffn + up) * n * b, 6), "fc1")
-        self._read(self._column_backward(p + "shared.fc1", n, h, up)[1], "fc1_in")
+        if self.job.shape.shared_ffn:
+            self._mlp_backward(p + "shared.", self.job.shape.shared_ffn)
