@@ -11,6 +11,16 @@ A mixture of experts counts each MoE layer's topk routed experts and shared expe
 dense MLP, as Megatron-Core's num_floating_point_operations does (the router's h x experts GEMM
 is left out there and here); `nemo` counts them the same way with its full s^2 attention.
 
+Multi-head latent attention and multi-token prediction (DeepSeek-V3) are counted by Megatron-Core's
+formula only (num_floating_point_operations at d98e8a64, = Megatron-Bridge v0.2.0's
+flop_utils.transformer_flops, which the 25.09 tables used): per latent attention layer the q
+down- and up-projections (or the q projection), the kv down-projection with the rope part and the
+up-projection, the output projection, one multiply-add per latent element for the latents' norms
+(`+ 1`), and causal core attention of q.k over nope + rope and p.v over v (each half the s x s
+matrix); each MTP layer counts as one more transformer layer of the last layer's kind (dense or
+MoE), plus its norms (3h), eh_proj (2h^2) and one more output layer. The other formulas describe
+no such model (NeMo's own deepseekv3 function has changed between its commits).
+
 - `nemo`: NeMo's nemo/utils/flops_formulas.py (llama2/llama3/gpt3), forward and backward without
   recomputation, attention counted as full s^2, the unpadded vocabulary:
   gbs s L h^2 (12 + 12 G/A + 18 F/h + 12 s/h + 6 V/(L h)) for SwiGLU models (12 F/h ... for a
@@ -51,6 +61,11 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     """FLOPs of one step under `formula`."""
     m, t = job.shape, job.training
     B, s, l, h = t.global_batch, t.seq, m.layers, m.hidden
+    if m.mla or m.mtp_layers:
+        if formula != REPORTED:
+            raise ValueError(f"the {formula!r} formula counts no latent attention or MTP layers; "
+                             f"use {REPORTED!r}")
+        return _megatron_core(job)
     if formula == "megatron_sc21":
         V = m.vocab
         return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
@@ -73,7 +88,37 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     return float(B * s * (l * (6 * linear + attention) + 6 * moe + 6 * h * V))
 
 
+def _megatron_core(job: JobSpec) -> float:
+    """Megatron-Core's num_floating_point_operations (transformer_flops) for any model this job
+    describes, latent attention and MTP layers included (see the module docstring)."""
+    m, t = job.shape, job.training
+    h, a, s, mtp = m.hidden, m.heads, t.seq, m.mtp_layers
+    gated = 3 if m.gated else 2
+    last_moe = 1 if m.is_moe_layer(m.layers - 1) else 0
+    dense_layers = m.layers - m.moe_layers + (1 - last_moe) * mtp
+    moe_layers = m.moe_layers + last_moe * mtp
+    mlp = h * (m.ffn_hidden * gated * dense_layers
+               + (m.expert_ffn * m.router_topk + m.shared_ffn) * gated * moe_layers)
+    if m.mla:
+        q_lora, kv_lora = m.q_lora_rank, m.kv_lora_rank or 0
+        q = q_lora * (h + a * m.qk_dim + 1) if q_lora else h * a * m.qk_dim
+        projections = q + kv_lora * (h + a * (m.nope_dim + m.v_dim) + 1) + h * m.rope_dim + a * m.v_dim * h
+        core = a * m.qk_dim / 2 + a * m.v_dim / 2
+    else:
+        query, kv = m.head_dim * a, m.head_dim * m.groups
+        projections = h * (query + 2 * kv) + query * h
+        core = query / 2 * 2
+    layers = m.layers + mtp
+    tokens = t.global_batch * s
+    per_token = 6 * (mlp + layers * projections + mtp * (3 * h + 2 * h * h) + h * m.padded_vocab(job.parallel.tp)
+                     * (mtp + 1))
+    return float(tokens * per_token + t.global_batch * s * s * 6 * core * layers)
+
+
 def formulas(job: JobSpec) -> tuple[str, ...]:
     """The formulas that describe the job's model: the dense tables' own (SC'21, dgxc) count no
-    experts, so a mixture of experts is reported by Megatron-Core's and NeMo's only."""
+    experts, so a mixture of experts is reported by Megatron-Core's and NeMo's only; latent
+    attention and MTP layers by Megatron-Core's alone."""
+    if job.shape.mla or job.shape.mtp_layers:
+        return (REPORTED,)
     return FORMULAS[:2] if job.shape.moe else FORMULAS

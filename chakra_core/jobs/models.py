@@ -16,10 +16,16 @@ VOCAB_DIVISOR = 128
 megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
 
 
-OPTIONAL_KEYS = ("kv_channels", "num_experts", "topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first",
-                 "capacity_factor")
+MOE_KEYS = ("num_experts", "topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "capacity_factor",
+            "router_score_function", "router_groups", "router_group_topk", "router_expert_bias")
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+OPTIONAL_KEYS = ("kv_channels", *MOE_KEYS, *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
 """Keys a model echoes only when set: a dense model's echo (results.json, the trace cache's digest)
-stays what it was before mixtures of experts were modelled."""
+stays what it was before mixtures of experts, latent attention and multi-token prediction were
+modelled."""
+MLA_DEFAULTS = {"qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+"""Megatron-LM's argument defaults (megatron/training/arguments.py at d98e8a64: --qk-head-dim 128,
+--qk-pos-emb-head-dim 64, --v-head-dim 128)."""
 
 
 class ModelSpec(BaseModel):
@@ -62,6 +68,33 @@ class ModelSpec(BaseModel):
                                                                    "[0]*k+[1]*(L-k)); default 0")
     capacity_factor: float | None = Field(None, gt=0, description="expert capacity factor "
                                                                   "(--moe-expert-capacity-factor); none: dropless")
+    router_score_function: Literal["softmax", "sigmoid"] | None = Field(
+        None, description="the router's scores (--moe-router-score-function; default softmax; DeepSeek-V3: sigmoid)")
+    router_groups: PositiveInt | None = Field(None, description="expert groups of group-limited routing "
+                                                                "(--moe-router-num-groups; DeepSeek-V3: 8)")
+    router_group_topk: PositiveInt | None = Field(None, description="groups a token's experts are chosen from "
+                                                                    "(--moe-router-group-topk; DeepSeek-V3: 4)")
+    router_expert_bias: bool | None = Field(None, description="auxiliary-loss-free balancing: a per-expert bias "
+                                                              "updated from the step's token counts "
+                                                              "(--moe-router-enable-expert-bias)")
+    # Multi-head latent attention (megatron/core/transformer/multi_latent_attention.py at d98e8a64)
+    q_lora_rank: PositiveInt | None = Field(None, description="the query's low-rank (latent) size (--q-lora-rank); "
+                                                              "none: queries projected from the hidden state")
+    kv_lora_rank: PositiveInt | None = Field(None, description="the keys' and values' latent size (--kv-lora-rank): "
+                                                               "set, the model uses multi-head latent attention")
+    qk_head_dim: PositiveInt | None = Field(None, description="a head's query/key size without position "
+                                                              "(--qk-head-dim; default 128)")
+    qk_pos_emb_head_dim: PositiveInt | None = Field(None, description="a head's rotary query/key part "
+                                                                      "(--qk-pos-emb-head-dim; default 64)")
+    v_head_dim: PositiveInt | None = Field(None, description="a head's value size (--v-head-dim; default 128)")
+    qk_layernorm: bool | None = Field(None, description="RMSNorm of each head's query and key after the QKV "
+                                                        "projection (--qk-layernorm; Qwen3); with latent "
+                                                        "attention, of the query and key/value latents")
+    mtp_num_layers: PositiveInt | None = Field(None, description="multi-token prediction layers (--mtp-num-layers; "
+                                                                 "DeepSeek-V3: 1)")
+    make_vocab_size_divisible_by: PositiveInt | None = Field(
+        None, description="the vocabulary is padded to a multiple of this x TP (Megatron's "
+                          "--make-vocab-size-divisible-by; default 128)")
     source: str = Field("", description="where the shape comes from")
     name: str = Field("", description="the preset's name (set for presets)")
 
@@ -76,11 +109,11 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
-        if self.kv_channels is None and self.hidden % self.heads:
+        if self.kv_channels is None and self.hidden % self.heads and not self.mla:
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads} (or give kv_channels)")
         if self.heads % self.groups:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.groups}")
-        moe_keys = [key for key in OPTIONAL_KEYS[2:] if getattr(self, key) is not None]
+        moe_keys = [key for key in MOE_KEYS[1:] if getattr(self, key) is not None]
         if self.num_experts is None and moe_keys:
             raise ValueError(f"{', '.join(moe_keys)} describe a mixture of experts: give num_experts too")
         if self.num_experts is not None:
@@ -92,7 +125,109 @@ class ModelSpec(BaseModel):
             if self.bias:
                 raise ValueError("bias with num_experts: biased experts are not modelled (Megatron allows "
                                  "them only with expert_tensor_parallel_size 1)")
+            self._router_groups_fit(self.num_experts)
+        self._latent_attention_fits()
         return self
+
+    def _router_groups_fit(self, experts: int) -> None:
+        """Group-limited routing (megatron/core/transformer/moe/moe_utils.py group_limited_topk at
+        d98e8a64): experts split in equal groups, a token's topk experts from its best groups."""
+        groups, chosen = self.router_groups, self.router_group_topk
+        if (groups is None) != (chosen is None):
+            raise ValueError("router_groups and router_group_topk go together (group-limited routing)")
+        if groups is not None and chosen is not None:
+            if experts % groups or chosen > groups:
+                raise ValueError(f"router_groups {groups} must divide num_experts {experts} and be at least "
+                                 f"router_group_topk {chosen}")
+            if self.router_topk > chosen * (experts // groups):
+                raise ValueError(f"topk {self.router_topk} is more than the experts of router_group_topk "
+                                 f"{chosen} groups")
+
+    def _latent_attention_fits(self) -> None:
+        given = [key for key in MLA_KEYS if key != "kv_lora_rank" and getattr(self, key) is not None]
+        if not self.mla:
+            if given:
+                raise ValueError(f"{', '.join(given)} describe multi-head latent attention: give kv_lora_rank too")
+            return
+        # megatron/training/arguments.py at d98e8a64: MLA is not combined with query groups
+        if self.kv_heads not in (None, self.heads):
+            raise ValueError("kv_heads with kv_lora_rank: latent attention has a key and value per head "
+                             "(Megatron does not combine it with --group-query-attention)")
+        if self.kv_channels is not None:
+            raise ValueError("kv_channels with kv_lora_rank: latent attention's head sizes are qk_head_dim + "
+                             "qk_pos_emb_head_dim (query, key) and v_head_dim (value)")
+        if self.position != "rope" or self.bias:
+            raise ValueError("latent attention applies RoPE to its decoupled part and has no biases: "
+                             "position rope, bias false")
+
+    # Multi-head latent attention and multi-token prediction ---------------------------------------
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def nope_dim(self) -> int:
+        return self.qk_head_dim or MLA_DEFAULTS["qk_head_dim"]
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_pos_emb_head_dim or MLA_DEFAULTS["qk_pos_emb_head_dim"]
+
+    @property
+    def qk_dim(self) -> int:
+        """A head's query and key size: head_dim, or with latent attention its nope and rope parts."""
+        return self.nope_dim + self.rope_dim if self.mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A head's value size."""
+        return (self.v_head_dim or MLA_DEFAULTS["v_head_dim"]) if self.mla else self.head_dim
+
+    @property
+    def mtp_layers(self) -> int:
+        return self.mtp_num_layers or 0
+
+    def mla_replicated_params(self) -> int:
+        """A latent attention layer's parameters every TP rank holds whole: the down projections
+        (TELinear with parallel_mode "duplicated") and, with qk_layernorm, the latents' norms."""
+        if not self.mla:
+            return 0
+        q_lora, kv_lora = self.q_lora_rank or 0, self.kv_lora_rank or 0
+        norms = (q_lora + kv_lora) if self.qk_layernorm else 0
+        return self.hidden * (q_lora + kv_lora + self.rope_dim) + norms
+
+    def attention_params(self) -> int:
+        """One layer's attention weights (biases aside): QKV and output projections and, with
+        qk_layernorm, the per-head query and key norms (one weight of head size each, shared by
+        the heads); with latent attention (multi_latent_attention.py MLASelfAttention): the q
+        down- and up-projection (or one q projection without q_lora_rank), the kv down-projection
+        with the rope part, the kv up-projection to the nope keys and values, the output projection."""
+        h, a = self.hidden, self.heads
+        if not self.mla:
+            d = self.head_dim
+            return h * (a + 2 * self.groups) * d + a * d * h + (2 * d if self.qk_layernorm else 0)
+        up = (self.q_lora_rank or h) * a * self.qk_dim + (self.kv_lora_rank or 0) * a * (self.nope_dim + self.v_dim)
+        return self.mla_replicated_params() + up + a * self.v_dim * h
+
+    def tp_replicated_params(self) -> int:
+        """Per layer: the parameters each TP rank holds whole whose gradients Megatron all-reduces
+        over TP (finalize_model_grads._allreduce_non_tensor_model_parallel_grads at d98e8a64:
+        sequence-parallel norms and duplicated linears, and the QK norms)."""
+        qk_norms = 2 * self.head_dim if self.qk_layernorm and not self.mla else 0
+        return self.norm_params() + self.mla_replicated_params() + qk_norms
+
+    def mtp_extra_params(self) -> int:
+        """An MTP layer's parameters beside its transformer layer (multi_token_prediction.py
+        MultiTokenPredictionLayer): enorm, hnorm, the 2h -> h eh_proj and the final norm; the
+        embedding and the output layer are the model's own, shared."""
+        norm = 2 if self.norm == "layernorm" else 1
+        return 3 * norm * self.hidden + 2 * self.hidden * self.hidden
+
+    def mtp_params(self) -> int:
+        """Parameters the MTP layers add (DeepSeek-V3: 11.5B beside the 671B)."""
+        layer = self.layer_params() + (self.expert_params() + self.moe_dense_params() - self.mlp_params()
+                                       if self.moe else 0)
+        return self.mtp_layers * (layer + self.mtp_extra_params())
 
     # Mixture of experts -------------------------------------------------------------------------
     @property
@@ -152,33 +287,33 @@ class ModelSpec(BaseModel):
         return self.kv_channels or self.hidden // self.heads
 
     def padded_vocab(self, tp: int) -> int:
-        multiple = VOCAB_DIVISOR * tp
+        multiple = (self.make_vocab_size_divisible_by or VOCAB_DIVISOR) * tp
         return -(-self.vocab // multiple) * multiple
 
     def layer_params(self) -> int:
-        """Parameters of one dense layer: attention (QKV with its query groups, output projection),
-        MLP (two up-projections when gated), two norms, biases when the model has them."""
+        """Parameters of one dense layer: attention (attention_params), MLP (two up-projections when
+        gated), two norms, biases when the model has them."""
         h, f, d = self.hidden, self.ffn_hidden, self.head_dim
-        qkv = h * (self.heads + 2 * self.groups) * d
         up = (2 if self.gated else 1) * h * f
-        params = qkv + self.heads * d * h + up + f * h
+        params = self.attention_params() + up + f * h
         norms = (2 if self.norm == "layernorm" else 1) * 2 * h
         biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0
         return params + norms + biases
 
     def layer_params_on(self, tp: int) -> int:
         """Parameters of one layer on one GPU of a TP group: the linear layers and their column
-        biases are split, the norms and the row-parallel layers' biases are replicated (Megatron's
-        ColumnParallelLinear / RowParallelLinear and TENorm)."""
-        row_biases = 2 * self.hidden if self.bias else 0
-        return (self.layer_params() - self.norm_params() - row_biases) // tp + self.norm_params() + row_biases
+        biases are split, the norms, duplicated linears and the row-parallel layers' biases are
+        replicated (Megatron's ColumnParallelLinear / RowParallelLinear, TELinear "duplicated" and TENorm)."""
+        whole = self.tp_replicated_params() + (2 * self.hidden if self.bias else 0)
+        return (self.layer_params() - whole) // tp + whole
 
     def norm_params(self) -> int:
         """Parameters of one layer's two norms (replicated over TP)."""
         return (2 if self.norm == "layernorm" else 1) * 2 * self.hidden
 
     def params(self, tp: int = 1) -> int:
-        """All parameters (embedding and output layer counted separately unless tied)."""
+        """All parameters (embedding and output layer counted separately unless tied); the MTP
+        layers aside, as model cards count them (mtp_params)."""
         v = self.padded_vocab(tp)
         embeddings = v * self.hidden * (1 if self.tied_embeddings else 2)
         learned = (self.max_seq or 0) * self.hidden if self.position == "learned" else 0
@@ -187,7 +322,8 @@ class ModelSpec(BaseModel):
         return self.layers * self.layer_params() + moe + embeddings + learned + final_norm
 
     def active_params(self) -> int:
-        """Parameters a token passes through: the routed experts counted topk of num_experts."""
+        """Parameters a token passes through: the routed experts counted topk of num_experts (the
+        MTP layers aside, as params())."""
         idle = self.moe_layers * self.expert_params() * ((self.num_experts or 1) - self.router_topk)
         return self.params() - idle // (self.num_experts or 1)
 

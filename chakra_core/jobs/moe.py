@@ -215,6 +215,8 @@ class MixtureOfExperts:
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
         self._keep(scores, "moe_map", t * experts, 1)
+        if m.router_expert_bias:   # router.py _apply_expert_bias: the routing map's column sums
+            self.elementwise(p + "moe.tokens_per_expert", t * experts, t * experts + 4 * experts)
         self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
         self._dispatch_comm(p + "moe.dispatch", True)
         if local > 1:   # sort_chunks_by_idxs: the received chunks grouped by local expert

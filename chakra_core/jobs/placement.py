@@ -63,8 +63,9 @@ class Placement:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
         tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
-        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp);
-        a mixture of experts adds etp, ep and edp (`expert_groups`).
+        emb (first and last stage: tied or MTP embedding gradients), amax (fp8 scaling: tp x cp x dp);
+        a mixture of experts adds etp, ep and edp (`expert_groups`), and stage (tp x cp x dp) with
+        the router's expert bias.
         Members are arithmetic runs of the rank order (a job of 16,384 ranks asks for all of them)."""
         c = self.coord(rank)
         tp, stage = self.tp, self.tp * self.cp * self.dp      # ranks per pipeline stage
@@ -77,13 +78,21 @@ class Placement:
         if self.dp * self.cp > 1:
             start = c.tp + stage * c.pp
             out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
-        if self.pp > 1 and self.job.shape.tied_embeddings and c.pp in (0, self.pp - 1):
+        # the word embedding's gradient is all-reduced between the first and the last stage when the
+        # last one holds it too: tied to the output layer, or for the MTP layers (finalize_model_grads.py
+        # _get_shared_word_embedding_weight at d98e8a64)
+        shared = self.job.shape.tied_embeddings or self.job.shape.mtp_layers > 0
+        if self.pp > 1 and shared and c.pp in (0, self.pp - 1):
             first = rank - stage * c.pp
             out["emb"] = self._group("emb", first, first + stage * (self.pp - 1) + 1, stage * (self.pp - 1))
         if self.job.training.precision == "fp8" and stage > 1:
             out["amax"] = self._group("amax", stage * c.pp, stage * (c.pp + 1))
         if self.moe:
             out.update(self.expert_groups(rank))
+            if self.job.shape.router_expert_bias and stage > 1:
+                # the routers' token counts, all-reduced over the stage's TP x CP x DP ranks before the
+                # expert bias is updated (finalize_model_grads._update_router_expert_bias at d98e8a64)
+                out["stage"] = self._group("stage", stage * c.pp, stage * (c.pp + 1))
         return out
 
     def expert_groups(self, rank: int) -> dict[str, tuple[int, ...]]:

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, \
     model_serializer, model_validator
 
+from chakra_core.jobs import layout as pipeline_layout
 from chakra_core.jobs.models import ModelSpec, preset
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -43,6 +44,10 @@ class Parallel(_Strict):
     etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
                                                       "each expert's FFN split over etp ranks; default tp, as "
                                                       "Megatron's")
+    pipeline_layout: str | None = Field(
+        None, description="the layers of every virtual pipeline stage (--pipeline-model-parallel-layout), e.g. "
+                          "'Et|(tt|)*30mL': E embedding, t transformer layer, m MTP layer, L loss, | between "
+                          "stages; pp x vp stages (vp follows); default: layers split evenly")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -51,8 +56,9 @@ class Parallel(_Strict):
         if isinstance(data, dict):
             if data.get("ep") == 1:
                 data.pop("ep")
-            if data.get("etp") is None:
-                data.pop("etp", None)
+            for key in ("etp", "pipeline_layout"):
+                if data.get(key) is None:
+                    data.pop(key, None)
         return data
 
     @property
@@ -145,8 +151,14 @@ class JobSpec(_Strict):
         return (p.tp > 1) if p.sp is None else (p.sp and p.tp > 1)
 
     @property
+    def layout(self) -> pipeline_layout.Layout | None:
+        given = self.parallel.pipeline_layout
+        return None if given is None else pipeline_layout.parse(given, self.parallel.pp)
+
+    @property
     def vp(self) -> int:
-        return self.parallel.vp or 1
+        layout = self.layout
+        return layout.vp if layout is not None else self.parallel.vp or 1
 
     @property
     def dp(self) -> int:
@@ -166,10 +178,22 @@ class JobSpec(_Strict):
 
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         """The layers of a stage's model chunk: virtual stage chunk x pp + stage, as Megatron assigns them."""
+        layout = self.layout
+        if layout is not None:
+            return layout.transformer_layers(stage, chunk)
         per = self.pipeline_slots // (self.parallel.pp * self.vp)
         skip = 1 if self.parallel.account_for_embedding_and_loss else 0
         first = (chunk * self.parallel.pp + stage) * per - skip
         return [layer for layer in range(first, first + per) if 0 <= layer < self.shape.layers]
+
+    def mtp_layers_in(self, stage: int, chunk: int) -> int:
+        """MTP layers a stage's model chunk runs: the layout's, else all on the last stage's last
+        chunk (multi_token_prediction.py mtp_on_this_rank at d98e8a64)."""
+        layout = self.layout
+        if layout is not None:
+            return layout.mtp_layers(stage, chunk)
+        last = stage == self.parallel.pp - 1 and chunk == self.vp - 1
+        return self.shape.mtp_layers if last else 0
 
     def warnings(self) -> list[str]:
         """Settings a run accepts but a user should hear about: a sequence past the model's trained
@@ -202,8 +226,10 @@ class JobSpec(_Strict):
                             f"({m.groups})")
         if m.ffn_hidden % p.tp:
             problems.append(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden}")
-        vp = p.vp or 1
-        if self.pipeline_slots % (p.pp * vp):
+        vp = self.vp
+        if p.pipeline_layout is not None:
+            problems += _layout_problems(self)
+        elif self.pipeline_slots % (p.pp * vp):
             problems.append(_split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
         if t.seq % (2 * p.cp) and p.cp > 1:
             problems.append(f"seq {t.seq} must be divisible by 2 x cp = {2 * p.cp} (load-balanced ring "
@@ -227,7 +253,7 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
-        problems += _moe_problems(self)
+        problems += _moe_problems(self) + _mla_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -261,6 +287,35 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
+    return out
+
+
+def _layout_problems(job: JobSpec) -> list[str]:
+    p = job.parallel
+    out = pipeline_layout.problems(p.pipeline_layout or "", p.pp, job.shape.layers, job.shape.mtp_layers)
+    stages = len(pipeline_layout.expand(p.pipeline_layout or ""))
+    if not out and p.vp is not None and p.vp * p.pp != stages:
+        out.append(f"parallel.vp {p.vp} with a pipeline_layout of {stages} virtual stages: vp is {stages} / pp "
+                   f"{p.pp} (or leave vp out)")
+    if p.account_for_embedding_and_loss:
+        # megatron/training/arguments.py at d98e8a64: the layout places the embedding and loss itself
+        out.append("parallel.account_for_embedding_and_loss with a pipeline_layout: the layout places E and L")
+    return out
+
+
+def _mla_problems(job: JobSpec) -> list[str]:
+    """Latent attention settings this model does not cover, each naming its key."""
+    m, p, t = job.shape, job.parallel, job.training
+    if not m.mla:
+        return []
+    out = []
+    if p.tp > 1 and p.sp is False:
+        out.append("parallel.sp false with tp > 1 and latent attention: Megatron-Core's MLA all-gathers its "
+                   "sequence-parallel latents; without SP it is not modelled")
+    if p.tp_comm_overlap:
+        out.append("parallel.tp_comm_overlap with latent attention is not modelled")
+    if t.attention == "unfused":
+        out.append("training.attention unfused with latent attention is not modelled (flash only)")
     return out
 
 
