@@ -46,6 +46,8 @@ from chakra_core.jobs.spec import Effects, JobSpec  # noqa: E402
 
 from chakra_sim_compute_achievable.effects import AchievableEffects  # noqa: E402
 
+from _kernel_split import moe_split  # noqa: E402
+
 RUNS = ROOT / "benchmarks" / "data" / "training-runs.yaml"
 DOC = ROOT / "docs" / "training-accuracy.md"
 CACHE = ROOT / "benchmarks" / ".cache" / "training-accuracy"
@@ -61,6 +63,8 @@ def job_of(run: dict[str, Any]) -> dict[str, Any]:
     parallel: dict[str, Any] = {"tp": run["tp"], "pp": run["pp"], "cp": run["cp"] or 1}
     if run.get("vp"):
         parallel["vp"] = run["vp"]
+    if (run.get("ep") or 1) > 1:
+        parallel["ep"] = run["ep"]
     training: dict[str, Any] = {"seq": run["seq"], "global_batch": run["gbs"], "micro_batch": run["mbs"] or 1,
                                 "precision": run["precision"]}
     profile = PROFILES[run["gpu"]]
@@ -114,12 +118,17 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
         return json.loads(path.read_text())
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        result = runner.simulate(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
+        prepared = runner.prepare(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
+        result = prepared.simulate()
         wall = time.perf_counter() - started
-    training = result.document["training"]
+        training = result.document["training"]
+        spec = JobSpec.model_validate(job)
+        split = moe_split(Path(tmp) / "traces", job["name"], spec.parallel.pp, spec.cluster.gpus,
+                          prepared.simulation.layers["compute"], training["breakdown_by_stage_s"]) \
+            if spec.shape.moe and off is None else None
     same = hashlib.sha256(json.dumps([result.document["ranks"], training], sort_keys=True).encode()).hexdigest()
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
-              "wall": wall, "results_digest": same}
+              "wall": wall, "results_digest": same, "moe_split": split}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record))
     return record
@@ -258,6 +267,8 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
         spec = JobSpec.model_validate(job)
         p, step = spec.parallel, results[(run["id"], None)]["step"]
         layout = f"{p.tp}/{p.pp}/{p.vp or 1}/{p.cp}/{spec.dp}, {spec.training.micro_batch}, {spec.training.global_batch}"
+        if p.ep > 1:
+            layout += f"; EP {p.ep}, ETP {p.expert_tp}"
         measured = run["measured"]["step_time_s"]
         tflops = model_flops(spec, run["flops_formula"]) / step / run["gpus"] / 1e12
         published = run["measured"].get("tflops_per_gpu")
@@ -279,6 +290,7 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
                  b["compute_other"], b["exposed_tp"], b["exposed_cp"], b["exposed_dp"], b["exposed_pp"] + b["exposed_other"],
                  b["bubble"], record["step"]]
         out.append(f"| {run['id']} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+    out += _moe_table(runs, results)
     if folds:
         out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage, and per CP index with ring "
                 "attention) against `off` (every rank):", ""]
@@ -298,6 +310,25 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
             out.append(f"- {why} ({len(ids)} run{'s' if len(ids) > 1 else ''}: {ids[0]}{', ...' if len(ids) > 1 else ''})")
     out.append("")
     return "\n".join(out)
+
+
+def _moe_table(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]]) -> list[str]:
+    moe = [run for run in runs if results[(run["id"], None)].get("moe_split")]
+    if not moe:
+        return []
+    out = ["", "## Mixtures of experts: where the time goes", "",
+           "The slowest pipeline stage's step by kind of work (benchmarks/_kernel_split.py): attention and the MoE "
+           "block's compute (router, permutes, grouped expert GEMMs, shared experts) as their kernels' own times "
+           "under the compute model, the dispatcher's all-to-alls and expert-TP collectives where nothing computes "
+           "(simulated `exposed_ep`), and the rest (dense layers' MLPs, norms, embedding and output layer, "
+           "optimizer, other exposed communication, the bubble, and kernels slowed beside communication). Seconds, "
+           "with shares of the step.", "",
+           "| run | attention | MoE compute | dispatch/combine exposed | rest | step |", "|---|---:|---:|---:|---:|---:|"]
+    for run in moe:
+        split = results[(run["id"], None)]["moe_split"]
+        cells = [f"{split[k]:.3f} ({split[k] / split['step']:.0%})" for k in ("attention", "moe", "exposed_ep", "rest")]
+        out.append(f"| {run['id']} | " + " | ".join(cells) + f" | {split['step']:.3f} |")
+    return out
 
 
 def _ablation(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]],
