@@ -29,11 +29,14 @@ from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, Attentio
                                                    interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time
+from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
 
 KINDS = ("gemm", "matmul", "attention", "other", "measured", "replayed")
 _GEMM, _MATMUL, _ATTENTION, _OTHER, _MEASURED, _REPLAYED = range(len(KINDS))
-_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+# bytes per element; the block-scaled formats carry an 8-bit scale per 32 (MX) or 16 (NVFP4) elements
+_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "mxfp8": 1 + 1 / 32,
+          "nvfp4": 0.5 + 1 / 16}
 # PyTorch / cuBLAS / CUTLASS names of tensor-core kernels that carry no gemm_* attributes
 _MATMUL_NAME = re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|conv|cutlass|xmma", re.IGNORECASE)
 _Q_TILE = 128
@@ -70,8 +73,11 @@ class AchievableCompute(ComputeModel):
     def config_problems(cls, config: AchievableConfig,
                         inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
         problems = profile_problems(config.profile, inputs.base_dir)
-        if not problems and load_profile(config.profile, inputs.base_dir).section(KEY, AchievableSpec) is None:
+        profile = None if problems else load_profile(config.profile, inputs.base_dir)
+        if profile is not None and profile.section(KEY, AchievableSpec) is None:
             problems.append((("profile",), f"profile '{config.profile}' has no gpu.achievable section"))
+        elif profile is not None and (refused := refusal(profile)):
+            problems.append((("profile",), refused))
         if config.kernel_times is not None:
             try:
                 load_kernel_times(inputs.base_dir / config.kernel_times)
@@ -86,7 +92,10 @@ class AchievableCompute(ComputeModel):
         if ach is None:
             raise SimulationError(f"compute.profile: profile '{profile.name}' has no gpu.achievable section "
                                   "(achievable matmul rates, HBM bandwidth, SM count); see docs/hardware.md")
+        if refused := refusal(profile):   # another GPU's measurements under this one's peaks
+            raise SimulationError(f"compute.profile: {refused}")
         self.achievable: AchievableSpec = ach
+        self._derived = derived_rates(ach)
         self._peak = {d: s.value * 1e12 for d, s in profile.gpu.peak_tflops.items() if s.value > 0}
         # rates count only for data types with a peak (the check achieved <= peak needs one)
         self._mamf = {d: s.value * 1e12 for d, s in ach.matmul_tflops.items() if s.value > 0 and d in self._peak}
@@ -395,21 +404,7 @@ class AchievableCompute(ComputeModel):
 
     # Results --------------------------------------------------------------------------------------
     def summary(self) -> JsonObject:
-        kinds: JsonObject = {}
-        peak = max(self._peak.values())
-        for name, (count, ns, flops) in zip(KINDS, self._stats):
-            if not count:
-                continue
-            achieved = flops / (ns * 1e-9) / 1e12 if ns else 0.0
-            if name != "measured" and name != "replayed" and achieved > peak / 1e12 * (1 + 1e-9):
-                raise SimulationError(f"internal error in compute plugin 'achievable': {name} kernels "
-                                      f"achieved {achieved:.1f} TFLOP/s, above the peak {peak / 1e12:g}")
-            kinds[name] = {"count": count, "time_ns": ns, "flops": flops, "achieved_tflops": round(achieved, 3)}
-        return {"profile": self.profile.name, "kinds": kinds, "achieved_within_peak": True}
+        return kernel_summary(self.profile.name, KINDS, self._stats, max(self._peak.values()), self._derived)
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
-        rows = [[name, f"{count:,}", f"{ns / 1e6:,.3f}", f"{flops / ns / 1e3:,.1f}" if ns else "-"]
-                for name, (count, ns, flops) in zip(KINDS, self._stats) if count]
-        # a folded run's representatives count for their class mates: every rank's kernels
-        return [("kernels by kind, every rank's summed", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
-
+        return kernel_tables(KINDS, self._stats, self._derived)
