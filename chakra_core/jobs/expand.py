@@ -227,8 +227,13 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
         raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
                               "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
     job = expand_job(data, base_dir, source, out_dir, progress)
-    _cluster_defaults(job, host)
-    config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
+    try:
+        _cluster_defaults(job, host)
+        config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
+    except BaseException:
+        if job.lock is not None:   # refused after the traces were written: the folder stays usable
+            job.lock.release()
+        raise
     config.spec.folding = job.folding
     config.spec.step_parts = True
     config.spec.training = job.info
