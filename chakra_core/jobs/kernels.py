@@ -10,8 +10,9 @@ docs/training.md lists the kernels and their FLOP and byte formulas.
 
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
 from chakra_core.jobs.context_parallel import ContextParallel
@@ -235,6 +236,11 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         return context
 
     def layer_forward(self, mb: int, layer: int) -> None:
+        deque(self.layer_forward_parts(mb, layer), maxlen=0)
+
+    def layer_forward_parts(self, mb: int, layer: int) -> Iterator[str]:
+        """The forward, yielding each sub-module it ends (pre_dispatch, dispatch, mlp; combine last) for
+        moe_overlap to interleave; a dense layer's dispatch and combine are empty."""
         h, a, g, d, n = self.h, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         act_bytes = self.act_bytes
@@ -261,12 +267,16 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         self._keep(residual1, "mask1", residual * self.mask, 1)
         if self.job.shape.is_moe_layer(layer):   # its norm feeds the router and the dispatcher in bf16
             self._keep(self.norm(p + "norm2", feeds_fp8=False), "x2", residual, act_bytes, output=False)
-            self.moe_forward(p)
+            yield from self.moe_forward(p)
         else:
+            yield "pre_dispatch"
+            yield "dispatch"
             self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
             self._mlp_forward(p, self.f)
         residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual2, "mask2", residual * self.mask, 1)
+        if not self.job.shape.is_moe_layer(layer):
+            yield "mlp"
         self._saving = True
 
     def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
@@ -292,18 +302,28 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         self._read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
 
     def layer_backward(self, mb: int, layer: int) -> None:
+        deque(self.layer_backward_parts(mb, layer), maxlen=0)
+
+    def layer_backward_parts(self, mb: int, layer: int) -> Iterator[str]:
+        """The backward, yielding each sub-module it ends (combine, mlp, dispatch, pre_dispatch)."""
         h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
         p = f"mb{mb}.L{layer}."
         act_bytes = self.act_bytes
         residual = self.local_tokens * h   # elements of the residual stream held here
         self._layer_key = (mb, layer)
         read = self._read
+        moe = self.job.shape.is_moe_layer(layer)
+        if not moe:
+            yield "combine"
         read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
-        if self.job.shape.is_moe_layer(layer):
-            self.moe_backward(p)
+        if moe:
+            yield from self.moe_backward(p)
         else:
             self._mlp_backward(p, f)
         read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
+        if not moe:   # a dense layer's norm2 belongs to its mlp (TransformerLayer._forward_mlp)
+            yield "mlp"
+            yield "dispatch"
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
         if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
             # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
@@ -316,6 +336,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
             self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * act_bytes, 3)
         read(self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)[1], "qkv_in")
         read(self.elementwise(p + "norm1.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x")
+        yield "pre_dispatch"
         self._grad_ready(layer)
 
     # Embedding and output layer -------------------------------------------------------------------

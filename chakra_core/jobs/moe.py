@@ -18,18 +18,21 @@ local experts). With a capacity factor an expert takes at most ceil(t x topk / n
 capacity_factor) tokens from each rank (moe_utils.get_capacity); balanced routing drops none
 unless the factor is below 1.
 
+The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
+micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
+experts beside them (--moe-shared-expert-overlap).
+
 Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
 bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, skewed
-routing, DeepEP / HybridEP (flex) and the all-gather dispatcher, overlap of shared experts or of
-the all-to-alls with other micro-batches' compute (--moe-shared-expert-overlap,
---overlap-moe-expert-parallel-comm).
+routing, DeepEP / HybridEP (flex) and the all-gather dispatcher.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 from chakra_core.et.build import uint_attr
+from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -51,7 +54,7 @@ class _BlockSizes(NamedTuple):
     ffn: int           # the expert FFN's width, expert TP share
 
 
-class MixtureOfExperts:
+class MixtureOfExperts(SharedExpertOverlap):
     """The MoE block of a layer (see the module docstring)."""
 
     job: "JobSpec"
@@ -170,29 +173,29 @@ class MixtureOfExperts:
         return self._kernel(name, "gemm", 2 * experts * m * k * n, experts * ((m * k + k * n) * opnd + m * n * out),
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
-    def _dispatch_comm(self, name: str, forward_direction: bool) -> None:
-        """The dispatcher's communication toward the experts (forward dispatch, or the backward of
-        combine): the tokens' and the probabilities' all-to-alls over EP (each rank's whole send
-        buffer: routed tokens x h, docs/collectives.md), then their all-gather over expert TP."""
+    def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:
+        """The tokens' (and the probabilities') all-to-all over EP: each rank's whole send buffer,
+        routed tokens x h (docs/collectives.md)."""
         routed, h, b = self.routed_tokens(), self.h, self.act_bytes
-        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
-        if forward_direction:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
+        if tokens:
+            self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
+        if probs:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
             self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
+
+    def _etp_all_gather(self, name: str, probs: bool) -> None:
+        """Toward the experts after the all-to-all: the tokens all-gathered over expert TP."""
+        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_all_gather", "etp", pb.ALL_GATHER, routed * h * b, EP_PART)
-        if forward_direction:
+        if probs:
             self.blocking(name + ".etp_all_gather_probs", "etp", pb.ALL_GATHER, routed * b, EP_PART)
 
-    def _combine_comm(self, name: str, probs: bool) -> None:
-        """Back from the experts (forward combine, or the backward of dispatch): reduce-scatter over
-        expert TP (the whole buffer), then the all-to-all over EP (and the probabilities' gradient)."""
+    def _etp_reduce_scatter(self, name: str, probs: bool) -> None:
+        """Back from the experts before the all-to-all: reduce-scatter over expert TP (the whole buffer)."""
         routed, h, b = self.routed_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_reduce_scatter", "etp", pb.REDUCE_SCATTER, routed * self.etp * h * b, EP_PART)
         if probs:
             self.blocking(name + ".etp_reduce_scatter_probs", "etp", pb.REDUCE_SCATTER, routed * self.etp * b,
                           EP_PART)
-        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
-        if probs:
-            self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
 
     def _block_sizes(self) -> "_BlockSizes":
         m = self.job.shape
@@ -201,13 +204,19 @@ class MixtureOfExperts:
         return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, per_expert * local,
                            m.up_projections() * ffn, ffn)
 
-    def moe_forward(self, p: str) -> None:
+    def moe_forward(self, p: str) -> Iterator[str]:
         """The block after the second norm: shared experts, router, dispatch, grouped expert GEMMs,
-        combine (MoELayer.forward's order without shared-expert overlap)."""
+        combine (MoELayer.forward's order). Yields the end of each sub-module as Megatron-Core's
+        fine-grained callables split it (models/gpt/fine_grained_callables.py): pre_dispatch (to the
+        permutation), dispatch (the all-to-alls), mlp (expert TP gather, experts, expert TP scatter);
+        combine is the rest. With --moe-shared-expert-overlap the shared experts run on a stream of
+        their own beside the all-to-alls (shared_expert_overlap)."""
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        self._shared_forward(p)
+        side = self.shared_overlap
+        if not side:
+            self._shared_forward(p)
         self.linear_fp8 = False   # the router's GEMM is a plain linear (router_gating_linear), bf16
         router = self.gemm(p + "moe.router", t, h, experts)
         self.linear_fp8 = True
@@ -215,8 +224,17 @@ class MixtureOfExperts:
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
         self._keep(scores, "moe_map", t * experts, 1)
+        if side:
+            self.shared_gather(p)
         self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
-        self._dispatch_comm(p + "moe.dispatch", True)
+        yield "pre_dispatch"
+        permuted = list(self.stream.frontier)
+        self._ep_all_to_all(p + "moe.dispatch", probs=not side)
+        if side:   # token_dispatch: tokens all-to-all, shared fc1, probabilities all-to-all
+            self.shared_fc1(p, permuted)
+            self._ep_all_to_all(p + "moe.dispatch", probs=True, tokens=False)
+        yield "dispatch"
+        self._etp_all_gather(p + "moe.dispatch", True)
         if local > 1:   # sort_chunks_by_idxs: the received chunks grouped by local expert
             self.elementwise(p + "moe.sort_chunks", received * h, 2 * received * h * b)
         fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
@@ -227,19 +245,32 @@ class MixtureOfExperts:
         self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
-        self._combine_comm(p + "moe.combine", False)
+        self._etp_reduce_scatter(p + "moe.combine", False)
+        yield "mlp"
+        computed = list(self.stream.frontier)
+        self._ep_all_to_all(p + "moe.combine", False)
+        if side:   # token_combine: the shared fc2 and its reduce-scatter beside the all-to-all
+            self.shared_fc2(p, computed)
         self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
         if m.shared_ffn:
+            if side:
+                self.shared_join()
             self.elementwise(p + "moe.add_shared", t * h, 3 * t * h * b)
 
-    def moe_backward(self, p: str) -> None:
+    def moe_backward(self, p: str) -> Iterator[str]:
         """The block's backward, in reverse: combine's backward (the tokens' gradient dispatched
-        again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'."""
+        again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'.
+        Yields the end of combine, mlp and dispatch (see moe_forward)."""
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
+        side = self.shared_overlap
+        if side:
+            self.shared_fc2_backward(p)
         self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
                    "moe_probs", "moe_map")
-        self._dispatch_comm(p + "moe.combine.bwd", False)
+        self._ep_all_to_all(p + "moe.combine.bwd", False)
+        yield "combine"
+        self._etp_all_gather(p + "moe.combine.bwd", False)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
         self.grouped_gemm(p + "moe.fc2.dgrad", per_expert, h, ffn, cast=True)
@@ -250,14 +281,23 @@ class MixtureOfExperts:
         self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
         if local > 1:
             self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
-        self._combine_comm(p + "moe.dispatch.bwd", True)
+        self._etp_reduce_scatter(p + "moe.dispatch.bwd", True)
+        yield "mlp"
+        routed_fc1 = list(self.stream.frontier)
+        self._ep_all_to_all(p + "moe.dispatch.bwd", True)
+        if side:   # launched after the routed experts' fc1 backward (shared_experts.py _BackwardStreamWait)
+            self.shared_fc1_backward(p, routed_fc1)
+        yield "dispatch"
         self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
         self._read(self.elementwise(p + "moe.topk.bwd", t * experts, t * experts * (3 * b + 1), 4), "moe_probs")
         self.linear_fp8 = False
         self.gemm(p + "moe.router.dgrad", t, experts, h)
         self._read(self.gemm(p + "moe.router.wgrad", experts, t, h, accumulate=True), "moe_x")
         self.linear_fp8 = True
-        self._shared_backward(p)
+        if side:
+            self.shared_join()
+        else:
+            self._shared_backward(p)
 
     def _shared_forward(self, p: str) -> None:
         """Shared experts: a dense TP MLP of shared_expert_ffn on the same input (SharedExpertMLP,

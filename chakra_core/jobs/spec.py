@@ -19,6 +19,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+OVERLAPS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap")
+
+
 class Parallel(_Strict):
     tp: PositiveInt = Field(1, description="tensor parallel size (--tensor-model-parallel-size)")
     pp: PositiveInt = Field(1, description="pipeline stages (--pipeline-model-parallel-size)")
@@ -43,6 +46,17 @@ class Parallel(_Strict):
     etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
                                                       "each expert's FFN split over etp ranks; default tp, as "
                                                       "Megatron's")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="in the steady state of 1F1B one micro-batch's forward and another's backward run "
+                           "together, layer by layer, each one's EP all-to-alls beside the other's compute "
+                           "(--overlap-moe-expert-parallel-comm; Megatron-Bridge's moe_a2a_overlap)")
+    delay_wgrad_compute: bool = Field(
+        False, description="with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run "
+                           "after the data gradients, where the combined schedule places them "
+                           "(--delay-wgrad-compute)")
+    moe_shared_expert_overlap: bool = Field(
+        False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
+                           "(--moe-shared-expert-overlap)")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -53,6 +67,9 @@ class Parallel(_Strict):
                 data.pop("ep")
             if data.get("etp") is None:
                 data.pop("etp", None)
+            for key in OVERLAPS:   # off: the job's echo as before they were modelled
+                if data.get(key) is False:
+                    data.pop(key)
         return data
 
     @property
@@ -244,7 +261,8 @@ def _moe_problems(job: JobSpec) -> list[str]:
     m, p = job.shape, job.parallel
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
-                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1]
+                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)]
     out = []
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
@@ -261,6 +279,33 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
+    return out + _overlap_problems(job)
+
+
+def _overlap_problems(job: JobSpec) -> list[str]:
+    """What Megatron-LM refuses of the MoE overlaps (at d98e8a64: TransformerConfig.__post_init__ in
+    megatron/core/transformer/transformer_config.py, lines 3002-3077), and Transformer Engine (at
+    d0067d0d) of delayed weight gradients."""
+    p, t = job.parallel, job.training
+    out = []
+    if p.overlap_moe_expert_parallel_comm:
+        if p.pp > 1 and job.vp == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm with pp > 1 needs parallel.vp > 1 (Megatron: "
+                       "virtual_pipeline_model_parallel_size must be specified)")
+        if p.ep == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm needs parallel.ep > 1 (expert model parallelism)")
+        if t.recompute == "full":
+            out.append("parallel.overlap_moe_expert_parallel_comm needs training.recompute other than full")
+        if p.moe_shared_expert_overlap:
+            out.append("parallel.moe_shared_expert_overlap and parallel.overlap_moe_expert_parallel_comm exclude "
+                       "each other (Megatron: disable moe_shared_expert_overlap)")
+    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
+        out.append("parallel.delay_wgrad_compute needs parallel.overlap_moe_expert_parallel_comm")
+    if p.delay_wgrad_compute and p.tp_comm_overlap and p.tp > 1:
+        # module/layernorm_linear.py and linear.py: NotImplementedError for a delayed wgrad GEMM with
+        # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
+        out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
+                   "delay weight gradients with userbuffers")
     return out
 
 
