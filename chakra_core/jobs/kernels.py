@@ -15,8 +15,11 @@ from functools import lru_cache
 from typing import Iterable, Iterator, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
+from chakra_core.jobs.attention_variants import AttentionVariants, windowed_flops
 from chakra_core.jobs.context_parallel import ContextParallel
+from chakra_core.jobs.expert_activation import ExpertActivation
 from chakra_core.jobs.fp8 import Fp8Quantization
+from chakra_core.jobs.linear_biases import LinearBiases
 from chakra_core.jobs.moe import MixtureOfExperts
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.tensor_parallel import TensorParallel
@@ -39,7 +42,8 @@ NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
 
-class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfExperts):
+class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfExperts, ExpertActivation, LinearBiases,
+                   AttentionVariants):
     """A rank's place in the job and the nodes of its layers (see the module docstring).
 
     Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
@@ -154,7 +158,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         return 1 if self.fp8 and self.linear_fp8 else self.act_bytes
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-        if self._saving:
+        if self._saving and what not in self._dropped:
             self.ledger.save(node, (*self._layer_key, what), elements, size, output)
 
     def _read(self, node: int | None, *what: str) -> None:
@@ -199,8 +203,13 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
                  uint_attr("attn_head_dim", d), bool_attr("attn_causal", causal),
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
+        window = self.attention_window(seq_kv, causal)
+        if window is not None:   # the keys in the band, and the band for the compute layer (attention_variants)
+            flops = windowed_flops(b * heads, seq_q, seq_kv, d, window)
+            attrs.append(uint_attr("attn_window", window))
         # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
         ops, nbytes = (flops * 5 // 2, 2 * qkvo) if backward else (flops, qkvo)
+        ops += self.sink_ops(b * heads * seq_q, backward)
         node = self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
         if backward:
             self._read(node, "qkv", "attn_out")
@@ -214,7 +223,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         b, a, d, s = self.b, self.a, self.d, self.s
         scores = b * a * s * s
         mask = self.mask
-        kept = self.job.training.recompute != "selective"
+        kept = not self.job.training.recomputes("core_attn")
         if not backward:
             self.bmm(name + ".scores", b * a, s, d, s)
             softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.act_bytes, 4)
@@ -261,6 +270,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
             self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.act_bytes, 3)
         self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, act_bytes)
         proj = self._row_gemm(p + "proj", n, a * d, h)
+        self.attention_output_bias(p, backward=False)
         if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
             self._keep(proj, "proj_in", n * a * d, 1, output=False)
         residual1 = self.elementwise(p + "residual1", residual, residual * (3 * act_bytes + self.mask))
@@ -324,8 +334,9 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         if not moe:   # a dense layer's norm2 belongs to its mlp (TransformerLayer._forward_mlp)
             yield "mlp"
             yield "dispatch"
+        self.attention_output_bias(p, backward=True)
         read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
-        if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
+        if self.job.training.recomputes("core_attn") and self.job.training.attention == "unfused":
             # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
             # sec. 5: QK^T, softmax, softmax dropout, attention over V); FlashAttention does it anyway
             part, self.part, self._saving = self.part, "recompute", False

@@ -69,6 +69,8 @@ class MixtureOfExperts(SharedExpertOverlap):
     linear_fp8: bool
     gemm_dtype: str
     act_dtype: str
+    part: str
+    _dropped: tuple[str, ...] = ()   # saved tensors a forward does not keep (output-discarding recompute)
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
         def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -113,6 +115,27 @@ class MixtureOfExperts(SharedExpertOverlap):
         def _read(self, node: int | None, *what: str) -> None:
             raise NotImplementedError
 
+        def norm(self, name: str, feeds_fp8: bool = True) -> int:
+            raise NotImplementedError
+
+        def expert_activation(self, p: str, received: int, up: int, ffn: int, recompute: bool = False) -> None:
+            raise NotImplementedError
+
+        def expert_activation_recompute(self, p: str, received: int, up: int, ffn: int) -> None:
+            raise NotImplementedError
+
+        def expert_activation_backward(self, p: str, received: int, up: int, ffn: int) -> None:
+            raise NotImplementedError
+
+        def expert_bias_forward(self, p: str, per_expert: int, local: int) -> None:
+            raise NotImplementedError
+
+        def expert_bias_backward(self, p: str, per_expert: int, local: int) -> None:
+            raise NotImplementedError
+
+        def router_bias_backward(self, p: str, experts: int) -> None:
+            raise NotImplementedError
+
     # Sizes ------------------------------------------------------------------------------------------
     @property
     def experts_here(self) -> int:
@@ -140,18 +163,23 @@ class MixtureOfExperts(SharedExpertOverlap):
     def expert_params_here(self) -> int:
         """Parameters of one MoE layer's routed experts on this rank."""
         m = self.job.shape
-        return self.experts_here * (m.up_projections() + 1) * self.h * (m.expert_ffn // self.etp)
+        weights = self.experts_here * (m.up_projections() + 1) * self.h * (m.expert_ffn // self.etp)
+        return weights + self.experts_here * m.mlp_biases(m.expert_ffn)   # biases need etp 1 (spec)
 
     def moe_dense_params_here(self) -> int:
-        """A MoE layer's router (replicated over TP) and shared experts (split over TP) here."""
+        """A MoE layer's router (replicated over TP) and shared experts (split over TP) here, and
+        their biases (a few thousand: counted whole on every TP rank)."""
         m = self.job.shape
-        return self.h * (m.num_experts or 0) + (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp
+        weights = self.h * (m.num_experts or 0) + (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp
+        biases = (m.num_experts or 0) + (m.mlp_biases(m.shared_ffn) if m.shared_ffn else 0) if m.bias else 0
+        return weights + biases
 
     def moe_linear_weights(self) -> int:
         """Elements of a MoE block's fp8 linear weights here: shared and routed experts (the router
         is not a Transformer Engine module)."""
         m = self.job.shape
-        return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here()
+        biases = self.experts_here * m.mlp_biases(m.expert_ffn)
+        return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here() - biases
 
     # Kernels ----------------------------------------------------------------------------------------
     def grouped_gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, accumulate: bool = False) -> int:
@@ -215,6 +243,8 @@ class MixtureOfExperts(SharedExpertOverlap):
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
         side = self.shared_overlap
+        if self.job.training.recomputes("layernorm"):   # the pre-MLP norm's output: router's and shared experts' input
+            self._dropped = ("moe_x", "fc1_in")
         if not side:
             self._shared_forward(p)
         self.linear_fp8 = False   # the router's GEMM is a plain linear (router_gating_linear), bf16
@@ -240,9 +270,9 @@ class MixtureOfExperts(SharedExpertOverlap):
         fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
         self._keep(fc1, "moe_in", received * h, 1 if self.fp8 else b, output=False)
         self._keep(fc1, "moe_fc1", received * up, b)
-        act = self.elementwise(p + "moe.activation", received * ffn, (up + ffn) * received * b + received * b, 5)
-        self._keep(act, "moe_act", received * ffn, 1 if self.fp8 else b)
+        self.expert_activation(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
+        self.expert_bias_forward(p, per_expert, local)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
         self._etp_reduce_scatter(p + "moe.combine", False)
@@ -256,6 +286,7 @@ class MixtureOfExperts(SharedExpertOverlap):
             if side:
                 self.shared_join()
             self.elementwise(p + "moe.add_shared", t * h, 3 * t * h * b)
+        self._dropped = ()
 
     def moe_backward(self, p: str) -> Iterator[str]:
         """The block's backward, in reverse: combine's backward (the tokens' gradient dispatched
@@ -264,6 +295,7 @@ class MixtureOfExperts(SharedExpertOverlap):
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
         side = self.shared_overlap
+        self._recompute_pre_mlp_norm(p)
         if side:
             self.shared_fc2_backward(p)
         self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
@@ -273,10 +305,11 @@ class MixtureOfExperts(SharedExpertOverlap):
         self._etp_all_gather(p + "moe.combine.bwd", False)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
+        self.expert_bias_backward(p, per_expert, local)
+        self.expert_activation_recompute(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2.dgrad", per_expert, h, ffn, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc2.wgrad", ffn, per_expert, h, accumulate=True), "moe_act")
-        self._read(self.elementwise(p + "moe.activation.bwd", received * ffn, (2 * up + ffn) * received * b, 7),
-                   "moe_fc1")
+        self.expert_activation_backward(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc1.dgrad", per_expert, up, h, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
         if local > 1:
@@ -294,10 +327,25 @@ class MixtureOfExperts(SharedExpertOverlap):
         self.gemm(p + "moe.router.dgrad", t, experts, h)
         self._read(self.gemm(p + "moe.router.wgrad", experts, t, h, accumulate=True), "moe_x")
         self.linear_fp8 = True
+        self.router_bias_backward(p, experts)
         if side:
             self.shared_join()
         else:
             self._shared_backward(p)
+
+    def _recompute_pre_mlp_norm(self, p: str) -> None:
+        """--recompute-modules layernorm: the pre-MLP norm (a TENorm of its own in MoE layers; the
+        input norm is fused into the QKV GEMM) again as the block's output gradient arrives
+        (transformer_layer.py at d98e8a64: recompute_pre_mlp_layernorm, output-discarding)."""
+        if not self.job.training.recomputes("layernorm"):
+            return
+        part, self.part = self.part, "recompute"
+        norm = self.norm(p + "norm2", feeds_fp8=False)
+        self._read(norm, "x2")
+        self._keep(norm, "moe_x", self.local_tokens * self.h, self.act_bytes, output=False)
+        if self.job.shape.shared_ffn:
+            self._keep(norm, "fc1_in", self.local_tokens * self.h, self.act_bytes, output=False)
+        self.part = part
 
     def _shared_forward(self, p: str) -> None:
         """Shared experts: a dense TP MLP of shared_expert_ffn on the same input (SharedExpertMLP,

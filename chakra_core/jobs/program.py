@@ -147,7 +147,7 @@ class RankProgram(CombinedSchedule):
         """Parameters this rank holds for a layer (>= 0), the embedding (-1) or the head (-2)."""
         m, h = self.job.shape, self.h
         if unit >= 0 and m.is_moe_layer(unit):   # attention, norms, router and shared experts
-            return m.layer_params_on(self.tp) - m.mlp_params() // self.tp + self.moe_dense_params_here()
+            return m.layer_params_on(self.tp) - m.mlp_params_on(self.tp) + self.moe_dense_params_here()
         if unit >= 0:
             return m.layer_params_on(self.tp)
         if unit == -1:

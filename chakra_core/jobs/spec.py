@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, \
     model_serializer, model_validator
 
+from chakra_core.jobs.attention_variants import attention_variant_problems
 from chakra_core.jobs.models import ModelSpec, preset
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -91,6 +92,11 @@ class Training(_Strict):
         "none", description="activation recomputation: 'selective' recomputes core attention (free with "
                             "flash attention, which recomputes it anyway), 'full' re-runs each layer's "
                             "forward before its backward")
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "moe_act"], ...] | None = Field(
+        None, description="with selective: the modules recomputed (Megatron's --recompute-modules; default "
+                          "[core_attn]): 'layernorm' the norms that are modules of their own (a MoE layer's "
+                          "pre-MLP norm), 'moe_act' the experts' activation; their outputs are dropped after "
+                          "the forward and recomputed in the backward")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="'flash': FlashAttention kernels; 'unfused': batched GEMMs around a fused "
                              "softmax over the s x s scores in memory (Megatron-LM before FlashAttention)")
@@ -111,6 +117,19 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # a job without recompute_modules echoes (results.json, the trace cache's digest) as before them
+        data = handler(self)
+        if isinstance(data, dict) and data.get("recompute_modules") is None:
+            data.pop("recompute_modules", None)
+        return data
+
+    def recomputes(self, module: str) -> bool:
+        """Selective recomputation covers `module` (Megatron-Core transformer_config.py at d98e8a64:
+        recompute_modules defaults to ["core_attn"])."""
+        return self.recompute == "selective" and module in (self.recompute_modules or ("core_attn",))
 
 
 class Effects(_Strict):
@@ -244,7 +263,7 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
-        problems += _moe_problems(self)
+        problems += _moe_problems(self) + attention_variant_problems(self) + _recompute_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -276,6 +295,8 @@ def _moe_problems(job: JobSpec) -> list[str]:
         out.append(f"parallel.etp {etp} must divide model.moe_ffn_hidden {m.expert_ffn}")
     if m.shared_ffn % p.tp:
         out.append(f"parallel.tp {p.tp} must divide model.shared_expert_ffn {m.shared_ffn}")
+    if m.bias and etp > 1:   # transformer_config.py: "Bias in Moe is only supported when ETP==1"
+        out.append(f"model.bias with a mixture of experts needs parallel.etp 1 (it is {etp}; etp defaults to tp)")
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
@@ -306,6 +327,23 @@ def _overlap_problems(job: JobSpec) -> list[str]:
         # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
         out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
                    "delay weight gradients with userbuffers")
+    return out
+
+
+def _recompute_problems(job: JobSpec) -> list[str]:
+    """recompute_modules as Megatron-Core takes them (transformer_config.py at d98e8a64)."""
+    t = job.training
+    if t.recompute_modules is None:
+        return []
+    out = []
+    if t.recompute != "selective":
+        out.append("training.recompute_modules needs recompute: selective")
+    dropped = sorted({"layernorm", "moe_act"} & set(t.recompute_modules))
+    if dropped and t.precision == "fp8":
+        # delayed scaling: "Delayed scaling does not support moe_act and layernorm recompute for fp8";
+        # current scaling keeps their bf16 inputs instead (set_save_original_input), not modelled
+        out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "
+                   "refuses it with delayed scaling)")
     return out
 
 

@@ -31,6 +31,7 @@ from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.gemm import gemm_time
 from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
+from chakra_sim_compute_achievable.windowed import band
 
 KINDS = ("gemm", "matmul", "attention", "other", "measured", "replayed")
 _GEMM, _MATMUL, _ATTENTION, _OTHER, _MEASURED, _REPLAYED = range(len(KINDS))
@@ -336,15 +337,17 @@ class AchievableCompute(ComputeModel):
                        f"profile '{self.profile.name}' has no {dtype} {passname} attention curve; such "
                        f"kernels are timed with the {self.dtype} curve at the {self.dtype} peak")
             dtype, curves = self.dtype, self._attention.get(self.dtype, {})
-        causal = node.bool("attn_causal", False)
+        seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
+        window = node.int("attn_window") if node.has("attn_window") else 0
+        window = window if 0 < window < seq_kv else 0   # windowed.py: the band's tiles, non-causal rate
+        causal = node.bool("attn_causal", False) and not window
         curve = curves.get("forward_causal") if causal and passname == "forward" else None
         curve = curve or curves.get(passname)
         if curve is None:
             raise SimulationError(f"profile '{self.profile.name}' has no {dtype} {passname} attention curve "
                                   "(gpu.achievable.attention) for attention nodes")
-        seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
-        seq = math.sqrt(seq_q * seq_kv)
-        rate = _interpolate(curve, seq) * 1e12
+        seq, share = band(seq_q, seq_kv, window, _Q_TILE) if window else (math.sqrt(seq_q * seq_kv), 1.0)
+        rate = _interpolate(curve, seq) * 1e12 * share
         if causal and passname == "backward" and self._causal_backward:
             # no causal backward curve: the causal forward's share of the non-causal forward
             forward, causal_fwd = curves.get("forward"), curves.get("forward_causal")
