@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFuncti
     model_serializer, model_validator
 
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
@@ -94,6 +95,18 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+    routing: Literal["balanced"] | Routing = Field(
+        BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
+                              "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
+                              "(chakra_core/jobs/routing.py)")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # balanced routing echoes (results.json, the trace cache's digest) as before it was a setting
+        data = handler(self)
+        if isinstance(data, dict) and data.get("routing") == BALANCED:
+            data.pop("routing")
+        return data
 
 
 class Effects(_Strict):
@@ -244,8 +257,8 @@ def _moe_problems(job: JobSpec) -> list[str]:
     m, p = job.shape, job.parallel
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
-                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1]
-    out = []
+                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + routing_problems(job)
+    out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
         out.append(f"parallel.ep {ep} must divide model.num_experts {experts}")
