@@ -62,9 +62,11 @@ class JobRun:
     """The output folder's, taken before the traces were written (RunConfig.output_lock)."""
 
 
-def read_job(data: Any, source: str) -> JobSpec:
+def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
+    """The validated job; files it names (a routing histogram) relative to `base_dir` (default the
+    current folder)."""
     try:
-        job = JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
     too_large = overflow(job)
@@ -113,7 +115,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
     try:
-        job = read_job(raw, source)
+        job = read_job(raw, source, base_dir)
     except ManifestError as exc:   # a wrong profile too, in the same message
         raise ManifestError([*exc.problems, *_profile_problems(raw, exc.problems, base_dir, source)]) from None
     profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)

@@ -10,28 +10,30 @@ experts.py (TEGroupedMLP, `--moe-grouped-gemm`: one grouped GEMM per linear laye
 experts, fc1 column- and fc2 row-parallel over expert TP, the routing probabilities applied in
 the activation), shared_experts.py (SharedExpertMLP: a dense TP MLP beside the routed experts).
 
-Routing is balanced, as published benchmarks force it (--moe-router-force-load-balancing): each
-rank routes its t tokens to topk experts and sends t x topk / ep of them to every EP rank, so it
-receives as many as it sends and each of its num_experts / ep local experts gets
+Routing is balanced by default, as published benchmarks force it (--moe-router-force-load-balancing):
+each rank routes its t tokens to topk experts and sends t x topk / ep of them to every EP rank, so
+it receives as many as it sends and each of its num_experts / ep local experts gets
 etp x ep x t x topk / num_experts tokens (one grouped GEMM of that M per expert: `gemm_batch`
 local experts). With a capacity factor an expert takes at most ceil(t x topk / num_experts x
 capacity_factor) tokens from each rank (moe_utils.get_capacity); balanced routing drops none
-unless the factor is below 1.
+unless the factor is below 1. Skewed routing (`training.routing`, routing.py) gives every rank the
+hottest EP rank's expert tokens and all-to-all buffers.
 
 The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
 micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
 experts beside them (--moe-shared-expert-overlap).
 
 Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
-bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, skewed
-routing, DeepEP / HybridEP (flex) and the all-gather dispatcher.
+bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, DeepEP /
+HybridEP (flex) and the all-gather dispatcher.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
-from chakra_core.et.build import uint_attr
+from chakra_core.et.build import uint_attr, uint_list_attr
+from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
 
@@ -42,12 +44,16 @@ EP_PART = "ep"
 """step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
 
 
+Tokens = int | tuple[int, ...]
+"""Tokens of every local expert (balanced), or of each (skewed routing)."""
+
+
 class _BlockSizes(NamedTuple):
     """A MoE block's sizes on this rank."""
 
     experts: int
     routed: int        # token copies this rank sends to the experts
-    per_expert: int    # tokens each local expert computes
+    per_expert: Tokens  # tokens each local expert computes
     local: int         # local experts
     received: int      # tokens the local experts compute in all
     up: int            # fc1's output width per token (gated: twice the expert FFN), expert TP share
@@ -146,8 +152,15 @@ class MixtureOfExperts(SharedExpertOverlap):
     def etp(self) -> int:
         return self.job.parallel.expert_tp
 
+    def expert_load(self) -> ExpertLoad | None:
+        """Skewed routing's token counts (routing.py); None when balanced."""
+        return expert_load(self.job, self.local_tokens)
+
     def routed_tokens(self) -> int:
         """Token copies this rank sends to the experts (t x topk, capped by the capacity)."""
+        load = self.expert_load()
+        if load is not None:
+            return load.kept
         m = self.job.shape
         experts, routed = m.num_experts or 1, self.local_tokens * m.router_topk
         if m.capacity_factor is not None:
@@ -155,10 +168,20 @@ class MixtureOfExperts(SharedExpertOverlap):
             routed = min(routed, experts * int(capacity))
         return routed
 
-    def expert_tokens(self) -> int:
+    def expert_tokens(self) -> Tokens:
         """Tokens each local expert computes: what the EP ranks sent here (balanced: as many as
-        this rank sent), all-gathered over expert TP, split over the local experts."""
+        this rank sent), all-gathered over expert TP, split over the local experts; skewed: each
+        of the hottest EP rank's experts' own."""
+        load = self.expert_load()
+        if load is not None:
+            return load.tokens
         return -(-self.routed_tokens() * self.etp // self.experts_here)
+
+    def arrived_tokens(self) -> int:
+        """Token copies an EP all-to-all's buffer holds: what this rank sends (balanced: as many as
+        it receives), or what the hottest EP rank receives (skewed; routing.py says why)."""
+        load = self.expert_load()
+        return self.routed_tokens() if load is None else load.arrived
 
     def expert_params_here(self) -> int:
         """Parameters of one MoE layer's routed experts on this rank."""
@@ -182,29 +205,37 @@ class MixtureOfExperts(SharedExpertOverlap):
         return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here() - biases
 
     # Kernels ----------------------------------------------------------------------------------------
-    def grouped_gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, accumulate: bool = False) -> int:
+    def grouped_gemm(self, name: str, m: Tokens, k: Tokens, n: int, cast: bool = False,
+                     accumulate: bool = False) -> int:
         """TE's GroupedLinear over the local experts: one [m,k] x [k,n] product per expert (its own
         weight and tokens), timed by the compute layer as `gemm_batch` products of the expert's own
-        shape (a batch of 1 is exactly the dense `gemm`)."""
+        shape (a batch of 1 is exactly the dense `gemm`). Skewed routing gives each expert its own
+        m (or k, weight gradients): `gemm_m_list` / `gemm_k_list`, gemm_m / gemm_k the largest."""
         experts = self.experts_here
+        ms = m if isinstance(m, tuple) else (m,) * experts
+        ks = k if isinstance(k, tuple) else (k,) * experts
         if experts == 1:
-            return self.gemm(name, m, k, n, cast=cast, accumulate=accumulate)
+            return self.gemm(name, ms[0], ks[0], n, cast=cast, accumulate=accumulate)
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
-            self.quantize(name, experts * m * k)
-        shape = [uint_attr("gemm_m", m), uint_attr("gemm_n", n), uint_attr("gemm_k", k),
+            self.quantize(name, sum(a * b for a, b in zip(ms, ks)))
+        shape = [uint_attr("gemm_m", max(ms)), uint_attr("gemm_n", n), uint_attr("gemm_k", max(ks)),
                  uint_attr("gemm_batch", experts)]
+        for what, sizes in (("gemm_m_list", ms), ("gemm_k_list", ks)):
+            if len(set(sizes)) > 1:
+                shape.append(uint_list_attr(what, sizes))
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(uint_attr("gemm_c_bytes", out))
         opnd = 1 if fp8 else self.act_bytes
-        return self._kernel(name, "gemm", 2 * experts * m * k * n, experts * ((m * k + k * n) * opnd + m * n * out),
+        return self._kernel(name, "gemm", 2 * n * sum(a * b for a, b in zip(ms, ks)),
+                            sum((a * b + b * n) * opnd + a * n * out for a, b in zip(ms, ks)),
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
     def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:
         """The tokens' (and the probabilities') all-to-all over EP: each rank's whole send buffer,
-        routed tokens x h (docs/collectives.md)."""
-        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+        the tokens arriving at the hottest EP rank x h (docs/collectives.md; routing.py)."""
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
         if tokens:
             self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
         if probs:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
@@ -212,14 +243,14 @@ class MixtureOfExperts(SharedExpertOverlap):
 
     def _etp_all_gather(self, name: str, probs: bool) -> None:
         """Toward the experts after the all-to-all: the tokens all-gathered over expert TP."""
-        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_all_gather", "etp", pb.ALL_GATHER, routed * h * b, EP_PART)
         if probs:
             self.blocking(name + ".etp_all_gather_probs", "etp", pb.ALL_GATHER, routed * b, EP_PART)
 
     def _etp_reduce_scatter(self, name: str, probs: bool) -> None:
         """Back from the experts before the all-to-all: reduce-scatter over expert TP (the whole buffer)."""
-        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_reduce_scatter", "etp", pb.REDUCE_SCATTER, routed * self.etp * h * b, EP_PART)
         if probs:
             self.blocking(name + ".etp_reduce_scatter_probs", "etp", pb.REDUCE_SCATTER, routed * self.etp * b,
@@ -229,7 +260,8 @@ class MixtureOfExperts(SharedExpertOverlap):
         m = self.job.shape
         per_expert, local = self.expert_tokens(), self.experts_here
         ffn = m.expert_ffn // self.etp
-        return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, per_expert * local,
+        received = sum(per_expert) if isinstance(per_expert, tuple) else per_expert * local
+        return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, received,
                            m.up_projections() * ffn, ffn)
 
     def moe_forward(self, p: str) -> Iterator[str]:

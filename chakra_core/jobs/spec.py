@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFuncti
 
 from chakra_core.jobs.attention_variants import attention_variant_problems
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
@@ -117,13 +118,21 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+    routing: Literal["balanced"] | Routing = Field(
+        BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
+                              "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
+                              "(chakra_core/jobs/routing.py)")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
-        # a job without recompute_modules echoes (results.json, the trace cache's digest) as before them
+        # balanced routing and no recompute_modules echo (results.json, the trace cache's digest) as
+        # before they were settings
         data = handler(self)
-        if isinstance(data, dict) and data.get("recompute_modules") is None:
-            data.pop("recompute_modules", None)
+        if isinstance(data, dict):
+            if data.get("routing") == BALANCED:
+                data.pop("routing")
+            if data.get("recompute_modules") is None:
+                data.pop("recompute_modules", None)
         return data
 
     def recomputes(self, module: str) -> bool:
@@ -281,8 +290,9 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
                 for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
-            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)]
-    out = []
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] + \
+            routing_problems(job)
+    out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
         out.append(f"parallel.ep {ep} must divide model.num_experts {experts}")

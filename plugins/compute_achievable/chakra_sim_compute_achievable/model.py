@@ -1,7 +1,8 @@
 """Compute time at achievable, not peak, throughput.
 
-- GEMM nodes (`kernel` gemm/bmm with `gemm_m/n/k/batch`): the maximum achievable matmul rate
-  (MAMF) with tile and wave quantization (`gemm.py`), or HBM-bound;
+- GEMM nodes (`kernel` gemm/bmm with `gemm_m/n/k/batch`; a grouped GEMM's own m or k per group in
+  `gemm_m_list` / `gemm_k_list`): the maximum achievable matmul rate (MAMF) with tile and wave
+  quantization (`gemm.py`), or HBM-bound;
 - attention nodes (`kernel` attention): FLOPs at the FlashAttention papers' achieved rate for the
   pass and sequence length (interpolated in log2 of the sequence length);
 - other nodes with num_ops: max(num_ops / CUDA-core fp32 peak, tensor_size / achievable HBM);
@@ -28,7 +29,7 @@ from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionCurve, attention_ceiling,
                                                    interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
-from chakra_sim_compute_achievable.gemm import gemm_time
+from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
 from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
 from chakra_sim_compute_achievable.windowed import band
@@ -282,7 +283,10 @@ class AchievableCompute(ComputeModel):
         shape, scale = work.shape, self._compute_scale
         sms = self._sms - work.margin
         if shape[0] == "gemm":
-            _, _, m, n, k, batch, mamf, width, c_bytes, chunks, _ = shape
+            _, _, m, n, k, batch, mamf, width, c_bytes, chunks, groups, _ = shape
+            if groups:   # each group its own m or k: a mixture of experts' grouped GEMM
+                return grouped_gemm_time(groups, n, mamf * scale, hbm, width, self._sms, sms,
+                                         c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
             one = gemm_time(-(-m // chunks), n, k, batch, mamf * scale, hbm, width, self._sms, sms,
                             c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
             return float(chunks * one + (chunks - 1) * self._gap)
@@ -316,13 +320,13 @@ class AchievableCompute(ComputeModel):
                                   f"found {m}, {n}, {k}, {batch}")
         dtype, mamf = self._matmul_rate(node)
         width = _WIDTH[dtype]
-        # what the epilogue moves per element of C: its write (bf16 unless the node says), and the
-        # read of an accumulating GEMM (gemm_c_bytes counts both)
+        # what the epilogue moves per element of C: its write (bf16 unless said), and an accumulating GEMM's read
         c_bytes = float(node.int("gemm_c_bytes")) if node.has("gemm_c_bytes") else float(max(width, 2))
-        # gemm_chunks: that many GEMMs of m / chunks rows one after the other (Transformer Engine's
-        # communication overlap splits its GEMMs so)
+        # gemm_chunks: that many GEMMs of m / chunks rows one after the other (TE's communication overlap)
         chunks = max(1, node.int("gemm_chunks", 1)) if node.has("gemm_chunks") else 1
-        return ("gemm", 2.0 * m * n * k * batch, m, n, k, batch, mamf, width, c_bytes, chunks, self._peak[dtype])
+        groups = gemm_groups(node.raw("gemm_m_list"), node.raw("gemm_k_list"), m, k, batch, node.id, node.name)
+        flops = 2.0 * n * sum(a * b for a, b in groups) if groups else 2.0 * m * n * k * batch
+        return ("gemm", flops, m, n, k, batch, mamf, width, c_bytes, chunks, groups, self._peak[dtype])
 
     def _attention_shape(self, node: NodeView) -> tuple[Any, ...]:
         flops = float(node.int("num_ops"))
