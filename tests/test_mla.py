@@ -12,7 +12,7 @@ import pytest
 
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.flops import formulas, model_flops
-from chakra_core.jobs.layout import expand
+from chakra_core.jobs.layout import expand, mtp_layers_in
 from chakra_core.jobs.models import preset
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
@@ -204,7 +204,7 @@ def test_pipeline_layouts_place_layers_as_megatron_does():
     placed = [layer for chunk in range(4) for stage in range(8) for layer in spec.chunk_layers(stage, chunk)]
     assert placed == list(range(61))
     assert spec.chunk_layers(0, 0) == [0] and spec.chunk_layers(1, 0) == [1, 2] and spec.chunk_layers(7, 3) == []
-    assert [spec.mtp_layers_in(stage, 3) for stage in range(8)] == [0] * 7 + [1]
+    assert [mtp_layers_in(spec, stage, 3) for stage in range(8)] == [0] * 7 + [1]
     assert "pipeline_layout" not in job(MLA).model_dump()["parallel"]
 
 

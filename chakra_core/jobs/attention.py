@@ -3,6 +3,7 @@
 
 Megatron-Core's SelfAttention (megatron/core/transformer/attention.py at NVIDIA/Megatron-LM
 d98e8a64ddf34856e74b24714e3bedb2f5a39553): the fused norm + QKV GEMM (TELayerNormColumnParallelLinear),
+sliding windows and sinks (attention_variants.py), the output projection's bias (linear_biases.py),
 with `qk_layernorm` an RMSNorm of each head's query and of each key head (q_layernorm / k_layernorm
 of head size, applied after the split and before RoPE), the core attention (FlashAttention, or the
 unfused batched GEMMs around a softmax), the row-parallel output projection. Core attention's
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, str_attr, uint_attr
+from chakra_core.jobs.attention_variants import windowed_flops
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -97,6 +99,15 @@ class SelfAttention:
         def _kv_bytes(self) -> int:
             raise NotImplementedError
 
+        def attention_window(self, seq_kv: int, causal: bool) -> int | None:
+            raise NotImplementedError
+
+        def sink_ops(self, rows: int, backward: bool) -> int:
+            raise NotImplementedError
+
+        def attention_output_bias(self, p: str, backward: bool) -> None:
+            raise NotImplementedError
+
         @property
         def gemm_in(self) -> int:
             raise NotImplementedError
@@ -115,13 +126,15 @@ class SelfAttention:
             self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.act_bytes, 3)
         self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, act_bytes)
         proj = self._row_gemm(p + "proj", n, a * d, h)
+        self.attention_output_bias(p, backward=False)
         if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
             self._keep(proj, "proj_in", n * a * d, 1, output=False)
 
     def self_attention_backward(self, p: str) -> None:
         h, a, g, d, n = self.h, self.a, self.g, self.d, self.n
+        self.attention_output_bias(p, backward=True)
         self._read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
-        if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
+        if self.job.training.recomputes("core_attn") and self.job.training.attention == "unfused":
             # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
             # sec. 5: QK^T, softmax, softmax dropout, attention over V); FlashAttention does it anyway
             part, self.part, self._saving = self.part, "recompute", False
@@ -176,19 +189,25 @@ class SelfAttention:
         and the output of dv (`attn_head_dim`, and `attn_head_dim_v` when they differ)."""
         b, dqk, dv = self.b, self.dqk, self.dv
         kv_heads = self.g * heads // self.a
-        pairs = b * heads * seq_q * seq_kv
         causal_half = 2 if causal else 1
         qkvo = b * (heads * seq_q + kv_heads * seq_kv) * (dqk + dv) * self.act_bytes
         attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
                  uint_attr("attn_head_dim", dqk), bool_attr("attn_causal", causal),
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
-        if dv != dqk:
+        if dqk == dv:
+            flops = 4 * b * heads * seq_q * seq_kv * dqk // causal_half
+            window = self.attention_window(seq_kv, causal)
+            if window is not None:   # the keys in the band, and the band for the compute layer (attention_variants)
+                flops = windowed_flops(b * heads, seq_q, seq_kv, dqk, window)
+                attrs.append(uint_attr("attn_window", window))
+            # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
+            ops = flops * 5 // 2 if backward else flops
+        else:   # latent attention: 3 of the backward's matmuls over dqk, 2 over dv (no window: refused)
             attrs.append(uint_attr("attn_head_dim_v", dv))
-        # FlashAttention's backward: 5 matmuls (3 of head size dqk, 2 of dv) to the forward's 2
-        if backward:
-            ops, nbytes = 2 * pairs * (3 * dqk + 2 * dv) // causal_half, 2 * qkvo
-        else:
-            ops, nbytes = 2 * pairs * (dqk + dv) // causal_half, qkvo
+            pairs = b * heads * seq_q * seq_kv
+            ops = 2 * pairs * ((3 * dqk + 2 * dv) if backward else (dqk + dv)) // causal_half
+        nbytes = 2 * qkvo if backward else qkvo
+        ops += self.sink_ops(b * heads * seq_q, backward)
         node = self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
         if backward:
             self._read(node, "qkv", "attn_out")
@@ -202,7 +221,7 @@ class SelfAttention:
         b, a, d, s = self.b, self.a, self.d, self.s
         scores = b * a * s * s
         mask = self.mask
-        kept = self.job.training.recompute != "selective"
+        kept = not self.job.training.recomputes("core_attn")
         if not backward:
             self.bmm(name + ".scores", b * a, s, d, s)
             softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.act_bytes, 4)

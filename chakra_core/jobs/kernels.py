@@ -10,13 +10,17 @@ docs/training.md lists the kernels and their FLOP and byte formulas.
 
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
 from chakra_core.jobs.attention import NORM_OPS, SelfAttention
+from chakra_core.jobs.attention_variants import AttentionVariants
 from chakra_core.jobs.context_parallel import ContextParallel
+from chakra_core.jobs.expert_activation import ExpertActivation
 from chakra_core.jobs.fp8 import Fp8Quantization
+from chakra_core.jobs.linear_biases import LinearBiases
 from chakra_core.jobs.mla import LatentAttention
 from chakra_core.jobs.moe import MixtureOfExperts
 from chakra_core.jobs.mtp import MultiTokenPrediction
@@ -38,7 +42,7 @@ def _attr(kind: str, name: str, value: int | str | bool) -> pb.AttributeProto:
 
 
 class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorParallel, ContextParallel,
-                   Fp8Quantization, MixtureOfExperts):
+                   Fp8Quantization, MixtureOfExperts, ExpertActivation, LinearBiases, AttentionVariants):
     """A rank's place in the job and the nodes of its layers (see the module docstring).
 
     Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
@@ -157,7 +161,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         return 1 if self.fp8 and self.linear_fp8 else self.act_bytes
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-        if self._saving:
+        if self._saving and what not in self._dropped:
             self.ledger.save(node, (*self._layer_key, what), elements, size, output)
 
     def _read(self, node: int | None, *what: str) -> None:
@@ -182,6 +186,11 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         return f"mb{mb}.L{layer}." if layer < layers else f"mb{mb}.mtp{layer - layers}.layer."
 
     def layer_forward(self, mb: int, layer: int) -> None:
+        deque(self.layer_forward_parts(mb, layer), maxlen=0)
+
+    def layer_forward_parts(self, mb: int, layer: int) -> Iterator[str]:
+        """The forward, yielding each sub-module it ends (pre_dispatch, dispatch, mlp; combine last) for
+        moe_overlap to interleave; a dense layer's dispatch and combine are empty."""
         h = self.h
         p = self.layer_prefix(mb, layer)
         act_bytes = self.act_bytes
@@ -204,12 +213,16 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self._keep(residual1, "mask1", residual * self.mask, 1)
         if self.job.shape.is_moe_layer(layer):   # its norm feeds the router and the dispatcher in bf16
             self._keep(self.norm(p + "norm2", feeds_fp8=False), "x2", residual, act_bytes, output=False)
-            self.moe_forward(p)
+            yield from self.moe_forward(p)
         else:
+            yield "pre_dispatch"
+            yield "dispatch"
             self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
             self._mlp_forward(p, self.f)
         residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual2, "mask2", residual * self.mask, 1)
+        if not self.job.shape.is_moe_layer(layer):
+            yield "mlp"
         self._saving = True
 
     def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
@@ -236,22 +249,34 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
 
     def layer_backward(self, mb: int, layer: int, ready: bool = True) -> None:
         """A layer's backward; `ready`: its gradients are complete after it (an MTP layer's are not)."""
+        deque(self.layer_backward_parts(mb, layer, ready), maxlen=0)
+
+    def layer_backward_parts(self, mb: int, layer: int, ready: bool = True) -> Iterator[str]:
+        """The backward, yielding each sub-module it ends (combine, mlp, dispatch, pre_dispatch)."""
+        h, f = self.h, self.f
         p = self.layer_prefix(mb, layer)
         act_bytes = self.act_bytes
-        residual = self.local_tokens * self.h   # elements of the residual stream held here
+        residual = self.local_tokens * h   # elements of the residual stream held here
         self._layer_key = (mb, layer)
         read = self._read
+        moe = self.job.shape.is_moe_layer(layer)
+        if not moe:
+            yield "combine"
         read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
-        if self.job.shape.is_moe_layer(layer):
-            self.moe_backward(p)
+        if moe:
+            yield from self.moe_backward(p)
         else:
-            self._mlp_backward(p, self.f)
+            self._mlp_backward(p, f)
         read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
+        if not moe:   # a dense layer's norm2 belongs to its mlp (TransformerLayer._forward_mlp)
+            yield "mlp"
+            yield "dispatch"
         if self.job.shape.mla:
             self.latent_attention_backward(p)
         else:
             self.self_attention_backward(p)
         read(self.elementwise(p + "norm1.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x")
+        yield "pre_dispatch"
         if ready:
             self._grad_ready(layer)
 
@@ -331,3 +356,6 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
 
     def _grad_ready(self, unit: int) -> None:
         """After a unit's backward: its gradients are complete."""
+
+    def _fp8_weights(self, layer: int) -> None:
+        """fp8: a layer's linear weights quantized once per step."""

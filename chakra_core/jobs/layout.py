@@ -20,6 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
 
 KINDS = {"E": "embedding", "t": "transformer", "m": "mtp", "L": "loss"}
 
@@ -86,3 +90,27 @@ def problems(layout: str, pp: int, layers: int, mtp_layers: int) -> list[str]:
 @lru_cache(maxsize=64)
 def parse(layout: str, pp: int) -> Layout:
     return Layout(tuple(expand(layout)), pp)
+
+
+def job_problems(job: "JobSpec") -> list[str]:
+    """The layout's problems for this job (`problems`), and its conflicts with other keys."""
+    p = job.parallel
+    out = problems(p.pipeline_layout or "", p.pp, job.shape.layers, job.shape.mtp_layers)
+    stages = len(expand(p.pipeline_layout or ""))
+    if not out and p.vp is not None and p.vp * p.pp != stages:
+        out.append(f"parallel.vp {p.vp} with a pipeline_layout of {stages} virtual stages: vp is {stages} / pp "
+                   f"{p.pp} (or leave vp out)")
+    if p.account_for_embedding_and_loss:
+        # megatron/training/arguments.py at d98e8a64: the layout places the embedding and loss itself
+        out.append("parallel.account_for_embedding_and_loss with a pipeline_layout: the layout places E and L")
+    return out
+
+
+def mtp_layers_in(job: "JobSpec", stage: int, chunk: int) -> int:
+    """MTP layers a stage's model chunk runs: the layout's, else all on the last stage's last chunk
+    (multi_token_prediction.py mtp_on_this_rank at d98e8a64)."""
+    layout = job.layout
+    if layout is not None:
+        return layout.mtp_layers(stage, chunk)
+    last = stage == job.parallel.pp - 1 and chunk == job.vp - 1
+    return job.shape.mtp_layers if last else 0

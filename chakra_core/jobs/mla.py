@@ -47,6 +47,22 @@ ROPE_OPS = 3
 """Per rotated element: two products and a sum."""
 
 
+def latent_attention_problems(job: "JobSpec") -> list[str]:
+    """Latent attention settings this model does not cover, each naming its key."""
+    m, p, t = job.shape, job.parallel, job.training
+    if not m.mla:
+        return []
+    out = []
+    if p.tp > 1 and p.sp is False:
+        out.append("parallel.sp false with tp > 1 and latent attention: Megatron-Core's MLA all-gathers its "
+                   "sequence-parallel latents; without SP it is not modelled")
+    if p.tp_comm_overlap:
+        out.append("parallel.tp_comm_overlap with latent attention is not modelled")
+    if t.attention == "unfused":
+        out.append("training.attention unfused with latent attention is not modelled (flash only)")
+    return out
+
+
 class LatentAttention:
     """The latent attention block of a layer (see the module docstring)."""
 

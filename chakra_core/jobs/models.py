@@ -16,13 +16,15 @@ VOCAB_DIVISOR = 128
 megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
 
 
-MOE_KEYS = ("num_experts", "topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "capacity_factor",
+MOE_KEYS = ("topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "capacity_factor",
             "router_score_function", "router_groups", "router_group_topk", "router_expert_bias")
+"""Keys that describe a mixture of experts (they need num_experts)."""
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-OPTIONAL_KEYS = ("kv_channels", *MOE_KEYS, *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
+OPTIONAL_KEYS = ("kv_channels", "num_experts", *MOE_KEYS, "window", "window_attn_skip_freq", "attention_sinks",
+                 *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
 """Keys a model echoes only when set: a dense model's echo (results.json, the trace cache's digest)
-stays what it was before mixtures of experts, latent attention and multi-token prediction were
-modelled."""
+stays what it was before mixtures of experts, attention variants, latent attention and multi-token
+prediction were modelled."""
 MLA_DEFAULTS = {"qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 """Megatron-LM's argument defaults (megatron/training/arguments.py at d98e8a64: --qk-head-dim 128,
 --qk-pos-emb-head-dim 64, --v-head-dim 128)."""
@@ -42,16 +44,28 @@ class ModelSpec(BaseModel):
                                                              "default heads (no GQA); 1 is MQA")
     vocab: PositiveInt = Field(..., description="the tokenizer's size, before Megatron's padding")
     max_seq: PositiveInt | None = Field(None, description="longest sequence: the size of learned position embeddings")
-    mlp: Literal["swiglu", "geglu", "gelu", "squared-relu"] = Field(
+    mlp: Literal["swiglu", "geglu", "gelu", "squared-relu", "clamped-swiglu"] = Field(
         "swiglu", description="the MLP's activation: gated 'swiglu' (Llama) or 'geglu' (Gemma), two "
                               "up-projections (Shazeer 2020, arXiv 2002.05202); 'gelu' (GPT) or "
-                              "'squared-relu' (Nemotron-4, arXiv 2402.16819; So et al. 2021), one")
+                              "'squared-relu' (Nemotron-4, arXiv 2402.16819; So et al. 2021), one; "
+                              "'clamped-swiglu' (GPT-OSS's experts: x sigmoid(1.702 x) of the gate "
+                              "clamped to 7, times the linear half clamped to +-7 plus 1)")
     norm: Literal["rmsnorm", "layernorm"] = Field("rmsnorm", description="the layers' normalization (--normalization)")
     position: Literal["rope", "learned"] = Field("rope", description="rotary or learned absolute position embeddings")
     tied_embeddings: bool = Field(False, description="the output layer shares the input embedding's weights")
     bias: bool = Field(False, description="linear layers have biases (--add-bias-linear)")
     kv_channels: PositiveInt | None = Field(None, description="head size (--kv-channels); default hidden / heads "
                                                               "(Qwen3: 128 whatever the hidden size)")
+    # Attention variants (chakra_core/jobs/attention_variants.py)
+    window: PositiveInt | None = Field(None, description="sliding-window attention: the keys each query attends "
+                                                         "to, itself included (HF sliding_window; Megatron's "
+                                                         "--window-size is (window - 1, 0)); none: full")
+    window_attn_skip_freq: PositiveInt | None = Field(None, description="with window: layers whose 1-based number is "
+                                                                        "a multiple of it keep full attention "
+                                                                        "(--window-attn-skip-freq; GPT-OSS 2); "
+                                                                        "none: every layer windowed")
+    attention_sinks: bool | None = Field(None, description="a learned sink logit per head in each softmax "
+                                                           "(Megatron's softmax_type learnable; GPT-OSS)")
     # Mixture of experts (Megatron-Core megatron/core/transformer/moe/, NVIDIA/Megatron-LM at d98e8a64)
     num_experts: PositiveInt | None = Field(None, description="routed experts per MoE layer (--num-experts); "
                                                               "none: a dense model")
@@ -113,7 +127,7 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden {self.hidden} is not divisible by heads {self.heads} (or give kv_channels)")
         if self.heads % self.groups:
             raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.groups}")
-        moe_keys = [key for key in MOE_KEYS[1:] if getattr(self, key) is not None]
+        moe_keys = [key for key in MOE_KEYS if getattr(self, key) is not None]
         if self.num_experts is None and moe_keys:
             raise ValueError(f"{', '.join(moe_keys)} describe a mixture of experts: give num_experts too")
         if self.num_experts is not None:
@@ -122,11 +136,15 @@ class ModelSpec(BaseModel):
             if self.first_moe_layer >= self.layers:
                 raise ValueError(f"dense_layers_first {self.first_moe_layer} leaves no MoE layer of the "
                                  f"{self.layers} layers")
-            if self.bias:
-                raise ValueError("bias with num_experts: biased experts are not modelled (Megatron allows "
-                                 "them only with expert_tensor_parallel_size 1)")
             self._router_groups_fit(self.num_experts)
         self._latent_attention_fits()
+        if self.window_attn_skip_freq is not None and self.window is None:
+            raise ValueError("window_attn_skip_freq needs window (the sliding window it skips)")
+        if self.mlp == "clamped-swiglu" and (self.num_experts is None or self.first_moe_layer or self.shared_ffn):
+            # Megatron-Core's fused bias-activation takes a quick-GELU GLU only in the routed experts:
+            # mlp.py and shared_experts.py raise "Only support fusion of gelu and swiglu" (d98e8a64)
+            raise ValueError("mlp clamped-swiglu is modelled in routed experts only: give num_experts, no "
+                             "dense_layers_first and no shared_expert_ffn")
         return self
 
     def _router_groups_fit(self, experts: int) -> None:
@@ -156,9 +174,9 @@ class ModelSpec(BaseModel):
         if self.kv_channels is not None:
             raise ValueError("kv_channels with kv_lora_rank: latent attention's head sizes are qk_head_dim + "
                              "qk_pos_emb_head_dim (query, key) and v_head_dim (value)")
-        if self.position != "rope" or self.bias:
-            raise ValueError("latent attention applies RoPE to its decoupled part and has no biases: "
-                             "position rope, bias false")
+        if self.position != "rope" or self.bias or self.window is not None or self.attention_sinks:
+            raise ValueError("latent attention applies RoPE to its decoupled part, has no biases and is "
+                             "modelled without windows or sinks: position rope, bias false")
 
     # Multi-head latent attention and multi-token prediction ---------------------------------------
     @property
@@ -197,8 +215,8 @@ class ModelSpec(BaseModel):
         return self.hidden * (q_lora + kv_lora + self.rope_dim) + norms
 
     def attention_params(self) -> int:
-        """One layer's attention weights (biases aside): QKV and output projections and, with
-        qk_layernorm, the per-head query and key norms (one weight of head size each, shared by
+        """One layer's attention weights (biases and sinks aside): QKV and output projections and,
+        with qk_layernorm, the per-head query and key norms (one weight of head size each, shared by
         the heads); with latent attention (multi_latent_attention.py MLASelfAttention): the q
         down- and up-projection (or one q projection without q_lora_rank), the kv down-projection
         with the rope part, the kv up-projection to the nope keys and values, the output projection."""
@@ -265,18 +283,28 @@ class ModelSpec(BaseModel):
         return 2 if self.gated else 1
 
     def expert_params(self) -> int:
-        """Parameters of one MoE layer's routed experts: each a (gated) MLP of expert_ffn."""
-        return (self.num_experts or 0) * (self.up_projections() + 1) * self.hidden * self.expert_ffn
+        """Parameters of one MoE layer's routed experts: each a (gated) MLP of expert_ffn (and its
+        fc1 and fc2 biases: TEGroupedMLP's GroupedLinear with add_bias_linear)."""
+        return (self.num_experts or 0) * ((self.up_projections() + 1) * self.hidden * self.expert_ffn
+                                          + self.mlp_biases(self.expert_ffn))
 
     def moe_dense_params(self) -> int:
-        """Parameters of a MoE layer's block beside its routed experts: router (h x experts,
-        replicated over TP) and shared experts (a TP-split MLP)."""
-        return self.hidden * (self.num_experts or 0) + (self.up_projections() + 1) * self.hidden * self.shared_ffn
+        """Parameters of a MoE layer's block beside its routed experts: router (h x experts, and a
+        bias per expert with add_bias_linear: router.py; replicated over TP) and shared experts (a
+        TP-split MLP)."""
+        shared = (self.up_projections() + 1) * self.hidden * self.shared_ffn
+        router_bias = (self.num_experts or 0) if self.bias else 0
+        return (self.hidden * (self.num_experts or 0) + shared + router_bias
+                + (self.mlp_biases(self.shared_ffn) if self.shared_ffn else 0))
+
+    def mlp_biases(self, ffn: int) -> int:
+        """An MLP's biases: fc1's (both up-projections when gated) and fc2's."""
+        return self.up_projections() * ffn + self.hidden if self.bias else 0
 
     @property
     def gated(self) -> bool:
         """A gated MLP: two up-projections, the activation of one times the other."""
-        return self.mlp in ("swiglu", "geglu")
+        return self.mlp in ("swiglu", "geglu", "clamped-swiglu")
 
     @property
     def groups(self) -> int:
@@ -298,7 +326,8 @@ class ModelSpec(BaseModel):
         params = self.attention_params() + up + f * h
         norms = (2 if self.norm == "layernorm" else 1) * 2 * h
         biases = ((self.heads + 2 * self.groups) * d + h + (up // h) + h) if self.bias else 0
-        return params + norms + biases
+        sinks = self.heads if self.attention_sinks else 0   # one logit per head, split over TP
+        return params + norms + biases + sinks
 
     def layer_params_on(self, tp: int) -> int:
         """Parameters of one layer on one GPU of a TP group: the linear layers and their column
@@ -328,8 +357,13 @@ class ModelSpec(BaseModel):
         return self.params() - idle // (self.num_experts or 1)
 
     def mlp_params(self) -> int:
-        """Parameters of a dense layer's MLP (the block a MoE layer replaces)."""
-        return (self.up_projections() + 1) * self.hidden * self.ffn_hidden
+        """Parameters of a dense layer's MLP (the block a MoE layer replaces), biases included."""
+        return (self.up_projections() + 1) * self.hidden * self.ffn_hidden + self.mlp_biases(self.ffn_hidden)
+
+    def mlp_params_on(self, tp: int) -> int:
+        """A dense MLP's parameters on one GPU of a TP group: fc2's bias is replicated."""
+        row_bias = self.hidden if self.bias else 0
+        return (self.mlp_params() - row_bias) // tp + row_bias
 
 
 @lru_cache(maxsize=1)

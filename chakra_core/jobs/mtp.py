@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from chakra_core.jobs.attention import NORM_OPS
+from chakra_core.jobs.layout import mtp_layers_in
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -106,6 +107,9 @@ class MultiTokenPrediction:
         def _await_params(self, unit: int) -> None:
             raise NotImplementedError
 
+        def _fp8_weights(self, layer: int) -> None:
+            raise NotImplementedError
+
         def _grad_ready(self, unit: int) -> None:
             raise NotImplementedError
 
@@ -116,7 +120,7 @@ class MultiTokenPrediction:
     @property
     def mtp_here(self) -> int:
         """MTP layers this rank runs, in its last model chunk (the one with the loss)."""
-        return self.job.mtp_layers_in(self.stage, self.vp - 1)
+        return mtp_layers_in(self.job, self.stage, self.vp - 1)
 
     def mtp_forward(self, mb: int) -> None:
         """The MTP layers on the decoder's normalized output, then their heads (see the module docstring)."""
@@ -124,6 +128,7 @@ class MultiTokenPrediction:
         first = self.job.shape.layers
         for k in range(self.mtp_here):
             p, layer = f"mb{mb}.mtp{k}.", first + k
+            self._fp8_weights(layer)
             self._await_params(layer)
             self._layer_key = (mb, f"mtp{k}")
             embedding = self._kernel(p + "embedding", "embedding", n * h, 2 * n * h * b, "bf16")

@@ -11,13 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFuncti
     model_serializer, model_validator
 
 from chakra_core.jobs import layout as pipeline_layout
+from chakra_core.jobs.attention_variants import attention_variant_problems
+from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+OVERLAPS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap")
 
 
 class Parallel(_Strict):
@@ -44,6 +50,17 @@ class Parallel(_Strict):
     etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
                                                       "each expert's FFN split over etp ranks; default tp, as "
                                                       "Megatron's")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="in the steady state of 1F1B one micro-batch's forward and another's backward run "
+                           "together, layer by layer, each one's EP all-to-alls beside the other's compute "
+                           "(--overlap-moe-expert-parallel-comm; Megatron-Bridge's moe_a2a_overlap)")
+    delay_wgrad_compute: bool = Field(
+        False, description="with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run "
+                           "after the data gradients, where the combined schedule places them "
+                           "(--delay-wgrad-compute)")
+    moe_shared_expert_overlap: bool = Field(
+        False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
+                           "(--moe-shared-expert-overlap)")
     pipeline_layout: str | None = Field(
         None, description="the layers of every virtual pipeline stage (--pipeline-model-parallel-layout), e.g. "
                           "'Et|(tt|)*30mL': E embedding, t transformer layer, m MTP layer, L loss, | between "
@@ -59,6 +76,9 @@ class Parallel(_Strict):
             for key in ("etp", "pipeline_layout"):
                 if data.get(key) is None:
                     data.pop(key, None)
+            for key in OVERLAPS:   # off: the job's echo as before they were modelled
+                if data.get(key) is False:
+                    data.pop(key)
         return data
 
     @property
@@ -80,6 +100,11 @@ class Training(_Strict):
         "none", description="activation recomputation: 'selective' recomputes core attention (free with "
                             "flash attention, which recomputes it anyway), 'full' re-runs each layer's "
                             "forward before its backward")
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "moe_act"], ...] | None = Field(
+        None, description="with selective: the modules recomputed (Megatron's --recompute-modules; default "
+                          "[core_attn]): 'layernorm' the norms that are modules of their own (a MoE layer's "
+                          "pre-MLP norm), 'moe_act' the experts' activation; their outputs are dropped after "
+                          "the forward and recomputed in the backward")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="'flash': FlashAttention kernels; 'unfused': batched GEMMs around a fused "
                              "softmax over the s x s scores in memory (Megatron-LM before FlashAttention)")
@@ -100,6 +125,27 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+    routing: Literal["balanced"] | Routing = Field(
+        BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
+                              "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
+                              "(chakra_core/jobs/routing.py)")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # balanced routing and no recompute_modules echo (results.json, the trace cache's digest) as
+        # before they were settings
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("routing") == BALANCED:
+                data.pop("routing")
+            if data.get("recompute_modules") is None:
+                data.pop("recompute_modules", None)
+        return data
+
+    def recomputes(self, module: str) -> bool:
+        """Selective recomputation covers `module` (Megatron-Core transformer_config.py at d98e8a64:
+        recompute_modules defaults to ["core_attn"])."""
+        return self.recompute == "selective" and module in (self.recompute_modules or ("core_attn",))
 
 
 class Effects(_Strict):
@@ -186,15 +232,6 @@ class JobSpec(_Strict):
         first = (chunk * self.parallel.pp + stage) * per - skip
         return [layer for layer in range(first, first + per) if 0 <= layer < self.shape.layers]
 
-    def mtp_layers_in(self, stage: int, chunk: int) -> int:
-        """MTP layers a stage's model chunk runs: the layout's, else all on the last stage's last
-        chunk (multi_token_prediction.py mtp_on_this_rank at d98e8a64)."""
-        layout = self.layout
-        if layout is not None:
-            return layout.mtp_layers(stage, chunk)
-        last = stage == self.parallel.pp - 1 and chunk == self.vp - 1
-        return self.shape.mtp_layers if last else 0
-
     def warnings(self) -> list[str]:
         """Settings a run accepts but a user should hear about: a sequence past the model's trained
         context, more recomputed layers than a chunk holds."""
@@ -228,7 +265,7 @@ class JobSpec(_Strict):
             problems.append(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden}")
         vp = self.vp
         if p.pipeline_layout is not None:
-            problems += _layout_problems(self)
+            problems += pipeline_layout.job_problems(self)
         elif self.pipeline_slots % (p.pp * vp):
             problems.append(_split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
         if t.seq % (2 * p.cp) and p.cp > 1:
@@ -253,7 +290,8 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
-        problems += _moe_problems(self) + _mla_problems(self)
+        problems += _moe_problems(self) + attention_variant_problems(self) + _recompute_problems(self) + \
+            latent_attention_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -270,8 +308,10 @@ def _moe_problems(job: JobSpec) -> list[str]:
     m, p = job.shape, job.parallel
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
-                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1]
-    out = []
+                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] + \
+            routing_problems(job)
+    out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
         out.append(f"parallel.ep {ep} must divide model.num_experts {experts}")
@@ -284,38 +324,55 @@ def _moe_problems(job: JobSpec) -> list[str]:
         out.append(f"parallel.etp {etp} must divide model.moe_ffn_hidden {m.expert_ffn}")
     if m.shared_ffn % p.tp:
         out.append(f"parallel.tp {p.tp} must divide model.shared_expert_ffn {m.shared_ffn}")
+    if m.bias and etp > 1:   # transformer_config.py: "Bias in Moe is only supported when ETP==1"
+        out.append(f"model.bias with a mixture of experts needs parallel.etp 1 (it is {etp}; etp defaults to tp)")
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
+    return out + _overlap_problems(job)
+
+
+def _overlap_problems(job: JobSpec) -> list[str]:
+    """What Megatron-LM refuses of the MoE overlaps (at d98e8a64: TransformerConfig.__post_init__ in
+    megatron/core/transformer/transformer_config.py, lines 3002-3077), and Transformer Engine (at
+    d0067d0d) of delayed weight gradients."""
+    p, t = job.parallel, job.training
+    out = []
+    if p.overlap_moe_expert_parallel_comm:
+        if p.pp > 1 and job.vp == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm with pp > 1 needs parallel.vp > 1 (Megatron: "
+                       "virtual_pipeline_model_parallel_size must be specified)")
+        if p.ep == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm needs parallel.ep > 1 (expert model parallelism)")
+        if t.recompute == "full":
+            out.append("parallel.overlap_moe_expert_parallel_comm needs training.recompute other than full")
+        if p.moe_shared_expert_overlap:
+            out.append("parallel.moe_shared_expert_overlap and parallel.overlap_moe_expert_parallel_comm exclude "
+                       "each other (Megatron: disable moe_shared_expert_overlap)")
+    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
+        out.append("parallel.delay_wgrad_compute needs parallel.overlap_moe_expert_parallel_comm")
+    if p.delay_wgrad_compute and p.tp_comm_overlap and p.tp > 1:
+        # module/layernorm_linear.py and linear.py: NotImplementedError for a delayed wgrad GEMM with
+        # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
+        out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
+                   "delay weight gradients with userbuffers")
     return out
 
 
-def _layout_problems(job: JobSpec) -> list[str]:
-    p = job.parallel
-    out = pipeline_layout.problems(p.pipeline_layout or "", p.pp, job.shape.layers, job.shape.mtp_layers)
-    stages = len(pipeline_layout.expand(p.pipeline_layout or ""))
-    if not out and p.vp is not None and p.vp * p.pp != stages:
-        out.append(f"parallel.vp {p.vp} with a pipeline_layout of {stages} virtual stages: vp is {stages} / pp "
-                   f"{p.pp} (or leave vp out)")
-    if p.account_for_embedding_and_loss:
-        # megatron/training/arguments.py at d98e8a64: the layout places the embedding and loss itself
-        out.append("parallel.account_for_embedding_and_loss with a pipeline_layout: the layout places E and L")
-    return out
-
-
-def _mla_problems(job: JobSpec) -> list[str]:
-    """Latent attention settings this model does not cover, each naming its key."""
-    m, p, t = job.shape, job.parallel, job.training
-    if not m.mla:
+def _recompute_problems(job: JobSpec) -> list[str]:
+    """recompute_modules as Megatron-Core takes them (transformer_config.py at d98e8a64)."""
+    t = job.training
+    if t.recompute_modules is None:
         return []
     out = []
-    if p.tp > 1 and p.sp is False:
-        out.append("parallel.sp false with tp > 1 and latent attention: Megatron-Core's MLA all-gathers its "
-                   "sequence-parallel latents; without SP it is not modelled")
-    if p.tp_comm_overlap:
-        out.append("parallel.tp_comm_overlap with latent attention is not modelled")
-    if t.attention == "unfused":
-        out.append("training.attention unfused with latent attention is not modelled (flash only)")
+    if t.recompute != "selective":
+        out.append("training.recompute_modules needs recompute: selective")
+    dropped = sorted({"layernorm", "moe_act"} & set(t.recompute_modules))
+    if dropped and t.precision == "fp8":
+        # delayed scaling: "Delayed scaling does not support moe_act and layernorm recompute for fp8";
+        # current scaling keeps their bf16 inputs instead (set_save_original_input), not modelled
+        out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "
+                   "refuses it with delayed scaling)")
     return out
 
 

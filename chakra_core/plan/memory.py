@@ -128,7 +128,7 @@ def layer_activations(job: JobSpec, recomputed: bool = False) -> int:
     gated = 2 if m.gated else 1
     split = (ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
              + ACT_BYTES * gated * f + gemm_in * f)
-    if t.attention == "unfused" and t.recompute != "selective":
+    if t.attention == "unfused" and not t.recomputes("core_attn"):
         split += a * job.training.seq * (ACT_BYTES + (MASK_BYTES + ACT_BYTES if mask else 0))
     return n * whole // sp + n * split // tp
 
