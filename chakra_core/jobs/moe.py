@@ -304,7 +304,7 @@ class MixtureOfExperts(SharedExpertOverlap):
         self._keep(fc1, "moe_fc1", received * up, b)
         self.expert_activation(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
-        self.expert_bias_forward(p, per_expert, local)
+        self.expert_bias_forward(p, received, local)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
         self._etp_reduce_scatter(p + "moe.combine", False)
@@ -337,7 +337,7 @@ class MixtureOfExperts(SharedExpertOverlap):
         self._etp_all_gather(p + "moe.combine.bwd", False)
         if local > 1:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
-        self.expert_bias_backward(p, per_expert, local)
+        self.expert_bias_backward(p, received, local)
         self.expert_activation_recompute(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2.dgrad", per_expert, h, ffn, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc2.wgrad", ffn, per_expert, h, accumulate=True), "moe_act")
