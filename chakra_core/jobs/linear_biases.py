@@ -66,24 +66,24 @@ class LinearBiases:
         else:
             self.elementwise(p + "proj_bias", n, (2 * n + self.h) * b)
 
-    def expert_bias_forward(self, p: str, per_expert: int, local: int) -> None:
-        """_apply_bias: t + b x p over the local experts' tokens (per_expert each), then their cat."""
+    def expert_bias_forward(self, p: str, received: int, local: int) -> None:
+        """_apply_bias: t + b x p over the local experts' tokens (`received` in all), then their cat."""
         if not self.unfused_biases:
             return
-        h, b, e = self.h, self.act_bytes, local * per_expert * self.h
-        tokens = local * per_expert
+        h, b, e = self.h, self.act_bytes, received * self.h
+        tokens = received
         self.elementwise(p + "moe.fc2_bias.scale", e, (e + tokens + local * h) * b)
         self.elementwise(p + "moe.fc2_bias.add", e, 3 * e * b)
         self.elementwise(p + "moe.fc2_bias.cat", e, 2 * e * b)
 
-    def expert_bias_backward(self, p: str, per_expert: int, local: int) -> None:
+    def expert_bias_backward(self, p: str, received: int, local: int) -> None:
         """The backward of _apply_bias: the bias's and the probabilities' gradients (a product and its
         sum each), the token gradients copied together (split's backward), the probabilities'
         gradients concatenated and added to the activation's."""
         if not self.unfused_biases:
             return
-        h, b, e = self.h, self.act_bytes, local * per_expert * self.h
-        tokens = local * per_expert
+        h, b, e = self.h, self.act_bytes, received * self.h
+        tokens = received
         self.elementwise(p + "moe.fc2_bias.bias_grad_mul", e, (2 * e + tokens) * b)
         self.elementwise(p + "moe.fc2_bias.bias_grad_sum", e, (e + local * h) * b)
         self.elementwise(p + "moe.fc2_bias.probs_grad_mul", e, (2 * e + local * h) * b)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
 
 from chakra_core.jobs.kernels import LayerKernels
+from chakra_core.jobs.moe import Tokens
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.schedule import stage_schedule, warmup_steps
 from chakra_core.jobs.spec import JobSpec
@@ -153,7 +154,8 @@ class CombinedSchedule(LayerKernels):
             return self._defer(name, lambda: gemm(name, m, k, n, cast, tp_amax, sm_margin, accumulate, chunks))
         return gemm(name, m, k, n, cast, tp_amax, sm_margin, accumulate, chunks)
 
-    def grouped_gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, accumulate: bool = False) -> int:
+    def grouped_gemm(self, name: str, m: Tokens, k: Tokens, n: int, cast: bool = False,
+                     accumulate: bool = False) -> int:
         grouped = super().grouped_gemm
         if accumulate and self._deferring is not None:
             return self._defer(name, lambda: grouped(name, m, k, n, cast, accumulate))
