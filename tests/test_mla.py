@@ -208,12 +208,17 @@ def test_pipeline_layouts_place_layers_as_megatron_does():
     assert "pipeline_layout" not in job(MLA).model_dump()["parallel"]
 
 
-def test_a_folded_run_equals_every_rank_simulated(tmp_path):
-    """Latent attention, MoE with the expert bias, MTP, a custom layout, fp8: folding still holds."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_folded_run_equals_every_rank_simulated(tmp_path, overlap):
+    """Latent attention, MoE with the expert bias, MTP, a custom layout, fp8, and the combined EP
+    overlap schedule with delayed weight gradients (MTP layers run whole in the head's passes):
+    folding still holds."""
     model = {**MLA, **MOE, "mtp_num_layers": 1, "router_expert_bias": True, "router_score_function": "sigmoid",
              "router_groups": 4, "router_group_topk": 2}
     spec = job(model, tp=2, pp=2, dp=2, ep=2, microbatches=4, layout="Et|t|t|tmL", precision="fp8",
                fp8_recipe="current").model_dump(mode="json")
+    if overlap:
+        spec["parallel"].update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     finish = job_folded_and_unfolded(spec, tmp_path)
     assert finish["auto"] == finish["off"]
 

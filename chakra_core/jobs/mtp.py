@@ -28,7 +28,7 @@ full recomputation of MTP layers (they are never recomputed here).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from chakra_core.jobs.attention import NORM_OPS
 from chakra_core.jobs.layout import mtp_layers_in
@@ -54,6 +54,7 @@ class MultiTokenPrediction:
     local_tokens: int
     act_bytes: int
     _layer_key: tuple[int, int | str]
+    _deferring: "list[Any] | None" = None   # the combined schedule's delayed weight gradients (moe_overlap.py)
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
         def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -168,7 +169,14 @@ class MultiTokenPrediction:
 
     def mtp_backward(self, mb: int) -> None:
         """The MTP heads' backward, then each MTP layer's, last first; each layer's gradients are
-        complete after its eh_proj, norms and embedding."""
+        complete after its eh_proj, norms and embedding. The combined EP-overlap schedule
+        (moe_overlap.py) interleaves the decoder's layers only: MTP layers run whole inside the
+        head's backward, their weight gradients not delayed."""
+        held, self._deferring = self._deferring, None
+        self._mtp_backward(mb)
+        self._deferring = held
+
+    def _mtp_backward(self, mb: int) -> None:
         h, n, t, b = self.h, self.n, self.local_tokens, self.act_bytes
         first = self.job.shape.layers
         for k in reversed(range(self.mtp_here)):
