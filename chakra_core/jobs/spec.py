@@ -291,9 +291,9 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
                 for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
-            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] + \
-            (["parallel.moe_token_dispatcher flex needs a mixture of experts (model.num_experts)"]
-             if p.moe_token_dispatcher == "flex" else [])
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] \
+            + (["parallel.moe_token_dispatcher flex needs a mixture of experts (model.num_experts)"]
+               if p.moe_token_dispatcher == "flex" else [])
     out = []
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
