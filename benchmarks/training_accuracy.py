@@ -69,15 +69,15 @@ def job_of(run: dict[str, Any]) -> dict[str, Any]:
         parallel["ep"] = run["ep"]
     training: dict[str, Any] = {"seq": run["seq"], "global_batch": run["gbs"], "micro_batch": run["mbs"] or 1,
                                 "precision": run["precision"]}
-    profile = PROFILES[run["gpu"]]
+    cluster: dict[str, Any] = {"gpus": run["gpus"], "profile": PROFILES[run["gpu"]]}
     for setting in run.get("settings", []):
         parallel.update(setting.get("parallel", {}))
         training.update(setting.get("training", {}))
-        profile = setting.get("profile", profile)
+        cluster.update(setting.get("cluster", {}))
+        cluster["profile"] = setting.get("profile", cluster["profile"])
     if training["precision"] != "fp8":
         training.pop("fp8_recipe", None)
-    return {"name": "step", "model": run["model"], "parallel": parallel, "training": training,
-            "cluster": {"gpus": run["gpus"], "profile": profile}}
+    return {"name": "step", "model": run["model"], "parallel": parallel, "training": training, "cluster": cluster}
 
 
 FOLD_OFF = "workload.fold_off"

@@ -214,6 +214,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         if self.job.shape.is_moe_layer(layer):   # its norm feeds the router and the dispatcher in bf16
             self._keep(self.norm(p + "norm2", feeds_fp8=False), "x2", residual, act_bytes, output=False)
             yield from self.moe_forward(p)
+            self._expert_bias_counts(p)
         else:
             yield "pre_dispatch"
             yield "dispatch"
@@ -224,6 +225,14 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         if not self.job.shape.is_moe_layer(layer):
             yield "mlp"
         self._saving = True
+
+    def _expert_bias_counts(self, p: str) -> None:
+        """With the router's expert bias, the routing map's column sums (router.py _apply_expert_bias:
+        local_tokens_per_expert += routing_map.sum(0)); Megatron counts right after the top-k, written
+        here after the block (a kernel of microseconds)."""
+        if self.job.shape.router_expert_bias:
+            t, experts = self.local_tokens, self.job.shape.num_experts or 0
+            self.elementwise(p + "moe.tokens_per_expert", t * experts, t * experts + 4 * experts)
 
     def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
         """A TP MLP of hidden width `ffn` (the layer's, or its MoE block's shared experts: `cast` when

@@ -21,11 +21,12 @@ hottest EP rank's expert tokens and all-to-all buffers.
 
 The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
 micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
-experts beside them (--moe-shared-expert-overlap).
+experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's
+fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher).
 
 Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
-bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, DeepEP /
-HybridEP (flex) and the all-gather dispatcher.
+bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, HybridEP and
+the all-gather dispatcher.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
 from chakra_core.et.build import uint_attr, uint_list_attr
+from chakra_core.jobs.flex_dispatcher import FlexDispatcher
 from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
 
 EP_PART = "ep"
 """step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
-
 
 Tokens = int | tuple[int, ...]
 """Tokens of every local expert (balanced), or of each (skewed routing)."""
@@ -60,7 +61,7 @@ class _BlockSizes(NamedTuple):
     ffn: int           # the expert FFN's width, expert TP share
 
 
-class MixtureOfExperts(SharedExpertOverlap):
+class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher):
     """The MoE block of a layer (see the module docstring)."""
 
     job: "JobSpec"
@@ -133,10 +134,10 @@ class MixtureOfExperts(SharedExpertOverlap):
         def expert_activation_backward(self, p: str, received: int, up: int, ffn: int) -> None:
             raise NotImplementedError
 
-        def expert_bias_forward(self, p: str, per_expert: int, local: int) -> None:
+        def expert_bias_forward(self, p: str, received: int, local: int) -> None:
             raise NotImplementedError
 
-        def expert_bias_backward(self, p: str, per_expert: int, local: int) -> None:
+        def expert_bias_backward(self, p: str, received: int, local: int) -> None:
             raise NotImplementedError
 
         def router_bias_backward(self, p: str, experts: int) -> None:
@@ -286,20 +287,27 @@ class MixtureOfExperts(SharedExpertOverlap):
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
         self._keep(scores, "moe_map", t * experts, 1)
-        if m.router_expert_bias:   # router.py _apply_expert_bias: the routing map's column sums
-            self.elementwise(p + "moe.tokens_per_expert", t * experts, t * experts + 4 * experts)
         if side:
             self.shared_gather(p)
-        self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
+        if not self.flex:   # flex: DeepEP's dispatch reads the tokens where they are
+            self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
         yield "pre_dispatch"
         permuted = list(self.stream.frontier)
-        self._ep_all_to_all(p + "moe.dispatch", probs=not side)
+        if self.flex:
+            self.deepep_layout(p + "moe.dispatch")
+            self.deepep(p + "moe.dispatch", dispatch=True, weights=True)
+        else:
+            self._ep_all_to_all(p + "moe.dispatch", probs=not side)
         if side:   # token_dispatch: tokens all-to-all, shared fc1, probabilities all-to-all
             self.shared_fc1(p, permuted)
-            self._ep_all_to_all(p + "moe.dispatch", probs=True, tokens=False)
+            if not self.flex:
+                self._ep_all_to_all(p + "moe.dispatch", probs=True, tokens=False)
         yield "dispatch"
-        self._etp_all_gather(p + "moe.dispatch", True)
-        if local > 1:   # sort_chunks_by_idxs: the received chunks grouped by local expert
+        if self.flex:
+            self.flex_permute(p + "moe.permute", received, probs=True)
+        else:
+            self._etp_all_gather(p + "moe.dispatch", True)
+        if local > 1 and not self.flex:   # sort_chunks_by_idxs: the received chunks grouped by local expert
             self.elementwise(p + "moe.sort_chunks", received * h, 2 * received * h * b)
         fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
         self._keep(fc1, "moe_in", received * h, 1 if self.fp8 else b, output=False)
@@ -307,15 +315,22 @@ class MixtureOfExperts(SharedExpertOverlap):
         self.expert_activation(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
         self.expert_bias_forward(p, received, local)
-        if local > 1:
+        if self.flex:
+            self.flex_unpermute(p + "moe.unpermute", received, probs=False)
+        elif local > 1:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
-        self._etp_reduce_scatter(p + "moe.combine", False)
+        if not self.flex:
+            self._etp_reduce_scatter(p + "moe.combine", False)
         yield "mlp"
         computed = list(self.stream.frontier)
-        self._ep_all_to_all(p + "moe.combine", False)
+        if self.flex:   # DeepEP's combine adds the ranks' sums in the kernel
+            self.deepep(p + "moe.combine", dispatch=False, weights=False)
+        else:
+            self._ep_all_to_all(p + "moe.combine", False)
         if side:   # token_combine: the shared fc2 and its reduce-scatter beside the all-to-all
             self.shared_fc2(p, computed)
-        self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
+        if not self.flex:
+            self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
         if m.shared_ffn:
             if side:
                 self.shared_join()
@@ -332,12 +347,18 @@ class MixtureOfExperts(SharedExpertOverlap):
         self._recompute_pre_mlp_norm(p)
         if side:
             self.shared_fc2_backward(p)
-        self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
-                   "moe_probs", "moe_map")
-        self._ep_all_to_all(p + "moe.combine.bwd", False)
+        if self.flex:   # FusedCombine.backward: a dispatch on the cached handle, tokens only
+            self.deepep(p + "moe.combine.bwd", dispatch=True, weights=False)
+        else:
+            self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
+                       "moe_probs", "moe_map")
+            self._ep_all_to_all(p + "moe.combine.bwd", False)
         yield "combine"
-        self._etp_all_gather(p + "moe.combine.bwd", False)
-        if local > 1:
+        if self.flex:
+            self._read(self.flex_unpermute(p + "moe.unpermute.bwd", received, probs=False), "moe_map")
+        else:
+            self._etp_all_gather(p + "moe.combine.bwd", False)
+        if local > 1 and not self.flex:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
         self.expert_bias_backward(p, received, local)
         self.expert_activation_recompute(p, received, up, ffn)
@@ -346,16 +367,23 @@ class MixtureOfExperts(SharedExpertOverlap):
         self.expert_activation_backward(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc1.dgrad", per_expert, up, h, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
-        if local > 1:
-            self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
-        self._etp_reduce_scatter(p + "moe.dispatch.bwd", True)
+        if self.flex:   # the probabilities' gradients gathered beside the tokens'
+            self.flex_permute(p + "moe.permute.bwd", received, probs=True)
+        else:
+            if local > 1:
+                self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
+            self._etp_reduce_scatter(p + "moe.dispatch.bwd", True)
         yield "mlp"
         routed_fc1 = list(self.stream.frontier)
-        self._ep_all_to_all(p + "moe.dispatch.bwd", True)
+        if self.flex:   # FusedDispatch.backward: a combine carrying the top-k weights' gradients
+            self.deepep(p + "moe.dispatch.bwd", dispatch=False, weights=True)
+        else:
+            self._ep_all_to_all(p + "moe.dispatch.bwd", True)
         if side:   # launched after the routed experts' fc1 backward (shared_experts.py _BackwardStreamWait)
             self.shared_fc1_backward(p, routed_fc1)
         yield "dispatch"
-        self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
+        if not self.flex:
+            self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
         self._read(self.elementwise(p + "moe.topk.bwd", t * experts, t * experts * (3 * b + 1), 4), "moe_probs")
         self.linear_fp8 = False
         self.gemm(p + "moe.router.dgrad", t, experts, h)

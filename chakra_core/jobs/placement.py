@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
+from chakra_core.jobs.flex_dispatcher import NVL_PEERS
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import PlacedGroup
 
@@ -114,6 +115,10 @@ class Placement:
         if ep > 1:
             start = base + i % etp + etp * ep * (i // (etp * ep))
             out["ep"] = self._group("ep", start, start + etp * ep, etp)
+            if self.job.parallel.moe_token_dispatcher == "flex" and ep > NVL_PEERS:   # etp 1 (flex_problems)
+                j = i % ep   # DeepEP's rdma_rank j // 8 and nvl_rank j % 8 (flex_dispatcher)
+                out["ep_rdma"] = self._group("ep_rdma", start + j % NVL_PEERS, start + ep, NVL_PEERS)
+                out["ep_nvl"] = self._group("ep_nvl", start + j - j % NVL_PEERS, start + j - j % NVL_PEERS + NVL_PEERS)
         if stage // (etp * ep) > 1:
             start = base + i % (etp * ep)
             out["edp"] = self._group("edp", start, base + stage, etp * ep)

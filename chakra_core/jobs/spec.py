@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFuncti
 
 from chakra_core.jobs import layout as pipeline_layout
 from chakra_core.jobs.attention_variants import attention_variant_problems
+from chakra_core.jobs.flex_dispatcher import flex_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
@@ -61,10 +62,14 @@ class Parallel(_Strict):
     moe_shared_expert_overlap: bool = Field(
         False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
                            "(--moe-shared-expert-overlap)")
-    pipeline_layout: str | None = Field(
-        None, description="the layers of every virtual pipeline stage (--pipeline-model-parallel-layout), e.g. "
-                          "'Et|(tt|)*30mL': E embedding, t transformer layer, m MTP layer, L loss, | between "
-                          "stages; pp x vp stages (vp follows); default: layers split evenly")
+    moe_token_dispatcher: Literal["alltoall", "flex"] = Field(
+        "alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): 'alltoall' NCCL all-to-alls "
+                                "over ep; 'flex' fused dispatch and combine kernels of moe_flex_backend")
+    moe_flex_backend: Literal["deepep"] = Field(
+        "deepep", description="the flex dispatcher's backend (--moe-flex-dispatcher-backend): 'deepep', DeepEP's "
+                              "normal kernels (NVLink within 8 GPUs, RDMA once per node beyond)")
+    pipeline_layout: str | None = Field(None, description="each virtual stage's layers (--pipeline-model-parallel-"
+                                        "layout), e.g. 'Et|(tt|)*30mL': E embedding, t layer, m MTP, L loss; vp follows")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -79,6 +84,9 @@ class Parallel(_Strict):
             for key in OVERLAPS:   # off: the job's echo as before they were modelled
                 if data.get(key) is False:
                     data.pop(key)
+            if data.get("moe_token_dispatcher") == "alltoall":   # the default: the echo as before flex
+                data.pop("moe_token_dispatcher")
+                data.pop("moe_flex_backend", None)
         return data
 
     @property
@@ -203,8 +211,7 @@ class JobSpec(_Strict):
 
     @property
     def vp(self) -> int:
-        layout = self.layout
-        return layout.vp if layout is not None else self.parallel.vp or 1
+        return layout.vp if (layout := self.layout) is not None else self.parallel.vp or 1
 
     @property
     def dp(self) -> int:
@@ -309,8 +316,9 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
                 for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
-            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] + \
-            routing_problems(job)
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] \
+            + (["parallel.moe_token_dispatcher flex needs a mixture of experts (model.num_experts)"]
+               if p.moe_token_dispatcher == "flex" else []) + routing_problems(job)
     out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
@@ -329,7 +337,7 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
-    return out + _overlap_problems(job)
+    return out + _overlap_problems(job) + flex_problems(job)
 
 
 def _overlap_problems(job: JobSpec) -> list[str]:
