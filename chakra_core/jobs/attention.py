@@ -14,28 +14,23 @@ half of it under a causal mask; FlashAttention's backward runs five (it recomput
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from chakra_core.et.build import Stream, bool_attr, str_attr, uint_attr
+from chakra_core.et.build import bool_attr, str_attr, uint_attr
 from chakra_core.jobs.attention_variants import windowed_flops
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 NORM_OPS = 4
 """Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
 
 
-class SelfAttention:
+class SelfAttention(KernelPrimitives):
     """The attention block of a layer (see the module docstring)."""
 
-    job: "JobSpec"
-    stream: Stream
     b: int
     s: int
-    n: int
-    h: int
     a: int
     g: int
     d: int
@@ -43,53 +38,12 @@ class SelfAttention:
     dv: int
     cp: int
     local_seq: int
-    local_tokens: int
-    act_bytes: int
     act_dtype: str
-    fp8: bool
     dropout: bool
     mask: int
-    part: str
     _saving: bool
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
-        def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
-                    extra: Iterable[pb.AttributeProto] = ()) -> int:
-            raise NotImplementedError
-
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def bmm(self, name: str, batch: int, m: int, k: int, n: int) -> int:
-            raise NotImplementedError
-
-        def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
-                       after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
-                       tp_amax: bool = False, te: bool = True, width: int | None = None) -> int:
-            raise NotImplementedError
-
-        def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
-            raise NotImplementedError
-
-        def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
-            raise NotImplementedError
-
-        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
-                             width: int | None = None) -> tuple[int, int]:
-            raise NotImplementedError
-
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
-
         def ring_attention(self, name: str, backward: bool) -> int:
             raise NotImplementedError
 
@@ -106,10 +60,6 @@ class SelfAttention:
             raise NotImplementedError
 
         def attention_output_bias(self, p: str, backward: bool) -> None:
-            raise NotImplementedError
-
-        @property
-        def gemm_in(self) -> int:
             raise NotImplementedError
 
     # The block ------------------------------------------------------------------------------------

@@ -32,24 +32,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from chakra_core.et.build import Stream, p2p_attrs, str_attr
+from chakra_core.et.build import p2p_attrs, str_attr
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 CP_TAG_BASE = 1 << 40
 """Tags of the ring's exchanges start here, apart from the pipeline's (a rank's k-th exchange
 meets its neighbour's k-th: every rank of a CP group runs the same program)."""
 
 
-class ContextParallel:
+class ContextParallel(KernelPrimitives):
     """Ring (p2p) and all-to-all attention over the CP group (see the module docstring)."""
 
-    job: "JobSpec"
-    stream: Stream
     rank: int
-    groups: dict[str, tuple[int, ...]]
     cp: int
     b: int
     s: int
@@ -58,19 +54,11 @@ class ContextParallel:
     d: int
     dqk: int
     dv: int
-    n: int
-    act_bytes: int
     _cp_exchanges: int
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels
         def flash_attention(self, name: str, backward: bool, seq_q: int, seq_kv: int, causal: bool,
                             heads: int) -> int:
-            raise NotImplementedError
-
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
             raise NotImplementedError
 
     def _kv_bytes(self) -> int:

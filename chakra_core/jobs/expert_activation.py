@@ -20,10 +20,8 @@ and recomputes it (clamps included) when fc2's output gradient arrives, before f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from chakra_core.jobs.primitives import KernelPrimitives
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 SWIGLU_OPS, SWIGLU_BACKWARD_OPS = 5, 7
 """Per output element: silu, product, probability (forward); their derivatives (backward)."""
@@ -33,23 +31,8 @@ y1 x, y2 + 1, product, probability (forward); quick_geglu_back's gradients of bo
 the probability's, the sigmoid recomputed (backward)."""
 
 
-class ExpertActivation:
+class ExpertActivation(KernelPrimitives):
     """The experts' activation kernels (see the module docstring)."""
-
-    job: "JobSpec"
-    act_bytes: int
-    fp8: bool
-    part: str
-
-    if TYPE_CHECKING:   # provided by kernels.LayerKernels
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
 
     @property
     def clamped(self) -> bool:

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 from math import ceil, comb
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
-from chakra_core.et.build import Stream
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -113,25 +113,10 @@ def deepep_bytes(tokens: int, hidden_bytes: int, experts: int, topk: int, ep: in
     return DeepepBytes(NVL_PEERS * domains * per_rank * token, domains * per_domain * token)
 
 
-class FlexDispatcher:
+class FlexDispatcher(KernelPrimitives):
     """DeepEP's dispatch and combine and the expert side's permutations (see the module docstring)."""
 
-    job: "JobSpec"
-    groups: dict[str, tuple[int, ...]]
     names: dict[str, str]
-    h: int
-    local_tokens: int
-    act_bytes: int
-
-    stream: Stream
-
-    if TYPE_CHECKING:
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
-                       after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
-            raise NotImplementedError
 
     @property
     def flex(self) -> bool:

@@ -21,34 +21,17 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 AMAX_BYTES = 4 * 3 * 4
 """Per layer and pass: fp32 amaxes of the inputs, weights and outputs (or gradients) of its four
 fp8 GEMMs (QKV, projection, FC1, FC2), reduced in one buffer."""
 
 
-class Fp8Quantization:
+class Fp8Quantization(KernelPrimitives):
     """The quantization kernels of fp8 GEMMs (see the module docstring)."""
-
-    job: "JobSpec"
-    act_bytes: int
-    fp8: bool
-    linear_fp8: bool
-    part: str
-    groups: dict[str, tuple[int, ...]]
-
-    if TYPE_CHECKING:   # provided by kernels.LayerKernels
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
 
     @property
     def fp8_on(self) -> bool:

@@ -31,23 +31,11 @@ A dense model's biases keep Megatron's default fused bias-dropout-add: the resid
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.primitives import KernelPrimitives
 
 
-class LinearBiases:
+class LinearBiases(KernelPrimitives):
     """The bias kernels of a mixture of experts with biases (see the module docstring)."""
-
-    job: "JobSpec"
-    h: int
-    local_tokens: int
-    act_bytes: int
-
-    if TYPE_CHECKING:   # provided by kernels.LayerKernels
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
 
     @property
     def unfused_biases(self) -> bool:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chakra_core.jobs.attention import NORM_OPS
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -63,64 +64,16 @@ def latent_attention_problems(job: "JobSpec") -> list[str]:
     return out
 
 
-class LatentAttention:
+class LatentAttention(KernelPrimitives):
     """The latent attention block of a layer (see the module docstring)."""
 
-    job: "JobSpec"
-    h: int
     a: int
-    n: int
-    tp: int
     sp: bool
     dqk: int
     dv: int
-    local_tokens: int
-    act_bytes: int
-    fp8: bool
-    linear_fp8: bool
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
-            raise NotImplementedError
-
-        def norm(self, name: str, feeds_fp8: bool = True, width: int | None = None) -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def tp_gather(self, name: str, te: bool = True, width: int | None = None) -> int | None:
-            raise NotImplementedError
-
-        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
-                       tp_amax: bool = False, te: bool = True, width: int | None = None) -> int:
-            raise NotImplementedError
-
-        def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
-            raise NotImplementedError
-
-        def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
-            raise NotImplementedError
-
-        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
-                             width: int | None = None) -> tuple[int, int]:
-            raise NotImplementedError
-
         def attention(self, name: str, backward: bool) -> int:
-            raise NotImplementedError
-
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
-
-        @property
-        def gemm_in(self) -> int:
             raise NotImplementedError
 
     def latent_linear_weights(self) -> int:

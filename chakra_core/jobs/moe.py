@@ -31,16 +31,15 @@ the all-gather dispatcher.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from chakra_core.et.build import uint_attr, uint_list_attr
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 EP_PART = "ep"
 """step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
@@ -61,68 +60,19 @@ class _BlockSizes(NamedTuple):
     ffn: int           # the expert FFN's width, expert TP share
 
 
-class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher):
+class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
     """The MoE block of a layer (see the module docstring)."""
 
-    job: "JobSpec"
-    groups: dict[str, tuple[int, ...]]
-    tp: int
-    h: int
-    n: int
-    local_tokens: int
-    act_bytes: int
     grad_bytes: int
-    fp8: bool
-    linear_fp8: bool
     gemm_dtype: str
     act_dtype: str
-    part: str
     _dropped: tuple[str, ...] = ()   # saved tensors a forward does not keep (output-discarding recompute)
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
-        def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
-                    extra: Iterable[pb.AttributeProto] = ()) -> int:
-            raise NotImplementedError
-
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
-            raise NotImplementedError
-
-        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
-                       tp_amax: bool = False, te: bool = True) -> int:
-            raise NotImplementedError
-
-        def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
-            raise NotImplementedError
-
-        def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
-            raise NotImplementedError
-
-        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True) -> tuple[int, int]:
-            raise NotImplementedError
-
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
         def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
             raise NotImplementedError
 
         def _mlp_backward(self, p: str, ffn: int) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
-
-        def norm(self, name: str, feeds_fp8: bool = True) -> int:
             raise NotImplementedError
 
         def expert_activation(self, p: str, received: int, up: int, ffn: int, recompute: bool = False) -> None:

@@ -28,62 +28,27 @@ full recomputation of MTP layers (they are never recomputed here).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from chakra_core.jobs.attention import NORM_OPS
 from chakra_core.jobs.layout import mtp_layers_in
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 TOKEN_ID_BYTES = 8
 """int64 token ids."""
 
 
-class MultiTokenPrediction:
+class MultiTokenPrediction(KernelPrimitives):
     """The MTP layers of the last pipeline stage (see the module docstring)."""
 
-    job: "JobSpec"
-    groups: dict[str, tuple[int, ...]]
     stage: int
     vp: int
-    h: int
-    n: int
-    tp: int
-    local_tokens: int
-    act_bytes: int
     _layer_key: tuple[int, int | str]
     _deferring: "list[Any] | None" = None   # the combined schedule's delayed weight gradients (moe_overlap.py)
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
-        def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
-                    extra: Iterable[pb.AttributeProto] = ()) -> int:
-            raise NotImplementedError
-
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def norm(self, name: str, feeds_fp8: bool = True, width: int | None = None) -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def tp_gather(self, name: str, te: bool = True, width: int | None = None) -> int | None:
-            raise NotImplementedError
-
-        def tp_reduce(self, name: str) -> None:
-            raise NotImplementedError
-
-        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
-                       tp_amax: bool = False, te: bool = True, width: int | None = None) -> int:
-            raise NotImplementedError
-
-        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
-                             width: int | None = None) -> tuple[int, int]:
-            raise NotImplementedError
-
         def layer_forward(self, mb: int, layer: int) -> None:
             raise NotImplementedError
 
@@ -99,12 +64,6 @@ class MultiTokenPrediction:
         def amax_reduction(self, name: str, layers: int) -> None:
             raise NotImplementedError
 
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
-
         def _await_params(self, unit: int) -> None:
             raise NotImplementedError
 
@@ -112,10 +71,6 @@ class MultiTokenPrediction:
             raise NotImplementedError
 
         def _grad_ready(self, unit: int) -> None:
-            raise NotImplementedError
-
-        @property
-        def gemm_in(self) -> int:
             raise NotImplementedError
 
     @property

@@ -32,48 +32,16 @@ option together with --overlap-moe-expert-parallel-comm (spec.py).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from chakra_core.et.build import Stream
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
-
-class SharedExpertOverlap:
+class SharedExpertOverlap(KernelPrimitives):
     """The shared experts' stream (see the module docstring)."""
 
-    job: "JobSpec"
-    stream: Stream
-    groups: dict[str, tuple[int, ...]]
-    tp: int
-    h: int
-    n: int
-    local_tokens: int
-    act_bytes: int
     _shared_side: list[int]
-
-    if TYPE_CHECKING:   # provided by kernels.LayerKernels
-        @property
-        def gemm_in(self) -> int:
-            raise NotImplementedError
-
-        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
-            raise NotImplementedError
-
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-            raise NotImplementedError
-
-        def _read(self, node: int | None, *what: str) -> None:
-            raise NotImplementedError
 
     @property
     def shared_overlap(self) -> bool:

@@ -22,13 +22,9 @@ The output layer is not a Transformer Engine module and keeps NCCL.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
-
-from chakra_core.et.build import Stream
+from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
-if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
 
 UB_RING_CTAS = 0
 """ring_exchange: the copies run on the copy engine (use_ce, TE's default) and num_sm's one block
@@ -42,33 +38,10 @@ UB_BULK_CTAS = 16
 """bulk: num_sm 16, no margin."""
 
 
-class TensorParallel:
+class TensorParallel(KernelPrimitives):
     """TP/SP collectives and the GEMMs they feed or follow (see the module docstring)."""
 
-    job: "JobSpec"
-    stream: Stream
-    groups: dict[str, tuple[int, ...]]
     sp: bool
-    tp: int
-    n: int
-    local_tokens: int
-    h: int
-    act_bytes: int
-
-    if TYPE_CHECKING:   # provided by kernels.LayerKernels
-        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
-                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
-            raise NotImplementedError
-
-        def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
-                       after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
-            raise NotImplementedError
-
-        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
-            raise NotImplementedError
-
-        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
-            raise NotImplementedError
 
     def _userbuffers(self, te: bool) -> bool:
         return te and self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups

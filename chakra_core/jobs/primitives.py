@@ -1,0 +1,93 @@
+"""The kernel and collective primitives every mixin of a layer's generator calls, declared once for
+the type checker.
+
+`kernels.LayerKernels` (kernels, collectives, kept tensors), `tensor_parallel.TensorParallel` (the
+TP linear layers) and `fp8.Fp8Quantization` (casts) define them; the mixins beside them
+(attention, MLA, MTP, MoE and its dispatchers, ...) call them through `self`. Each mixin lists
+`KernelPrimitives` last among its bases (with the rank's layer state they share): a class of these declarations when type-checking, so
+every call and every definition is checked against one signature, and `object` at run time, so
+the real definitions are the only ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from chakra_core.et.build import Stream
+from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
+
+    class KernelPrimitives:
+        # the rank's layer state LayerKernels sets up
+        job: JobSpec
+        stream: Stream
+        groups: dict[str, tuple[int, ...]]   # role -> the ranks of this rank's group
+        tp: int
+        h: int                 # hidden size
+        n: int                 # tokens a GEMM sees (micro-batch x local sequence)
+        local_tokens: int      # tokens held between layers (n / tp with sequence parallelism)
+        act_bytes: int
+        fp8: bool              # the job trains in fp8
+        linear_fp8: bool       # the GEMMs being written are fp8 (off around the output layer)
+        part: str              # step_part of the nodes being written
+
+        def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
+                    extra: Iterable[pb.AttributeProto] = ()) -> int:
+            raise NotImplementedError
+
+        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
+            raise NotImplementedError
+
+        def bmm(self, name: str, batch: int, m: int, k: int, n: int) -> int:
+            raise NotImplementedError
+
+        def gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, tp_amax: bool = False,
+                 sm_margin: int = 0, accumulate: bool = False, chunks: int = 1) -> int:
+            raise NotImplementedError
+
+        def norm(self, name: str, feeds_fp8: bool = True, width: int | None = None) -> int:
+            raise NotImplementedError
+
+        def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
+                       after: Sequence[int] | None = None, ctas: int = 0) -> int | None:
+            raise NotImplementedError
+
+        def blocking(self, name: str, role: str, comm_type: int, size: int, part: str | None = None) -> None:
+            raise NotImplementedError
+
+        @property
+        def gemm_in(self) -> int:
+            raise NotImplementedError
+
+        def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
+            raise NotImplementedError
+
+        def _read(self, node: int | None, *what: str) -> None:
+            raise NotImplementedError
+
+        def tp_gather(self, name: str, te: bool = True, width: int | None = None) -> int | None:
+            raise NotImplementedError
+
+        def tp_reduce(self, name: str) -> None:
+            raise NotImplementedError
+
+        def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
+                       tp_amax: bool = False, te: bool = True, width: int | None = None) -> int:
+            raise NotImplementedError
+
+        def _row_gemm(self, name: str, m: int, k: int, n: int) -> int:
+            raise NotImplementedError
+
+        def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
+            raise NotImplementedError
+
+        def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
+                             width: int | None = None) -> tuple[int, int]:
+            raise NotImplementedError
+
+        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+            raise NotImplementedError
+else:
+    KernelPrimitives = object
