@@ -11,14 +11,16 @@ after another on its GPU (`workload.resources.gpu`, default 1, at once), so its 
 their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. Communication,
 waiting and overlap are not counted: they only add time.
 
-A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch and the job's fixed
-settings, not on pp, vp, dp or the optimizer, so their times are computed once per combination.
+A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch, a mixture of experts'
+ep and etp and the job's fixed settings, not on pp, vp, dp or the optimizer, so their times are
+computed once per combination; a mixture of experts' dense layers (dense_layers_first) and MoE
+layers are timed apart.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from chakra_core.config.build import build_config
 from chakra_core.config.spec import RunConfig
@@ -34,9 +36,13 @@ from chakra_core.run import build_layers
 from chakra_core.schema import pb
 from chakra_core.json_types import JsonObject
 
-Times = tuple[float, float, float, float, float, float]
-"""Seconds of one micro-batch: layer forward, layer backward, embedding forward and backward,
-output layer forward and backward."""
+class Times(NamedTuple):
+    """Seconds of one micro-batch's pieces, each its forward and backward."""
+
+    layer: tuple[float, float]     # a dense layer (0, 0: the model has none)
+    moe: tuple[float, float]       # a mixture of experts' MoE layer (0, 0: the model has none)
+    embedding: tuple[float, float]
+    head: tuple[float, float]      # the output layer and the loss
 
 
 class ComputeBound:
@@ -61,6 +67,7 @@ class ComputeBound:
         self.streams = max(1, config.spec.resources.gpu or 1)
         self.gpus_per_node = gpus_per_node
         self._layers: dict[tuple[Any, ...], Times] = {}
+        self._steps: dict[tuple[Any, ...], float] = {}
 
     def _compute_ns(self, node: pb.Node) -> int:
         duration = self.model.alone_time_ns(NodeView(node))
@@ -91,12 +98,14 @@ class ComputeBound:
             finish[node.id] = ready + duration
         return max((finish.get(node_id, 0) for node_id in program.stream.frontier), default=0) / 1e9
 
-    def _pieces(self, spec: JobSpec, program: RankProgram) -> Times:
-        p, t = spec.parallel, spec.training
-        key = (p.tp, p.cp, spec.sp, p.tp_comm_overlap, t.micro_batch)
+    def _pieces(self, spec: JobSpec, placement: Placement, rank: int) -> Times:
+        p, t, m = spec.parallel, spec.training, spec.shape
+        key = (p.tp, p.cp, spec.sp, p.tp_comm_overlap, t.micro_batch, p.ep, p.expert_tp)
         known = self._layers.get(key)
         if known is not None:
             return known
+        program = RankProgram(spec, placement, rank)
+        program.plan_buckets()
         stream = program.stream
 
         def timed(build: Any, *args: Any) -> float:
@@ -104,30 +113,41 @@ class ComputeBound:
             build(*args)
             return self._path(program, start)
 
-        layer = 0   # every layer has the same kernels; only their names carry the index
-        known = (timed(program.layer_forward, 0, layer), timed(program.layer_backward, 0, layer),
-                 timed(program.embedding_forward, 0), timed(program.embedding_backward, 0),
-                 timed(program.head_forward, 0), timed(program.head_backward, 0))
+        def layer(index: int | None) -> tuple[float, float]:
+            # layers of a kind have the same kernels; only their names carry the index
+            if index is None:
+                return 0.0, 0.0
+            return timed(program.layer_forward, 0, index), timed(program.layer_backward, 0, index)
+
+        dense = 0 if m.first_moe_layer > 0 or not m.moe else None
+        known = Times(layer(dense), layer(m.first_moe_layer if m.moe else None),
+                      (timed(program.embedding_forward, 0), timed(program.embedding_backward, 0)),
+                      (timed(program.head_forward, 0), timed(program.head_backward, 0)))
         self._layers[key] = known
         return known
 
     def bound_s(self, spec: JobSpec) -> float:
         """Seconds no simulated step of `spec` can beat (see the module docstring)."""
-        p, t = spec.parallel, spec.training
+        p, t, m = spec.parallel, spec.training, spec.shape
         placement = Placement(spec, self.gpus_per_node)
         reps = placement.representatives
         stage_rank = {placement.coord(rank).pp: rank for rank in reps}
-        first = RankProgram(spec, placement, stage_rank[0])
-        first.plan_buckets()
-        forward, backward, emb_f, emb_b, head_f, head_b = self._pieces(spec, first)
+        pieces = self._pieces(spec, placement, stage_rank[0])
+        (emb_f, emb_b), (head_f, head_b) = pieces.embedding, pieces.head
+        times = {False: pieces.layer, True: pieces.moe}
         full = t.recompute == "full"
 
         def chunk(stage: int, index: int) -> float:
-            layers = len(spec.chunk_layers(stage, index))
-            recomputed = min(layers, t.recompute_layers or layers) if full else 0
+            layers = spec.chunk_layers(stage, index)
+            recomputed = layers[:t.recompute_layers or len(layers)] if full else []
             extra = (emb_f + emb_b if (stage, index) == (0, 0) else 0.0) + \
                 (head_f + head_b if (stage, index) == (p.pp - 1, spec.vp - 1) else 0.0)
-            return layers * (forward + backward) + recomputed * forward + extra
+            kinds = [m.is_moe_layer(layer) for layer in layers]
+            moe, moe_recomputed = sum(kinds), sum(map(m.is_moe_layer, recomputed))
+            (forward, backward), (moe_f, moe_b) = times[False], times[True]
+            # dense layers first: a dense model's sum is what it was before experts (0 MoE layers add 0.0)
+            return (len(layers) - moe) * (forward + backward) + moe * (moe_f + moe_b) \
+                + ((len(recomputed) - moe_recomputed) * forward + moe_recomputed * moe_f) + extra
 
         micro = spec.microbatches
         best, fill = 0.0, 0.0
@@ -139,7 +159,18 @@ class ComputeBound:
         return best
 
     def _per_step(self, spec: JobSpec, placement: Placement, rank: int) -> float:
-        """The stage's kernels run once per step: fp8 weight casts and the optimizer."""
+        """The stage's kernels run once per step: fp8 weight casts and the optimizer. They depend on
+        the stage's parameters and their shards, not on the micro-batch or recomputation, so layouts
+        that differ only there share them (every layout of a MoE search that fits is bounded)."""
+        p = spec.parallel
+        key = (p.tp, p.cp, spec.dp, p.pp, spec.vp, p.ep, p.expert_tp, spec.training.distributed_optimizer,
+               placement.coord(rank).pp)
+        known = self._steps.get(key)
+        if known is None:
+            known = self._steps[key] = self._stage_step(spec, placement, rank)
+        return known
+
+    def _stage_step(self, spec: JobSpec, placement: Placement, rank: int) -> float:
         program = RankProgram(spec, placement, rank)
         buckets = program.plan_buckets()
         stream = program.stream
