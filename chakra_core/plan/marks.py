@@ -96,7 +96,8 @@ def describe(row: JsonObject) -> str:
         f" ({100 * slower:+.1f}% vs #1{', a tie' if row['tie'] else ''})"
     step = row["step_s"]
     unknown = row["pruned_below_its_step"]
-    more = f"; {unknown} unsimulated layout(s) have a bound below its step" if unknown else ""
+    more = f"; {unknown:,} unsimulated layout(s) have a bound below its step" if isinstance(unknown, int) and unknown \
+        else ""
     return (f"{head}#{row['rank']} of {row['simulated']} simulated, "
             f"{step if not isinstance(step, float) else f'{step:.3f}'} s{versus}, "
             f"{row['memory_gib']:.1f} + {row['memory_reserve_gib']:.1f} GiB{more}")

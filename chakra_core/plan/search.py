@@ -284,6 +284,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(enumeration.specs[c.layout]))
     chosen = [c for c in candidates if c.layout in include and c.status != TOO_BIG]
     queue.remove(chosen)
+    for c in chosen:   # their bounds as tight as the queue's would be
+        c.bound_s = max(c.bound_s, tight.bound_s(enumeration.specs[c.layout]))
     while True:
         kth = _kth_best(chosen, top)
         round_ = list(chosen) if result.rounds == 0 else []   # the given layouts first
