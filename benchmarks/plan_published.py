@@ -25,6 +25,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))   # training_accuracy imports its helpers by name
 
 from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
 from chakra_core.jobs.spec import JobSpec  # noqa: E402

@@ -13,7 +13,7 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
@@ -79,8 +79,9 @@ def _section_tables(name: str, model: type[BaseModel]) -> list[str]:
     """A section's table, then one per nested section (job, job.model, job.parallel, ...)."""
     lines = [f"### `{name}`", "", *model_table(model), ""]
     for key, field in model.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            lines += _section_tables(f"{name}.{field.alias or key}", field.annotation)
+        for section in (field.annotation, *get_args(field.annotation)):   # a section, or one a union allows
+            if isinstance(section, type) and issubclass(section, BaseModel):
+                lines += _section_tables(f"{name}.{field.alias or key}", section)
     return lines
 
 

@@ -74,7 +74,7 @@ def test_an_unknown_key_of_an_inline_model_is_named_with_the_accepted_keys(tmp_p
 
 def test_an_unknown_mlp_lists_the_accepted_values(tmp_path):
     message = problems(job(model={**SMALL, "mlp": "swish"}), tmp_path)
-    assert "job.model.mlp: Input should be 'swiglu', 'geglu', 'gelu' or 'squared-relu'" in message
+    assert "job.model.mlp: Input should be 'swiglu', 'geglu', 'gelu', 'squared-relu' or 'clamped-swiglu'" in message
     assert "problem)" in message   # one problem, not one per branch of a union
 
 

@@ -127,12 +127,19 @@ def test_without_usable_memory_the_plan_counts_the_datasheets_and_says_so(tmp_pa
 
 
 def test_a_plan_on_a_profile_with_inherited_rates_says_so(tmp_path):
+    # more and faster memory, the H100's peaks: the inherited rates are named, the plan runs
     (tmp_path / "more.yaml").write_text('extends: h100-hgx-ndr400\ngpu:\n  memory_gib: {value: 96, source: "x"}\n'
-                                        '  peak_tflops:\n    bf16: {value: 1200, source: "x"}\n')
+                                        '  memory_bandwidth_gbps: {value: 4000, source: "x"}\n')
     small = {"layers": 4, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
+    options = PlanOptions(top=1, batch=1, search={**SEARCH, "micro_batches": (1,)})
     found = plan(manifest(model=small, cluster={"gpus": 8, "profile": "more.yaml"}), tmp_path, tmp_path / "out",
-                 PlanOptions(top=1, batch=1, search={**SEARCH, "micro_batches": (1,)}), Execution(workers=1))
+                 options, Execution(workers=1))
     assert found.usable_bytes == 96 * GIB
     assert any("gpu.usable_memory_gib = 79.2 inherited" in w for w in found.warnings)
-    assert any("achievable: profile 'more': gpu.achievable.matmul_tflops.bf16 = 794.5 inherited" in w
-               for w in found.warnings)
+    assert any("achievable: profile 'more': gpu.achievable.hbm_gbps = 2466 inherited" in w for w in found.warnings)
+    # a raised peak with the parent's matmul rate is refused (issue 35: another GPU's measurement)
+    (tmp_path / "peak.yaml").write_text('extends: h100-hgx-ndr400\ngpu:\n  peak_tflops:\n'
+                                        '    bf16: {value: 1200, source: "x"}\n')
+    with pytest.raises(ManifestError, match=r"profile 'peak' keeps 4 achievable rate\(s\) measured on another GPU"):
+        plan(manifest(model=small, cluster={"gpus": 8, "profile": "peak.yaml"}), tmp_path, tmp_path / "out2",
+             options, Execution(workers=1))

@@ -39,6 +39,14 @@ INHERITED = {"gpu.achievable.matmul_tflops.bf16", "gpu.achievable.matmul_tflops.
                                                                                        "backward")),
              "gpu.achievable.attention.fp8.forward"}
 ACHIEVABLE = {key for key in INHERITED if key.startswith("gpu.achievable.")}
+# raises the memory and its bandwidth only: the HBM rate and the usable memory are kept, loudly
+MEMORY_ONLY = """\
+extends: h100-hgx-ndr400
+description: what-if, more and faster memory
+gpu:
+  memory_gib: {value: 180, source: "NVIDIA DGX B200 datasheet"}
+  memory_bandwidth_gbps: {value: 8000, source: "NVIDIA DGX B200 datasheet"}
+"""
 
 
 def docs_what_if() -> str:
@@ -76,29 +84,48 @@ def test_the_what_if_records_every_rate_it_inherits(tmp_path):
     assert "gpu.memory_gib changed 80 -> 180" in usable.message()
 
 
-def test_a_run_on_the_what_if_warns_of_each_rate_and_is_the_h100s_step(tmp_path):
+def test_a_run_on_the_what_if_is_refused_naming_each_rate_measured_on_another_gpu(tmp_path):
+    """Issue 35, item 5: raised peaks with the parent's matmul and attention rates would time a B200's
+    kernels at the H100's rates (its step, a falling MFU); the run stops instead."""
     (tmp_path / "b200.yaml").write_text(WHAT_IF)
-    step, warnings = step_and_warnings(tmp_path, "b200.yaml")
-    for key in ACHIEVABLE:
-        assert any(key in w and "inherited from h100-hgx-ndr400" in w for w in warnings), key
-    assert not any("usable_memory_gib" in w for w in warnings)   # the compute model does not use it
-    h100_step, h100_warnings = step_and_warnings(tmp_path, "h100-hgx-ndr400")
-    assert step == h100_step and not any("inherited" in w for w in h100_warnings)
-    # restated (the docs' example), the rates are the B200's: faster, and nothing to warn of
+    with pytest.raises(ManifestError) as caught:   # its own folder: a refused job keeps its output lock
+        load(job("b200.yaml"), base_dir=tmp_path, out_dir=tmp_path / "refused")
+    text = str(caught.value)
+    assert "profile 'b200' keeps 10 achievable rate(s) measured on another GPU" in text
+    for key in ACHIEVABLE - {"gpu.achievable.hbm_gbps"}:   # the peak-bound ones; HBM only warns
+        assert key in text, key
+    assert ("gpu.achievable.matmul_tflops.bf16 (h100-sxm-hgx's, although gpu.peak_tflops.bf16 989.5 -> 2250) "
+            "[the parent's fraction of its peak: 794.5 x 2.274 = 1806.6]") in text
+    assert "this GPU's own measurement and its source, or derive it explicitly" in text
+    # restated (the docs' example), the rates are the B200's: faster than the H100's step
     (tmp_path / "b200-whatif.yaml").write_text(docs_what_if())
     restated_step, restated_warnings = step_and_warnings(tmp_path, "b200-whatif.yaml")
-    assert restated_step < step and not any("inherited" in w for w in restated_warnings)
+    h100_step, h100_warnings = step_and_warnings(tmp_path, "h100-hgx-ndr400")
+    assert restated_step < h100_step
+    assert not any("inherited" in w for w in restated_warnings + h100_warnings)
 
 
-def test_validate_shows_the_warnings_and_passes(tmp_path):
+def test_a_what_if_of_memory_alone_runs_and_warns_of_each_rate_it_keeps(tmp_path):
+    """Issue 31: a rate kept although only the memory or its bandwidth changed is named loudly, not refused."""
+    (tmp_path / "hbm.yaml").write_text(MEMORY_ONLY)
+    step, warnings = step_and_warnings(tmp_path, "hbm.yaml")
+    assert any("gpu.achievable.hbm_gbps = 2466 inherited from h100-hgx-ndr400 (stated in h100-sxm-hgx) although "
+               "gpu.memory_bandwidth_gbps changed 3350 -> 8000" in w for w in warnings)
+    assert not any("usable_memory_gib" in w for w in warnings)   # the compute model does not use it
+    h100_step, _ = step_and_warnings(tmp_path, "h100-hgx-ndr400")
+    assert step <= h100_step
+
+
+def test_validate_refuses_the_what_if_and_shows_the_warnings_of_one_that_runs(tmp_path):
     (tmp_path / "b200.yaml").write_text(WHAT_IF)
-    found = validate(load(job("b200.yaml"), base_dir=tmp_path, out_dir=tmp_path / "out"))
-    assert found.ok
-    assert sum("inherited from h100-hgx-ndr400" in w for w in found.warnings) == len(ACHIEVABLE)
+    with pytest.raises(ManifestError, match=r"gpu\.achievable\.matmul_tflops\.bf16 \(h100-sxm-hgx's"):
+        load(job("b200.yaml"), base_dir=tmp_path, out_dir=tmp_path / "refused")
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job("b200.yaml")))
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml"), "--out", str(tmp_path / "v")])
-    assert result.exit_code == 0, result.output
-    assert "matmul_tflops.bf16 = 794.5 inherited" in " ".join(result.output.split())
+    assert result.exit_code != 0 and "measured on another GPU" in " ".join(result.output.split()), result.output
+    (tmp_path / "hbm.yaml").write_text(MEMORY_ONLY)
+    found = validate(load(job("hbm.yaml"), base_dir=tmp_path, out_dir=tmp_path / "out"))
+    assert found.ok and sum("inherited from h100-hgx-ndr400" in w for w in found.warnings) == 1
 
 
 def test_the_docs_example_restates_every_rate(tmp_path):

@@ -17,10 +17,16 @@ from chakra_core.hardware.profiles import (BUILTIN_DIR, Profile, Sourced, builti
 from chakra_core.cli.profiles import rows
 
 SHIPPED = builtin_profiles()
-NODES = {"h100-sxm-hgx", "h200-sxm-hgx", "a100-sxm-hgx"}
+NODES = {"h100-sxm-hgx", "h200-sxm-hgx", "a100-sxm-hgx", "b200-sxm-hgx", "gb200-nvl72", "gb300-nvl72"}
 SCALE_OUT = {"h100-hgx-ndr400": "h100-sxm-hgx", "h200-hgx-ndr400": "h200-sxm-hgx",
              "a100-hgx-hdr200": "a100-sxm-hgx", "h100-aws-p5-efa": "h100-sxm-hgx",
-             "a100-aws-p4de-efa": "a100-sxm-hgx", "h100-hgx-roce400": "h100-sxm-hgx"}
+             "a100-aws-p4de-efa": "a100-sxm-hgx", "h100-hgx-roce400": "h100-sxm-hgx",
+             "b200-hgx-ndr400": "b200-sxm-hgx", "gb200-nvl72-ndr400": "gb200-nvl72",
+             "gb300-nvl72-xdr800": "gb300-nvl72"}
+NVLINK_DOMAIN = {"gb200-nvl72": 72, "gb200-nvl72-ndr400": 72, "gb300-nvl72": 72, "gb300-nvl72-xdr800": 72}
+"""Rack-scale profiles: the node is the 72-GPU NVLink domain (tests/test_blackwell_profiles.py)."""
+NCCL_LINK_GBPS = {"ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
+"""NCCL's per-NVLink bandwidth (src/graph/topo.h SM80/SM90/SM100_NVLINK_BW)."""
 
 
 def invoke(*args: str):
@@ -72,7 +78,7 @@ def test_every_shipped_profile_loads(name):
     profile = load_profile(name)
     assert profile.name == name
     assert profile.description
-    assert profile.gpus_per_node == 8
+    assert profile.gpus_per_node == NVLINK_DOMAIN.get(name, 8)
     assert profile.section("calibration", Calibration) is None, "shipped profiles are spec-only"
     assert "bf16" in profile.gpu.peak_tflops
 
@@ -94,7 +100,7 @@ def test_node_nccl_values_follow_the_derivation(name):
     # channels = the search's channels duplicated by ncclTopoPostset
     assert nccl.channels.value == 2 * nccl.graph_channels.value
     # the ring graph's bandwidth cannot exceed what NCCL counts per GPU (links x per-link bw)
-    per_link = 20.6 if profile.gpu.architecture == "hopper" else 20.0
+    per_link = NCCL_LINK_GBPS[profile.gpu.architecture]
     assert nccl.graph_channels.value * nccl.channel_bw_gbps.value <= profile.gpu.nvlink_links.value * per_link
     assert (nccl.nvls_channels is not None) == profile.node.nvls
     assert "NVIDIA/nccl" in nccl.graph_channels.source

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -67,3 +68,14 @@ def test_ctrl_c_after_a_job_wrote_its_traces_says_so(tmp_path, monkeypatch):
     assert result.stderr == (f"interrupted: no results written; earlier results in {out} are unchanged; the "
                              f"job's traces in {out / 'traces'} were written\n")
     assert not (out / "results.json").exists() and not (out / LOCK_NAME).exists()
+
+
+def test_a_job_refused_after_writing_its_traces_lets_its_folder_go(tmp_path):
+    from chakra_core import run
+    from chakra_core.errors import ManifestError
+    out = tmp_path / "out"
+    bad = {**job_manifest(gpus=8), "compute": {"plugin": "achievable", "no_such_setting": 1}}
+    with pytest.raises(ManifestError, match="no_such_setting") as refused:   # keeps the traceback alive
+        run.load(bad, base_dir=tmp_path, out_dir=out)
+    assert (out / "traces").is_dir() and not (out / LOCK_NAME).exists(), refused.value
+    run.load(job_manifest(gpus=8), base_dir=tmp_path, out_dir=out)   # the same folder, at once

@@ -110,6 +110,8 @@ def _profile_table(profile: Profile) -> Table:
             source = escape(sourced.source)
             if sourced.note:
                 source += f"\n[dim]note: {escape(sourced.note)}[/dim]"
+            if sourced.derived:
+                source += f"\n[yellow]derived: {escape(sourced.derived)}[/yellow]"
         table.add_row(escape(path), escape(shown), source)
     return table
 

@@ -48,6 +48,12 @@ def uint_attr(name: str, value: int) -> pb.AttributeProto:
     return int_attr(name, value, "uint64_val")
 
 
+def uint_list_attr(name: str, values: Iterable[int]) -> pb.AttributeProto:
+    attr = pb.AttributeProto(name=name)
+    attr.uint64_list.values.extend(values)
+    return attr
+
+
 def str_attr(name: str, value: str) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, string_val=value)
 

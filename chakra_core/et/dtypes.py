@@ -30,12 +30,13 @@ from typing import Any
 
 from chakra_core.et.attrs import NodeView
 
-_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "mxfp8": 1, "nvfp4": 1}
+"""Bytes per element, to rank operands (nvfp4's half byte counts as one: only ties depend on it)."""
 
 _NAMES = {
     # profile names
     "fp64": "fp64", "fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8",
-    "int8": "int8",
+    "int8": "int8", "mxfp8": "mxfp8", "nvfp4": "nvfp4",
     # PyTorch dtypes (torch.<name>) and c10 scalar types as execution traces print them
     "float64": "fp64", "double": "fp64",
     "float32": "fp32", "float": "fp32",

@@ -38,15 +38,15 @@ from chakra_core.json_types import JsonObject
 
 M = TypeVar("M", bound=BaseModel)
 
-ARCHITECTURES = ("volta", "ampere", "hopper")
-"""GPU generations NCCL's tuning tables distinguish (compute capability 7.x, 8.x, 9.x)."""
+ARCHITECTURES = ("volta", "ampere", "hopper", "blackwell")
+"""GPU generations NCCL's tuning tables distinguish (compute capability 7.x, 8.x, 9.x, 10.x)."""
 
 BUILTIN_DIR = Path(__file__).with_name("profiles")
 
 
 class GpuSpec(_Strict):
     model: str
-    architecture: Literal["volta", "ampere", "hopper"]
+    architecture: Literal["volta", "ampere", "hopper", "blackwell"]
     peak_tflops: dict[str, Sourced] = Field(
         ..., description="dense peak per data type (TFLOP/s; TOP/s for int8), without sparsity")
     memory_bandwidth_gbps: Sourced = Field(..., description="HBM bandwidth, GB/s (10^9 B/s)")
@@ -80,9 +80,9 @@ class NodeSpec(_Strict):
     gpus: Sourced = Field(..., description="GPUs per node (NVLink domain)")
     nvswitch: bool = Field(..., description="GPUs reach each other through NVSwitches (all-to-all NVLink)")
     nvls: bool = Field(False, description="NVLink SHARP (multicast reductions in the NVSwitch), NCCL's NVLS")
-    cpu_vendor: Literal["intel", "amd"] = Field(
+    cpu_vendor: Literal["intel", "amd", "arm"] = Field(
         "intel", description="host CPU vendor: NCCL's per-step network overhead and multi-node LL bandwidth "
-                             "depend on it")
+                             "depend on it (an Arm host, e.g. Grace, gets NCCL's non-AMD values)")
     cpu_source: str | None = Field(None, description="the public document naming the host CPU")
     kernel_launch_us: Sourced | None = Field(
         None, description="host (CPU) time to launch one kernel asynchronously, µs: one thread driving "

@@ -56,6 +56,8 @@ class ContextParallel:
     a: int
     g: int
     d: int
+    dqk: int
+    dv: int
     n: int
     act_bytes: int
     _cp_exchanges: int
@@ -72,8 +74,8 @@ class ContextParallel:
             raise NotImplementedError
 
     def _kv_bytes(self) -> int:
-        """This rank's key/value block: its n tokens' k and v for its g query groups."""
-        return 2 * self.n * self.g * self.d * self.act_bytes
+        """This rank's key/value block: its n tokens' k (head size dqk) and v (dv) for its g query groups."""
+        return self.n * self.g * (self.dqk + self.dv) * self.act_bytes
 
     def _ring_exchange(self, name: str, size: int, forward: bool) -> tuple[int, int]:
         """The send to one ring neighbour and the receive from the other (the forward sends to the
@@ -94,7 +96,7 @@ class ContextParallel:
         """p2p: cp steps of attention, each beside the exchange of the next step's block; returns the
         node that writes the output (forward) or the last gradient accumulation (backward)."""
         block, half = self.s // self.cp, self.s // (2 * self.cp)
-        kv, out_elements = self._kv_bytes(), self.n * self.a * self.d
+        kv, out_elements = self._kv_bytes(), self.n * self.a * self.dv
         pending: Iterable[int] = ()
         last = -1
         for i in range(self.cp):
@@ -120,14 +122,15 @@ class ContextParallel:
 
     def a2a_attention(self, name: str, backward: bool) -> int:
         """a2a: all-to-alls around one attention over the whole sequence with a/cp heads."""
-        q, kv = self.n * self.a * self.d * self.act_bytes, self._kv_bytes()
+        q, kv = self.n * self.a * self.dqk * self.act_bytes, self._kv_bytes()
+        out = self.n * self.a * self.dv * self.act_bytes
         if backward:   # the output gradient in; dq, dk and dv back
-            self.blocking(name + ".cp_dout_all_to_all", "cp", pb.ALL_TO_ALL, q)
+            self.blocking(name + ".cp_dout_all_to_all", "cp", pb.ALL_TO_ALL, out)
         else:
             self.blocking(name + ".cp_qkv_all_to_all", "cp", pb.ALL_TO_ALL, q + kv)
         node = self.flash_attention(name, backward, self.s, self.s, True, self.a // self.cp)
         if backward:
             self.blocking(name + ".cp_dqkv_all_to_all", "cp", pb.ALL_TO_ALL, q + kv)
         else:
-            self.blocking(name + ".cp_out_all_to_all", "cp", pb.ALL_TO_ALL, q)
+            self.blocking(name + ".cp_out_all_to_all", "cp", pb.ALL_TO_ALL, out)
         return node

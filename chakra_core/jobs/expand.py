@@ -62,9 +62,11 @@ class JobRun:
     """The output folder's, taken before the traces were written (RunConfig.output_lock)."""
 
 
-def read_job(data: Any, source: str) -> JobSpec:
+def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
+    """The validated job; files it names (a routing histogram) relative to `base_dir` (default the
+    current folder)."""
     try:
-        job = JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ManifestError(validation_problems(exc, ("job",), source, JobSpec)) from None
     too_large = overflow(job)
@@ -113,7 +115,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
     try:
-        job = read_job(raw, source)
+        job = read_job(raw, source, base_dir)
     except ManifestError as exc:   # a wrong profile too, in the same message
         raise ManifestError([*exc.problems, *_profile_problems(raw, exc.problems, base_dir, source)]) from None
     profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)
@@ -227,8 +229,13 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
         raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
                               "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
     job = expand_job(data, base_dir, source, out_dir, progress)
-    _cluster_defaults(job, host)
-    config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
+    try:
+        _cluster_defaults(job, host)
+        config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
+    except BaseException:
+        if job.lock is not None:   # refused after the traces were written: the folder stays usable
+            job.lock.release()
+        raise
     config.spec.folding = job.folding
     config.spec.step_parts = True
     config.spec.training = job.info

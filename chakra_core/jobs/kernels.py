@@ -10,13 +10,20 @@ docs/training.md lists the kernels and their FLOP and byte formulas.
 
 from __future__ import annotations
 
+from collections import deque
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
+from chakra_core.jobs.attention import NORM_OPS, SelfAttention
+from chakra_core.jobs.attention_variants import AttentionVariants
 from chakra_core.jobs.context_parallel import ContextParallel
+from chakra_core.jobs.expert_activation import ExpertActivation
 from chakra_core.jobs.fp8 import Fp8Quantization
+from chakra_core.jobs.linear_biases import LinearBiases
+from chakra_core.jobs.mla import LatentAttention
 from chakra_core.jobs.moe import MixtureOfExperts
+from chakra_core.jobs.mtp import MultiTokenPrediction
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.tensor_parallel import TensorParallel
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
@@ -34,11 +41,8 @@ def _attr(kind: str, name: str, value: int | str | bool) -> pb.AttributeProto:
     return str_attr(name, str(value))
 
 
-NORM_OPS = 4
-"""Per element of an RMSNorm/LayerNorm: square, accumulate, scale, weight."""
-
-
-class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfExperts):
+class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorParallel, ContextParallel,
+                   Fp8Quantization, MixtureOfExperts, ExpertActivation, LinearBiases, AttentionVariants):
     """A rank's place in the job and the nodes of its layers (see the module docstring).
 
     Shapes use the Megatron papers' letters: h hidden, f MLP hidden, a and g this rank's query
@@ -66,6 +70,7 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         # tokens of the residual stream held here
         self.local_tokens = self.n // p.tp if self.sp else self.n
         self.h, self.f, self.d = m.hidden, m.ffn_hidden, m.head_dim
+        self.dqk, self.dv = m.qk_dim, m.v_dim             # head sizes of q.k and of v (latent attention)
         self.a, self.g = m.heads // p.tp, m.groups // p.tp   # local query heads and query groups
         self.vocab = m.padded_vocab(p.tp) // p.tp
         self.groups = placement.groups(rank)
@@ -139,12 +144,15 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         self.stream.wait(self.collective(name, role, comm_type, size, part))
 
     def linear_weights(self, layer: int) -> int:
-        """Elements of a layer's linear weights on this rank (what fp8 quantizes)."""
-        gated = 2 if self.job.shape.gated else 1
-        h, d, a, g, fl = self.h, self.d, self.a, self.g, self.f // self.tp
-        if self.job.shape.is_moe_layer(layer):
-            return h * (a + 2 * g) * d + a * d * h + self.moe_linear_weights()
-        return h * (a + 2 * g) * d + a * d * h + (gated + 1) * h * fl
+        """Elements of a layer's linear weights on this rank (what fp8 quantizes); an MTP layer's
+        (layer >= layers) with its eh_proj."""
+        m = self.job.shape
+        gated = 2 if m.gated else 1
+        attention = self.latent_linear_weights() if m.mla else self.attention_linear_weights()
+        mtp = 2 * self.h * self.h // self.tp if layer >= m.layers else 0
+        if m.is_moe_layer(layer):
+            return attention + self.moe_linear_weights() + mtp
+        return attention + (gated + 1) * self.h * (self.f // self.tp) + mtp
 
     # Saved tensors (tensors.TensorLedger) ------------------------------------------------------------
     @property
@@ -153,121 +161,78 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         return 1 if self.fp8 and self.linear_fp8 else self.act_bytes
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
-        if self._saving:
+        if self._saving and what not in self._dropped:
             self.ledger.save(node, (*self._layer_key, what), elements, size, output)
 
     def _read(self, node: int | None, *what: str) -> None:
         self.ledger.use(node, *((*self._layer_key, w) for w in what))
 
     # A transformer layer ----------------------------------------------------------------------------
-    def norm(self, name: str, feeds_fp8: bool = True) -> int:
-        """RMSNorm/LayerNorm before a GEMM; in fp8 its output is quantized as TE's LayerNormLinear
-        does (fused under delayed scaling, after it under current scaling)."""
+    def norm(self, name: str, feeds_fp8: bool = True, width: int | None = None) -> int:
+        """RMSNorm/LayerNorm over this rank's tokens of the residual stream (or of a latent `width`)
+        before a GEMM; in fp8 its output is quantized as TE's LayerNormLinear does (fused under
+        delayed scaling, after it under current scaling)."""
         out = self.norm_output_bytes() if feeds_fp8 else self.act_bytes
-        elements = self.local_tokens * self.h
-        node = self.elementwise(name, elements, elements * (self.act_bytes + out) + self.h * self.act_bytes, NORM_OPS)
+        size = width or self.h
+        elements = self.local_tokens * size
+        node = self.elementwise(name, elements, elements * (self.act_bytes + out) + size * self.act_bytes, NORM_OPS)
         if feeds_fp8 and self.current_scaling:
-            self.quantize(name, self.local_tokens * self.h, tp_amax=self.sp, amax_done=True)
+            self.quantize(name, elements, tp_amax=self.sp, amax_done=True)
         return node
 
-    def attention(self, name: str, backward: bool) -> int:
-        """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
-        if self.job.training.attention == "unfused":
-            return self._unfused_attention(name, backward)
-        if self.cp > 1 and self.job.parallel.cp_comm_type == "p2p":
-            return self.ring_attention(name, backward)
-        if self.cp > 1 and self.job.parallel.cp_comm_type == "a2a":
-            return self.a2a_attention(name, backward)
-        # one kernel over the whole sequence: this rank's queries (its 2 load-balanced chunks of a
-        # causal split) against every key; with allgather CP the key/value blocks are gathered beside it
-        kv = self._kv_bytes()
-        gathered = self.collective(name + ".cp_kv_all_gather", "cp", pb.ALL_GATHER, kv) if self.cp > 1 else None
-        node = self.flash_attention(name, backward, self.local_seq, self.s, True, self.a)
-        self.stream.wait(gathered)
-        if backward and self.cp > 1:
-            self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
-        return node
-
-    def flash_attention(self, name: str, backward: bool, seq_q: int, seq_kv: int, causal: bool, heads: int) -> int:
-        """One fused attention kernel: `heads` query heads (and their share of the key/value heads)
-        of `seq_q` queries against `seq_kv` keys, for the micro-batch."""
-        b, d = self.b, self.d
-        kv_heads = self.g * heads // self.a
-        flops = 4 * b * heads * seq_q * seq_kv * d // (2 if causal else 1)
-        qkvo = b * (2 * heads * seq_q + 2 * kv_heads * seq_kv) * d * self.act_bytes
-        attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
-                 uint_attr("attn_head_dim", d), bool_attr("attn_causal", causal),
-                 str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
-        # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
-        ops, nbytes = (flops * 5 // 2, 2 * qkvo) if backward else (flops, qkvo)
-        node = self._kernel(name, "attention", ops, nbytes, self.act_dtype, attrs)
-        if backward:
-            self._read(node, "qkv", "attn_out")
-        return node
-
-    def _unfused_attention(self, name: str, backward: bool) -> int:
-        """Attention as Megatron-LM ran it before FlashAttention: batched GEMMs around a fused
-        scale-mask-softmax over the whole s x s score matrix (and its dropout), written to memory.
-        The softmax output, dropout mask and dropout output are kept for the backward unless
-        selective recompute rebuilds them."""
-        b, a, d, s = self.b, self.a, self.d, self.s
-        scores = b * a * s * s
-        mask = self.mask
-        kept = self.job.training.recompute != "selective"
-        if not backward:
-            self.bmm(name + ".scores", b * a, s, d, s)
-            softmax = self.elementwise(name + ".softmax", scores, 2 * scores * self.act_bytes, 4)
-            self._keep(softmax if kept else None, "probs", scores, self.act_bytes)
-            if self.dropout:
-                drop = self.elementwise(name + ".dropout", scores, scores * (2 * self.act_bytes + mask), 2)
-                self._keep(drop if kept else None, "attn_mask", scores, mask)
-                self._keep(drop if kept else None, "attn_dropped", scores, self.act_bytes)
-            return self.bmm(name + ".context", b * a, s, s, d)
-        context = self.bmm(name + ".context.dgrad", b * a, s, d, s)
-        self._read(context, "qkv", "attn_out")
-        self._read(self.bmm(name + ".context.wgrad", b * a, s, s, d), "attn_dropped", "probs")
-        if self.dropout:
-            self._read(self.elementwise(name + ".dropout", scores, scores * (2 * self.act_bytes + mask), 1),
-                       "attn_mask")
-        self._read(self.elementwise(name + ".softmax", scores, 3 * scores * self.act_bytes, 3), "probs")
-        self.bmm(name + ".scores.dgrad", b * a, s, s, d)
-        self._read(self.bmm(name + ".scores.wgrad", b * a, s, s, d), "qkv")
-        return context
+    def layer_prefix(self, mb: int, layer: int) -> str:
+        """Node names of a layer: mb<i>.L<layer>., an MTP layer's mb<i>.mtp<k>.layer."""
+        layers = self.job.shape.layers
+        return f"mb{mb}.L{layer}." if layer < layers else f"mb{mb}.mtp{layer - layers}.layer."
 
     def layer_forward(self, mb: int, layer: int) -> None:
-        h, a, g, d, n = self.h, self.a, self.g, self.d, self.n
-        p = f"mb{mb}.L{layer}."
+        deque(self.layer_forward_parts(mb, layer), maxlen=0)
+
+    def layer_forward_parts(self, mb: int, layer: int) -> Iterator[str]:
+        """The forward, yielding each sub-module it ends (pre_dispatch, dispatch, mlp; combine last) for
+        moe_overlap to interleave; a dense layer's dispatch and combine are empty."""
+        h = self.h
+        p = self.layer_prefix(mb, layer)
         act_bytes = self.act_bytes
         residual = self.local_tokens * h   # elements of the residual stream held here
         recomputing = self.part == "recompute"
         # under full recompute the forward keeps only the layer's input; the recompute keeps the rest
         self._layer_key, self._saving = (mb, layer), not (layer in self.recomputed and not recomputing)
         self._await_params(layer)
-        norm1 = self.norm(p + "norm1")
+        latent = self.job.shape.mla   # MLA's input norm is a TENorm of its own (bf16 out), not fused
+        norm1 = self.norm(p + "norm1", feeds_fp8=not latent)
         if recomputing:
             self._read(norm1, "x")
         else:
             self.ledger.save(norm1, (mb, layer, "x"), residual, act_bytes, output=False)
-        qkv = self._gemm_with(p + "qkv", n, h, (a + 2 * g) * d, gather=True)
-        self._keep(qkv, "qkv_in", residual, self.gemm_in, output=False)
-        self._keep(qkv, "qkv", n * (a + 2 * g) * d, act_bytes)
-        if self.job.shape.position == "rope":
-            self.elementwise(p + "rope", n * (a + g) * d, 2 * n * (a + g) * d * self.act_bytes, 3)
-        self._keep(self.attention(p + "attention", backward=False), "attn_out", n * a * d, act_bytes)
-        proj = self._row_gemm(p + "proj", n, a * d, h)
-        if self.fp8:   # TE saves its own fp8 copy of the input beside the one FlashAttention keeps
-            self._keep(proj, "proj_in", n * a * d, 1, output=False)
+        if latent:
+            self.latent_attention_forward(p)
+        else:
+            self.self_attention_forward(p)
         residual1 = self.elementwise(p + "residual1", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual1, "mask1", residual * self.mask, 1)
         if self.job.shape.is_moe_layer(layer):   # its norm feeds the router and the dispatcher in bf16
             self._keep(self.norm(p + "norm2", feeds_fp8=False), "x2", residual, act_bytes, output=False)
-            self.moe_forward(p)
+            yield from self.moe_forward(p)
+            self._expert_bias_counts(p)
         else:
+            yield "pre_dispatch"
+            yield "dispatch"
             self._keep(self.norm(p + "norm2"), "x2", residual, act_bytes, output=False)
             self._mlp_forward(p, self.f)
         residual2 = self.elementwise(p + "residual2", residual, residual * (3 * act_bytes + self.mask))
         self._keep(residual2, "mask2", residual * self.mask, 1)
+        if not self.job.shape.is_moe_layer(layer):
+            yield "mlp"
         self._saving = True
+
+    def _expert_bias_counts(self, p: str) -> None:
+        """With the router's expert bias, the routing map's column sums (router.py _apply_expert_bias:
+        local_tokens_per_expert += routing_map.sum(0)); Megatron counts right after the top-k, written
+        here after the block (a kernel of microseconds)."""
+        if self.job.shape.router_expert_bias:
+            t, experts = self.local_tokens, self.job.shape.num_experts or 0
+            self.elementwise(p + "moe.tokens_per_expert", t * experts, t * experts + 4 * experts)
 
     def _mlp_forward(self, p: str, ffn: int, cast: bool = False) -> None:
         """A TP MLP of hidden width `ffn` (the layer's, or its MoE block's shared experts: `cast` when
@@ -291,32 +256,38 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
                    "fc1")
         self._read(self._column_backward(p + "fc1", n, h, up)[1], "fc1_in")
 
-    def layer_backward(self, mb: int, layer: int) -> None:
-        h, f, a, g, d, n = self.h, self.f, self.a, self.g, self.d, self.n
-        p = f"mb{mb}.L{layer}."
+    def layer_backward(self, mb: int, layer: int, ready: bool = True) -> None:
+        """A layer's backward; `ready`: its gradients are complete after it (an MTP layer's are not)."""
+        deque(self.layer_backward_parts(mb, layer, ready), maxlen=0)
+
+    def layer_backward_parts(self, mb: int, layer: int, ready: bool = True) -> Iterator[str]:
+        """The backward, yielding each sub-module it ends (combine, mlp, dispatch, pre_dispatch)."""
+        h, f = self.h, self.f
+        p = self.layer_prefix(mb, layer)
         act_bytes = self.act_bytes
         residual = self.local_tokens * h   # elements of the residual stream held here
         self._layer_key = (mb, layer)
         read = self._read
+        moe = self.job.shape.is_moe_layer(layer)
+        if not moe:
+            yield "combine"
         read(self.elementwise(p + "residual2.bwd", residual, residual * (2 * act_bytes + self.mask)), "mask2")
-        if self.job.shape.is_moe_layer(layer):
-            self.moe_backward(p)
+        if moe:
+            yield from self.moe_backward(p)
         else:
             self._mlp_backward(p, f)
         read(self.elementwise(p + "norm2.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x2", "mask1")
-        read(self._row_backward(p + "proj", n, a * d, h)[1], "attn_out", "proj_in")
-        if self.job.training.recompute == "selective" and self.job.training.attention == "unfused":
-            # selective recompute re-runs the core attention it did not keep (Korthikanti et al. 2022
-            # sec. 5: QK^T, softmax, softmax dropout, attention over V); FlashAttention does it anyway
-            part, self.part, self._saving = self.part, "recompute", False
-            self._unfused_attention(p + "attention", backward=False)
-            self.part, self._saving = part, True
-        self.attention(p + "attention.bwd", backward=True)
-        if self.job.shape.position == "rope":
-            self.elementwise(p + "rope.bwd", n * (a + g) * d, 2 * n * (a + g) * d * act_bytes, 3)
-        read(self._column_backward(p + "qkv", n, h, (a + 2 * g) * d)[1], "qkv_in")
+        if not moe:   # a dense layer's norm2 belongs to its mlp (TransformerLayer._forward_mlp)
+            yield "mlp"
+            yield "dispatch"
+        if self.job.shape.mla:
+            self.latent_attention_backward(p)
+        else:
+            self.self_attention_backward(p)
         read(self.elementwise(p + "norm1.bwd", residual, 4 * residual * act_bytes, 2 * NORM_OPS), "x")
-        self._grad_ready(layer)
+        yield "pre_dispatch"
+        if ready:
+            self._grad_ready(layer)
 
     # Embedding and output layer -------------------------------------------------------------------
     def embedding_forward(self, mb: int) -> None:
@@ -337,13 +308,23 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         self._grad_ready(-1)
 
     def head_forward(self, mb: int) -> None:
+        """The final norm, the MTP layers when this chunk runs them (between the decoder's final norm
+        and the output layer, gpt_model.py _postprocess), the output layer and the loss."""
         self._await_params(-2)
-        n, h, v = self.n, self.h, self.vocab
         p = f"mb{mb}."
         self._layer_key = (mb, "head")
-        self.linear_fp8 = False   # Megatron's output layer is not a Transformer Engine module: bf16
-        self._keep(self.norm(p + "final_norm", feeds_fp8=False), "norm_in", self.local_tokens * h, self.act_bytes,
-                   output=False)
+        self._keep(self.norm(p + "final_norm", feeds_fp8=False), "norm_in", self.local_tokens * self.h,
+                   self.act_bytes, output=False)
+        if self.mtp_here:
+            self.mtp_forward(mb)
+            self._layer_key = (mb, "head")
+        self.output_layer(p)
+
+    def output_layer(self, p: str) -> None:
+        """The output layer (not a Transformer Engine module: bf16) and the vocabulary-parallel cross
+        entropy of the hidden state the current layer key names."""
+        n, h, v = self.n, self.h, self.vocab
+        self.linear_fp8 = False
         head = self._gemm_with(p + "lm_head", n, h, v, gather=True, te=False)
         self._keep(head, "head_in", self.local_tokens * h, self.act_bytes, output=False)
         self._keep(head, "logits", n * v, self.act_bytes)
@@ -355,10 +336,8 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         for what in ("max", "target", "sum_exp"):
             self.blocking(f"{p}cross_entropy.tp_all_reduce_{what}", "tp", pb.ALL_REDUCE, n * 4)
 
-    def head_backward(self, mb: int) -> None:
+    def output_layer_backward(self, p: str) -> None:
         n, h, v = self.n, self.h, self.vocab
-        p = f"mb{mb}."
-        self._layer_key = (mb, "head")
         loss = self.elementwise(p + "cross_entropy.bwd", n * v, n * v * (4 + self.act_bytes), 2, dtype="fp32")
         self._read(loss, "softmax")
         self._keep(loss, "logits_grad", n * v, self.act_bytes)
@@ -367,6 +346,14 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
         self._read(dgrad, "logits_grad")
         self._read(wgrad, "logits_grad", "head_in")
         self.linear_fp8 = True
+
+    def head_backward(self, mb: int) -> None:
+        h, p = self.h, f"mb{mb}."
+        self._layer_key = (mb, "head")
+        self.output_layer_backward(p)
+        if self.mtp_here:
+            self.mtp_backward(mb)
+            self._layer_key = (mb, "head")
         tokens = self.local_tokens
         self._read(self.elementwise(p + "final_norm.bwd", tokens * h, 4 * tokens * h * self.act_bytes, 2 * NORM_OPS),
                    "norm_in")
@@ -378,3 +365,6 @@ class LayerKernels(TensorParallel, ContextParallel, Fp8Quantization, MixtureOfEx
 
     def _grad_ready(self, unit: int) -> None:
         """After a unit's backward: its gradients are complete."""
+
+    def _fp8_weights(self, layer: int) -> None:
+        """fp8: a layer's linear weights quantized once per step."""

@@ -10,26 +10,33 @@ experts.py (TEGroupedMLP, `--moe-grouped-gemm`: one grouped GEMM per linear laye
 experts, fc1 column- and fc2 row-parallel over expert TP, the routing probabilities applied in
 the activation), shared_experts.py (SharedExpertMLP: a dense TP MLP beside the routed experts).
 
-Routing is balanced, as published benchmarks force it (--moe-router-force-load-balancing): each
-rank routes its t tokens to topk experts and sends t x topk / ep of them to every EP rank, so it
-receives as many as it sends and each of its num_experts / ep local experts gets
+Routing is balanced by default, as published benchmarks force it (--moe-router-force-load-balancing):
+each rank routes its t tokens to topk experts and sends t x topk / ep of them to every EP rank, so
+it receives as many as it sends and each of its num_experts / ep local experts gets
 etp x ep x t x topk / num_experts tokens (one grouped GEMM of that M per expert: `gemm_batch`
 local experts). With a capacity factor an expert takes at most ceil(t x topk / num_experts x
 capacity_factor) tokens from each rank (moe_utils.get_capacity); balanced routing drops none
-unless the factor is below 1.
+unless the factor is below 1. Skewed routing (`training.routing`, routing.py) gives every rank the
+hottest EP rank's expert tokens and all-to-all buffers.
+
+The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
+micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
+experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's
+fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher).
 
 Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
-bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, skewed
-routing, DeepEP / HybridEP (flex) and the all-gather dispatcher, overlap of shared experts or of
-the all-to-alls with other micro-batches' compute (--moe-shared-expert-overlap,
---overlap-moe-expert-parallel-comm).
+bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, HybridEP and
+the all-gather dispatcher.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, Iterator, NamedTuple
 
-from chakra_core.et.build import uint_attr
+from chakra_core.et.build import uint_attr, uint_list_attr
+from chakra_core.jobs.flex_dispatcher import FlexDispatcher
+from chakra_core.jobs.routing import ExpertLoad, expert_load
+from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -38,20 +45,23 @@ if TYPE_CHECKING:
 EP_PART = "ep"
 """step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
 
+Tokens = int | tuple[int, ...]
+"""Tokens of every local expert (balanced), or of each (skewed routing)."""
+
 
 class _BlockSizes(NamedTuple):
     """A MoE block's sizes on this rank."""
 
     experts: int
     routed: int        # token copies this rank sends to the experts
-    per_expert: int    # tokens each local expert computes
+    per_expert: Tokens  # tokens each local expert computes
     local: int         # local experts
     received: int      # tokens the local experts compute in all
     up: int            # fc1's output width per token (gated: twice the expert FFN), expert TP share
     ffn: int           # the expert FFN's width, expert TP share
 
 
-class MixtureOfExperts:
+class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher):
     """The MoE block of a layer (see the module docstring)."""
 
     job: "JobSpec"
@@ -66,6 +76,8 @@ class MixtureOfExperts:
     linear_fp8: bool
     gemm_dtype: str
     act_dtype: str
+    part: str
+    _dropped: tuple[str, ...] = ()   # saved tensors a forward does not keep (output-discarding recompute)
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
         def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -110,6 +122,27 @@ class MixtureOfExperts:
         def _read(self, node: int | None, *what: str) -> None:
             raise NotImplementedError
 
+        def norm(self, name: str, feeds_fp8: bool = True) -> int:
+            raise NotImplementedError
+
+        def expert_activation(self, p: str, received: int, up: int, ffn: int, recompute: bool = False) -> None:
+            raise NotImplementedError
+
+        def expert_activation_recompute(self, p: str, received: int, up: int, ffn: int) -> None:
+            raise NotImplementedError
+
+        def expert_activation_backward(self, p: str, received: int, up: int, ffn: int) -> None:
+            raise NotImplementedError
+
+        def expert_bias_forward(self, p: str, received: int, local: int) -> None:
+            raise NotImplementedError
+
+        def expert_bias_backward(self, p: str, received: int, local: int) -> None:
+            raise NotImplementedError
+
+        def router_bias_backward(self, p: str, experts: int) -> None:
+            raise NotImplementedError
+
     # Sizes ------------------------------------------------------------------------------------------
     @property
     def experts_here(self) -> int:
@@ -120,8 +153,15 @@ class MixtureOfExperts:
     def etp(self) -> int:
         return self.job.parallel.expert_tp
 
+    def expert_load(self) -> ExpertLoad | None:
+        """Skewed routing's token counts (routing.py); None when balanced."""
+        return expert_load(self.job, self.local_tokens)
+
     def routed_tokens(self) -> int:
         """Token copies this rank sends to the experts (t x topk, capped by the capacity)."""
+        load = self.expert_load()
+        if load is not None:
+            return load.kept
         m = self.job.shape
         experts, routed = m.num_experts or 1, self.local_tokens * m.router_topk
         if m.capacity_factor is not None:
@@ -129,85 +169,117 @@ class MixtureOfExperts:
             routed = min(routed, experts * int(capacity))
         return routed
 
-    def expert_tokens(self) -> int:
+    def expert_tokens(self) -> Tokens:
         """Tokens each local expert computes: what the EP ranks sent here (balanced: as many as
-        this rank sent), all-gathered over expert TP, split over the local experts."""
+        this rank sent), all-gathered over expert TP, split over the local experts; skewed: each
+        of the hottest EP rank's experts' own."""
+        load = self.expert_load()
+        if load is not None:
+            return load.tokens
         return -(-self.routed_tokens() * self.etp // self.experts_here)
+
+    def arrived_tokens(self) -> int:
+        """Token copies an EP all-to-all's buffer holds: what this rank sends (balanced: as many as
+        it receives), or what the hottest EP rank receives (skewed; routing.py says why)."""
+        load = self.expert_load()
+        return self.routed_tokens() if load is None else load.arrived
 
     def expert_params_here(self) -> int:
         """Parameters of one MoE layer's routed experts on this rank."""
         m = self.job.shape
-        return self.experts_here * (m.up_projections() + 1) * self.h * (m.expert_ffn // self.etp)
+        weights = self.experts_here * (m.up_projections() + 1) * self.h * (m.expert_ffn // self.etp)
+        return weights + self.experts_here * m.mlp_biases(m.expert_ffn)   # biases need etp 1 (spec)
 
     def moe_dense_params_here(self) -> int:
-        """A MoE layer's router (replicated over TP) and shared experts (split over TP) here."""
+        """A MoE layer's router (replicated over TP) and shared experts (split over TP) here, and
+        their biases (a few thousand: counted whole on every TP rank)."""
         m = self.job.shape
-        return self.h * (m.num_experts or 0) + (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp
+        weights = self.h * (m.num_experts or 0) + (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp
+        biases = (m.num_experts or 0) + (m.mlp_biases(m.shared_ffn) if m.shared_ffn else 0) if m.bias else 0
+        return weights + biases
 
     def moe_linear_weights(self) -> int:
         """Elements of a MoE block's fp8 linear weights here: shared and routed experts (the router
         is not a Transformer Engine module)."""
         m = self.job.shape
-        return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here()
+        biases = self.experts_here * m.mlp_biases(m.expert_ffn)
+        return (m.up_projections() + 1) * self.h * m.shared_ffn // self.tp + self.expert_params_here() - biases
 
     # Kernels ----------------------------------------------------------------------------------------
-    def grouped_gemm(self, name: str, m: int, k: int, n: int, cast: bool = False, accumulate: bool = False) -> int:
+    def grouped_gemm(self, name: str, m: Tokens, k: Tokens, n: int, cast: bool = False,
+                     accumulate: bool = False) -> int:
         """TE's GroupedLinear over the local experts: one [m,k] x [k,n] product per expert (its own
         weight and tokens), timed by the compute layer as `gemm_batch` products of the expert's own
-        shape (a batch of 1 is exactly the dense `gemm`)."""
+        shape (a batch of 1 is exactly the dense `gemm`). Skewed routing gives each expert its own
+        m (or k, weight gradients): `gemm_m_list` / `gemm_k_list`, gemm_m / gemm_k the largest."""
         experts = self.experts_here
+        ms = m if isinstance(m, tuple) else (m,) * experts
+        ks = k if isinstance(k, tuple) else (k,) * experts
         if experts == 1:
-            return self.gemm(name, m, k, n, cast=cast, accumulate=accumulate)
+            return self.gemm(name, ms[0], ks[0], n, cast=cast, accumulate=accumulate)
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
-            self.quantize(name, experts * m * k)
-        shape = [uint_attr("gemm_m", m), uint_attr("gemm_n", n), uint_attr("gemm_k", k),
+            self.quantize(name, sum(a * b for a, b in zip(ms, ks)))
+        shape = [uint_attr("gemm_m", max(ms)), uint_attr("gemm_n", n), uint_attr("gemm_k", max(ks)),
                  uint_attr("gemm_batch", experts)]
+        for what, sizes in (("gemm_m_list", ms), ("gemm_k_list", ks)):
+            if len(set(sizes)) > 1:
+                shape.append(uint_list_attr(what, sizes))
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(uint_attr("gemm_c_bytes", out))
         opnd = 1 if fp8 else self.act_bytes
-        return self._kernel(name, "gemm", 2 * experts * m * k * n, experts * ((m * k + k * n) * opnd + m * n * out),
+        return self._kernel(name, "gemm", 2 * n * sum(a * b for a, b in zip(ms, ks)),
+                            sum((a * b + b * n) * opnd + a * n * out for a, b in zip(ms, ks)),
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
-    def _dispatch_comm(self, name: str, forward_direction: bool) -> None:
-        """The dispatcher's communication toward the experts (forward dispatch, or the backward of
-        combine): the tokens' and the probabilities' all-to-alls over EP (each rank's whole send
-        buffer: routed tokens x h, docs/collectives.md), then their all-gather over expert TP."""
-        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
-        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
-        if forward_direction:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
+    def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:
+        """The tokens' (and the probabilities') all-to-all over EP: each rank's whole send buffer,
+        the tokens arriving at the hottest EP rank x h (docs/collectives.md; routing.py)."""
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
+        if tokens:
+            self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
+        if probs:   # the routing probabilities travel with the tokens (bf16: type_as(logits))
             self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
+
+    def _etp_all_gather(self, name: str, probs: bool) -> None:
+        """Toward the experts after the all-to-all: the tokens all-gathered over expert TP."""
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_all_gather", "etp", pb.ALL_GATHER, routed * h * b, EP_PART)
-        if forward_direction:
+        if probs:
             self.blocking(name + ".etp_all_gather_probs", "etp", pb.ALL_GATHER, routed * b, EP_PART)
 
-    def _combine_comm(self, name: str, probs: bool) -> None:
-        """Back from the experts (forward combine, or the backward of dispatch): reduce-scatter over
-        expert TP (the whole buffer), then the all-to-all over EP (and the probabilities' gradient)."""
-        routed, h, b = self.routed_tokens(), self.h, self.act_bytes
+    def _etp_reduce_scatter(self, name: str, probs: bool) -> None:
+        """Back from the experts before the all-to-all: reduce-scatter over expert TP (the whole buffer)."""
+        routed, h, b = self.arrived_tokens(), self.h, self.act_bytes
         self.blocking(name + ".etp_reduce_scatter", "etp", pb.REDUCE_SCATTER, routed * self.etp * h * b, EP_PART)
         if probs:
             self.blocking(name + ".etp_reduce_scatter_probs", "etp", pb.REDUCE_SCATTER, routed * self.etp * b,
                           EP_PART)
-        self.blocking(name + ".ep_all_to_all", "ep", pb.ALL_TO_ALL, routed * h * b, EP_PART)
-        if probs:
-            self.blocking(name + ".ep_all_to_all_probs", "ep", pb.ALL_TO_ALL, routed * b, EP_PART)
 
     def _block_sizes(self) -> "_BlockSizes":
         m = self.job.shape
         per_expert, local = self.expert_tokens(), self.experts_here
         ffn = m.expert_ffn // self.etp
-        return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, per_expert * local,
+        received = sum(per_expert) if isinstance(per_expert, tuple) else per_expert * local
+        return _BlockSizes(m.num_experts or 1, self.routed_tokens(), per_expert, local, received,
                            m.up_projections() * ffn, ffn)
 
-    def moe_forward(self, p: str) -> None:
+    def moe_forward(self, p: str) -> Iterator[str]:
         """The block after the second norm: shared experts, router, dispatch, grouped expert GEMMs,
-        combine (MoELayer.forward's order without shared-expert overlap)."""
+        combine (MoELayer.forward's order). Yields the end of each sub-module as Megatron-Core's
+        fine-grained callables split it (models/gpt/fine_grained_callables.py): pre_dispatch (to the
+        permutation), dispatch (the all-to-alls), mlp (expert TP gather, experts, expert TP scatter);
+        combine is the rest. With --moe-shared-expert-overlap the shared experts run on a stream of
+        their own beside the all-to-alls (shared_expert_overlap)."""
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        self._shared_forward(p)
+        side = self.shared_overlap
+        if self.job.training.recomputes("layernorm"):   # the pre-MLP norm's output: router's and shared experts' input
+            self._dropped = ("moe_x", "fc1_in")
+        if not side:
+            self._shared_forward(p)
         self.linear_fp8 = False   # the router's GEMM is a plain linear (router_gating_linear), bf16
         router = self.gemm(p + "moe.router", t, h, experts)
         self.linear_fp8 = True
@@ -215,49 +287,127 @@ class MixtureOfExperts:
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
         self._keep(scores, "moe_map", t * experts, 1)
-        self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
-        self._dispatch_comm(p + "moe.dispatch", True)
-        if local > 1:   # sort_chunks_by_idxs: the received chunks grouped by local expert
+        if side:
+            self.shared_gather(p)
+        if not self.flex:   # flex: DeepEP's dispatch reads the tokens where they are
+            self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
+        yield "pre_dispatch"
+        permuted = list(self.stream.frontier)
+        if self.flex:
+            self.deepep_layout(p + "moe.dispatch")
+            self.deepep(p + "moe.dispatch", dispatch=True, weights=True)
+        else:
+            self._ep_all_to_all(p + "moe.dispatch", probs=not side)
+        if side:   # token_dispatch: tokens all-to-all, shared fc1, probabilities all-to-all
+            self.shared_fc1(p, permuted)
+            if not self.flex:
+                self._ep_all_to_all(p + "moe.dispatch", probs=True, tokens=False)
+        yield "dispatch"
+        if self.flex:
+            self.flex_permute(p + "moe.permute", received, probs=True)
+        else:
+            self._etp_all_gather(p + "moe.dispatch", True)
+        if local > 1 and not self.flex:   # sort_chunks_by_idxs: the received chunks grouped by local expert
             self.elementwise(p + "moe.sort_chunks", received * h, 2 * received * h * b)
         fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
         self._keep(fc1, "moe_in", received * h, 1 if self.fp8 else b, output=False)
         self._keep(fc1, "moe_fc1", received * up, b)
-        act = self.elementwise(p + "moe.activation", received * ffn, (up + ffn) * received * b + received * b, 5)
-        self._keep(act, "moe_act", received * ffn, 1 if self.fp8 else b)
+        self.expert_activation(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2", per_expert, ffn, h, cast=True)
-        if local > 1:
+        self.expert_bias_forward(p, received, local)
+        if self.flex:
+            self.flex_unpermute(p + "moe.unpermute", received, probs=False)
+        elif local > 1:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
-        self._combine_comm(p + "moe.combine", False)
-        self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
+        if not self.flex:
+            self._etp_reduce_scatter(p + "moe.combine", False)
+        yield "mlp"
+        computed = list(self.stream.frontier)
+        if self.flex:   # DeepEP's combine adds the ranks' sums in the kernel
+            self.deepep(p + "moe.combine", dispatch=False, weights=False)
+        else:
+            self._ep_all_to_all(p + "moe.combine", False)
+        if side:   # token_combine: the shared fc2 and its reduce-scatter beside the all-to-all
+            self.shared_fc2(p, computed)
+        if not self.flex:
+            self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
         if m.shared_ffn:
+            if side:
+                self.shared_join()
             self.elementwise(p + "moe.add_shared", t * h, 3 * t * h * b)
+        self._dropped = ()
 
-    def moe_backward(self, p: str) -> None:
+    def moe_backward(self, p: str) -> Iterator[str]:
         """The block's backward, in reverse: combine's backward (the tokens' gradient dispatched
-        again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'."""
+        again), the experts' dgrad and wgrad, dispatch's backward, the router's, the shared experts'.
+        Yields the end of combine, mlp and dispatch (see moe_forward)."""
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
-                   "moe_probs", "moe_map")
-        self._dispatch_comm(p + "moe.combine.bwd", False)
-        if local > 1:
+        side = self.shared_overlap
+        self._recompute_pre_mlp_norm(p)
+        if side:
+            self.shared_fc2_backward(p)
+        if self.flex:   # FusedCombine.backward: a dispatch on the cached handle, tokens only
+            self.deepep(p + "moe.combine.bwd", dispatch=True, weights=False)
+        else:
+            self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
+                       "moe_probs", "moe_map")
+            self._ep_all_to_all(p + "moe.combine.bwd", False)
+        yield "combine"
+        if self.flex:
+            self._read(self.flex_unpermute(p + "moe.unpermute.bwd", received, probs=False), "moe_map")
+        else:
+            self._etp_all_gather(p + "moe.combine.bwd", False)
+        if local > 1 and not self.flex:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
+        self.expert_bias_backward(p, received, local)
+        self.expert_activation_recompute(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc2.dgrad", per_expert, h, ffn, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc2.wgrad", ffn, per_expert, h, accumulate=True), "moe_act")
-        self._read(self.elementwise(p + "moe.activation.bwd", received * ffn, (2 * up + ffn) * received * b, 7),
-                   "moe_fc1")
+        self.expert_activation_backward(p, received, up, ffn)
         self.grouped_gemm(p + "moe.fc1.dgrad", per_expert, up, h, cast=True)
         self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
-        if local > 1:
-            self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
-        self._combine_comm(p + "moe.dispatch.bwd", True)
-        self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
+        if self.flex:   # the probabilities' gradients gathered beside the tokens'
+            self.flex_permute(p + "moe.permute.bwd", received, probs=True)
+        else:
+            if local > 1:
+                self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
+            self._etp_reduce_scatter(p + "moe.dispatch.bwd", True)
+        yield "mlp"
+        routed_fc1 = list(self.stream.frontier)
+        if self.flex:   # FusedDispatch.backward: a combine carrying the top-k weights' gradients
+            self.deepep(p + "moe.dispatch.bwd", dispatch=False, weights=True)
+        else:
+            self._ep_all_to_all(p + "moe.dispatch.bwd", True)
+        if side:   # launched after the routed experts' fc1 backward (shared_experts.py _BackwardStreamWait)
+            self.shared_fc1_backward(p, routed_fc1)
+        yield "dispatch"
+        if not self.flex:
+            self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
         self._read(self.elementwise(p + "moe.topk.bwd", t * experts, t * experts * (3 * b + 1), 4), "moe_probs")
         self.linear_fp8 = False
         self.gemm(p + "moe.router.dgrad", t, experts, h)
         self._read(self.gemm(p + "moe.router.wgrad", experts, t, h, accumulate=True), "moe_x")
         self.linear_fp8 = True
-        self._shared_backward(p)
+        self.router_bias_backward(p, experts)
+        if side:
+            self.shared_join()
+        else:
+            self._shared_backward(p)
+
+    def _recompute_pre_mlp_norm(self, p: str) -> None:
+        """--recompute-modules layernorm: the pre-MLP norm (a TENorm of its own in MoE layers; the
+        input norm is fused into the QKV GEMM) again as the block's output gradient arrives
+        (transformer_layer.py at d98e8a64: recompute_pre_mlp_layernorm, output-discarding)."""
+        if not self.job.training.recomputes("layernorm"):
+            return
+        part, self.part = self.part, "recompute"
+        norm = self.norm(p + "norm2", feeds_fp8=False)
+        self._read(norm, "x2")
+        self._keep(norm, "moe_x", self.local_tokens * self.h, self.act_bytes, output=False)
+        if self.job.shape.shared_ffn:
+            self._keep(norm, "fc1_in", self.local_tokens * self.h, self.act_bytes, output=False)
+        self.part = part
 
     def _shared_forward(self, p: str) -> None:
         """Shared experts: a dense TP MLP of shared_expert_ffn on the same input (SharedExpertMLP,

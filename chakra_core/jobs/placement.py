@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 
+from chakra_core.jobs.flex_dispatcher import NVL_PEERS
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import PlacedGroup
 
@@ -63,8 +64,9 @@ class Placement:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
         tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
-        emb (first and last stage: tied embedding gradients), amax (fp8 scaling: tp x cp x dp);
-        a mixture of experts adds etp, ep and edp (`expert_groups`).
+        emb (first and last stage: tied or MTP embedding gradients), amax (fp8 scaling: tp x cp x dp);
+        a mixture of experts adds etp, ep and edp (`expert_groups`), and stage (tp x cp x dp) with
+        the router's expert bias.
         Members are arithmetic runs of the rank order (a job of 16,384 ranks asks for all of them)."""
         c = self.coord(rank)
         tp, stage = self.tp, self.tp * self.cp * self.dp      # ranks per pipeline stage
@@ -77,13 +79,21 @@ class Placement:
         if self.dp * self.cp > 1:
             start = c.tp + stage * c.pp
             out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
-        if self.pp > 1 and self.job.shape.tied_embeddings and c.pp in (0, self.pp - 1):
+        # the word embedding's gradient is all-reduced between the first and the last stage when the
+        # last one holds it too: tied to the output layer, or for the MTP layers (finalize_model_grads.py
+        # _get_shared_word_embedding_weight at d98e8a64)
+        shared = self.job.shape.tied_embeddings or self.job.shape.mtp_layers > 0
+        if self.pp > 1 and shared and c.pp in (0, self.pp - 1):
             first = rank - stage * c.pp
             out["emb"] = self._group("emb", first, first + stage * (self.pp - 1) + 1, stage * (self.pp - 1))
         if self.job.training.precision == "fp8" and stage > 1:
             out["amax"] = self._group("amax", stage * c.pp, stage * (c.pp + 1))
         if self.moe:
             out.update(self.expert_groups(rank))
+            if self.job.shape.router_expert_bias and stage > 1:
+                # the routers' token counts, all-reduced over the stage's TP x CP x DP ranks before the
+                # expert bias is updated (finalize_model_grads._update_router_expert_bias at d98e8a64)
+                out["stage"] = self._group("stage", stage * c.pp, stage * (c.pp + 1))
         return out
 
     def expert_groups(self, rank: int) -> dict[str, tuple[int, ...]]:
@@ -105,6 +115,10 @@ class Placement:
         if ep > 1:
             start = base + i % etp + etp * ep * (i // (etp * ep))
             out["ep"] = self._group("ep", start, start + etp * ep, etp)
+            if self.job.parallel.moe_token_dispatcher == "flex" and ep > NVL_PEERS:   # etp 1 (flex_problems)
+                j = i % ep   # DeepEP's rdma_rank j // 8 and nvl_rank j % 8 (flex_dispatcher)
+                out["ep_rdma"] = self._group("ep_rdma", start + j % NVL_PEERS, start + ep, NVL_PEERS)
+                out["ep_nvl"] = self._group("ep_nvl", start + j - j % NVL_PEERS, start + j - j % NVL_PEERS + NVL_PEERS)
         if stage // (etp * ep) > 1:
             start = base + i % (etp * ep)
             out["edp"] = self._group("edp", start, base + stage, etp * ep)

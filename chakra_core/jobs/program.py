@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from chakra_core.et.build import p2p_attrs, str_attr
-from chakra_core.jobs.kernels import LayerKernels
+from chakra_core.jobs.moe_overlap import CombinedSchedule, combined_phases
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import JobSpec
@@ -37,7 +37,7 @@ Key = tuple[bool, int]
 """A parameter bucket: (in the expert buffer, its first unit in forward order)."""
 
 
-class RankProgram(LayerKernels):
+class RankProgram(CombinedSchedule):
     """Builds the node list of one rank (`build`)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
@@ -53,6 +53,7 @@ class RankProgram(LayerKernels):
         self.gather_with: dict[int, list[Key]] = {}       # chunk -> buckets launched at its first forward
         self.expert_buckets: list[tuple[list[int], int]] = []
         self.expert_bucket_end: dict[int, int] = {}
+        self._seen_forward: set[int] = set()               # chunks whose first forward has run
         t = job.training
         if t.recompute == "full":
             for chunk in range(self.vp):
@@ -145,17 +146,27 @@ class RankProgram(LayerKernels):
     def unit_params(self, unit: int) -> int:
         """Parameters this rank holds for a layer (>= 0), the embedding (-1) or the head (-2)."""
         m, h = self.job.shape, self.h
+        # an MTP layer (unit >= layers) adds its column-parallel eh_proj and replicated norms
+        mtp = 2 * h * h // self.tp + m.mtp_extra_params() - 2 * h * h if unit >= m.layers else 0
         if unit >= 0 and m.is_moe_layer(unit):   # attention, norms, router and shared experts
-            return m.layer_params_on(self.tp) - m.mlp_params() // self.tp + self.moe_dense_params_here()
+            return m.layer_params_on(self.tp) - m.mlp_params_on(self.tp) + self.moe_dense_params_here() + mtp
         if unit >= 0:
-            return m.layer_params_on(self.tp)
+            return m.layer_params_on(self.tp) + mtp
         if unit == -1:
             return self.vocab * h + (self.s * h if m.position == "learned" else 0)
         shared = m.tied_embeddings and self.pp == 1   # the head multiplies by the embedding itself
-        return (0 if shared else self.vocab * h) + h
+        # a last stage running MTP layers holds its own copy of the (untied) word embedding
+        copy = self.vocab * h if self.mtp_here and not m.tied_embeddings and not self.has_embedding(self.vp - 1) else 0
+        return (0 if shared else self.vocab * h) + h + copy
+
+    def mtp_units(self, chunk: int) -> list[int]:
+        """The MTP layers of a chunk, as units (layers + k)."""
+        here = self.mtp_here if self.has_head(chunk) else 0
+        return [self.job.shape.layers + k for k in range(here)]
 
     def backward_units(self, chunk: int) -> list[int]:
-        units = ([-2] if self.has_head(chunk) else []) + self.chunk_layers(chunk)[::-1]
+        # the MTP layers' gradients complete before the head's final norm (kernels.head_backward)
+        units = self.mtp_units(chunk)[::-1] + ([-2] if self.has_head(chunk) else []) + self.chunk_layers(chunk)[::-1]
         return units + ([-1] if self.has_embedding(chunk) else [])
 
     def _by_chunk(self, buckets: list[tuple[list[int], int]]) -> list[list[tuple[list[int], int]]]:
@@ -222,47 +233,60 @@ class RankProgram(LayerKernels):
         if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
             self.part = "optimizer"
             self.elementwise("optimizer.zero_grad_buffer", zeroed, zeroed * self.grad_bytes)
-        seen_forward: set[int] = set()
-        for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
-            if kind == "F":
-                self.part = "forward"
-                self._first_forward = chunk not in seen_forward
-                seen_forward.add(chunk)
-                if self._first_forward:
-                    for unit in self.gather_with.pop(chunk, ()):
-                        self.param_gather[unit] = self._gather_params(unit)
-                self._receive("fwd", mb, chunk)
-                if self.has_embedding(chunk):
-                    self.embedding_forward(mb)
-                for layer in self.chunk_layers(chunk):
-                    self._fp8_weights(layer)
-                    self.layer_forward(mb, layer)
-                if self.has_head(chunk):
-                    self.head_forward(mb)
-                self._send("fwd", mb, chunk)
-                self.amax_reduction(f"mb{mb}.c{chunk}.fwd", len(self.chunk_layers(chunk)))
-            else:
-                self._last_backward = mb == m - 1
-                self._receive("bwd", mb, chunk)
-                self.part = "backward"
-                if self.has_head(chunk):
-                    self.head_backward(mb)
-                layers = self.chunk_layers(chunk)
-                for layer in reversed(layers):
-                    if layer in self.recomputed:
-                        self.part = "recompute"
-                        self.layer_forward(mb, layer)
-                        self.part = "backward"
-                    self.layer_backward(mb, layer)
-                if self.has_embedding(chunk):
-                    self.embedding_backward(mb)
-                self._send("bwd", mb, chunk)
-                self.amax_reduction(f"mb{mb}.c{chunk}.bwd", len(layers))
+        if job.parallel.overlap_moe_expert_parallel_comm:
+            for forward, backward in combined_phases(self.stage, self.pp, self.vp, m):
+                self.combined_step(forward, backward)
+        else:
+            for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
+                if kind == "F":
+                    self._forward_step(mb, chunk)
+                else:
+                    self._backward_step(mb, chunk)
         optimizer = self._optimizer(stage_params, shards, dist, buckets)
         if self.ledger.enabled:
             self._list_model_state(buckets, shards if dist else 1, optimizer)
             self.ledger.write(self.stream.nodes)
         return self.stream.nodes
+
+    def _begin_forward(self, chunk: int) -> None:
+        """A chunk's first forward quantizes fp8 weights and launches the parameter gathers due."""
+        self._first_forward = chunk not in self._seen_forward
+        self._seen_forward.add(chunk)
+        if self._first_forward:
+            for unit in self.gather_with.pop(chunk, ()):
+                self.param_gather[unit] = self._gather_params(unit)
+
+    def _forward_step(self, mb: int, chunk: int) -> None:
+        self.part = "forward"
+        self._begin_forward(chunk)
+        self._receive("fwd", mb, chunk)
+        if self.has_embedding(chunk):
+            self.embedding_forward(mb)
+        for layer in self.chunk_layers(chunk):
+            self._fp8_weights(layer)
+            self.layer_forward(mb, layer)
+        if self.has_head(chunk):
+            self.head_forward(mb)
+        self._send("fwd", mb, chunk)
+        self.amax_reduction(f"mb{mb}.c{chunk}.fwd", len(self.chunk_layers(chunk)))
+
+    def _backward_step(self, mb: int, chunk: int) -> None:
+        self._last_backward = mb == self.job.microbatches - 1
+        self._receive("bwd", mb, chunk)
+        self.part = "backward"
+        if self.has_head(chunk):
+            self.head_backward(mb)
+        layers = self.chunk_layers(chunk)
+        for layer in reversed(layers):
+            if layer in self.recomputed:
+                self.part = "recompute"
+                self.layer_forward(mb, layer)
+                self.part = "backward"
+            self.layer_backward(mb, layer)
+        if self.has_embedding(chunk):
+            self.embedding_backward(mb)
+        self._send("bwd", mb, chunk)
+        self.amax_reduction(f"mb{mb}.c{chunk}.bwd", len(layers))
 
     def _list_model_state(self, buckets: list[tuple[list[int], int]], shards: int, optimizer: int) -> None:
         """Weights, main gradients and optimizer shards per bucket, and fp8 weight copies per layer:
@@ -277,7 +301,7 @@ class RankProgram(LayerKernels):
             state += [ledger.new(-(-size // split), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
             for chunk in range(self.vp):
-                for layer in self.chunk_layers(chunk):
+                for layer in self.chunk_layers(chunk) + self.mtp_units(chunk):
                     state += [ledger.new(self.linear_weights(layer), 1) for _ in range(2)]
         for storage in state:
             ledger.refer(0, storage, output=True)
@@ -301,13 +325,22 @@ class RankProgram(LayerKernels):
             for _, size in self.expert_buckets:
                 self._reduce_bucket(size, expert=True)
         self.stream.wait(*self.pending_grads)
-        if self.job.effects.step_overheads and self.sp:
-            # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms, and
-            # MoE routers: router.py marks their weight sequence_parallel)
-            layers = [layer for chunk in range(self.vp) for layer in self.chunk_layers(chunk)]
-            routers = sum(1 for layer in layers if self.job.shape.is_moe_layer(layer))
-            norms = len(layers) * self.job.shape.norm_params() + routers * self.h * (self.job.shape.num_experts or 0)
+        m = self.job.shape
+        units = [unit for chunk in range(self.vp) for unit in self.chunk_layers(chunk) + self.mtp_units(chunk)]
+        routers = sum(1 for unit in units if m.is_moe_layer(unit))
+        if self.job.effects.step_overheads and (self.sp or m.qk_layernorm):
+            # finalize_model_grads: _allreduce_non_tensor_model_parallel_grads (replicated norms, duplicated
+            # linears, QK norms, and MoE routers: router.py marks their weight sequence_parallel); without
+            # SP only the QK norms
+            if self.sp:
+                mtp_norms = len(self.mtp_units(self.vp - 1)) * (m.mtp_extra_params() - 2 * self.h * self.h)
+                norms = len(units) * m.tp_replicated_params() + routers * self.h * (m.num_experts or 0) + mtp_norms
+            else:
+                norms = len(units) * (m.tp_replicated_params() - m.norm_params())
             self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.grad_bytes, "tp")
+        if routers and "stage" in self.groups:   # the routers' token counts, for the expert bias (fp32)
+            self.blocking("grads.expert_bias_all_reduce", "stage", pb.ALL_REDUCE, routers * (m.num_experts or 0) * 4,
+                          "other")
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.grad_bytes,
                           "dp")

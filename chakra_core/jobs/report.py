@@ -15,6 +15,7 @@ from chakra_core.engine.simulation import FinishedRun, RankRecord
 from chakra_core.errors import SimulationError
 from chakra_core.jobs.bands import error_band
 from chakra_core.jobs.flops import DESCRIPTIONS, REPORTED
+from chakra_core.jobs.imbalance import routing_cost
 from chakra_core.jobs.step import TrainingStep
 
 COMPUTE = ("forward", "backward", "recompute", "optimizer")
@@ -90,6 +91,8 @@ def training_section(run: FinishedRun) -> TrainingStep:
         breakdown_rank=slowest.rank,
         breakdown_by_stage_s=stages,
         placement=info.placement,
+        routing=routing_cost(job, info.gpus_per_node, slowest.rank,
+                             compute if isinstance(compute, ComputeModel) else None),
     )
 
 

@@ -11,18 +11,26 @@ from __future__ import annotations
 Step = tuple[str, int, int]
 
 
-def stage_schedule(stage: int, pp: int, vp: int, microbatches: int) -> list[Step]:
+def warmup_steps(stage: int, pp: int, vp: int, microbatches: int, extra: int = 0) -> int:
+    """Forward steps before the first backward; `extra` more with --overlap-moe-expert-parallel-comm
+    (get_pp_rank_microbatches: "one extra micro-batch forward step before the 1f1b stages"; without
+    pipelining combined_1f1b.py runs the first micro-batch's forward alone)."""
     if vp == 1:
-        warmup = min(pp - stage - 1, microbatches)
+        return min(pp - stage - 1 + extra, microbatches)
+    # mcore's get_pp_rank_microbatches; older Megatron-LM also ran every forward first when
+    # microbatches == pp, current mcore does not
+    return min((pp - stage - 1) * 2 + (vp - 1) * pp + extra, microbatches * vp)
+
+
+def stage_schedule(stage: int, pp: int, vp: int, microbatches: int, extra_warmup: int = 0) -> list[Step]:
+    warmup = warmup_steps(stage, pp, vp, microbatches, extra_warmup)
+    if vp == 1:
         steps: list[Step] = [("F", mb, 0) for mb in range(warmup)]
         for i in range(microbatches - warmup):
             steps += [("F", warmup + i, 0), ("B", i, 0)]
         steps += [("B", mb, 0) for mb in range(microbatches - warmup, microbatches)]
         return steps
     total = microbatches * vp
-    # mcore's get_pp_rank_microbatches; older Megatron-LM also ran every forward first when
-    # microbatches == pp, current mcore does not
-    warmup = min((pp - stage - 1) * 2 + (vp - 1) * pp, total)
 
     def chunk(k: int, forward: bool) -> int:
         c = (k % (pp * vp)) // pp

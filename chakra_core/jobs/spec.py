@@ -10,13 +10,21 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, \
     model_serializer, model_validator
 
+from chakra_core.jobs import layout as pipeline_layout
+from chakra_core.jobs.attention_variants import attention_variant_problems
+from chakra_core.jobs.flex_dispatcher import flex_problems
+from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+OVERLAPS = ("overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_shared_expert_overlap")
 
 
 class Parallel(_Strict):
@@ -43,6 +51,25 @@ class Parallel(_Strict):
     etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
                                                       "each expert's FFN split over etp ranks; default tp, as "
                                                       "Megatron's")
+    overlap_moe_expert_parallel_comm: bool = Field(
+        False, description="in the steady state of 1F1B one micro-batch's forward and another's backward run "
+                           "together, layer by layer, each one's EP all-to-alls beside the other's compute "
+                           "(--overlap-moe-expert-parallel-comm; Megatron-Bridge's moe_a2a_overlap)")
+    delay_wgrad_compute: bool = Field(
+        False, description="with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run "
+                           "after the data gradients, where the combined schedule places them "
+                           "(--delay-wgrad-compute)")
+    moe_shared_expert_overlap: bool = Field(
+        False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
+                           "(--moe-shared-expert-overlap)")
+    moe_token_dispatcher: Literal["alltoall", "flex"] = Field(
+        "alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): 'alltoall' NCCL all-to-alls "
+                                "over ep; 'flex' fused dispatch and combine kernels of moe_flex_backend")
+    moe_flex_backend: Literal["deepep"] = Field(
+        "deepep", description="the flex dispatcher's backend (--moe-flex-dispatcher-backend): 'deepep', DeepEP's "
+                              "normal kernels (NVLink within 8 GPUs, RDMA once per node beyond)")
+    pipeline_layout: str | None = Field(None, description="each virtual stage's layers (--pipeline-model-parallel-"
+                                        "layout), e.g. 'Et|(tt|)*30mL': E embedding, t layer, m MTP, L loss; vp follows")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -51,8 +78,15 @@ class Parallel(_Strict):
         if isinstance(data, dict):
             if data.get("ep") == 1:
                 data.pop("ep")
-            if data.get("etp") is None:
-                data.pop("etp", None)
+            for key in ("etp", "pipeline_layout"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+            for key in OVERLAPS:   # off: the job's echo as before they were modelled
+                if data.get(key) is False:
+                    data.pop(key)
+            if data.get("moe_token_dispatcher") == "alltoall":   # the default: the echo as before flex
+                data.pop("moe_token_dispatcher")
+                data.pop("moe_flex_backend", None)
         return data
 
     @property
@@ -74,6 +108,11 @@ class Training(_Strict):
         "none", description="activation recomputation: 'selective' recomputes core attention (free with "
                             "flash attention, which recomputes it anyway), 'full' re-runs each layer's "
                             "forward before its backward")
+    recompute_modules: tuple[Literal["core_attn", "layernorm", "moe_act"], ...] | None = Field(
+        None, description="with selective: the modules recomputed (Megatron's --recompute-modules; default "
+                          "[core_attn]): 'layernorm' the norms that are modules of their own (a MoE layer's "
+                          "pre-MLP norm), 'moe_act' the experts' activation; their outputs are dropped after "
+                          "the forward and recomputed in the backward")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="'flash': FlashAttention kernels; 'unfused': batched GEMMs around a fused "
                              "softmax over the s x s scores in memory (Megatron-LM before FlashAttention)")
@@ -94,6 +133,27 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+    routing: Literal["balanced"] | Routing = Field(
+        BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
+                              "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
+                              "(chakra_core/jobs/routing.py)")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # balanced routing and no recompute_modules echo (results.json, the trace cache's digest) as
+        # before they were settings
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("routing") == BALANCED:
+                data.pop("routing")
+            if data.get("recompute_modules") is None:
+                data.pop("recompute_modules", None)
+        return data
+
+    def recomputes(self, module: str) -> bool:
+        """Selective recomputation covers `module` (Megatron-Core transformer_config.py at d98e8a64:
+        recompute_modules defaults to ["core_attn"])."""
+        return self.recompute == "selective" and module in (self.recompute_modules or ("core_attn",))
 
 
 class Effects(_Strict):
@@ -145,8 +205,13 @@ class JobSpec(_Strict):
         return (p.tp > 1) if p.sp is None else (p.sp and p.tp > 1)
 
     @property
+    def layout(self) -> pipeline_layout.Layout | None:
+        given = self.parallel.pipeline_layout
+        return None if given is None else pipeline_layout.parse(given, self.parallel.pp)
+
+    @property
     def vp(self) -> int:
-        return self.parallel.vp or 1
+        return layout.vp if (layout := self.layout) is not None else self.parallel.vp or 1
 
     @property
     def dp(self) -> int:
@@ -166,6 +231,9 @@ class JobSpec(_Strict):
 
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         """The layers of a stage's model chunk: virtual stage chunk x pp + stage, as Megatron assigns them."""
+        layout = self.layout
+        if layout is not None:
+            return layout.transformer_layers(stage, chunk)
         per = self.pipeline_slots // (self.parallel.pp * self.vp)
         skip = 1 if self.parallel.account_for_embedding_and_loss else 0
         first = (chunk * self.parallel.pp + stage) * per - skip
@@ -202,8 +270,10 @@ class JobSpec(_Strict):
                             f"({m.groups})")
         if m.ffn_hidden % p.tp:
             problems.append(f"tp {p.tp} must divide ffn_hidden {m.ffn_hidden}")
-        vp = p.vp or 1
-        if self.pipeline_slots % (p.pp * vp):
+        vp = self.vp
+        if p.pipeline_layout is not None:
+            problems += pipeline_layout.job_problems(self)
+        elif self.pipeline_slots % (p.pp * vp):
             problems.append(_split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
         if t.seq % (2 * p.cp) and p.cp > 1:
             problems.append(f"seq {t.seq} must be divisible by 2 x cp = {2 * p.cp} (load-balanced ring "
@@ -227,7 +297,8 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
-        problems += _moe_problems(self)
+        problems += _moe_problems(self) + attention_variant_problems(self) + _recompute_problems(self) + \
+            latent_attention_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -244,8 +315,11 @@ def _moe_problems(job: JobSpec) -> list[str]:
     m, p = job.shape, job.parallel
     if not m.moe:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
-                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1]
-    out = []
+                for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
+            [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] \
+            + (["parallel.moe_token_dispatcher flex needs a mixture of experts (model.num_experts)"]
+               if p.moe_token_dispatcher == "flex" else []) + routing_problems(job)
+    out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
         out.append(f"parallel.ep {ep} must divide model.num_experts {experts}")
@@ -258,9 +332,55 @@ def _moe_problems(job: JobSpec) -> list[str]:
         out.append(f"parallel.etp {etp} must divide model.moe_ffn_hidden {m.expert_ffn}")
     if m.shared_ffn % p.tp:
         out.append(f"parallel.tp {p.tp} must divide model.shared_expert_ffn {m.shared_ffn}")
+    if m.bias and etp > 1:   # transformer_config.py: "Bias in Moe is only supported when ETP==1"
+        out.append(f"model.bias with a mixture of experts needs parallel.etp 1 (it is {etp}; etp defaults to tp)")
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
+    return out + _overlap_problems(job) + flex_problems(job)
+
+
+def _overlap_problems(job: JobSpec) -> list[str]:
+    """What Megatron-LM refuses of the MoE overlaps (at d98e8a64: TransformerConfig.__post_init__ in
+    megatron/core/transformer/transformer_config.py, lines 3002-3077), and Transformer Engine (at
+    d0067d0d) of delayed weight gradients."""
+    p, t = job.parallel, job.training
+    out = []
+    if p.overlap_moe_expert_parallel_comm:
+        if p.pp > 1 and job.vp == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm with pp > 1 needs parallel.vp > 1 (Megatron: "
+                       "virtual_pipeline_model_parallel_size must be specified)")
+        if p.ep == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm needs parallel.ep > 1 (expert model parallelism)")
+        if t.recompute == "full":
+            out.append("parallel.overlap_moe_expert_parallel_comm needs training.recompute other than full")
+        if p.moe_shared_expert_overlap:
+            out.append("parallel.moe_shared_expert_overlap and parallel.overlap_moe_expert_parallel_comm exclude "
+                       "each other (Megatron: disable moe_shared_expert_overlap)")
+    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
+        out.append("parallel.delay_wgrad_compute needs parallel.overlap_moe_expert_parallel_comm")
+    if p.delay_wgrad_compute and p.tp_comm_overlap and p.tp > 1:
+        # module/layernorm_linear.py and linear.py: NotImplementedError for a delayed wgrad GEMM with
+        # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
+        out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
+                   "delay weight gradients with userbuffers")
+    return out
+
+
+def _recompute_problems(job: JobSpec) -> list[str]:
+    """recompute_modules as Megatron-Core takes them (transformer_config.py at d98e8a64)."""
+    t = job.training
+    if t.recompute_modules is None:
+        return []
+    out = []
+    if t.recompute != "selective":
+        out.append("training.recompute_modules needs recompute: selective")
+    dropped = sorted({"layernorm", "moe_act"} & set(t.recompute_modules))
+    if dropped and t.precision == "fp8":
+        # delayed scaling: "Delayed scaling does not support moe_act and layernorm recompute for fp8";
+        # current scaling keeps their bf16 inputs instead (set_save_original_input), not modelled
+        out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "
+                   "refuses it with delayed scaling)")
     return out
 
 

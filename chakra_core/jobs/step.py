@@ -43,6 +43,43 @@ class PlacedGroup:
 
 
 @dataclass(frozen=True)
+class RoutingCost:
+    """What skewed routing costs (chakra_core.jobs.imbalance): absent for balanced routing."""
+
+    routing: str
+    """The setting, in words (zipf s=1.2, histogram from FILE)."""
+    hottest_ep_rank: int
+    """The EP rank whose experts receive the most tokens (every EP rank runs at its pace)."""
+    expert_tokens: tuple[int, ...]
+    """Tokens each of its local experts computes per MoE layer and micro-batch."""
+    balanced_tokens: int
+    """What each local expert computes with balanced routing."""
+    imbalance: float
+    """The hottest rank's expert tokens over the balanced count."""
+    dropped: float
+    """Share of the routed token copies a capacity factor drops (0: dropless)."""
+    expert_gemm_s: float | None
+    """The step's expert GEMMs on the reported rank, each timed alone by the compute layer (None:
+    not a compute model)."""
+    expert_gemm_balanced_s: float | None
+    """The same GEMMs with balanced routing."""
+
+    def to_json(self) -> JsonObject:
+        return {"routing": self.routing, "hottest_ep_rank": self.hottest_ep_rank,
+                "expert_tokens": list(self.expert_tokens), "balanced_tokens": self.balanced_tokens,
+                "imbalance": self.imbalance, "dropped": self.dropped, "expert_gemm_s": self.expert_gemm_s,
+                "expert_gemm_balanced_s": self.expert_gemm_balanced_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoutingCost:
+        def seconds(key: str) -> float | None:
+            return None if data[key] is None else float(data[key])
+        return cls(str(data["routing"]), int(data["hottest_ep_rank"]), tuple(int(t) for t in data["expert_tokens"]),
+                   int(data["balanced_tokens"]), float(data["imbalance"]), float(data["dropped"]),
+                   seconds("expert_gemm_s"), seconds("expert_gemm_balanced_s"))
+
+
+@dataclass(frozen=True)
 class TrainingStep:
     """One step of a generated training job: the slowest rank sets its time (chakra_core.jobs.report)."""
 
@@ -70,6 +107,8 @@ class TrainingStep:
     breakdown_by_stage_s: Mapping[str, Mapping[str, float]]
     """The same split for each pipeline stage's first rank, by stage number."""
     placement: tuple[PlacedGroup, ...]
+    routing: RoutingCost | None = None
+    """Skewed routing's cost (None, and no key, for balanced routing and dense models)."""
 
     @property
     def exposed_comm_s(self) -> float:
@@ -87,6 +126,7 @@ class TrainingStep:
             "breakdown_s": dict(self.breakdown_s), "breakdown_rank": self.breakdown_rank,
             "breakdown_by_stage_s": {stage: dict(parts) for stage, parts in self.breakdown_by_stage_s.items()},
             "placement": [group.to_json() for group in self.placement],
+            **({} if self.routing is None else {"routing": self.routing.to_json()}),
         }
 
     @classmethod
@@ -111,4 +151,5 @@ class TrainingStep:
             breakdown_by_stage_s={str(stage): {str(k): float(v) for k, v in parts.items()}
                                   for stage, parts in data["breakdown_by_stage_s"].items()},
             placement=tuple(PlacedGroup.from_json(row) for row in data["placement"]),
+            routing=RoutingCost.from_json(data["routing"]) if data.get("routing") is not None else None,
         )

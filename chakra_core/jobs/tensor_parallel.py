@@ -73,14 +73,16 @@ class TensorParallel:
     def _userbuffers(self, te: bool) -> bool:
         return te and self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups
 
-    def tp_gather(self, name: str, te: bool = True) -> int | None:
-        """Sequence parallel: the all-gather of the residual stream before a column-parallel GEMM;
-        returned for the GEMM to run beside it with userbuffers, else waited for."""
+    def tp_gather(self, name: str, te: bool = True, width: int | None = None) -> int | None:
+        """Sequence parallel: the all-gather of the residual stream (or of a `width` wide input such
+        as a latent) before a column-parallel GEMM; returned for the GEMM to run beside it with
+        userbuffers, else waited for."""
         if not self.sp:
             return None
         overlap = self._userbuffers(te)
         coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER,
-                               self.local_tokens * self.h * self.act_bytes, ctas=UB_RING_CTAS if overlap else 0)
+                               self.local_tokens * (width or self.h) * self.act_bytes,
+                               ctas=UB_RING_CTAS if overlap else 0)
         if not overlap:
             self.stream.wait(coll)
             return None
@@ -115,11 +117,11 @@ class TensorParallel:
         return node
 
     def _gemm_with(self, name: str, m: int, k: int, n: int, gather: bool, cast: bool = False,
-                   tp_amax: bool = False, te: bool = True) -> int:
-        """A column-parallel GEMM whose input is all-gathered first; with userbuffers, TE's ring
-        exchange: the GEMM in tp chunks beside the gather (one node of `gemm_chunks`), the last
-        chunk after it."""
-        pending = self.tp_gather(name, te) if gather else None
+                   tp_amax: bool = False, te: bool = True, width: int | None = None) -> int:
+        """A column-parallel GEMM whose input (`width` wide, default h) is all-gathered first; with
+        userbuffers, TE's ring exchange: the GEMM in tp chunks beside the gather (one node of
+        `gemm_chunks`), the last chunk after it."""
+        pending = self.tp_gather(name, te, width) if gather else None
         if pending is None or m % self.tp:
             node = self.gemm(name, m, k, n, cast, tp_amax)
             self.stream.wait(pending)
@@ -129,18 +131,21 @@ class TensorParallel:
         self.stream.wait(pending)
         return self.gemm(name, chunk, k, n)
 
-    def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True) -> tuple[int, int]:
-        """Backward of a column-parallel GEMM [m,k]x[k,n]: dgrad, then the input gradient's
-        reduce-scatter (all-reduce without SP) beside the wgrad; with SP the saved input shard is
-        all-gathered again for the wgrad, beside the dgrad (as Megatron does; userbuffers' bulk)."""
+    def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
+                         width: int | None = None) -> tuple[int, int]:
+        """Backward of a column-parallel GEMM [m,k]x[k,n] (its input `width` wide, default h): dgrad,
+        then the input gradient's reduce-scatter (all-reduce without SP) beside the wgrad; with SP
+        the saved input shard is all-gathered again for the wgrad, beside the dgrad (as Megatron
+        does; userbuffers' bulk)."""
         ctas = UB_BULK_CTAS if self._userbuffers(te) else 0
+        wide = width or self.h
         regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
-                                   self.local_tokens * self.h * self.act_bytes, ctas=ctas) if self.sp else None
+                                   self.local_tokens * wide * self.act_bytes, ctas=ctas) if self.sp else None
         dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
         reduce = None
         if "tp" in self.groups:
             kind, suffix = (pb.REDUCE_SCATTER, ".tp_reduce_scatter") if self.sp else (pb.ALL_REDUCE, ".tp_all_reduce")
-            reduce = self.collective(name + suffix, "tp", kind, self.n * self.h * self.act_bytes, after=[dgrad],
+            reduce = self.collective(name + suffix, "tp", kind, self.n * wide * self.act_bytes, after=[dgrad],
                                      ctas=ctas)
         self.stream.wait(regather)
         wgrad = self.gemm(name + ".wgrad", n, m, k, accumulate=True)

@@ -8,8 +8,11 @@ traces hold them (`jobs.program.RankProgram`, one micro-batch, no trace written)
 manifest's compute model for each compute node's duration (the layers built by
 `run.build_layers`, as a run of the job builds them). A stage's compute kernels run one
 after another on its GPU (`workload.resources.gpu`, default 1, at once), so its step is at least
-their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. Communication,
-waiting and overlap are not counted: they only add time.
+their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. The collectives
+on a layer's own critical path count at their time alone (the system layer's
+`idle_collective_ns`); contention, waiting and other communication only add time. A mixture of
+experts' EP communication under --overlap-moe-expert-parallel-comm counts 0: the combined 1F1B
+schedule may hide it behind another micro-batch's compute.
 
 A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch, a mixture of experts'
 ep and etp and the job's fixed settings, not on pp, vp, dp or the optimizer, so their times are
@@ -28,6 +31,7 @@ from chakra_core.contract.layers import ComputeModel, SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.expand import with_cluster_defaults
+from chakra_core.jobs.moe import EP_PART
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -83,6 +87,9 @@ class ComputeBound:
         nodes = program.stream.nodes
         groups = {program.names[role]: tuple(members) for role, members in program.groups.items()
                   if role in program.names}
+        # with the combined 1F1B schedule one micro-batch's EP communication runs beside another's
+        # compute (--overlap-moe-expert-parallel-comm): counted 0, as it may be hidden
+        hidden = EP_PART if program.job.parallel.overlap_moe_expert_parallel_comm else None
         finish: dict[int, int] = {}
         for node in nodes[start:]:
             ready = max((finish.get(dep, 0) for dep in (*node.data_deps, *node.ctrl_deps)), default=0)
@@ -92,7 +99,7 @@ class ComputeBound:
             elif node.type == pb.COMM_COLL_NODE and self.system is not None:
                 view = NodeView(node)
                 members = groups.get(view.str("pg_name", ""))
-                if members is not None:
+                if members is not None and view.str("step_part", "") != hidden:
                     duration = self.system.idle_collective_ns(view.int("comm_type", 0), view.int("comm_size", 0),
                                                               members) or 0
             finish[node.id] = ready + duration

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from chakra_core.jobs.routing import expert_load
 from chakra_core.jobs.spec import JobSpec
 
 ACT_BYTES = 2
@@ -62,41 +63,70 @@ class LayerParams(NamedTuple):
     linear: int    # of all these, the Transformer Engine linear weights (fp8 copies)
 
 
+class BlockActivations(NamedTuple):
+    """What a MoE layer's block keeps for the backward of one micro-batch on one GPU, beyond the
+    attention half and the norms' inputs (bytes, or bytes per token where said)."""
+
+    whole: int       # per token of the residual stream, kept whole by each TP rank unless sequence parallel
+    split: int       # per token, split over TP
+    total: int       # bytes: the routed experts' tensors (and the shared experts' gathered input with their overlap)
+    recomputed: int  # bytes rebuilt during the layer's backward (recompute_modules layernorm, moe_act)
+
+
 def moe_layer_params(job: JobSpec) -> LayerParams:
-    """A MoE layer's parameters on one GPU (see the module docstring)."""
+    """A MoE layer's parameters on one GPU (see the module docstring); with biases (add_bias_linear)
+    each expert's, the router's and the shared experts' too (router.py: a bias per expert)."""
     m, p = job.shape, job.parallel
     h, up, experts = m.hidden, m.up_projections(), m.num_experts or 0
     shared = (up + 1) * h * m.shared_ffn // p.tp
-    routed = experts // p.ep * (up + 1) * h * (m.expert_ffn // p.expert_tp)
+    local = experts // p.ep
+    routed = local * (up + 1) * h * (m.expert_ffn // p.expert_tp)
+    biases = experts + (m.mlp_biases(m.shared_ffn) if m.shared_ffn else 0) if m.bias else 0
     attention = (h * (m.heads + 2 * m.groups) * m.head_dim + m.heads * m.head_dim * h) // p.tp
-    dense = m.layer_params_on(p.tp) - m.mlp_params() // p.tp + h * experts + shared
-    # the router is a plain linear (router_gating_linear), not a TE module: no fp8 copy
-    return LayerParams(dense, routed, attention + shared + routed)
+    dense = m.layer_params_on(p.tp) - m.mlp_params_on(p.tp) + h * experts + shared + biases
+    # the router is a plain linear (router_gating_linear), not a TE module: no fp8 copy; nor are biases
+    return LayerParams(dense, routed + local * m.mlp_biases(m.expert_ffn), attention + shared + routed)
 
 
 def routed_copies(job: JobSpec) -> int:
     """Token copies this GPU's experts compute per micro-batch: t k sent (capped by the capacity),
-    etp times as many received, rounded up to a whole number per local expert."""
+    etp times as many received, rounded up to a whole number per local expert; with skewed routing
+    (training.routing) the hottest EP rank's, as the generator writes every rank (jobs.routing)."""
     m, p = job.shape, job.parallel
     experts, local = m.num_experts or 1, (m.num_experts or 1) // p.ep
     tokens = job.training.micro_batch * (job.training.seq // p.cp) // (p.tp if job.sp else 1)
+    load = expert_load(job, tokens)
+    if load is not None:
+        return sum(load.tokens)
     sent = tokens * m.router_topk
     if m.capacity_factor is not None:   # moe_utils.get_capacity: ceil(t k / E x factor) per expert
         sent = min(sent, experts * int(-(-sent * m.capacity_factor // experts)))
     return -(-sent * p.expert_tp // local) * local
 
 
-def moe_block_activations(job: JobSpec) -> tuple[int, int, int]:
-    """Bytes a MoE layer's block keeps for the backward of one micro-batch on one GPU, beyond the
-    attention half and the norms' inputs: (per token of the residual stream kept whole by each TP
-    rank unless sequence parallel, per token split over TP, routed experts' total)."""
+def moe_block_activations(job: JobSpec) -> BlockActivations:
+    """What a MoE layer's block keeps for the backward of one micro-batch on one GPU (BlockActivations).
+    Selective recomputation of `layernorm` drops the pre-MLP norm's output (the router's and the
+    shared experts' input) and of `moe_act` the experts' activation output, rebuilt in the backward
+    (transformer_layer.py recompute_pre_mlp_layernorm, experts.py's activation checkpoint); the
+    clamped SwiGLU (GPT-OSS) also keeps its clamped input, as fc1's output (2 B x (2)F / etp per copy);
+    with --moe-shared-expert-overlap the shared fc1 keeps the gathered input, not the TP share."""
     m, p, t = job.shape, job.parallel, job.training
     fp8 = t.precision == "fp8"
     gemm_in = FP8_BYTES if fp8 else ACT_BYTES
-    h, experts = m.hidden, m.num_experts or 0
-    router = ACT_BYTES * h + (ACT_BYTES + MAP_BYTES) * experts
-    shared_whole = gemm_in * h if m.shared_ffn else 0
-    shared_split = ACT_BYTES * m.up_projections() * m.shared_ffn + gemm_in * m.shared_ffn
+    h, experts, up = m.hidden, m.num_experts or 0, m.up_projections()
+    n = t.micro_batch * (t.seq // p.cp)                      # tokens of a micro-batch on this CP rank
+    layernorm, moe_act = t.recomputes("layernorm"), t.recomputes("moe_act")
+    shared_in = (gemm_in * h if m.shared_ffn else 0) * (not layernorm)
+    gathered = p.moe_shared_expert_overlap and m.shared_ffn > 0
+    whole = ACT_BYTES * h * (not layernorm) + (ACT_BYTES + MAP_BYTES) * experts + shared_in * (not gathered)
+    split = ACT_BYTES * up * m.shared_ffn + gemm_in * m.shared_ffn
     ffn = m.expert_ffn // p.expert_tp
-    per_copy = gemm_in * h + ACT_BYTES * m.up_projections() * ffn + gemm_in * ffn
-    return router + shared_whole, shared_split, routed_copies(job) * per_copy
+    clamped = ACT_BYTES * up * ffn if m.mlp == "clamped-swiglu" else 0
+    act = gemm_in * ffn
+    per_copy = gemm_in * h + ACT_BYTES * up * ffn + (clamped + act) * (not moe_act)
+    copies = routed_copies(job)
+    tokens = n // (p.tp if job.sp else 1)
+    rebuilt = (tokens * ACT_BYTES * h * (2 if m.shared_ffn else 1) if layernorm else 0) \
+        + (copies * (act + clamped) if moe_act else 0)
+    return BlockActivations(whole, split, copies * per_copy + n * shared_in * gathered, rebuilt)

@@ -39,6 +39,7 @@ from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.plan.expert_memory import routed_copies
 from chakra_core.json_types import JsonObject
 
 RECOMPUTE = ("none", "selective", "full")
@@ -72,6 +73,9 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("must divide model.moe_ffn_hidden", "etp does not divide moe_ffn_hidden"),
     ("must divide model.shared_expert_ffn", "tp does not divide shared_expert_ffn"),
     ("Megatron trains MoE layers with sequence", "MoE layers with tp > 1 need sequence parallelism"),
+    ("overlap_moe_expert_parallel_comm with pp > 1 needs", "EP overlap needs vp > 1 with pp > 1"),
+    ("overlap_moe_expert_parallel_comm needs parallel.ep", "EP overlap needs ep > 1"),
+    ("overlap_moe_expert_parallel_comm needs training.recompute", "EP overlap needs no full recompute"),
 )
 
 
@@ -263,7 +267,9 @@ def lower_bound_s(spec: JobSpec, profile: Profile, compute: ComputeModel | None 
     n = b * s // cp                                     # tokens of a micro-batch on this rank
     a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp
     attention_linear = 2 * n * (h * (a + 2 * g) * d + a * d * h)   # qkv, proj
-    if t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
+    if m.mla:   # latent attention's projections and head sizes differ: left out (the bound stays one)
+        attention_linear, attention_f, attention_b = 0, 0.0, 0.0
+    elif t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
         attention = 4 * b * a * s * s * d // 2 // cp
         attention_f = attention / rates.attention_forward
         attention_b = attention * 5 // 2 / rates.attention_backward
@@ -308,19 +314,17 @@ def _mlp_flops(m: ModelSpec, tokens: int, ffn: int) -> int:
 def _moe_forward_s(spec: JobSpec, n: int, rates: "_Rates") -> float:
     """A MoE block's GEMMs in one forward (0 for a dense model), as jobs.moe builds them: the
     shared experts' TP MLP, the router's bf16 GEMM over the rank's sequence-parallel tokens and
-    the grouped expert GEMMs over the routed copies the rank computes, etp x its own (balanced
-    routing; the generator rounds each expert's share up, so this is not more)."""
+    the grouped expert GEMMs over the routed copies the rank computes (expert_memory.routed_copies:
+    etp x its own when balanced, each expert's share rounded up as the generator rounds it)."""
     m, p = spec.shape, spec.parallel
     if not m.moe:
         return 0.0
     tokens = n // p.tp if spec.sp else n                # the residual stream's tokens here
-    experts = m.num_experts or 1
-    routed = tokens * m.router_topk
-    if m.capacity_factor is not None:                   # jobs.moe.routed_tokens: capped by the capacity
-        routed = min(routed, experts * int(-(-routed * m.capacity_factor // experts)))
     shared = _mlp_flops(m, n, m.shared_ffn // p.tp)
-    routed_flops = _mlp_flops(m, routed * p.expert_tp, m.expert_ffn // p.expert_tp)
-    return (shared + routed_flops) / rates.linear + 2 * tokens * m.hidden * experts / rates.activations
+    # the copies the experts compute, as the generator sizes its grouped GEMMs (skewed routing: the
+    # hottest EP rank's, which every rank runs)
+    routed_flops = _mlp_flops(m, routed_copies(spec), m.expert_ffn // p.expert_tp)
+    return (shared + routed_flops) / rates.linear + 2 * tokens * m.hidden * (m.num_experts or 1) / rates.activations
 
 
 class _Rates:

@@ -140,12 +140,12 @@ def layer_activations(job: JobSpec, recomputed: bool = False, moe: bool = False)
     split = ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
     routed = 0
     if moe:
-        block_whole, block_split, routed = moe_block_activations(job)
-        whole, split = whole + block_whole, split + block_split
+        block = moe_block_activations(job)
+        whole, split, routed = whole + block.whole, split + block.split, block.total
     else:   # the MLP: the first GEMM's input; the activation's input(s) and the second GEMM's input
         whole += gemm_in * h
         split += ACT_BYTES * (2 if m.gated else 1) * f + gemm_in * f
-    if t.attention == "unfused" and t.recompute != "selective":
+    if t.attention == "unfused" and not t.recomputes("core_attn"):
         split += a * job.training.seq * (ACT_BYTES + (MASK_BYTES + ACT_BYTES if mask else 0))
     return n * whole // sp + n * split // tp + routed
 
@@ -199,10 +199,13 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     layers = job.chunk_layers(stage, chunk)
     recomputed = len(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else 0
     checkpoint = layer_activations(job, recomputed=True)
-    full = {kind: layer_activations(job, moe=kind) for kind in {m.is_moe_layer(layer) for layer in layers}}
+    kinds = {m.is_moe_layer(layer) for layer in layers}
+    full = {kind: layer_activations(job, moe=kind) for kind in kinds}
+    # what a MoE layer's selective recomputation rebuilds sits on top during its backward
+    rebuilt = {kind: moe_block_activations(job).recomputed if kind else 0 for kind in kinds}
     # the backward runs the layers in reverse: the last ones (not recomputed) first; a recomputed
     # layer is rebuilt for its backward, and the input it keeps is the checkpoint itself
-    backward = [(0, full[m.is_moe_layer(layer)]) for layer in reversed(layers[recomputed:])]
+    backward = [(rebuilt[m.is_moe_layer(layer)], full[m.is_moe_layer(layer)]) for layer in reversed(layers[recomputed:])]
     backward += [(full[m.is_moe_layer(layer)] - checkpoint, checkpoint) for layer in reversed(layers[:recomputed])]
     forward_top = 0
     n, h = _tokens(job), job.shape.hidden

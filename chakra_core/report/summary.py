@@ -132,6 +132,13 @@ def training_notes(training: TrainingStep) -> list[str]:
                         f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md)")
     else:
         notes.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
+    cost = training.routing
+    if cost is not None:
+        gemms = "" if cost.expert_gemm_s is None or cost.expert_gemm_balanced_s is None else \
+            f"; its expert GEMMs take {cost.expert_gemm_s:.4g} s of the step, {cost.expert_gemm_balanced_s:.4g} s balanced"
+        dropped = f", {cost.dropped:.1%} of the routed tokens dropped" if cost.dropped else ""
+        notes.append(f"routing {cost.routing}: EP rank {cost.hottest_ep_rank}'s experts compute {cost.imbalance:.2f}x "
+                     f"the balanced tokens{dropped}, and every EP rank waits for it{gemms}")
     return notes
 
 

@@ -278,7 +278,7 @@ def _point_problems(sweep: Sweep, point: Point, host: PluginHost) -> list[tuple[
             job = point.data.get("job")
             if isinstance(job, dict) and "cluster" not in job and "cluster" in point.data:
                 job = {**job, "cluster": point.data["cluster"]}
-            read_job(job, source)
+            read_job(job, source, sweep.base_dir)
         else:
             build_config(point.data, host, base_dir=sweep.base_dir, source=source, out_dir=sweep.point_dir(point))
     except ManifestError as exc:

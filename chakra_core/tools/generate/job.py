@@ -12,7 +12,7 @@ from chakra_core.cli.output import CliError, tool_errors
 from chakra_core.config.files import read_config_file
 from chakra_core.errors import ManifestError
 from chakra_core.jobs.expand import job_profile, read_job, write_job
-from chakra_core.jobs.flops import model_flops
+from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
 from chakra_core.json_types import JsonObject, JsonValue
@@ -130,7 +130,7 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
             files = write_job(spec, placement, Path(output), compress=compress)
         click.echo(f"{placement.world} ranks (tp {spec.parallel.tp} x cp {spec.parallel.cp} x dp {spec.dp} x pp "
                    f"{spec.parallel.pp}, vp {spec.vp}), {spec.microbatches} micro-batch(es) per replica; "
-                   f"{model_flops(spec, 'nemo'):.4g} model FLOPs per step")
+                   f"{model_flops(spec, formulas(spec)[0]):.4g} model FLOPs per step")
         for row in placement.where():
             click.echo(f"  {row.group}: {row.ranks} ranks on {row.nodes} node(s), "
                        f"{row.gpus_per_node} per node ({row.fabric})")

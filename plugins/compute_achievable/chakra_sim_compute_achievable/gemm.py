@@ -32,6 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+from chakra_core import SimulationError
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256),
                                       (128, 64), (64, 128), (64, 64))
@@ -99,3 +102,63 @@ def gemm_time(m: int, n: int, k: int, batch: int, mamf_flops: float, hbm_bps: fl
     eff = quantization(m, n, batch, tm, tn, used, stream_k) * tile_efficiency(tm, tn)
     compute = flops / (mamf_flops * used / sm_count * eff)
     return GemmTime(max(compute, memory) + epilogue, best.tile, eff, memory > compute)
+
+
+@lru_cache(maxsize=4096)
+def grouped_gemm_time(groups: tuple[tuple[int, int], ...], n: int, mamf_flops: float, hbm_bps: float,
+                      elem_bytes: float, sm_count: int, sms: int | None = None, c_bytes: float = 0.0,
+                      busy: int = 0, stream_k: bool = False) -> GemmTime:
+    """A grouped GEMM of an [m, k] x [k, n] product per (m, k) group, each with its own operands (a
+    mixture of experts' experts, their own tokens each), as Transformer Engine runs it: one cuBLAS
+    GEMM per group on 4 streams at once (transformer_engine/common/gemm/cublaslt_gemm.cu
+    multi_stream_cublas_gemm, NVIDIA/TransformerEngine at d0067d0d), so their tiles share the SMs.
+    Tiles are quantized per group; they run in waves over every group's tiles in launch order, a
+    wave lasting as long as its deepest tile (its largest k), or shared out evenly with `stream_k`.
+    Groups of equal shape are `gemm_time`'s batch."""
+    told = sm_count if sms is None else max(1, min(sms, sm_count))
+    used = max(1, told - busy)
+    flops = 2.0 * n * sum(m * k for m, k in groups)
+    operands = sum(m * k + k * n for m, k in groups) * elem_bytes
+    rows = sum(m for m, _ in groups)
+    if c_bytes:
+        memory, epilogue = operands / hbm_bps, rows * n * c_bytes / hbm_bps
+    else:
+        memory, epilogue = (operands + rows * n * elem_bytes) / hbm_bps, 0.0
+
+    def timed(tm: int, tn: int, slots: int) -> GemmTime:
+        depth = _tile_depth(groups, tm, -(-n // tn), slots, stream_k)   # sum of k over the tiles' slots
+        eff = (flops / (2.0 * tm * tn * depth) if depth else 1.0) * tile_efficiency(tm, tn)
+        compute = flops / (mamf_flops * slots / sm_count * eff) if flops else 0.0
+        return GemmTime(max(compute, memory) + epilogue, (tm, tn), eff, memory > compute)
+
+    best = min((timed(tm, tn, told) for tm, tn in TILES), key=lambda t: t.seconds)
+    return best if used == told else timed(*best.tile, used)
+
+
+def _tile_depth(groups: tuple[tuple[int, int], ...], tm: int, columns: int, slots: int, stream_k: bool) -> float:
+    """The K the SMs run through: every tile's with `stream_k`, else `slots` times each wave's deepest."""
+    tiles = [(-(-m // tm) * columns, k) for m, k in groups if m and k]
+    if stream_k:
+        return float(sum(count * k for count, k in tiles))
+    deepest: dict[int, int] = {}
+    start = 0
+    for count, k in tiles:
+        for wave in range(start // slots, (start + count - 1) // slots + 1):
+            deepest[wave] = max(deepest.get(wave, 0), k)
+        start += count
+    return float(slots * sum(deepest.values()))
+
+
+def gemm_groups(ms: Any, ks: Any, m: int, k: int, batch: int, node_id: int,
+                name: str) -> tuple[tuple[int, int], ...] | None:
+    """A grouped GEMM's (m, k) per group from `gemm_m_list` / `gemm_k_list` (absent: every group
+    gemm_m / gemm_k), or None when the node has neither list."""
+    if ms is None and ks is None:
+        return None
+    lists = [m] * batch if ms is None else ms, [k] * batch if ks is None else ks
+    for what, values in zip(("gemm_m_list", "gemm_k_list"), lists):
+        if not isinstance(values, list) or len(values) != batch or \
+                not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise SimulationError(f"node {node_id} ({name!r}): {what} must list gemm_batch = {batch} sizes "
+                                  f">= 0, one per group; found {values!r}")
+    return tuple(zip(*lists))

@@ -1,7 +1,8 @@
 """Compute time at achievable, not peak, throughput.
 
-- GEMM nodes (`kernel` gemm/bmm with `gemm_m/n/k/batch`): the maximum achievable matmul rate
-  (MAMF) with tile and wave quantization (`gemm.py`), or HBM-bound;
+- GEMM nodes (`kernel` gemm/bmm with `gemm_m/n/k/batch`; a grouped GEMM's own m or k per group in
+  `gemm_m_list` / `gemm_k_list`): the maximum achievable matmul rate (MAMF) with tile and wave
+  quantization (`gemm.py`), or HBM-bound;
 - attention nodes (`kernel` attention): FLOPs at the FlashAttention papers' achieved rate for the
   pass and sequence length (interpolated in log2 of the sequence length);
 - other nodes with num_ops: max(num_ops / CUDA-core fp32 peak, tensor_size / achievable HBM);
@@ -28,12 +29,16 @@ from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionCurve, attention_ceiling,
                                                    interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
-from chakra_sim_compute_achievable.gemm import gemm_time
+from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
+from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
+from chakra_sim_compute_achievable.windowed import band
 
 KINDS = ("gemm", "matmul", "attention", "other", "measured", "replayed")
 _GEMM, _MATMUL, _ATTENTION, _OTHER, _MEASURED, _REPLAYED = range(len(KINDS))
-_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+# bytes per element; the block-scaled formats carry an 8-bit scale per 32 (MX) or 16 (NVFP4) elements
+_WIDTH = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "mxfp8": 1 + 1 / 32,
+          "nvfp4": 0.5 + 1 / 16}
 # PyTorch / cuBLAS / CUTLASS names of tensor-core kernels that carry no gemm_* attributes
 _MATMUL_NAME = re.compile(r"gemm|matmul|addmm|bmm|aten::mm\b|aten::linear|conv|cutlass|xmma", re.IGNORECASE)
 _Q_TILE = 128
@@ -70,8 +75,11 @@ class AchievableCompute(ComputeModel):
     def config_problems(cls, config: AchievableConfig,
                         inputs: ValidationInputs) -> list[tuple[tuple[str | int, ...], str]]:
         problems = profile_problems(config.profile, inputs.base_dir)
-        if not problems and load_profile(config.profile, inputs.base_dir).section(KEY, AchievableSpec) is None:
+        profile = None if problems else load_profile(config.profile, inputs.base_dir)
+        if profile is not None and profile.section(KEY, AchievableSpec) is None:
             problems.append((("profile",), f"profile '{config.profile}' has no gpu.achievable section"))
+        elif profile is not None and (refused := refusal(profile)):
+            problems.append((("profile",), refused))
         if config.kernel_times is not None:
             try:
                 load_kernel_times(inputs.base_dir / config.kernel_times)
@@ -86,7 +94,10 @@ class AchievableCompute(ComputeModel):
         if ach is None:
             raise SimulationError(f"compute.profile: profile '{profile.name}' has no gpu.achievable section "
                                   "(achievable matmul rates, HBM bandwidth, SM count); see docs/hardware.md")
+        if refused := refusal(profile):   # another GPU's measurements under this one's peaks
+            raise SimulationError(f"compute.profile: {refused}")
         self.achievable: AchievableSpec = ach
+        self._derived = derived_rates(ach)
         self._peak = {d: s.value * 1e12 for d, s in profile.gpu.peak_tflops.items() if s.value > 0}
         # rates count only for data types with a peak (the check achieved <= peak needs one)
         self._mamf = {d: s.value * 1e12 for d, s in ach.matmul_tflops.items() if s.value > 0 and d in self._peak}
@@ -272,7 +283,10 @@ class AchievableCompute(ComputeModel):
         shape, scale = work.shape, self._compute_scale
         sms = self._sms - work.margin
         if shape[0] == "gemm":
-            _, _, m, n, k, batch, mamf, width, c_bytes, chunks, _ = shape
+            _, _, m, n, k, batch, mamf, width, c_bytes, chunks, groups, _ = shape
+            if groups:   # each group its own m or k: a mixture of experts' grouped GEMM
+                return grouped_gemm_time(groups, n, mamf * scale, hbm, width, self._sms, sms,
+                                         c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
             one = gemm_time(-(-m // chunks), n, k, batch, mamf * scale, hbm, width, self._sms, sms,
                             c_bytes if self._epilogue else 0.0, busy, self._stream_k).seconds
             return float(chunks * one + (chunks - 1) * self._gap)
@@ -306,13 +320,13 @@ class AchievableCompute(ComputeModel):
                                   f"found {m}, {n}, {k}, {batch}")
         dtype, mamf = self._matmul_rate(node)
         width = _WIDTH[dtype]
-        # what the epilogue moves per element of C: its write (bf16 unless the node says), and the
-        # read of an accumulating GEMM (gemm_c_bytes counts both)
+        # what the epilogue moves per element of C: its write (bf16 unless said), and an accumulating GEMM's read
         c_bytes = float(node.int("gemm_c_bytes")) if node.has("gemm_c_bytes") else float(max(width, 2))
-        # gemm_chunks: that many GEMMs of m / chunks rows one after the other (Transformer Engine's
-        # communication overlap splits its GEMMs so)
+        # gemm_chunks: that many GEMMs of m / chunks rows one after the other (TE's communication overlap)
         chunks = max(1, node.int("gemm_chunks", 1)) if node.has("gemm_chunks") else 1
-        return ("gemm", 2.0 * m * n * k * batch, m, n, k, batch, mamf, width, c_bytes, chunks, self._peak[dtype])
+        groups = gemm_groups(node.raw("gemm_m_list"), node.raw("gemm_k_list"), m, k, batch, node.id, node.name)
+        flops = 2.0 * n * sum(a * b for a, b in groups) if groups else 2.0 * m * n * k * batch
+        return ("gemm", flops, m, n, k, batch, mamf, width, c_bytes, chunks, groups, self._peak[dtype])
 
     def _attention_shape(self, node: NodeView) -> tuple[Any, ...]:
         flops = float(node.int("num_ops"))
@@ -327,15 +341,17 @@ class AchievableCompute(ComputeModel):
                        f"profile '{self.profile.name}' has no {dtype} {passname} attention curve; such "
                        f"kernels are timed with the {self.dtype} curve at the {self.dtype} peak")
             dtype, curves = self.dtype, self._attention.get(self.dtype, {})
-        causal = node.bool("attn_causal", False)
+        seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
+        window = node.int("attn_window") if node.has("attn_window") else 0
+        window = window if 0 < window < seq_kv else 0   # windowed.py: the band's tiles, non-causal rate
+        causal = node.bool("attn_causal", False) and not window
         curve = curves.get("forward_causal") if causal and passname == "forward" else None
         curve = curve or curves.get(passname)
         if curve is None:
             raise SimulationError(f"profile '{self.profile.name}' has no {dtype} {passname} attention curve "
                                   "(gpu.achievable.attention) for attention nodes")
-        seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
-        seq = math.sqrt(seq_q * seq_kv)
-        rate = _interpolate(curve, seq) * 1e12
+        seq, share = band(seq_q, seq_kv, window, _Q_TILE) if window else (math.sqrt(seq_q * seq_kv), 1.0)
+        rate = _interpolate(curve, seq) * 1e12 * share
         if causal and passname == "backward" and self._causal_backward:
             # no causal backward curve: the causal forward's share of the non-causal forward
             forward, causal_fwd = curves.get("forward"), curves.get("forward_causal")
@@ -395,21 +411,7 @@ class AchievableCompute(ComputeModel):
 
     # Results --------------------------------------------------------------------------------------
     def summary(self) -> JsonObject:
-        kinds: JsonObject = {}
-        peak = max(self._peak.values())
-        for name, (count, ns, flops) in zip(KINDS, self._stats):
-            if not count:
-                continue
-            achieved = flops / (ns * 1e-9) / 1e12 if ns else 0.0
-            if name != "measured" and name != "replayed" and achieved > peak / 1e12 * (1 + 1e-9):
-                raise SimulationError(f"internal error in compute plugin 'achievable': {name} kernels "
-                                      f"achieved {achieved:.1f} TFLOP/s, above the peak {peak / 1e12:g}")
-            kinds[name] = {"count": count, "time_ns": ns, "flops": flops, "achieved_tflops": round(achieved, 3)}
-        return {"profile": self.profile.name, "kinds": kinds, "achieved_within_peak": True}
+        return kernel_summary(self.profile.name, KINDS, self._stats, max(self._peak.values()), self._derived)
 
     def terminal_tables(self) -> list[tuple[str, list[str], list[list[str]]]]:
-        rows = [[name, f"{count:,}", f"{ns / 1e6:,.3f}", f"{flops / ns / 1e3:,.1f}" if ns else "-"]
-                for name, (count, ns, flops) in zip(KINDS, self._stats) if count]
-        # a folded run's representatives count for their class mates: every rank's kernels
-        return [("kernels by kind, every rank's summed", ["kind", "count", "time ms", "TFLOP/s"], rows)] if rows else []
-
+        return kernel_tables(KINDS, self._stats, self._derived)

@@ -26,6 +26,8 @@ class AttentionCurve(_Strict):
     head_dim: int = Field(..., gt=0, description="the head dimension the figure measured")
     source: str = Field(..., min_length=1)
     note: str | None = None
+    derived: str | None = Field(None, min_length=1, description="how the curve follows from another GPU's "
+                                                                "(no measurement of this one): listed by a run")
 
     @model_validator(mode="after")
     def _points(self) -> "AttentionCurve":
@@ -102,21 +104,24 @@ def below_peak(ach: AchievableSpec, profile: Profile) -> None:
                 raise ValueError(f"attention.{dtype}.{name}: above the {dtype} peak ({peak.value:g})")
 
 
+ARCHITECTURE = "gpu.architecture"
+
+
 def measured_for(raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     """The section's rates and what each holds for: a matmul rate or an attention curve for the
     type's peak, the STREAM bandwidth for the HBM's, counts and measurements of the chip and its
-    host (not of its clocks) for the GPU's model."""
+    host (not of its clocks) for the GPU's model; every one of them for the GPU's architecture."""
     found: dict[str, tuple[str, ...]] = {}
     for dtype in _mapping(raw.get("matmul_tflops")):
-        found[f"matmul_tflops.{dtype}"] = (f"gpu.peak_tflops.{dtype}",)
+        found[f"matmul_tflops.{dtype}"] = (f"gpu.peak_tflops.{dtype}", ARCHITECTURE)
     if "hbm_gbps" in raw:
-        found["hbm_gbps"] = ("gpu.memory_bandwidth_gbps",)
+        found["hbm_gbps"] = ("gpu.memory_bandwidth_gbps", ARCHITECTURE)
     for key in ("sm_count", "kernel_gap_us", "host_launch_us", "sustained_fraction", "speed_spread"):
         if key in raw:
-            found[key] = ("gpu.model",)
+            found[key] = ("gpu.model", ARCHITECTURE)
     for dtype, passes in _mapping(raw.get("attention")).items():
         for name in _mapping(passes):
-            found[f"attention.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}",)
+            found[f"attention.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}", ARCHITECTURE)
     return found
 
 

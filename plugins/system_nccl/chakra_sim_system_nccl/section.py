@@ -22,9 +22,9 @@ class NcclSpec(_Strict):
     channel_bw_gbps: Sourced = Field(..., description="bandwidth per channel the search settles on (bwIntra), GB/s")
     channels: Sourced = Field(..., description="ring/tree channels of a communicator (comm->nChannels, "
                                                "the search's channels duplicated)")
-    nvls_channels: Sourced | None = Field(None, description="NVLS channels (NVLS_NCHANNELS_SM90)")
+    nvls_channels: Sourced | None = Field(None, description="NVLS channels (NVLS_NCHANNELS_SM90, NVLS_NCHANNELS_SM100_NVL)")
     nvls_bus_bw_gbps: Sourced | None = Field(
-        None, description="bus bandwidth of the NVLS graph (one channel per GPU x its bwIntra), GB/s; "
+        None, description="bus bandwidth of the NVLS graph (one channel per GPU, 32 at most, x its bwIntra), GB/s; "
                           "NCCL's tuning takes nvlsEfficiency of twice it for an all-reduce")
     nvls_inter_bw_gbps: Sourced | None = Field(
         None, description="bwInter of the NVLS graph per channel, GB/s (the search's second pass raises it); "

@@ -46,14 +46,18 @@ HW_LATENCY = {
     "pci": {TREE: (1.0, 1.9, 4.0), RING: (1.0, 2.5, 5.7), NVLS: (0, 0, 0), NVLS_TREE: (0, 0, 0)},
     "net": {TREE: (5.0, 8.5, 14.0), RING: (2.7, 4.0, 14.0), NVLS: (0, 0, 18), NVLS_TREE: (0, 0, 20.9)},
 }
-_ARCH = {"volta": 0, "ampere": 1, "hopper": 2}
-# cost_model.cc tables, [architecture][1 node, 2 nodes, more]; llMaxBws' multi-node rows go by CPU vendor
-LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0))
-PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
-PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
-PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
-PER_CH_MAX_NVLS_TREE_BW = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 57.7, 45.5))
-NVLS_EFFICIENCY = (0.0, 0.0, 0.85)
+_ARCH = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
+CC = {"volta": 70, "ampere": 80, "hopper": 90, "blackwell": 100}
+"""The compute capability NCCL compares against (ncclTuningGetCompCapIndex: >= 100 is Blackwell)."""
+# cost_model.cc tables, [architecture][1 node, 2 nodes, more]; llMaxBws' multi-node rows go by CPU vendor.
+# Blackwell's rows are v2.30.7-1's (= 1fc949c5); 2.25-2.27 had twice Hopper's, 2.28-2.29 other LL128 and
+# NVLS-tree caps (perChMaxNVLSTreeBws N4 43.1 / 43.8): not modelled per release
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (40.0, 40.0, 40.0))
+PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_BW = ((0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)   # src/tuning/nvls.cc nvlsEfficiency
 TREE_CORRECTION = (  # powers of two from 64 B, per protocol
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
     (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
@@ -65,6 +69,9 @@ THREAD_THRESHOLD = {LL: 8, LL128: 8, SIMPLE: 64}
 MAX_THREADS = {LL: 512, LL128: 640, SIMPLE: 512}
 NVLS_MIN_LOCAL_GPUS = 2
 """ncclNvlsInit (src/transport/nvls.cc): `if (... gpuCount <= 2) return` leaves NVLS off."""
+NCCL_MAX_NVLS_ARITY = 32
+"""src/include/device.h: the NVLS graph has one head per GPU, at most this many (src/graph/search.cc
+ncclTopoCompute: maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs)), e.g. 32 of a 72-GPU NVLink domain."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,7 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     network = profile.network
     if algorithm in (NVLS, NVLS_TREE):
         assert spec.nvls_bus_bw_gbps is not None   # NVLS only when the profile gives it (algorithms)
-        channels = profile.gpus_per_node
+        channels = nvls_heads(profile)
         bw_intra = spec.nvls_bus_bw_gbps.value / channels
         bw_inter = spec.nvls_inter_bw_gbps.value if spec.nvls_inter_bw_gbps else bw_intra
     else:
@@ -180,11 +187,16 @@ MAX_SEARCH_CHANNELS: Final = MAXCHANNELS // 2
 """src/init.cc: ringGraph->maxChannels = MAXCHANNELS/2 (the tree graph takes the ring's channels)."""
 
 
+def nvls_heads(profile: Profile) -> int:
+    """The NVLS graph's channels (heads): one per GPU of the NVLink domain, NCCL_MAX_NVLS_ARITY at most."""
+    return min(NCCL_MAX_NVLS_ARITY, profile.gpus_per_node)
+
+
 def dup_channels(profile: Profile, channels: int, bw: float) -> tuple[int, float]:
     """src/graph/search.cc ncclTopoDupChannels (v2.24.3-1): a graph whose channels run at 25 GB/s or
-    more is duplicated at half the bandwidth each, except on Hopper with more than 4 channels
+    more is duplicated at half the bandwidth each, except from Hopper on with more than 4 channels
     under 50 GB/s."""
-    cc = {"volta": 70, "ampere": 80, "hopper": 90}[profile.gpu.architecture]
+    cc = CC[profile.gpu.architecture]
     if bw < 25.0 or (cc > 80 and bw < 50.0 and channels > 4):
         return channels, bw
     doubled = min(2 * channels, MAX_SEARCH_CHANNELS)
@@ -194,10 +206,10 @@ def dup_channels(profile: Profile, channels: int, bw: float) -> tuple[int, float
 def comm_channels(profile: Profile, graph_channels: int, bw: float) -> int:
     """comm->nChannels of a communicator across nodes (src/graph/connect.cc ncclTopoPostset,
     v2.24.3-1): the search's channels doubled ("Duplication should be complete now"), doubled
-    again on Hopper when they run faster than 45 GB/s and are fewer than 16 ("Use 4 compute
-    channels per search channel to reach peak BW on <8 PPN"), at most MAXCHANNELS."""
+    again from Hopper on (minCompCap >= 90) when they run faster than 45 GB/s and are fewer than 16
+    ("Use 4 compute channels per search channel to reach peak BW on <8 PPN"), at most MAXCHANNELS."""
     channels = min(MAXCHANNELS, 2 * graph_channels)
-    if profile.gpu.architecture == "hopper" and bw > 45.0 and channels < 16:
+    if CC[profile.gpu.architecture] >= 90 and bw > 45.0 and channels < 16:
         channels = 2 * channels
     return channels
 
