@@ -189,7 +189,7 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
                                                 {"precision": "fp8", "global_batch": 16}),
     "cp2-full-recompute-bf16-grads": ({}, {"pp": 2, "cp": 2, "ep": 8},
                                       {"recompute": "full", "grad_reduce_dtype": "bf16", "seq": 2048, "global_batch": 8}),
-    "zipf-routing": ({}, {"tp": 2, "pp": 2, "ep": 4, "etp": 1}, {"routing": {"zipf": 1.0}}),
+    "zipf-routing-qk-norms": ({"qk_layernorm": True}, {"tp": 2, "pp": 2, "ep": 4, "etp": 1}, {"routing": {"zipf": 1.0}}),
     "recompute-layernorm-moe-act-ep-overlap": ({"shared_expert_ffn": 512},
                                                {"tp": 2, "pp": 2, "vp": 2, "ep": 4, "etp": 1,
                                                 "overlap_moe_expert_parallel_comm": True},
@@ -204,8 +204,8 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
 @pytest.mark.parametrize("case", sorted(MEMORY_CASES))
 def test_the_hbm_layers_peak_is_the_prediction(tmp_path, case):
     """The memory layer following the generated traces' tensors peaks at the predicted bytes, exactly:
-    balanced and skewed routing, selective recomputation of the MoE modules, the overlaps, the flex
-    dispatcher, GPT-OSS's clamped SwiGLU and biases."""
+    balanced and skewed routing, Qwen3's QK norms, selective recomputation of the MoE modules, the
+    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases."""
     model, parallel, training = MEMORY_CASES[case]
     data = {**job({**MOE, **model}, 16, parallel=parallel, **{"global_batch": 32, **training}), "tensors": True}
     predicted = predict_memory(JobSpec.model_validate(data)).total

@@ -23,6 +23,8 @@ Recomputation in Large Transformer Models", sec. 4, https://arxiv.org/abs/2205.0
 - unfused attention without selective recompute also keeps, per token and head, the softmax output
   over the s keys, 2s, and with dropout its mask s and output 2s (the paper's 5as^2 b).
   FlashAttention recomputes the scores, and selective recompute does for unfused attention.
+With QK norms (Qwen3: qk_layernorm; megatron/core/transformer/attention.py q_layernorm, k_layernorm)
+Q and K are kept again, normalized (the core attention saves its inputs), 2(a + g)d, split by TP.
 For GPT (g = a, d = h/a, F = 4h, dropout): 10h + 24h = 34h per token, s b h (34 + 5as/h) per layer,
 sbh (10 + 24/t + 5as/(ht)) with TP only, and everything / t with sequence parallelism: the paper's
 Table 2. fp8: TE saves its GEMMs' inputs in fp8 (1 B) instead of bf16, except the attention output,
@@ -138,6 +140,8 @@ def layer_activations(job: JobSpec, recomputed: bool = False, moe: bool = False)
     # the norms' inputs, the QKV GEMM's input, the dropout masks; Q, K, V and the attention output
     whole = 2 * ACT_BYTES * h + gemm_in * h + 2 * mask * h
     split = ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
+    if m.qk_layernorm and not m.mla:   # Qwen3's RMSNorm of each query and key head keeps its output
+        split += ACT_BYTES * (a + g) * d
     routed = 0
     if moe:
         block = moe_block_activations(job)
