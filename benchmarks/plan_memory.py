@@ -26,7 +26,7 @@ is fitted. The sources:
 - Korthikanti et al. 2022, Table 2: activations per layer, as formulas, at GPT-3 175B's shape.
 
 A second table sets each prediction against the `hbm` memory layer's simulated peak for the same
-job: its traces generated with `tensors: true` (chakra_core.jobs.tensors), simulated folded with
+job (two mixtures of experts among them): its traces generated with `tensors: true` (chakra_core.jobs.tensors), simulated folded with
 the achievable compute model and the nccl system layer; the peak is the largest of any rank, as
 the prediction is the largest of any stage.
 
@@ -190,6 +190,11 @@ SIMULATED_JOBS = [
       "distributed_optimizer": False, "attention": "unfused"}),
     ("Llama 2 13B, FP8, TP1 PP4 VP10 (NeMo 24.07's layout)", "llama2-13b", 16, {"tp": 1, "pp": 4, "vp": 10},
      {"seq": 4096, "global_batch": 128, "micro_batch": 1, "precision": "fp8", "grad_reduce_dtype": "bf16"}),
+    # mixtures of experts: expert weights split over ep x etp, their optimizer over edp, routed activations
+    ("Mixtral 8x7B, docs/training.md's layout", "mixtral-8x7b", 64, {"tp": 1, "pp": 4, "vp": 8, "ep": 8},
+     {"seq": 4096, "global_batch": 256, "micro_batch": 1}),
+    ("Qwen3-30B-A3B, FP8, expert TP 1 beside TP 2", "qwen3-30b-a3b", 16, {"tp": 2, "pp": 2, "ep": 4, "etp": 1},
+     {"seq": 4096, "global_batch": 64, "micro_batch": 1, "precision": "fp8", "grad_reduce_dtype": "bf16"}),
 ]
 
 
@@ -209,7 +214,8 @@ def simulated() -> list[str]:
             results = run.simulate(run.load(manifest, base_dir=Path(folder))).document
         peak = results["layers"]["memory"]["summary"]["peak_memory_bytes"]
         p = spec.parallel
-        layout = f"TP {p.tp} PP {p.pp}" + (f" VP {p.vp}" if p.vp else "") + (f" CP {p.cp}" if p.cp > 1 else "")
+        layout = f"TP {p.tp} PP {p.pp}" + (f" VP {p.vp}" if p.vp else "") + (f" CP {p.cp}" if p.cp > 1 else "") \
+            + (f" EP {p.ep} ETP {p.expert_tp}" if spec.shape.moe else "")
         rows.append(f"| {label} | {gpus} | {layout} | {predicted / GIB:,.3f} GiB | {peak / GIB:,.3f} GiB | "
                     f"{100 * (peak - predicted) / predicted:+.3f}% |")
     return rows

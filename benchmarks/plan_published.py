@@ -25,9 +25,12 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))   # training_accuracy imports its helpers by name
 
 from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
+from chakra_core.jobs.spec import JobSpec  # noqa: E402
 from chakra_core.plan.layouts import Layout  # noqa: E402
+from chakra_core.plan.marks import job_layout  # noqa: E402
 from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, PlanOptions, plan  # noqa: E402
 from chakra_core.sweep.run import Execution  # noqa: E402
 
@@ -38,11 +41,8 @@ RUNS = ("nemo-24.07-llama2-7b-h100-8-fp8", "nemo-24.07-llama3-8b-h100-8-fp8", "n
 
 
 def published(job: dict[str, Any]) -> Layout:
-    p, t = job["parallel"], job["training"]
-    gpus = job["cluster"]["gpus"]
-    dp = gpus // (p["tp"] * p["pp"] * p.get("cp", 1))
-    return Layout(p["tp"], p["pp"], p.get("vp") or 1, p.get("cp", 1), dp, t.get("micro_batch", 1),
-                  t.get("recompute", "none"), t.get("distributed_optimizer", True))
+    """The run's own layout, as the plan enumerates it (a mixture of experts' with its ep and etp)."""
+    return job_layout(JobSpec.model_validate(job))
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.jobs.spec import Cluster
 from chakra_core.json_types import JsonObject, JsonValue
+from chakra_core.plan.marks import describe, mark_rows, parse_mark
 from chakra_core.plan.report import plan_files
 from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
 from chakra_core.report.writers import prepare_output_dir, write_run_files
@@ -45,6 +47,13 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
               help="layouts simulated per round before the bound is checked again")
 @click.option("--micro-batches", default="1,2,4,8", show_default=True, metavar="N,N,...",
               help="micro-batch sizes to try")
+@click.option("--ep", "eps", metavar="N,N,...",
+              help="a mixture of experts: expert parallel sizes to try  [default: every divisor of num_experts]")
+@click.option("--etp", "etps", default="tp,1", show_default=True, metavar="N|tp,...",
+              help="a mixture of experts: expert tensor parallel sizes to try (tp: the layout's own)")
+@click.option("--mark", "marks", multiple=True, metavar="job|KEY=V,...",
+              help="rank this layout too, simulated whatever its bound: `job` (the job manifest's own layout) or "
+                   "keys over it, e.g. tp=2,pp=8,vp=4,ep=32,etp=1 (tp pp vp cp ep etp mb recompute dist_opt)")
 @click.option("--vary", "vary", multiple=True, metavar="KEY=V1,V2,...",
               help="plan again for each value of a manifest key (e.g. job.cluster.profile=h100-hgx-ndr400,"
                    "h200-hgx-ndr400; network.generator.bandwidth_gbps=1x,2x,4x multiplies the job's value)")
@@ -62,17 +71,18 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--quiet", "-q", is_flag=True, help="no progress, only the best layouts")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
-                 top: int, batch: int, micro_batches: str, vary: tuple[str, ...], out_dir: str | None,
-                 timeout: float | None, force: bool, headroom_gib: float | None, check_memory: bool, quiet: bool,
-                 debug: bool) -> None:
+                 top: int, batch: int, micro_batches: str, eps: str | None, etps: str, marks: tuple[str, ...],
+                 vary: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
+                 headroom_gib: float | None, check_memory: bool, quiet: bool, debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
 
     Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
-    optimizer layout of JOB.yaml's `job:` (a job manifest, docs/training.md), predicts each one's
+    optimizer layout of JOB.yaml's `job:` (a job manifest, docs/training.md; a mixture of experts'
+    EP and ETP too), predicts each one's
     peak memory per GPU and drops those that do not fit, with a reserve for the CUDA context, NCCL
     and fragmentation (--headroom sets it), in the memory a program can use; then simulates in
     order of a lower bound on the step time until no remaining layout can enter the --top
-    fastest. Writes plan.csv,
+    fastest (--mark: where a given layout ranks among them). Writes plan.csv,
     plan.parquet, plan.json, pareto.png and breakdown.png to OUT, the simulations to
     OUT/simulations (a sweep: rerunning the command resumes it). See docs/plan.md.
 
@@ -81,6 +91,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
       chakra-sim plan examples/plan-gpt-1.7b.yaml --top 1
       chakra-sim plan job.yaml --cluster h200-1024.yaml --executor ray
       chakra-sim plan job.yaml --vary job.cluster.profile=h100-hgx-ndr400,h200-hgx-ndr400
+      chakra-sim plan examples/plan-qwen3-235b.yaml --mark job --top 3
     """
     try:
         path = Path(job_file)
@@ -97,7 +108,15 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         cases = varied(manifest, vary)
         settings: JsonObject = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
                     "check_memory": check_memory, "headroom_gib": headroom_gib}
-        options = PlanOptions(top, batch, {"micro_batches": sizes}, check_memory=check_memory,
+        search: dict[str, Any] = {"micro_batches": sizes}
+        if eps is not None:   # the settings name what was given: a dense plan's stay as they were
+            search["ep"] = settings["ep"] = _sizes(eps, "--ep")
+        if etps != "tp,1":
+            search["etp"] = _etps(etps)
+            settings["etp"] = [size or "tp" for size in search["etp"]]
+        if marks:
+            settings["mark"] = list(marks)
+        options = PlanOptions(top, batch, search, check_memory=check_memory,
                               headroom_gib=headroom_gib, source=job_file, progress=None if quiet else _progress)
         execution = Execution(executor, workers, address, force, timeout)
         summary = []
@@ -105,6 +124,10 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         for label, case in cases:
             where = out if label is None else out / _slug(label)
             started = time.perf_counter()
+            job = case.get("job")
+            if marks and isinstance(job, dict):   # per case: --vary may change the GPUs, and so dp
+                job = {**job, "cluster": job.get("cluster", case.get("cluster"))}
+                options = dataclasses.replace(options, include=tuple(parse_mark(mark, job) for mark in marks))
             found = plan(case, base_dir, where, options, execution)
             why = found.no_fit()
             if why is not None:   # nothing to rank: an error, and no table written for it
@@ -113,6 +136,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
+            for row in mark_rows(found):
+                out_console().print(describe(row), highlight=False, markup=False, soft_wrap=True)
             warn(found.warnings + warnings)
             for file in written:
                 out_console().print(f"wrote {file}", highlight=False)
@@ -199,14 +224,22 @@ def _value(manifest: JsonObject, path: tuple[str | int, ...], text: str, spec: s
                           f"{node!r} there")])
 
 
-def _sizes(text: str) -> list[int]:
+def _sizes(text: str, option: str = "--micro-batches") -> list[int]:
     try:
         sizes = sorted({int(part) for part in text.split(",")})
     except ValueError:
         sizes = []
     if not sizes or sizes[0] < 1:
-        raise ManifestError([("--micro-batches", f"expected positive whole numbers separated by commas, not {text!r}")])
+        raise ManifestError([(option, f"expected positive whole numbers separated by commas, not {text!r}")])
     return sizes
+
+
+def _etps(text: str) -> list[int | None]:
+    """--etp's sizes: `tp` (None: the layout's tp) or positive whole numbers."""
+    sizes: list[int | None] = []
+    for part in text.split(","):
+        sizes.extend([None] if part.strip() == "tp" else _sizes(part, "--etp"))
+    return list(dict.fromkeys(sizes))
 
 
 def _slug(label: str) -> str:

@@ -8,17 +8,22 @@ traces hold them (`jobs.program.RankProgram`, one micro-batch, no trace written)
 manifest's compute model for each compute node's duration (the layers built by
 `run.build_layers`, as a run of the job builds them). A stage's compute kernels run one
 after another on its GPU (`workload.resources.gpu`, default 1, at once), so its step is at least
-their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. Communication,
-waiting and overlap are not counted: they only add time.
+their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. The collectives
+on a layer's own critical path count at their time alone (the system layer's
+`idle_collective_ns`); contention, waiting and other communication only add time. A mixture of
+experts' EP communication under --overlap-moe-expert-parallel-comm counts 0: the combined 1F1B
+schedule may hide it behind another micro-batch's compute.
 
-A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch and the job's fixed
-settings, not on pp, vp, dp or the optimizer, so their times are computed once per combination.
+A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch, a mixture of experts'
+ep and etp and the job's fixed settings, not on pp, vp, dp or the optimizer, so their times are
+computed once per combination; a mixture of experts' dense layers (dense_layers_first) and MoE
+layers are timed apart.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from chakra_core.config.build import build_config
 from chakra_core.config.spec import RunConfig
@@ -26,6 +31,7 @@ from chakra_core.contract.layers import ComputeModel, SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.expand import with_cluster_defaults
+from chakra_core.jobs.moe import EP_PART
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -34,9 +40,13 @@ from chakra_core.run import build_layers
 from chakra_core.schema import pb
 from chakra_core.json_types import JsonObject
 
-Times = tuple[float, float, float, float, float, float]
-"""Seconds of one micro-batch: layer forward, layer backward, embedding forward and backward,
-output layer forward and backward."""
+class Times(NamedTuple):
+    """Seconds of one micro-batch's pieces, each its forward and backward."""
+
+    layer: tuple[float, float]     # a dense layer (0, 0: the model has none)
+    moe: tuple[float, float]       # a mixture of experts' MoE layer (0, 0: the model has none)
+    embedding: tuple[float, float]
+    head: tuple[float, float]      # the output layer and the loss
 
 
 class ComputeBound:
@@ -61,6 +71,7 @@ class ComputeBound:
         self.streams = max(1, config.spec.resources.gpu or 1)
         self.gpus_per_node = gpus_per_node
         self._layers: dict[tuple[Any, ...], Times] = {}
+        self._steps: dict[tuple[Any, ...], float] = {}
 
     def _compute_ns(self, node: pb.Node) -> int:
         duration = self.model.alone_time_ns(NodeView(node))
@@ -76,6 +87,9 @@ class ComputeBound:
         nodes = program.stream.nodes
         groups = {program.names[role]: tuple(members) for role, members in program.groups.items()
                   if role in program.names}
+        # with the combined 1F1B schedule one micro-batch's EP communication runs beside another's
+        # compute (--overlap-moe-expert-parallel-comm): counted 0, as it may be hidden
+        hidden = EP_PART if program.job.parallel.overlap_moe_expert_parallel_comm else None
         finish: dict[int, int] = {}
         for node in nodes[start:]:
             ready = max((finish.get(dep, 0) for dep in (*node.data_deps, *node.ctrl_deps)), default=0)
@@ -85,18 +99,20 @@ class ComputeBound:
             elif node.type == pb.COMM_COLL_NODE and self.system is not None:
                 view = NodeView(node)
                 members = groups.get(view.str("pg_name", ""))
-                if members is not None:
+                if members is not None and view.str("step_part", "") != hidden:
                     duration = self.system.idle_collective_ns(view.int("comm_type", 0), view.int("comm_size", 0),
                                                               members) or 0
             finish[node.id] = ready + duration
         return max((finish.get(node_id, 0) for node_id in program.stream.frontier), default=0) / 1e9
 
-    def _pieces(self, spec: JobSpec, program: RankProgram) -> Times:
-        p, t = spec.parallel, spec.training
-        key = (p.tp, p.cp, spec.sp, p.tp_comm_overlap, t.micro_batch)
+    def _pieces(self, spec: JobSpec, placement: Placement, rank: int) -> Times:
+        p, t, m = spec.parallel, spec.training, spec.shape
+        key = (p.tp, p.cp, spec.sp, p.tp_comm_overlap, t.micro_batch, p.ep, p.expert_tp)
         known = self._layers.get(key)
         if known is not None:
             return known
+        program = RankProgram(spec, placement, rank)
+        program.plan_buckets()
         stream = program.stream
 
         def timed(build: Any, *args: Any) -> float:
@@ -104,30 +120,41 @@ class ComputeBound:
             build(*args)
             return self._path(program, start)
 
-        layer = 0   # every layer has the same kernels; only their names carry the index
-        known = (timed(program.layer_forward, 0, layer), timed(program.layer_backward, 0, layer),
-                 timed(program.embedding_forward, 0), timed(program.embedding_backward, 0),
-                 timed(program.head_forward, 0), timed(program.head_backward, 0))
+        def layer(index: int | None) -> tuple[float, float]:
+            # layers of a kind have the same kernels; only their names carry the index
+            if index is None:
+                return 0.0, 0.0
+            return timed(program.layer_forward, 0, index), timed(program.layer_backward, 0, index)
+
+        dense = 0 if m.first_moe_layer > 0 or not m.moe else None
+        known = Times(layer(dense), layer(m.first_moe_layer if m.moe else None),
+                      (timed(program.embedding_forward, 0), timed(program.embedding_backward, 0)),
+                      (timed(program.head_forward, 0), timed(program.head_backward, 0)))
         self._layers[key] = known
         return known
 
     def bound_s(self, spec: JobSpec) -> float:
         """Seconds no simulated step of `spec` can beat (see the module docstring)."""
-        p, t = spec.parallel, spec.training
+        p, t, m = spec.parallel, spec.training, spec.shape
         placement = Placement(spec, self.gpus_per_node)
         reps = placement.representatives
         stage_rank = {placement.coord(rank).pp: rank for rank in reps}
-        first = RankProgram(spec, placement, stage_rank[0])
-        first.plan_buckets()
-        forward, backward, emb_f, emb_b, head_f, head_b = self._pieces(spec, first)
+        pieces = self._pieces(spec, placement, stage_rank[0])
+        (emb_f, emb_b), (head_f, head_b) = pieces.embedding, pieces.head
+        times = {False: pieces.layer, True: pieces.moe}
         full = t.recompute == "full"
 
         def chunk(stage: int, index: int) -> float:
-            layers = len(spec.chunk_layers(stage, index))
-            recomputed = min(layers, t.recompute_layers or layers) if full else 0
+            layers = spec.chunk_layers(stage, index)
+            recomputed = layers[:t.recompute_layers or len(layers)] if full else []
             extra = (emb_f + emb_b if (stage, index) == (0, 0) else 0.0) + \
                 (head_f + head_b if (stage, index) == (p.pp - 1, spec.vp - 1) else 0.0)
-            return layers * (forward + backward) + recomputed * forward + extra
+            kinds = [m.is_moe_layer(layer) for layer in layers]
+            moe, moe_recomputed = sum(kinds), sum(map(m.is_moe_layer, recomputed))
+            (forward, backward), (moe_f, moe_b) = times[False], times[True]
+            # dense layers first: a dense model's sum is what it was before experts (0 MoE layers add 0.0)
+            return (len(layers) - moe) * (forward + backward) + moe * (moe_f + moe_b) \
+                + ((len(recomputed) - moe_recomputed) * forward + moe_recomputed * moe_f) + extra
 
         micro = spec.microbatches
         best, fill = 0.0, 0.0
@@ -139,7 +166,18 @@ class ComputeBound:
         return best
 
     def _per_step(self, spec: JobSpec, placement: Placement, rank: int) -> float:
-        """The stage's kernels run once per step: fp8 weight casts and the optimizer."""
+        """The stage's kernels run once per step: fp8 weight casts and the optimizer. They depend on
+        the stage's parameters and their shards, not on the micro-batch or recomputation, so layouts
+        that differ only there share them (every layout of a MoE search that fits is bounded)."""
+        p = spec.parallel
+        key = (p.tp, p.cp, spec.dp, p.pp, spec.vp, p.ep, p.expert_tp, spec.training.distributed_optimizer,
+               placement.coord(rank).pp)
+        known = self._steps.get(key)
+        if known is None:
+            known = self._steps[key] = self._stage_step(spec, placement, rank)
+        return known
+
+    def _stage_step(self, spec: JobSpec, placement: Placement, rank: int) -> float:
         program = RankProgram(spec, placement, rank)
         buckets = program.plan_buckets()
         stream = program.stream

@@ -53,8 +53,11 @@ above max allocated, https://github.com/NVIDIA/Megatron-LM/issues/756), but that
 
 def communicators(layout: Layout) -> int:
     """NCCL communicators one GPU of the layout uses: Megatron-LM's tensor-, context-, data-parallel
-    (with CP, the DP x CP group the gradients are reduced over) and pipeline groups larger than one GPU."""
-    return sum(size > 1 for size in (layout.tp, layout.cp, layout.dp * layout.cp, layout.pp))
+    (with CP, the DP x CP group the gradients are reduced over) and pipeline groups larger than one GPU;
+    a mixture of experts' layout adds the expert tensor-, expert- and expert-data-parallel groups
+    (megatron/core/parallel_state.py: its own process groups, even where they hold the same ranks)."""
+    experts = (layout.etp or 1, layout.ep, layout.edp) if layout.moe else ()
+    return sum(size > 1 for size in (layout.tp, layout.cp, layout.dp * layout.cp, layout.pp, *experts))
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,14 @@ class Headroom:
     """What the system layer holds per communicator on each GPU (NCCL's buffers), bytes."""
     given: int | None = None
     warnings: tuple[str, ...] = ()
+    moe: bool = False
+    """The layouts are a mixture of experts': their expert groups are communicators too."""
 
     @classmethod
-    def of(cls, profile: Profile, headroom_gib: float | None = None, per_communicator: int = 0) -> "Headroom":
-        """`per_communicator`: bytes the system layer holds per communicator (communicator_bytes)."""
+    def of(cls, profile: Profile, headroom_gib: float | None = None, per_communicator: int = 0,
+           moe: bool = False) -> "Headroom":
+        """`per_communicator`: bytes the system layer holds per communicator (communicator_bytes);
+        `moe`: the job is a mixture of experts."""
         gpu = profile.gpu
         memory = int(gpu.memory_gib.value * GIB)
         stale = profile.inherited("gpu.usable_memory_gib")
@@ -109,7 +116,7 @@ class Headroom:
                 raise ManifestError([("--headroom", f"{headroom_gib:g} GiB: give a reserve of at least 0 and below "
                                                     f"the {usable / GIB:.2f} GiB a GPU can use")])
             given = int(headroom_gib * GIB)
-        return cls(usable, usable_from, memory, per_communicator, given, tuple(warnings))
+        return cls(usable, usable_from, memory, per_communicator, given, tuple(warnings), moe)
 
     def reserve(self, layout: Layout, peak: int) -> Reserve:
         """The reserve of `layout` whose predicted peak is `peak` bytes."""
@@ -117,6 +124,10 @@ class Headroom:
             return Reserve(given=self.given)
         return Reserve(cuda_context=CUDA_CONTEXT_BYTES, nccl=communicators(layout) * self.nccl_per_communicator,
                        fragmentation=math.ceil(FRAGMENTATION * peak))
+
+    @property
+    def expert_groups(self) -> str:
+        return ", ETP, EP, EDP" if self.moe else ""
 
     def describe(self) -> str:
         """One line: the usable memory and the reserve rule."""
@@ -126,7 +137,8 @@ class Headroom:
                    f"fit in {where}"
         return (f"a layout fits when its predicted peak and its reserve fit in {where}; reserve: CUDA context "
                 f"{CUDA_CONTEXT_BYTES / GIB:.2f} GiB + NCCL {self.nccl_per_communicator / GIB:.2f} GiB per "
-                f"communicator (TP, CP, DP, PP groups of more than one GPU) + {100 * FRAGMENTATION:g}% of the "
+                f"communicator (TP, CP, DP, PP{self.expert_groups} groups of more than one GPU) + "
+                f"{100 * FRAGMENTATION:g}% of the "
                 "peak for fragmentation (--headroom GIB sets one reserve for all)")
 
     def summary(self) -> JsonObject:

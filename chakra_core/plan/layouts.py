@@ -6,11 +6,16 @@ Megatron's rank order keeps TP inside a node), pipeline stages pp (a divisor of 
 model chunks per stage vp (the layers per virtual chunk an integer; vp > 1 only with pp > 1),
 context parallel size cp (a power of two up to `max_cp`), the micro-batch size, activation
 recomputation (none / selective / full) and the distributed optimizer; dp = GPUs / (tp pp cp)
-follows. Which combinations are valid is `JobSpec`'s validator's decision (heads and ffn_hidden
-divisible by tp, layers by pp x vp, seq by 2 cp, the global batch by dp x micro-batch,
-interleaving needing micro-batches divisible by pp: Megatron-LM's own argument checks in
-megatron/training/arguments.py); this module only skips the subtrees where tp pp cp does not
-divide the GPUs or tp leaves the node before asking it.
+follows. A mixture of experts adds the expert parallel size ep (a divisor of num_experts) and the
+expert tensor parallel size etp (by default tp, Megatron's default, and 1, what published MoE
+recipes run); MoE parallel folding lays ep x etp over each pipeline stage's tp x cp x dp ranks,
+so ep x etp must divide them (megatron/core/parallel_state.py at d98e8a64: the expert
+RankGenerator), and edp = tp cp dp / (ep etp) follows. Which combinations are valid is
+`JobSpec`'s validator's decision (heads and ffn_hidden divisible by tp, layers by pp x vp, seq by
+2 cp, the global batch by dp x micro-batch, interleaving needing micro-batches divisible by pp,
+the expert rules: Megatron-LM's own argument checks in megatron/training/arguments.py); this
+module only skips the subtrees where tp pp cp does not divide the GPUs, tp leaves the node, ep
+does not divide the experts or ep etp does not divide a stage's ranks before asking it.
 
 Lower bound. The simulated step of a layout under the job's compute model is never shorter than
 `lower_bound_s`: the GEMM and attention FLOPs of the busiest pipeline stage, at rates the compute
@@ -34,6 +39,7 @@ from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.spec import Cluster, JobSpec
+from chakra_core.plan.expert_memory import routed_copies
 from chakra_core.json_types import JsonObject
 
 RECOMPUTE = ("none", "selective", "full")
@@ -43,6 +49,12 @@ MAX_PLANNED_GPUS = 1 << 24
 root, 4,096 steps; far above any cluster built)."""
 OUTSIDE_NODE = "tp beyond the NVLink domain"
 GPUS_NOT_DIVISIBLE = "GPUs not divisible by tp x pp x cp"
+EP_NOT_DIVIDING = "ep does not divide the experts"
+NOT_FOLDING = "ep x etp does not divide a stage's tp x cp x dp ranks"
+ETP_CHOICES: tuple[int | None, ...] = (None, 1)
+"""Expert tensor parallel sizes searched by default: None is tp (Megatron's default for
+--expert-tensor-parallel-size), 1 what the published MoE recipes run (Megatron-Bridge's Qwen3,
+DeepSeek-V3 and Mixtral performance configs: expert_tensor_parallel_size=1)."""
 _REASONS: tuple[tuple[str, str], ...] = (
     # a phrase of JobSpec._layout's message -> the short reason it is counted under
     ("not divisible by tp x pp x cp", GPUS_NOT_DIVISIBLE),
@@ -56,6 +68,14 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("vp needs pp > 1", "interleaving needs pp > 1"),
     ("context parallelism needs", "cp needs flash attention"),
     ("recompute_layers needs", "recompute_layers needs full recompute"),
+    ("must divide model.num_experts", EP_NOT_DIVIDING),
+    ("(MoE parallel folding)", NOT_FOLDING),
+    ("must divide model.moe_ffn_hidden", "etp does not divide moe_ffn_hidden"),
+    ("must divide model.shared_expert_ffn", "tp does not divide shared_expert_ffn"),
+    ("Megatron trains MoE layers with sequence", "MoE layers with tp > 1 need sequence parallelism"),
+    ("overlap_moe_expert_parallel_comm with pp > 1 needs", "EP overlap needs vp > 1 with pp > 1"),
+    ("overlap_moe_expert_parallel_comm needs parallel.ep", "EP overlap needs ep > 1"),
+    ("overlap_moe_expert_parallel_comm needs training.recompute", "EP overlap needs no full recompute"),
 )
 
 
@@ -71,17 +91,30 @@ class Layout:
     micro_batch: int
     recompute: str
     distributed_optimizer: bool
+    ep: int = 1
+    etp: int | None = None   # a mixture of experts' expert TP size; None: a dense model's layout
+
+    @property
+    def moe(self) -> bool:
+        return self.etp is not None
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel size: a stage's tp x cp x dp ranks over ep x etp (MoE folding)."""
+        return self.tp * self.cp * self.dp // (self.ep * (self.etp or self.tp))
 
     def overrides(self) -> JsonObject:
-        """Key paths of a job manifest -> values; dp is implied by the GPU count, never set."""
+        """Key paths of a job manifest -> values; dp (and edp) are implied by the GPU count, never set."""
+        experts: JsonObject = {"job.parallel.ep": self.ep, "job.parallel.etp": self.etp} if self.moe else {}
         return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
-                "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp,
+                "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp, **experts,
                 "job.training.micro_batch": self.micro_batch, "job.training.recompute": self.recompute,
                 "job.training.distributed_optimizer": self.distributed_optimizer}
 
     def label(self) -> str:
         optimizer = "dist-opt" if self.distributed_optimizer else "no-dist-opt"
-        return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp} MB{self.micro_batch} "
+        experts = f" EP{self.ep} ETP{self.etp}" if self.moe else ""
+        return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{experts} MB{self.micro_batch} "
                 f"{self.recompute} {optimizer}")
 
 
@@ -95,11 +128,14 @@ class Enumeration:
 
 def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batches: Sequence[int] = (1, 2, 4, 8),
                       recompute: Sequence[str] = RECOMPUTE, distributed_optimizer: Sequence[bool] = (True, False),
-                      max_cp: int = 8) -> Enumeration:
+                      max_cp: int = 8, ep: Sequence[int] | None = None,
+                      etp: Sequence[int | None] = ETP_CHOICES) -> Enumeration:
     """Every valid layout of `job` (a manifest's `job:` mapping, its cluster included); the
     job's other keys (precision, seq, global batch, tp_comm_overlap, ...) are kept as given.
-    A ValidationError or ValueError says what is wrong with the job whatever the layout
-    (its cluster or model)."""
+    A mixture of experts' layouts also take each expert parallel size of `ep` (default: every
+    divisor of num_experts) and expert tensor parallel size of `etp` (None: tp); a dense model's
+    take neither. A ValidationError or ValueError says what is wrong with the job whatever the
+    layout (its cluster or model)."""
     gpus = Cluster.model_validate(job.get("cluster")).gpus
     base = {**job, "model": _model(job.get("model"))}
     parallel = job.get("parallel") or {}
@@ -116,29 +152,48 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
     # chunks of whole layers; otherwise vp 1 alone, for JobSpec to reject
     vps_of = {pp: [v for v in _divisors(slots // pp) if pp > 1 or v == 1] if slots % pp == 0 else [1]
               for pp in divisors}
+    experts = base["model"].num_experts
+    eps = [1] if experts is None else _unique(ep) if ep is not None else _divisors(experts)
     per_tp = sum(len(vps) for vps in vps_of.values()) * len(cps) * len(inner)
     for tp in divisors:
+        # a dense model's layouts take no expert sizes (etp None); a MoE's every (ep, etp)
+        expert_sizes = [(1, None)] if experts is None else [(e, t) for e in eps
+                                                            for t in _unique(tp if v is None else v for v in etp)]
         if tp > gpus_per_node:   # the whole subtree, counted without walking it
-            tried += per_tp
-            rejected[OUTSIDE_NODE] += per_tp
+            tried += per_tp * len(expert_sizes)
+            rejected[OUTSIDE_NODE] += per_tp * len(expert_sizes)
             continue
         for pp in divisors:
             vps = vps_of[pp]
             for cp in cps:
-                subtree = len(vps) * len(inner)
+                subtree = len(vps) * len(inner) * len(expert_sizes)
                 tried += subtree
                 if gpus % (tp * pp * cp):
                     rejected[GPUS_NOT_DIVISIBLE] += subtree
                     continue
                 dp = gpus // (tp * pp * cp)
-                for vp in vps:
-                    for mb, rc, do in inner:
-                        layout = Layout(tp, pp, vp, cp, dp, mb, rc, do)
-                        try:
-                            specs[layout] = _spec(base, layout)
-                        except ValidationError as exc:
-                            rejected[_reason(exc)] += 1
+                for ep_, etp_ in expert_sizes:
+                    skipped = _experts_skipped(experts, ep_, etp_, tp * cp * dp)
+                    if skipped is not None:
+                        rejected[skipped] += len(vps) * len(inner)
+                        continue
+                    for vp in vps:
+                        for mb, rc, do in inner:
+                            layout = Layout(tp, pp, vp, cp, dp, mb, rc, do, ep_, etp_)
+                            try:
+                                specs[layout] = _spec(base, layout)
+                            except ValidationError as exc:
+                                rejected[_reason(exc)] += 1
     return Enumeration(sorted(specs), tried, dict(sorted(rejected.items())), specs)
+
+
+def _experts_skipped(experts: int | None, ep: int, etp: int | None, stage: int) -> str | None:
+    """Why JobSpec would reject every layout of an expert layout whatever the rest (None: it may not)."""
+    if experts is None or etp is None:
+        return None
+    if experts % ep:
+        return EP_NOT_DIVIDING
+    return NOT_FOLDING if stage % (ep * etp) else None
 
 
 def job_with(job: Mapping[str, Any], layout: Layout) -> JobSpec:
@@ -211,26 +266,36 @@ def lower_bound_s(spec: JobSpec, profile: Profile, compute: ComputeModel | None 
     b, s, tp, cp = t.micro_batch, t.seq, p.tp, p.cp
     n = b * s // cp                                     # tokens of a micro-batch on this rank
     a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp
-    up = 2 * f if m.gated else f
-    linear = 2 * n * (h * (a + 2 * g) * d + a * d * h + h * up + f * h)   # qkv, proj, fc1, fc2
-    if t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
+    attention_linear = 2 * n * (h * (a + 2 * g) * d + a * d * h)   # qkv, proj
+    if m.mla:   # latent attention's projections and head sizes differ: left out (the bound stays one)
+        attention_linear, attention_f, attention_b = 0, 0.0, 0.0
+    elif t.attention == "flash":   # causal, split over CP; FlashAttention's backward is 5/2 of it
         attention = 4 * b * a * s * s * d // 2 // cp
         attention_f = attention / rates.attention_forward
         attention_b = attention * 5 // 2 / rates.attention_backward
     else:                        # batched GEMMs over the whole s x s scores
         attention_f = 4 * b * a * s * s * d / rates.activations
         attention_b = 8 * b * a * s * s * d / rates.activations
-    forward = linear / rates.linear + attention_f
-    backward = 2 * linear / rates.linear + attention_b
+    dense = _mlp_flops(m, n, f)
+    # GEMMs of a dense layer (False) and of a MoE layer (True), timed; the backward's dgrad and
+    # wgrad are twice each GEMM's forward
+    linear = {False: (attention_linear + dense) / rates.linear,
+              True: attention_linear / rates.linear + _moe_forward_s(spec, n, rates)}
+    forward = {kind: linear[kind] + attention_f for kind in linear}
+    backward = {kind: 2 * linear[kind] + attention_b for kind in linear}
     head = 6 * n * h * (m.padded_vocab(tp) // tp) / rates.activations   # the output layer: bf16
     full = t.recompute == "full"
 
     def chunk(stage: int, index: int) -> float:
         """One micro-batch's forward and backward (and recomputed forward) of a stage's chunk."""
-        layers = len(spec.chunk_layers(stage, index))
-        recomputed = min(layers, t.recompute_layers or layers) if full else 0
+        layers = spec.chunk_layers(stage, index)
+        recomputed = layers[:t.recompute_layers or len(layers)] if full else []
         extra = head if (stage, index) == (p.pp - 1, spec.vp - 1) else 0.0
-        return layers * (forward + backward) + recomputed * forward + extra
+        moe = sum(map(m.is_moe_layer, layers))
+        moe_recomputed = sum(map(m.is_moe_layer, recomputed))
+        # dense layers first: a dense model's sum is what it was before experts (0 MoE layers add 0.0)
+        return (len(layers) - moe) * (forward[False] + backward[False]) + moe * (forward[True] + backward[True]) \
+            + ((len(recomputed) - moe_recomputed) * forward[False] + moe_recomputed * forward[True]) + extra
 
     micro = spec.microbatches
     best, fill = 0.0, 0.0
@@ -239,6 +304,27 @@ def lower_bound_s(spec: JobSpec, profile: Profile, compute: ComputeModel | None 
         best = max(best, fill + work)
         fill += chunk(stage, 0)
     return best
+
+
+def _mlp_flops(m: ModelSpec, tokens: int, ffn: int) -> int:
+    """A (gated) MLP's forward GEMM FLOPs: fc1 to (2) ffn, fc2 back to hidden."""
+    return 2 * tokens * (m.hidden * m.up_projections() * ffn + ffn * m.hidden)
+
+
+def _moe_forward_s(spec: JobSpec, n: int, rates: "_Rates") -> float:
+    """A MoE block's GEMMs in one forward (0 for a dense model), as jobs.moe builds them: the
+    shared experts' TP MLP, the router's bf16 GEMM over the rank's sequence-parallel tokens and
+    the grouped expert GEMMs over the routed copies the rank computes (expert_memory.routed_copies:
+    etp x its own when balanced, each expert's share rounded up as the generator rounds it)."""
+    m, p = spec.shape, spec.parallel
+    if not m.moe:
+        return 0.0
+    tokens = n // p.tp if spec.sp else n                # the residual stream's tokens here
+    shared = _mlp_flops(m, n, m.shared_ffn // p.tp)
+    # the copies the experts compute, as the generator sizes its grouped GEMMs (skewed routing: the
+    # hottest EP rank's, which every rank runs)
+    routed_flops = _mlp_flops(m, routed_copies(spec), m.expert_ffn // p.expert_tp)
+    return (shared + routed_flops) / rates.linear + 2 * tokens * m.hidden * (m.num_experts or 1) / rates.activations
 
 
 class _Rates:

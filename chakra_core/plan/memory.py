@@ -23,6 +23,8 @@ Recomputation in Large Transformer Models", sec. 4, https://arxiv.org/abs/2205.0
 - unfused attention without selective recompute also keeps, per token and head, the softmax output
   over the s keys, 2s, and with dropout its mask s and output 2s (the paper's 5as^2 b).
   FlashAttention recomputes the scores, and selective recompute does for unfused attention.
+With QK norms (Qwen3: qk_layernorm; megatron/core/transformer/attention.py q_layernorm, k_layernorm)
+Q and K are kept again, normalized (the core attention saves its inputs), 2(a + g)d, split by TP.
 For GPT (g = a, d = h/a, F = 4h, dropout): 10h + 24h = 34h per token, s b h (34 + 5as/h) per layer,
 sbh (10 + 24/t + 5as/(ht)) with TP only, and everything / t with sequence parallelism: the paper's
 Table 2. fp8: TE saves its GEMMs' inputs in fp8 (1 B) instead of bf16, except the attention output,
@@ -30,6 +32,14 @@ which FlashAttention keeps in bf16 besides TE's fp8 copy (the TE page above). Wi
 per-token term counts the sequence per CP rank. A layer under full recompute keeps only its
 input, 2h per token (/ t with sequence parallelism: Megatron checkpoints the sequence-parallel
 shard); `recompute_layers` recomputes the first N layers of each chunk (--recompute-method block).
+
+A mixture of experts' MoE layers replace the MLP's parameters and activations by the MoE block's
+(chakra_core.plan.expert_memory): routed experts split over ep x etp, their gradients in a buffer
+of their own and their optimizer state sharded over the expert data-parallel group (edp = tp cp dp
+/ (ep etp)) instead of dp x cp; the router's and shared experts' state as the dense parameters';
+per micro-batch the router's input, probabilities and routing map, the shared experts' MLP terms
+and, per routed token copy the GPU's experts compute, the dispatched token, fc1's output and the
+activation's output.
 
 Around the layers, per micro-batch: the first stage keeps the token ids (int64, 8 B per token) and,
 with dropout, the embedding's mask, as Megatron's own estimate counts them
@@ -63,8 +73,10 @@ statistics (4 B per head and query, about 0.1% of a layer at head dim 128) and R
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
+from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
 
 GIB = 1 << 30
 PARAM_BYTES = 2
@@ -112,9 +124,10 @@ def _tokens(job: JobSpec) -> int:
     return job.training.micro_batch * (job.training.seq // job.parallel.cp)
 
 
-def layer_activations(job: JobSpec, recomputed: bool = False) -> int:
+def layer_activations(job: JobSpec, recomputed: bool = False, moe: bool = False) -> int:
     """Bytes one transformer layer keeps for the backward of one micro-batch on one GPU (the terms
-    of the module docstring); `recomputed`: the layer is under full recompute."""
+    of the module docstring); `recomputed`: the layer is under full recompute; `moe`: a mixture of
+    experts' layer, its MLP replaced by the MoE block (chakra_core.plan.expert_memory)."""
     m, t, tp = job.shape, job.training, job.parallel.tp
     sp = tp if job.sp else 1                          # sequence parallelism splits what TP keeps whole
     h, f, a, g, d = m.hidden, m.ffn_hidden, m.heads, m.groups, m.head_dim
@@ -124,17 +137,25 @@ def layer_activations(job: JobSpec, recomputed: bool = False) -> int:
     fp8 = t.precision == "fp8"
     gemm_in = FP8_BYTES if fp8 else ACT_BYTES        # what a TE GEMM saves of its input
     mask = MASK_BYTES if t.dropout > 0 else 0
-    whole = 2 * ACT_BYTES * h + 2 * gemm_in * h + 2 * mask * h
-    gated = 2 if m.gated else 1
-    split = (ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
-             + ACT_BYTES * gated * f + gemm_in * f)
+    # the norms' inputs, the QKV GEMM's input, the dropout masks; Q, K, V and the attention output
+    whole = 2 * ACT_BYTES * h + gemm_in * h + 2 * mask * h
+    split = ACT_BYTES * (a + 2 * g) * d + (ACT_BYTES + (FP8_BYTES if fp8 else 0)) * a * d
+    if m.qk_layernorm and not m.mla:   # Qwen3's RMSNorm of each query and key head keeps its output
+        split += ACT_BYTES * (a + g) * d
+    routed = 0
+    if moe:
+        block = moe_block_activations(job)
+        whole, split, routed = whole + block.whole, split + block.split, block.total
+    else:   # the MLP: the first GEMM's input; the activation's input(s) and the second GEMM's input
+        whole += gemm_in * h
+        split += ACT_BYTES * (2 if m.gated else 1) * f + gemm_in * f
     if t.attention == "unfused" and not t.recomputes("core_attn"):
         split += a * job.training.seq * (ACT_BYTES + (MASK_BYTES + ACT_BYTES if mask else 0))
-    return n * whole // sp + n * split // tp
+    return n * whole // sp + n * split // tp + routed
 
 
 def _layer_params(job: JobSpec) -> tuple[int, int]:
-    """Parameters of one layer on one GPU, and of those the linear-layer weights (fp8 copies)."""
+    """Parameters of one dense layer on one GPU, and of those the linear-layer weights (fp8 copies)."""
     m, tp = job.shape, job.parallel.tp
     h = m.hidden
     norms = (2 if m.norm == "layernorm" else 1) * 2 * h
@@ -144,19 +165,25 @@ def _layer_params(job: JobSpec) -> tuple[int, int]:
     return (m.layer_params() - norms - row_biases) // tp + norms + row_biases, linear // tp
 
 
-def _stage_params(job: JobSpec, stage: int) -> tuple[int, int]:
-    """Parameters a GPU of `stage` holds, and of those the layers' linear weights."""
+def _stage_params(job: JobSpec, stage: int) -> LayerParams:
+    """Parameters a GPU of `stage` holds: dense ones (embedding and output layer included), routed
+    experts' (MoE layers), and of those the layers' linear weights."""
     m, p = job.shape, job.parallel
-    layers = sum(len(job.chunk_layers(stage, chunk)) for chunk in range(job.vp))
+    layers = [layer for chunk in range(job.vp) for layer in job.chunk_layers(stage, chunk)]
+    moe = sum(map(m.is_moe_layer, layers))
     per_layer, linear = _layer_params(job)
-    params = layers * per_layer
+    params, linear_params, experts = (len(layers) - moe) * per_layer, (len(layers) - moe) * linear, 0
+    if moe:
+        block = moe_layer_params(job)
+        params, linear_params, experts = params + moe * block.dense, linear_params + moe * block.linear, \
+            moe * block.experts
     vocab_h = m.padded_vocab(p.tp) // p.tp * m.hidden
     if stage == 0:
         params += vocab_h + ((m.max_seq or job.training.seq) * m.hidden if m.position == "learned" else 0)
     if stage == p.pp - 1:   # a tied output layer is the embedding itself only without PP
         params += (0 if m.tied_embeddings and p.pp == 1 else vocab_h) \
             + (2 if m.norm == "layernorm" else 1) * m.hidden
-    return params, layers * linear
+    return LayerParams(params, experts, linear_params)
 
 
 @dataclass(frozen=True)
@@ -171,14 +198,19 @@ class _Chunk:
 
 
 def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
-    t, p = job.training, job.parallel
+    t, p, m = job.training, job.parallel, job.shape
     sp = p.tp if job.sp else 1
     layers = job.chunk_layers(stage, chunk)
     recomputed = len(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else 0
-    full, checkpoint = layer_activations(job), layer_activations(job, recomputed=True)
-    backward = [(0, full)] * (len(layers) - recomputed)
-    # a recomputed layer is rebuilt for its backward; the input it keeps is the checkpoint itself
-    backward += [(full - checkpoint, checkpoint)] * recomputed
+    checkpoint = layer_activations(job, recomputed=True)
+    kinds = {m.is_moe_layer(layer) for layer in layers}
+    full = {kind: layer_activations(job, moe=kind) for kind in kinds}
+    # what a MoE layer's selective recomputation rebuilds sits on top during its backward
+    rebuilt = {kind: moe_block_activations(job).recomputed if kind else 0 for kind in kinds}
+    # the backward runs the layers in reverse: the last ones (not recomputed) first; a recomputed
+    # layer is rebuilt for its backward, and the input it keeps is the checkpoint itself
+    backward = [(rebuilt[m.is_moe_layer(layer)], full[m.is_moe_layer(layer)]) for layer in reversed(layers[recomputed:])]
+    backward += [(full[m.is_moe_layer(layer)] - checkpoint, checkpoint) for layer in reversed(layers[:recomputed])]
     forward_top = 0
     n, h = _tokens(job), job.shape.hidden
     if stage == p.pp - 1 and chunk == job.vp - 1:
@@ -193,11 +225,18 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
 
 def _peak_activations(job: JobSpec, stage: int) -> int:
     pp, vp = job.parallel.pp, job.vp
-    chunks = [_chunk_activations(job, stage, c) for c in range(vp)]
+    chunks = tuple(_chunk_activations(job, stage, c) for c in range(vp))
     # Once warm, the chunks in flight repeat every pp x vp forwards: 5 pp micro-batches cover the
     # warm-up and two such periods, so the walk stays short for long gradient accumulation.
+    return _walk(chunks, stage, pp, vp, min(job.microbatches, 5 * pp))
+
+
+@lru_cache(maxsize=4096)
+def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches: int) -> int:
+    """The peak of the stage's schedule over its chunks' activations (layouts that differ only
+    where activations do not, such as the optimizer or a MoE's ep, walk it once)."""
     held = peak = 0
-    for kind, _, index in stage_schedule(stage, pp, vp, min(job.microbatches, 5 * pp)):
+    for kind, _, index in stage_schedule(stage, pp, vp, microbatches):
         chunk = chunks[index]
         if kind == "F":
             held += chunk.kept
@@ -212,12 +251,16 @@ def _peak_activations(job: JobSpec, stage: int) -> int:
 def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
     """The memory of one GPU of pipeline stage `stage`."""
     t, p = job.training, job.parallel
-    params, linear = _stage_params(job, stage)
-    weights = PARAM_BYTES * params + (FP8_WEIGHT_COPIES * FP8_BYTES * linear if t.precision == "fp8" else 0)
-    optimizer = params * (ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0))
+    state = _stage_params(job, stage)
+    params = state.dense + state.experts
+    weights = PARAM_BYTES * params + (FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision == "fp8" else 0)
+    per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0)
     shards = job.dp * p.cp if t.distributed_optimizer else 1
+    # routed experts' state is sharded over the expert data-parallel group (expert_memory)
+    expert_shards = job.dp * p.cp * p.tp // (p.ep * p.expert_tp) if t.distributed_optimizer else 1
+    optimizer = -(-state.dense * per_param // shards) + -(-state.experts * per_param // expert_shards)
     return MemoryEstimate(stage=stage, weights=weights, gradients=DTYPE_BYTES[t.grad_reduce_dtype] * params,
-                          optimizer=-(-optimizer // shards), activations=_peak_activations(job, stage), buffers=0)
+                          optimizer=optimizer, activations=_peak_activations(job, stage), buffers=0)
 
 
 def memory_by_stage(job: JobSpec) -> list[MemoryEstimate]:

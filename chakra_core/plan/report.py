@@ -1,9 +1,10 @@
 """What `chakra-sim plan` writes: the ranked table (CSV, Parquet, JSON) and two plots.
 
 - `plan.csv`, `plan.parquet`: one row per layout, simulated ones ranked by step time first, then
-  those left unsimulated (failed, pruned by their bound, too big for the GPU's memory);
-- `plan.json`: the counts, the GPU memory, the usable memory and the reserve rule, the rows, and
-  the search's settings;
+  those left unsimulated (failed, pruned by their bound, too big for the GPU's memory); a mixture
+  of experts' plan adds the ep, etp and edp columns;
+- `plan.json`: the counts, the GPU memory, the usable memory and the reserve rule, the rows, the
+  search's settings and, with --mark, where each marked layout stands (`marked`);
 - `pareto.png`: step time against predicted peak memory per GPU of the simulated layouts, the
   Pareto front (no other layout both faster and smaller) drawn through them;
 - `breakdown.png`: the step of the top layouts side by side, split as `results.json`'s
@@ -17,6 +18,7 @@ import json
 from typing import TYPE_CHECKING
 
 from chakra_core.json_types import JsonObject
+from chakra_core.plan.marks import mark_rows
 from chakra_core.plan.search import GIB, SIMULATED, Candidate, Plan
 from chakra_core.sweep.table import table_csv, table_parquet
 
@@ -28,7 +30,10 @@ COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recom
            "memory_usable_gib", "memory_simulated_gib", "memory_check", "memory_stage",
            "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
            "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
+EXPERT_COLUMNS = ["ep", "etp", "edp"]
+"""A mixture of experts' plan's columns after dp: expert parallel, expert tensor and expert data parallel sizes."""
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
+         **{c: "int" for c in EXPERT_COLUMNS},
          "micro_batch": "int", "recompute": "str", "distributed_optimizer": "bool", "status": "str",
          "step_s": "float", "vs_best": "float", "tie": "bool", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
          "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
@@ -40,12 +45,15 @@ BREAKDOWN_SHOWN = 8
 def plan_files(plan: Plan, settings: JsonObject) -> dict[str, str | bytes]:
     """File name -> content of everything the plan writes (see the module docstring)."""
     rows = plan.rows()
+    moe = any(c.layout.moe for c in plan.candidates)
+    columns = COLUMNS if not moe else COLUMNS[:COLUMNS.index("dp") + 1] + EXPERT_COLUMNS + COLUMNS[COLUMNS.index("dp") + 1:]
+    marked = {"marked": mark_rows(plan)} if plan.marked else {}
     files: dict[str, str | bytes] = {
-        "plan.csv": table_csv(COLUMNS, rows, KINDS),
-        "plan.parquet": table_parquet(COLUMNS, rows, KINDS),
+        "plan.csv": table_csv(columns, rows, KINDS),
+        "plan.parquet": table_parquet(columns, rows, KINDS),
         "plan.json": json.dumps({"counts": plan.counts(), **plan.headroom.summary(), "error_band": _band_json(plan),
                                  "profile": plan.profile, "rejected": plan.enumeration.rejected,
-                                 "settings": settings, "rows": rows}, indent=1, allow_nan=False) + "\n"}
+                                 "settings": settings, **marked, "rows": rows}, indent=1, allow_nan=False) + "\n"}
     simulated = [c for c in plan.ranked() if c.status == SIMULATED]
     if simulated:
         files["pareto.png"] = _png(pareto_figure(simulated, plan.usable_bytes))

@@ -126,7 +126,8 @@ class Candidate:
         lay = self.layout
         return {
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
-            "dp": lay.dp, "micro_batch": lay.micro_batch, "recompute": lay.recompute,
+            "dp": lay.dp, **({"ep": lay.ep, "etp": lay.etp, "edp": lay.edp} if lay.moe else {}),
+            "micro_batch": lay.micro_batch, "recompute": lay.recompute,
             "distributed_optimizer": lay.distributed_optimizer, "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s,
             "tflops_per_gpu": None if step is None else step.tflops_per_gpu, "mfu": None if step is None else step.mfu,
@@ -157,6 +158,8 @@ class Plan:
     """Layouts whose compute-model bound was computed (the others kept the FLOP bound)."""
     memory_checked: bool = False
     warnings: list[str] = field(default_factory=list)
+    marked: tuple[Layout, ...] = ()
+    """Layouts the plan was asked to rank whatever their bound (PlanOptions.include; chakra_core.plan.marks)."""
 
     def ranked(self) -> list[Candidate]:
         order = {SIMULATED: 0, FAILED: 1, PRUNED: 2, TOO_BIG: 3}
@@ -253,7 +256,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     # the profile as the job names it: a file's path, not the name it loads under
     tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus)
     headroom = Headroom.of(profile, options.headroom_gib,
-                           communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node))
+                           communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node),
+                           moe=enumeration.layouts[0].moe)
     candidates = []
     for layout in enumeration.layouts:
         spec = enumeration.specs[layout]
@@ -264,7 +268,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
         candidates.append(candidate)
-    result = Plan(candidates, enumeration, headroom, profile.name)
+    result = Plan(candidates, enumeration, headroom, profile.name, marked=include)
     result.warnings.extend(headroom.warnings)
     say = options.progress or (lambda line: None)
     fit = sum(c.status != TOO_BIG for c in candidates)
@@ -280,6 +284,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     queue = _Queue([c for c in candidates if c.status != TOO_BIG], lambda c: tight.bound_s(enumeration.specs[c.layout]))
     chosen = [c for c in candidates if c.layout in include and c.status != TOO_BIG]
     queue.remove(chosen)
+    for c in chosen:   # their bounds as tight as the queue's would be
+        c.bound_s = max(c.bound_s, tight.bound_s(enumeration.specs[c.layout]))
     while True:
         kth = _kth_best(chosen, top)
         round_ = list(chosen) if result.rounds == 0 else []   # the given layouts first
@@ -352,7 +358,7 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     """The job as written, its layout aside: a wrong type, an unknown key or model is an error
     naming the key; the layout's own divisibility is the search's business."""
     neutral = {**job, "parallel": {k: v for k, v in dict(job.get("parallel") or {}).items()
-                                   if k not in ("tp", "pp", "vp", "cp")}}
+                                   if k not in ("tp", "pp", "vp", "cp", "ep", "etp")}}
     try:
         spec = JobSpec.model_validate(neutral)
     except ValidationError as exc:   # errors at the top (loc ()) are the layout's: the search decides
