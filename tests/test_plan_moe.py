@@ -21,6 +21,7 @@ from chakra_core import run
 from chakra_core.cli import main
 from chakra_core.errors import ManifestError
 from chakra_core.hardware.profiles import load_profile
+from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.expert_memory import moe_layer_params, routed_copies
@@ -250,6 +251,38 @@ def test_the_bounds_stay_below_the_step_with_the_ep_overlap_and_deepep(tmp_path,
         spec = job_with(data, layout)
         step = _simulated(tmp_path, data, layout)
         assert 0 < lower_bound_s(spec, load_profile(PROFILE), achievable()) <= tight.bound_s(spec) <= step
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(index=st.integers(0, 10_000), topk=st.sampled_from([2, 4]), micro=st.sampled_from([1, 2]))
+def test_the_bounds_with_the_ep_overlap_are_never_above_the_simulated_step(tmp_path, index, topk, micro):
+    """Layouts of a job with the combined 1F1B all-to-all overlap (EP inside and across nodes,
+    pipelines with interleaving): the all-to-alls a stage runs one after another bound its step."""
+    model = {**MOE, "layers": 8, "hidden": 1024, "num_experts": 16, "topk": topk, "moe_ffn_hidden": 1024}
+    data = job(model, 32, seq=2048, global_batch=32,
+               parallel={"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True})
+    found = enumerate_layouts(data, 8, micro_batches=(micro,), recompute=("none",), max_cp=1)
+    layout = found.layouts[index % len(found.layouts)]
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32)
+    step = _simulated(tmp_path, data, layout)
+    assert 0 < tight.bound_s(found.specs[layout]) <= step, (layout.label(), step)
+
+
+def test_the_all_to_alls_of_an_overlapped_expert_layer_bound_its_step(tmp_path):
+    """EP 32 over four nodes: the compute bound alone is far below the step, the all-to-alls are not."""
+    model = {**MOE, "layers": 8, "hidden": 1024, "num_experts": 32, "topk": 8, "moe_ffn_hidden": 512}
+    data = job(model, 32, seq=4096, parallel={"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True})
+    layout = Layout(1, 1, 1, 1, 32, 1, "none", True, 32, 1)
+    spec = job_with(data, layout)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32)
+    pieces = tight._pieces(spec, Placement(spec, 8), 0)
+    ep_forward, ep_backward = pieces.moe_ep
+    assert ep_forward > 0 and ep_backward > 0
+    all_to_alls = spec.microbatches * 8 * (ep_forward + ep_backward)
+    compute = spec.microbatches * 8 * sum(pieces.moe)
+    assert all_to_alls > compute     # this layout's step is set by its all-to-alls
+    assert all_to_alls <= tight.bound_s(spec) <= _simulated(tmp_path, data, layout)
 
 
 def test_one_expert_with_top1_bounds_as_the_dense_mlp_plus_the_router():

@@ -11,8 +11,12 @@ after another on its GPU (`workload.resources.gpu`, default 1, at once), so its 
 their sum; the pipeline's fill and drain are added as `lower_bound_s` adds them. The collectives
 on a layer's own critical path count at their time alone (the system layer's
 `idle_collective_ns`); contention, waiting and other communication only add time. A mixture of
-experts' EP communication under --overlap-moe-expert-parallel-comm counts 0: the combined 1F1B
-schedule may hide it behind another micro-batch's compute.
+experts' EP communication under --overlap-moe-expert-parallel-comm counts 0 on that path: the
+combined 1F1B schedule may hide it behind another micro-batch's compute. It cannot hide it behind
+itself: every dispatch and combine all-to-all of a stage runs on one communication stream, one
+after another (`jobs.moe_overlap`: a sub-module waits for its stream's last node, and a merged
+step for the last one's), so the stage's step is also at least its fill plus the sum of its
+all-to-alls over EP, each at its time alone.
 
 A layer's kernels depend on tp, cp, sequence parallelism, the micro-batch, a mixture of experts'
 ep and etp and the job's fixed settings, not on pp, vp, dp or the optimizer, so their times are
@@ -45,6 +49,7 @@ class Times(NamedTuple):
 
     layer: tuple[float, float]     # a dense layer (0, 0: the model has none)
     moe: tuple[float, float]       # a mixture of experts' MoE layer (0, 0: the model has none)
+    moe_ep: tuple[float, float]    # its all-to-alls over EP, one after another, each alone
     embedding: tuple[float, float]
     head: tuple[float, float]      # the output layer and the loss
 
@@ -105,6 +110,20 @@ class ComputeBound:
             finish[node.id] = ready + duration
         return max((finish.get(node_id, 0) for node_id in program.stream.frontier), default=0) / 1e9
 
+    def _ep_all_to_alls(self, program: RankProgram, start: int, end: int) -> float:
+        """Seconds of the all-to-alls over the EP group among nodes start..end-1, each
+        alone, summed (those of the flex dispatcher's two fabrics run at once and count 0)."""
+        group, members = program.names.get("ep"), program.groups.get("ep")
+        if self.system is None or group is None or members is None:
+            return 0.0
+        total = 0
+        for node in program.stream.nodes[start:end]:
+            view = NodeView(node)
+            if node.type == pb.COMM_COLL_NODE and view.str("pg_name", "") == group \
+                    and view.int("comm_type", 0) == pb.ALL_TO_ALL:
+                total += self.system.idle_collective_ns(pb.ALL_TO_ALL, view.int("comm_size", 0), tuple(members)) or 0
+        return total / 1e9
+
     def _pieces(self, spec: JobSpec, placement: Placement, rank: int) -> Times:
         p, t, m = spec.parallel, spec.training, spec.shape
         key = (p.tp, p.cp, spec.sp, p.tp_comm_overlap, t.micro_batch, p.ep, p.expert_tp)
@@ -120,14 +139,21 @@ class ComputeBound:
             build(*args)
             return self._path(program, start)
 
-        def layer(index: int | None) -> tuple[float, float]:
+        def layer(index: int | None) -> tuple[tuple[float, float], tuple[float, float]]:
+            """A layer's forward and backward, and their all-to-alls over EP."""
             # layers of a kind have the same kernels; only their names carry the index
             if index is None:
-                return 0.0, 0.0
-            return timed(program.layer_forward, 0, index), timed(program.layer_backward, 0, index)
+                return (0.0, 0.0), (0.0, 0.0)
+            start = len(stream.nodes)
+            forward = timed(program.layer_forward, 0, index)
+            middle = len(stream.nodes)
+            backward = timed(program.layer_backward, 0, index)
+            return (forward, backward), (self._ep_all_to_alls(program, start, middle),
+                                         self._ep_all_to_alls(program, middle, len(stream.nodes)))
 
-        dense = 0 if m.first_moe_layer > 0 or not m.moe else None
-        known = Times(layer(dense), layer(m.first_moe_layer if m.moe else None),
+        dense_times, _ = layer(0 if m.first_moe_layer > 0 or not m.moe else None)
+        moe_times, moe_ep = layer(m.first_moe_layer if m.moe else None)
+        known = Times(dense_times, moe_times, moe_ep,
                       (timed(program.embedding_forward, 0), timed(program.embedding_backward, 0)),
                       (timed(program.head_forward, 0), timed(program.head_backward, 0)))
         self._layers[key] = known
@@ -157,11 +183,14 @@ class ComputeBound:
                 + ((len(recomputed) - moe_recomputed) * forward + moe_recomputed * moe_f) + extra
 
         micro = spec.microbatches
+        ep_layer = sum(pieces.moe_ep) if p.overlap_moe_expert_parallel_comm else 0.0
         best, fill = 0.0, 0.0
         for stage in range(p.pp):
             work = micro * sum(chunk(stage, index) for index in range(spec.vp)) + self._per_step(spec, placement,
                                                                                                  stage_rank[stage])
-            best = max(best, fill + work / self.streams)
+            moe_layers = sum(m.is_moe_layer(layer) for index in range(spec.vp)
+                             for layer in spec.chunk_layers(stage, index))
+            best = max(best, fill + max(work / self.streams, micro * moe_layers * ep_layer))
             fill += chunk(stage, 0)
         return best
 
