@@ -339,3 +339,21 @@ def test_a_dense_plans_table_has_no_expert_columns(tmp_path):
                  Execution(workers=1))
     assert not found.headroom.moe and "EP" not in found.headroom.describe()
     assert all("ep" not in row and "EP" not in str(row["layout"]) for row in found.rows())
+
+
+def test_a_relative_routing_histogram_is_read_beside_the_manifest(tmp_path, monkeypatch):
+    """plan validates every layout's job again: a histogram file named relative to the manifest
+    is found from any working folder."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "tokens.txt").write_text("\n".join(str(v) for v in (40, 30, 10, 10, 4, 3, 2, 1)))
+    data = job(parallel={"tp": 1, "pp": 1, "ep": 4, "etp": 1}, routing={"histogram": "tokens.txt"})
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest(data)))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(main, ["plan", str(path), "--top", "1", "--micro-batches", "1", "--ep", "4",
+                                       "--out", str(out), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "plan.csv").open()))
+    assert any(row["status"] == SIMULATED for row in rows)

@@ -41,6 +41,7 @@ from chakra_core.errors import ManifestError
 from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
 from chakra_core.jobs.expand import job_profile
+from chakra_core.jobs.routing import histogram_anchored
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.spec import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
@@ -232,6 +233,9 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     if "cluster" not in job and isinstance(manifest.get("cluster"), Mapping):   # as a job manifest may say it
         job = {**job, "cluster": manifest["cluster"]}
         manifest = {**{k: v for k, v in manifest.items() if k != "cluster"}, "job": job}
+    if (anchored := histogram_anchored(job, base_dir)) is not job:
+        job = anchored
+        manifest = {**manifest, "job": job}
     _check_job(job, source)
     cluster = Cluster.model_validate(job["cluster"])
     training = job.get("training")
