@@ -170,7 +170,10 @@ class Effects(_Strict):
 class Cluster(_Strict):
     gpus: PositiveInt = Field(..., description="GPUs in the job")
     profile: str = Field(..., description="hardware profile of the nodes and network (chakra-sim profiles)")
-    gpus_per_node: PositiveInt | None = Field(None, description="default: the profile's")
+    gpus_per_node: PositiveInt | None = Field(
+        None, description="GPUs of the job per node (NVLink domain); default: the profile's, or where a domain "
+                          "spans hosts (NVL72) the equal share of hosts per domain Slurm's --segment gives "
+                          "Megatron-Bridge's runs (chakra_core/jobs/domains.py)")
 
 
 class JobSpec(_Strict):

@@ -40,6 +40,7 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
 from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
+from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.routing import histogram_anchored
 from chakra_core.jobs.spec import Cluster, JobSpec
@@ -241,7 +242,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     training = job.get("training")
     precision = training.get("precision", "bf16") if isinstance(training, Mapping) else "bf16"
     profile = job_profile(cluster.profile, str(precision), base_dir, source)
-    gpus_per_node = cluster.gpus_per_node or profile.gpus_per_node
+    gpus_per_node = job_gpus_per_node(cluster, profile)
     search = dict(options.search)
     training = job.get("training")
     if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
