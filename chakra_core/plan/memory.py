@@ -249,8 +249,11 @@ def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches
 
 
 def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
-    """The memory of one GPU of pipeline stage `stage`."""
+    """The memory of one GPU of pipeline stage `stage` (Megatron-FSDP's: plan.fsdp_memory)."""
     t, p = job.training, job.parallel
+    if t.use_megatron_fsdp:
+        from chakra_core.plan.fsdp_memory import sharded_stage_memory   # it builds on this module
+        return sharded_stage_memory(job)
     state = _stage_params(job, stage)
     params = state.dense + state.experts
     weights = PARAM_BYTES * params + (FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision == "fp8" else 0)
