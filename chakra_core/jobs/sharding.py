@@ -80,7 +80,7 @@ def sharding_problems(job: JobSpec) -> list[str]:
     if sharded == "optim_grads_params" and not t.overlap_param_gather:
         out.append("data_parallel_sharding_strategy optim_grads_params gathers parameters unit by unit "
                    "(Megatron-FSDP forces overlap_param_gather on): remove training.overlap_param_gather: false")
-    not_modelled = [("parallel.pp > 1", p.pp > 1), ("model.mtp_layers", m.mtp_layers > 0),
+    not_modelled = [("parallel.pp > 1", p.pp > 1), ("model.mtp_num_layers", m.mtp_layers > 0),
                     ("parallel.overlap_moe_expert_parallel_comm (fine-grained unshard hooks)",
                      p.overlap_moe_expert_parallel_comm),
                     ("training.recompute full with optim_grads_params (the recomputed forward re-enters "
