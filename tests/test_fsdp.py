@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -20,7 +20,6 @@ from chakra_core.jobs.fsdp import ShardedRankProgram, rank_program
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
-from chakra_core.plan.fsdp_memory import fsdp_buckets
 from chakra_core.plan.memory import predict_memory
 from chakra_core.schema import pb
 
@@ -132,7 +131,8 @@ def test_sharding_never_increases_memory_when_the_buffers_stay_small(layers, hid
     model = {"layers": layers, "hidden": hidden, "ffn_hidden": 3 * hidden, "heads": 8, "kv_heads": 4, "vocab": vocab}
     data = job(model, tp * dp, {"tp": tp}, seq=seq, global_batch=4 * dp * micro_batch, micro_batch=micro_batch,
                grad_reduce_dtype=grads)
-    buckets = fsdp_buckets(JobSpec.model_validate(data))
+    spec = JobSpec.model_validate(data)
+    buckets = ShardedRankProgram(spec, Placement(spec, 8), 0).fsdp_buckets
     units, outside = (sum(b.params for b in buckets if b.in_unit == inside) for inside in (True, False))
     if units * (dp - 1) < 2 * dp * outside:
         return

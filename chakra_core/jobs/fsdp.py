@@ -45,7 +45,8 @@ _NAMES = {EMBEDDING: "embedding", HEAD: "head"}
 
 def rank_program(job: JobSpec, placement: Placement, rank: int) -> RankProgram:
     """The rank's program: Megatron-FSDP's with use_megatron_fsdp, else the distributed optimizer's."""
-    return ShardedRankProgram(job, placement, rank) if job.training.use_megatron_fsdp else RankProgram(job, placement, rank)
+    program = ShardedRankProgram if job.training.use_megatron_fsdp else RankProgram
+    return program(job, placement, rank)
 
 
 def bucket_size(job: JobSpec) -> int | None:

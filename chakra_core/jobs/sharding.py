@@ -71,7 +71,7 @@ def sharding_problems(job: JobSpec) -> list[str]:
         return [f"training.{key} needs training.use_megatron_fsdp" for key in
                 ("data_parallel_sharding_strategy", "suggested_communication_unit_size") if getattr(t, key) is not None]
     out, sharded = [], strategy(job)
-    if not t.distributed_optimizer:   # arguments.py: "Megatron-FSDP v1 is only compatible with --use-distributed-optimizer"
+    if not t.distributed_optimizer:   # arguments.py: "Megatron-FSDP v1 is only compatible with ..."
         out.append("training.use_megatron_fsdp runs the distributed optimizer (Megatron-LM switches it on): "
                    "remove training.distributed_optimizer: false")
     if sharded in ("optim_grads", "optim_grads_params") and not t.overlap_grad_reduce:

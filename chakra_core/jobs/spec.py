@@ -137,8 +137,8 @@ class Training(_Strict):
     use_megatron_fsdp: bool = Field(False, description="Megatron-FSDP (--use-megatron-fsdp): dp x cp ranks shard "
                                     "what data_parallel_sharding_strategy says, a layer at a time (jobs/sharding.py)")
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] | None = Field(
-        None, description="with use_megatron_fsdp (default optim_grads_params): sharded are the optimizer state "
-                          "(optim, ZeRO-1), and the gradients (optim_grads, ZeRO-2), and the parameters (optim_grads_params)")
+        None, description="with use_megatron_fsdp (default optim_grads_params): sharded are the optimizer state (optim, "
+                          "ZeRO-1), and the gradients (optim_grads, ZeRO-2), and the parameters (optim_grads_params)")
     suggested_communication_unit_size: PositiveInt | None = Field(
         None, description="with use_megatron_fsdp: reductions queue up to this many elements, gathers prefetch half")
     routing: Literal["balanced"] | Routing = Field(

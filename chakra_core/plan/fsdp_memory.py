@@ -25,20 +25,20 @@ second: every gradient bucket is waited for at the end of each backward that red
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from chakra_core.jobs.fsdp import bucket_size
 from chakra_core.jobs.sharding import EMBEDDING, HEAD, Bucket, Schedule, communication_unit, plan_buckets, strategy
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import moe_layer_params
-from chakra_core.plan.memory import (ADAM_BYTES, FP8_BYTES, FP8_WEIGHT_COPIES, MAIN_GRAD_COPY_BYTES, PARAM_BYTES,
-                                     MemoryEstimate, _chunk_activations, _layer_params, _stage_params)
+
+if TYPE_CHECKING:   # plan.memory hands its counts in (it calls this module)
+    from chakra_core.plan.memory import _Chunk
 
 
-def fsdp_buckets(job: JobSpec) -> list[Bucket]:
-    """The stage's buckets, sized as plan.memory counts its parameters."""
+def fsdp_buckets(job: JobSpec, dense_layer: int) -> list[Bucket]:
+    """The stage's buckets, sized as plan.memory counts its parameters (`dense_layer`: a dense layer's)."""
     m, p = job.shape, job.parallel
-    dense_layer = _layer_params(job)[0]
     block = moe_layer_params(job) if m.moe else None
     vocab_h = m.padded_vocab(p.tp) // p.tp * m.hidden
 
@@ -54,10 +54,13 @@ def fsdp_buckets(job: JobSpec) -> list[Bucket]:
     return plan_buckets(job.chunk_layers(0, 0), dense, experts, strategy(job) or "", bucket_size(job))
 
 
-def sharded_stage_memory(job: JobSpec) -> MemoryEstimate:
-    """The memory of a GPU of the (one) pipeline stage under Megatron-FSDP."""
+def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int, param_bytes: int,
+                  optimizer_bytes: int) -> dict[str, int]:
+    """MemoryEstimate's parts for a GPU of the (one) stage under Megatron-FSDP, from plan.memory's
+    counts: the chunk's activations, a dense layer's parameters, the fp8 weight copies' bytes, the
+    bytes of a weight and of a parameter's optimizer state."""
     t, p = job.training, job.parallel
-    buckets = fsdp_buckets(job)
+    buckets = fsdp_buckets(job, dense_layer)
     sched = Schedule(buckets, strategy(job) or "", communication_unit(job, buckets, bucket_size(job)))
     groups = (job.dp * p.cp, job.dp * p.cp * p.tp // (p.ep * p.expert_tp))
 
@@ -68,22 +71,19 @@ def sharded_stage_memory(job: JobSpec) -> MemoryEstimate:
         return -(-buckets[bucket].params // shards(bucket)) if sharded else buckets[bucket].params
     grad = DTYPE_BYTES[t.grad_reduce_dtype]
     every = range(len(buckets))
-    weights = sum(PARAM_BYTES * local(b, sched.releases) for b in every) + sum(
-        PARAM_BYTES * buckets[b].params for b in every if sched.releases and not buckets[b].in_unit and shards(b) > 1)
-    if t.precision == "fp8":   # Transformer Engine's fp8 weight and its transpose, per linear weight
-        weights += FP8_WEIGHT_COPIES * FP8_BYTES * _stage_params(job, 0).linear
-    per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if grad != 4 else 0)
-    optimizer = sum(per_param * local(b, sched.strategy != "no_shard") for b in every)
+    weights = fp8_copies + sum(param_bytes * local(b, sched.releases) for b in every) + sum(
+        param_bytes * buckets[b].params for b in every if sched.releases and not buckets[b].in_unit and shards(b) > 1)
+    optimizer = sum(optimizer_bytes * local(b, sched.strategy != "no_shard") for b in every)
     gradients = sum(grad * local(b, sched.grads_sharded) for b in every)
-    activations, buffers = _walk(job, sched, buckets, shards, grad)
-    return MemoryEstimate(stage=0, weights=weights, gradients=gradients, optimizer=optimizer,
-                          activations=activations, buffers=buffers)
+    activations, buffers = _walk(job, chunk, sched, shards, grad, param_bytes)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations,
+            "buffers": buffers}
 
 
-def _walk(job: JobSpec, sched: Schedule, buckets: list[Bucket], shards: Callable[[int], int],
-          grad: int) -> tuple[int, int]:
+def _walk(job: JobSpec, chunk: _Chunk, sched: Schedule, shards: Callable[[int], int], grad: int,
+          param_bytes: int) -> tuple[int, int]:
     """(activations, buffers) at the peak of activations + transient buffers over the modules."""
-    chunk = _chunk_activations(job, 0, 0)
+    buckets = sched.buckets
     layers = job.chunk_layers(0, 0)
     head, *by_layer, embedding = chunk.backward            # backward order: head, layers reversed, embedding
     layer_of = dict(zip(reversed(layers), by_layer))
@@ -98,7 +98,7 @@ def _walk(job: JobSpec, sched: Schedule, buckets: list[Bucket], shards: Callable
             gathered.pop(bucket, None)
         for bucket in done.launched:
             if sched.releases and buckets[bucket].in_unit and shards(bucket) > 1:
-                gathered[bucket] = PARAM_BYTES * buckets[bucket].params
+                gathered[bucket] = param_bytes * buckets[bucket].params
 
     def release(unit: int) -> None:
         for bucket in sched.release(unit):
