@@ -199,6 +199,11 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
                               {}),
     "gpt-oss-clamped-swiglu-biases-flex": ({"mlp": "clamped-swiglu", "bias": True, "attention_sinks": True},
                                            {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "flex"}, {}),
+    # Megatron-FSDP: expert buckets sharded, gathered and reduce-scattered over the expert data-parallel group
+    "fsdp-zero3-tp2-ep4-etp1": ({}, {"tp": 2, "ep": 4, "etp": 1}, {"use_megatron_fsdp": True}),
+    "fsdp-zero2-shared-experts-layer-unit": ({"shared_expert_ffn": 512, "dense_layers_first": 1}, {"ep": 2},
+                                             {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads",
+                                              "suggested_communication_unit_size": 3_000_000}),
 }
 
 
@@ -206,7 +211,7 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
 def test_the_hbm_layers_peak_is_the_prediction(tmp_path, case):
     """The memory layer following the generated traces' tensors peaks at the predicted bytes, exactly:
     balanced and skewed routing, Qwen3's QK norms, selective recomputation of the MoE modules, the
-    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases."""
+    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP."""
     model, parallel, training = MEMORY_CASES[case]
     data = {**job({**MOE, **model}, 16, parallel=parallel, **{"global_batch": 32, **training}), "tensors": True}
     predicted = predict_memory(JobSpec.model_validate(data)).total

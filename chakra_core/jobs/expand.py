@@ -31,7 +31,7 @@ from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.spec import JobSpec, overflow
 from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
@@ -207,7 +207,7 @@ def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int]
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
         for done, rank in enumerate(ranks, start=1):
-            write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build(), compress=compress)
+            write_trace(staged.path(rank), meta, rank_program(job, placement, rank).build(), compress=compress)
             if progress is not None:
                 progress(done, len(ranks))
         return staged.commit()
