@@ -181,10 +181,8 @@ class Effects(_Strict):
 class Cluster(_Strict):
     gpus: PositiveInt = Field(..., description="GPUs in the job")
     profile: str = Field(..., description="hardware profile of the nodes and network (chakra-sim profiles)")
-    gpus_per_node: PositiveInt | None = Field(
-        None, description="GPUs of the job per node (NVLink domain); default: the profile's, or where a domain "
-                          "spans hosts (NVL72) the equal share of hosts per domain Slurm's --segment gives "
-                          "Megatron-Bridge's runs (chakra_core/jobs/domains.py)")
+    gpus_per_node: PositiveInt | None = Field(None, description="GPUs of the job per NVLink domain; default: "
+                                              "the profile's, on NVL72 racks Slurm's segment rule (jobs/domains.py)")
 
 
 class JobSpec(_Strict):
