@@ -86,7 +86,7 @@ def describe(row: JsonObject) -> str:
     """One line of the terminal's summary for a mark_rows row."""
     head = f"marked {row['layout']}: "
     if row["status"] == "not searched":
-        return head + ("not among the layouts searched (outside --micro-batches, --ep, --etp or the "
+        return head + ("not among the layouts searched (outside --micro-batches, --ep, --etp, --sharding or the "
                        "recomputation and optimizer choices)")
     if row["status"] == "does not fit":
         return head + f"does not fit: {row['overflow']}"
