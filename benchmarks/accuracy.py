@@ -122,6 +122,9 @@ EXTRA = (
             table=("all_reduce", 8), launch=AZURE_LAUNCH,
             note="Tree or Ring forced, the page does not say which (it names NVLS, which A100 cannot run); "
                  "one process drives 8 GPUs (-g 8)"),
+    Dataset("72 x GB200, all-reduce, one NVL72 rack (CoreWeave)", "gb200_coreweave_nvl72_72gpu_allreduce.txt",
+            "gb200-nvl72", max_bytes=16 * 2**30,
+            note="512 MiB - 8 GiB only; launch not stated (one process per GPU assumed)"),
 )
 
 # Calibration transfer: fit on one log (one collective, one scale), judge on another collective or

@@ -5,7 +5,7 @@ a job's results carry (chakra_core/jobs/presets/accuracy-runs.json).
     python benchmarks/training_accuracy.py --ablation        # also each mechanism off, for the ablation table
                                                              # (on the smallest run of each source and
                                                              # precision; --ablation-all: on every run)
-    python benchmarks/training_accuracy.py --only sc21       # runs whose id contains "sc21" (doc to --doc)
+    python benchmarks/training_accuracy.py --only sc21       # runs whose id contains "sc21" (printed; the document only with --doc)
     python benchmarks/training_accuracy.py --workers 2       # runs in parallel processes
     python benchmarks/training_accuracy.py --fold-check 64   # also run fold: off up to 64 GPUs and compare
 
@@ -146,7 +146,8 @@ def main() -> None:
     parser.add_argument("--fold-check", type=int, default=0, metavar="GPUS",
                         help="also simulate runs of up to GPUS unfolded (workload.fold: off) and compare")
     parser.add_argument("--cache", type=Path, default=CACHE, help="folder of cached results")
-    parser.add_argument("--doc", type=Path, default=DOC)
+    parser.add_argument("--doc", type=Path, help=f"the document to write (default: {DOC.relative_to(ROOT)}; with "
+                                                 "--only, none: a part of the table must not replace the whole)")
     args = parser.parse_args()
     data = yaml.safe_load(RUNS.read_text())
     runs = [r for r in data["runs"] if args.only in r["id"] and r.get("verified", True)]
@@ -171,9 +172,11 @@ def main() -> None:
              for run in runs if (run["id"], FOLD_OFF) in results]
     command = " ".join(arg for arg in sys.argv[1:] if not arg.startswith("--cache") and "/" not in arg) \
         or "(no options)"   # how this document was made (a cache folder is not part of it)
-    atomic_write_text(args.doc, render(runs, results, variants, excluded, folds, command))
-    print(f"wrote {args.doc}")
-    if not args.only and args.doc == DOC:   # the error bands come from the whole table only
+    doc = args.doc or (None if args.only else DOC)
+    if doc is not None:
+        atomic_write_text(doc, render(runs, results, variants, excluded, folds, command))
+        print(f"wrote {doc}")
+    if not args.only and doc == DOC:   # the error bands come from the whole table only
         write_bands(runs, results)
 
 

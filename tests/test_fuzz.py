@@ -248,6 +248,27 @@ def test_a_misspelt_astra_system_key_is_named_with_the_closest_known_one(tmp_pat
 
 
 # Results ------------------------------------------------------------------------------------
+_NUMBERS = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([10**18, 10**18 + 1, 1e18, 1.0000000000000002e18, 999, 1000, 1001]))
+_DOCUMENTS = st.recursive(_NUMBERS | st.text(max_size=25) | st.booleans() | st.none(),
+                          lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.sampled_from(["a", "finish_ns", "x_ns", "utilization", "7"]), inner,
+                                            max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=st.dictionaries(st.sampled_from(["ranks", "layers", "finish_ns"]), _DOCUMENTS, max_size=3),
+       max_ns=st.sampled_from([10**18, 1000, 5]))
+def test_the_quick_numbers_check_never_passes_what_the_exact_walk_refuses(document, max_ns) -> None:
+    from chakra_core.report.results import _holdable, _walk_numbers
+
+    quick = _holdable(document, max_ns)
+    try:
+        _walk_numbers(document, max_ns)
+    except SimulationError:
+        assert not quick
+
+
 def test_results_refuse_non_finite_numbers_and_absurd_times_naming_the_key() -> None:
     from chakra_core.report.results import _check_numbers
     from chakra_core.report.writers import results_json

@@ -64,6 +64,7 @@ CASES = {
     "gpt-unfused-dropout": job(GPT, 8, {"tp": 2, "pp": 2}, attention="unfused", dropout=0.1),
     "selective-no-dist-opt": job(GPT, 4, {"tp": 1, "pp": 2}, attention="unfused", recompute="selective",
                                  distributed_optimizer=False, grad_reduce_dtype="bf16", micro_batch=2),
+    "megatron-fsdp-zero3": job(MODEL, 8, {"tp": 2}, use_megatron_fsdp=True, suggested_communication_unit_size=2),
 }
 
 

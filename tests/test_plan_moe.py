@@ -199,6 +199,11 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
                               {}),
     "gpt-oss-clamped-swiglu-biases-flex": ({"mlp": "clamped-swiglu", "bias": True, "attention_sinks": True},
                                            {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "flex"}, {}),
+    # Megatron-FSDP: expert buckets sharded, gathered and reduce-scattered over the expert data-parallel group
+    "fsdp-zero3-tp2-ep4-etp1": ({}, {"tp": 2, "ep": 4, "etp": 1}, {"use_megatron_fsdp": True}),
+    "fsdp-zero2-shared-experts-layer-unit": ({"shared_expert_ffn": 512, "dense_layers_first": 1}, {"ep": 2},
+                                             {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads",
+                                              "suggested_communication_unit_size": 3_000_000}),
 }
 
 
@@ -206,7 +211,7 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
 def test_the_hbm_layers_peak_is_the_prediction(tmp_path, case):
     """The memory layer following the generated traces' tensors peaks at the predicted bytes, exactly:
     balanced and skewed routing, Qwen3's QK norms, selective recomputation of the MoE modules, the
-    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases."""
+    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP."""
     model, parallel, training = MEMORY_CASES[case]
     data = {**job({**MOE, **model}, 16, parallel=parallel, **{"global_batch": 32, **training}), "tensors": True}
     predicted = predict_memory(JobSpec.model_validate(data)).total
@@ -339,3 +344,21 @@ def test_a_dense_plans_table_has_no_expert_columns(tmp_path):
                  Execution(workers=1))
     assert not found.headroom.moe and "EP" not in found.headroom.describe()
     assert all("ep" not in row and "EP" not in str(row["layout"]) for row in found.rows())
+
+
+def test_a_relative_routing_histogram_is_read_beside_the_manifest(tmp_path, monkeypatch):
+    """plan validates every layout's job again: a histogram file named relative to the manifest
+    is found from any working folder."""
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    (folder / "tokens.txt").write_text("\n".join(str(v) for v in (40, 30, 10, 10, 4, 3, 2, 1)))
+    data = job(parallel={"tp": 1, "pp": 1, "ep": 4, "etp": 1}, routing={"histogram": "tokens.txt"})
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest(data)))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(main, ["plan", str(path), "--top", "1", "--micro-batches", "1", "--ep", "4",
+                                       "--out", str(out), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "plan.csv").open()))
+    assert any(row["status"] == SIMULATED for row in rows)

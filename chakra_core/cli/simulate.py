@@ -289,3 +289,5 @@ def _print_placement(training: JobInfo) -> None:
     for row in training.placement:
         table.add_row(row.group, str(row.ranks), str(row.nodes), str(row.gpus_per_node), row.fabric)
     out_console().print(table)
+    if training.domain_note:
+        out_console().print(f"nodes: {training.domain_note}")

@@ -78,6 +78,9 @@ class GpuSpec(_Strict):
 
 class NodeSpec(_Strict):
     gpus: Sourced = Field(..., description="GPUs per node (NVLink domain)")
+    gpus_per_host: Sourced | None = Field(
+        None, description="GPUs per host (one OS, its CPUs and NICs) when the NVLink domain spans several "
+                          "hosts, as an NVL72 rack's 18 compute trays of 4 GPUs; unset: the node is the host")
     nvswitch: bool = Field(..., description="GPUs reach each other through NVSwitches (all-to-all NVLink)")
     nvls: bool = Field(False, description="NVLink SHARP (multicast reductions in the NVSwitch), NCCL's NVLS")
     cpu_vendor: Literal["intel", "amd", "arm"] = Field(

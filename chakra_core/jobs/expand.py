@@ -31,8 +31,9 @@ from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.spec import JobSpec, overflow
+from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
 from chakra_core.et.build import metadata, rank_path
 from chakra_core.et.rank_files import RankFiles
@@ -119,7 +120,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     except ManifestError as exc:   # a wrong profile too, in the same message
         raise ManifestError([*exc.problems, *_profile_problems(raw, exc.problems, base_dir, source)]) from None
     profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)
-    gpn = job.cluster.gpus_per_node or profile.gpus_per_node
+    gpn = job_gpus_per_node(job.cluster, profile)
     if job.cluster.gpus > gpn and profile.network is None and not isinstance(data.get("network"), Mapping):
         # before a trace is written: the nodes would have nothing between them
         raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus} GPUs, but profile '{profile.name}' "
@@ -168,7 +169,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     info = JobInfo(job, placement.world, gpn, job.dp, job.microbatches, job.training.global_batch * job.training.seq,
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
-                   profile.gpu.architecture, job.cluster.profile)
+                   profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
     return JobRun(manifest, trace_files, folding, info, trace_prefix, reused, lock)
 
 
@@ -206,7 +207,7 @@ def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int]
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
         for done, rank in enumerate(ranks, start=1):
-            write_trace(staged.path(rank), meta, RankProgram(job, placement, rank).build(), compress=compress)
+            write_trace(staged.path(rank), meta, rank_program(job, placement, rank).build(), compress=compress)
             if progress is not None:
                 progress(done, len(ranks))
         return staged.commit()

@@ -31,6 +31,8 @@ class JobInfo:
     architecture: str
     profile_name: str
     """The profile as the job names it (a shipped name or a file's path)."""
+    domain_note: str | None = None
+    """How the job fills NVLink domains it shares out (jobs.domains.domain_note)."""
 
     @property
     def model(self) -> str:

@@ -114,3 +114,15 @@ def mtp_layers_in(job: "JobSpec", stage: int, chunk: int) -> int:
         return layout.mtp_layers(stage, chunk)
     last = stage == job.parallel.pp - 1 and chunk == job.vp - 1
     return job.shape.mtp_layers if last else 0
+
+
+def split_problem(layers: int, chunks: int, counted: bool) -> str:
+    """Why the pipeline split fails, and the setting that makes it work when there is one."""
+    if counted:
+        hint = (" (without parallel.account_for_embedding_and_loss the split divides the "
+                f"{layers} layers alone, which works)") if layers % chunks == 0 else ""
+        return f"layers {layers} + 2 (embedding and loss) are not divisible by pp x vp = {chunks}{hint}"
+    hint = (f"; parallel.account_for_embedding_and_loss: true counts the embedding and the loss as a "
+            f"layer each ({layers} + 2 = {layers + 2}), as Meta's Llama 3 405B layout needs"
+            if (layers + 2) % chunks == 0 else "")
+    return f"layers {layers} are not divisible by pp x vp = {chunks}{hint}"

@@ -325,6 +325,24 @@ class RankProgram(CombinedSchedule):
             for _, size in self.expert_buckets:
                 self._reduce_bucket(size, expert=True)
         self.stream.wait(*self.pending_grads)
+        self._finalize_grads()
+        updated = -(-stage_params // shards) if dist else stage_params
+        expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
+        updated += sum(-(-size // expert_shards) for _, size in self.expert_buckets)   # their own shards
+        step = self._adam(updated)
+        if dist and not t.overlap_param_gather:
+            for i, (_, size) in enumerate(buckets):
+                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER,
+                              -(-size // shards) * self.act_bytes, "dp")
+        if self._expert_sharded and not t.overlap_param_gather:
+            for i, (_, size) in enumerate(self.expert_buckets):
+                self.blocking(f"params.edp_all_gather.{i}", "edp", pb.ALL_GATHER,
+                              -(-size // expert_shards) * self.act_bytes, "dp")
+        return step
+
+    def _finalize_grads(self, shards: int = 1) -> None:
+        """finalize_model_grads after the data-parallel reductions; `shards`: the TP-replicated norms'
+        gradients are each rank's shard of them (Megatron-FSDP's local tensors)."""
         m = self.job.shape
         units = [unit for chunk in range(self.vp) for unit in self.chunk_layers(chunk) + self.mtp_units(chunk)]
         routers = sum(1 for unit in units if m.is_moe_layer(unit))
@@ -337,17 +355,17 @@ class RankProgram(CombinedSchedule):
                 norms = len(units) * m.tp_replicated_params() + routers * self.h * (m.num_experts or 0) + mtp_norms
             else:
                 norms = len(units) * (m.tp_replicated_params() - m.norm_params())
-            self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, norms * self.grad_bytes, "tp")
+            self.blocking("grads.tp_norm_all_reduce", "tp", pb.ALL_REDUCE, -(-norms // shards) * self.grad_bytes, "tp")
         if routers and "stage" in self.groups:   # the routers' token counts, for the expert bias (fp32)
             self.blocking("grads.expert_bias_all_reduce", "stage", pb.ALL_REDUCE, routers * (m.num_experts or 0) * 4,
                           "other")
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.grad_bytes,
                           "dp")
+
+    def _adam(self, updated: int) -> int:
+        """The optimizer step (returned) over the `updated` parameters this rank holds the state of."""
         self.part = "optimizer"
-        updated = -(-stage_params // shards) if dist else stage_params
-        expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
-        updated += sum(-(-size // expert_shards) for _, size in self.expert_buckets)   # their own shards
         if self.job.effects.step_overheads:
             # clip_grads.get_grad_norm_fp32: the squared norm of the (fp32) main gradients this
             # rank updates, then an all-reduce of one float (Megatron's over every rank of the
@@ -356,17 +374,8 @@ class RankProgram(CombinedSchedule):
             self.blocking("optimizer.grad_norm_all_reduce", "dp_cp", pb.ALL_REDUCE, 4, "dp")
         if self.grad_bytes == 2:
             self.elementwise("optimizer.grads_to_fp32", updated, updated * GRAD_COPY_BYTES, dtype="fp32")
-        step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
+        return self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
                                 dtype="fp32")
-        if dist and not t.overlap_param_gather:
-            for i, (_, size) in enumerate(buckets):
-                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER,
-                              -(-size // shards) * self.act_bytes, "dp")
-        if self._expert_sharded and not t.overlap_param_gather:
-            for i, (_, size) in enumerate(self.expert_buckets):
-                self.blocking(f"params.edp_all_gather.{i}", "edp", pb.ALL_GATHER,
-                              -(-size // expert_shards) * self.act_bytes, "dp")
-        return step
 
     @property
     def _expert_sharded(self) -> bool:

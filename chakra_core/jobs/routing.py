@@ -69,7 +69,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo, model_serializer, \
@@ -127,6 +127,21 @@ class Routing(BaseModel):
         if self.zipf is not None:
             return f"zipf s={self.zipf:g}"
         return f"histogram from {self.source}" if self.source else "histogram"
+
+
+def histogram_anchored(job: Mapping[str, Any], base_dir: Path) -> Mapping[str, Any]:
+    """`job` (a manifest's `job:` mapping) with a routing histogram's relative file made absolute
+    against `base_dir`, the manifest's folder: for code that validates the job again without that
+    context (plan's layouts and their runs, from wherever plan was started)."""
+    training = job.get("training")
+    routing = training.get("routing") if isinstance(training, Mapping) else None
+    if not isinstance(routing, Mapping) or not isinstance(routing.get("histogram"), str):
+        return job
+    assert isinstance(training, Mapping)
+    file = Path(routing["histogram"])
+    if file.is_absolute():
+        return job
+    return {**job, "training": {**training, "routing": {**routing, "histogram": str(base_dir / file)}}}
 
 
 def read_histogram(path: str, base_dir: Path | str | None) -> list[float]:

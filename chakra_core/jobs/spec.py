@@ -16,6 +16,7 @@ from chakra_core.jobs.flex_dispatcher import flex_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
+from chakra_core.jobs.sharding import sharding_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 
@@ -133,6 +134,13 @@ class Training(_Strict):
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
+    use_megatron_fsdp: bool = Field(False, description="Megatron-FSDP (--use-megatron-fsdp): dp x cp ranks shard "
+                                    "what data_parallel_sharding_strategy says, a layer at a time (jobs/sharding.py)")
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] | None = Field(
+        None, description="with use_megatron_fsdp (default optim_grads_params): sharded are the optimizer state (optim, "
+                          "ZeRO-1), and the gradients (optim_grads, ZeRO-2), and the parameters (optim_grads_params)")
+    suggested_communication_unit_size: PositiveInt | None = Field(
+        None, description="with use_megatron_fsdp: reductions queue up to this many elements, gathers prefetch half")
     routing: Literal["balanced"] | Routing = Field(
         BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
                               "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
@@ -146,8 +154,11 @@ class Training(_Strict):
         if isinstance(data, dict):
             if data.get("routing") == BALANCED:
                 data.pop("routing")
-            if data.get("recompute_modules") is None:
-                data.pop("recompute_modules", None)
+            for key in ("recompute_modules", "data_parallel_sharding_strategy", "suggested_communication_unit_size"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+            if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
+                data.pop("use_megatron_fsdp")
         return data
 
     def recomputes(self, module: str) -> bool:
@@ -170,7 +181,8 @@ class Effects(_Strict):
 class Cluster(_Strict):
     gpus: PositiveInt = Field(..., description="GPUs in the job")
     profile: str = Field(..., description="hardware profile of the nodes and network (chakra-sim profiles)")
-    gpus_per_node: PositiveInt | None = Field(None, description="default: the profile's")
+    gpus_per_node: PositiveInt | None = Field(None, description="GPUs of the job per NVLink domain; default: "
+                                              "the profile's, on NVL72 racks Slurm's segment rule (jobs/domains.py)")
 
 
 class JobSpec(_Strict):
@@ -274,7 +286,7 @@ class JobSpec(_Strict):
         if p.pipeline_layout is not None:
             problems += pipeline_layout.job_problems(self)
         elif self.pipeline_slots % (p.pp * vp):
-            problems.append(_split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
+            problems.append(pipeline_layout.split_problem(m.layers, p.pp * vp, p.account_for_embedding_and_loss))
         if t.seq % (2 * p.cp) and p.cp > 1:
             problems.append(f"seq {t.seq} must be divisible by 2 x cp = {2 * p.cp} (load-balanced ring "
                             "attention splits it in 2 x cp chunks)")
@@ -298,7 +310,7 @@ class JobSpec(_Strict):
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         problems += _moe_problems(self) + attention_variant_problems(self) + _recompute_problems(self) + \
-            latent_attention_problems(self)
+            latent_attention_problems(self) + sharding_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -382,18 +394,6 @@ def _recompute_problems(job: JobSpec) -> list[str]:
         out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "
                    "refuses it with delayed scaling)")
     return out
-
-
-def _split_problem(layers: int, chunks: int, counted: bool) -> str:
-    """Why the pipeline split fails, and the setting that makes it work when there is one."""
-    if counted:
-        hint = (" (without parallel.account_for_embedding_and_loss the split divides the "
-                f"{layers} layers alone, which works)") if layers % chunks == 0 else ""
-        return f"layers {layers} + 2 (embedding and loss) are not divisible by pp x vp = {chunks}{hint}"
-    hint = (f"; parallel.account_for_embedding_and_loss: true counts the embedding and the loss as a "
-            f"layer each ({layers} + 2 = {layers + 2}), as Meta's Llama 3 405B layout needs"
-            if (layers + 2) % chunks == 0 else "")
-    return f"layers {layers} are not divisible by pp x vp = {chunks}{hint}"
 
 
 INT64_MAX = (1 << 63) - 1

@@ -21,6 +21,7 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.jobs.spec import Cluster
 from chakra_core.json_types import JsonObject, JsonValue
+from chakra_core.plan.layouts import SHARDINGS
 from chakra_core.plan.marks import describe, mark_rows, parse_mark
 from chakra_core.plan.report import plan_files
 from chakra_core.plan.search import GIB, SIMULATED, Plan, PlanOptions, plan
@@ -51,6 +52,9 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
               help="a mixture of experts: expert parallel sizes to try  [default: every divisor of num_experts]")
 @click.option("--etp", "etps", default="tp,1", show_default=True, metavar="N|tp,...",
               help="a mixture of experts: expert tensor parallel sizes to try (tp: the layout's own)")
+@click.option("--sharding", "shardings", metavar="S,S,...",
+              help="data parallelism to try: megatron (Megatron's DDP and distributed optimizer), optim, optim_grads, "
+                   "optim_grads_params (Megatron-FSDP's ZeRO-1/2/3; one pipeline stage)  [default: as the job says]")
 @click.option("--mark", "marks", multiple=True, metavar="job|KEY=V,...",
               help="rank this layout too, simulated whatever its bound: `job` (the job manifest's own layout) or "
                    "keys over it, e.g. tp=2,pp=8,vp=4,ep=32,etp=1 (tp pp vp cp ep etp mb recompute dist_opt)")
@@ -71,7 +75,8 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--quiet", "-q", is_flag=True, help="no progress, only the best layouts")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
-                 top: int, batch: int, micro_batches: str, eps: str | None, etps: str, marks: tuple[str, ...],
+                 top: int, batch: int, micro_batches: str, eps: str | None, etps: str, shardings: str | None,
+                 marks: tuple[str, ...],
                  vary: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
                  headroom_gib: float | None, check_memory: bool, quiet: bool, debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
@@ -114,6 +119,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         if etps != "tp,1":
             search["etp"] = _etps(etps)
             settings["etp"] = [size or "tp" for size in search["etp"]]
+        if shardings is not None:
+            search["sharding"] = settings["sharding"] = _shardings(shardings)
         if marks:
             settings["mark"] = list(marks)
         options = PlanOptions(top, batch, search, check_memory=check_memory,
@@ -232,6 +239,16 @@ def _sizes(text: str, option: str = "--micro-batches") -> list[int]:
     if not sizes or sizes[0] < 1:
         raise ManifestError([(option, f"expected positive whole numbers separated by commas, not {text!r}")])
     return sizes
+
+
+def _shardings(text: str) -> list[str]:
+    """--sharding's strategies, each one of layouts.SHARDINGS."""
+    names = list(dict.fromkeys(part.strip() for part in text.split(",")))
+    bad = [name for name in names if name not in SHARDINGS]
+    if bad or not names:
+        raise ManifestError([("--sharding", f"{bad[0] if bad else text!r}: expected some of {', '.join(SHARDINGS)}, "
+                                            "separated by commas")])
+    return names
 
 
 def _etps(text: str) -> list[int | None]:

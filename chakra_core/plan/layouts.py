@@ -8,7 +8,9 @@ context parallel size cp (a power of two up to `max_cp`), the micro-batch size, 
 recomputation (none / selective / full) and the distributed optimizer; dp = GPUs / (tp pp cp)
 follows. A mixture of experts adds the expert parallel size ep (a divisor of num_experts) and the
 expert tensor parallel size etp (by default tp, Megatron's default, and 1, what published MoE
-recipes run); MoE parallel folding lays ep x etp over each pipeline stage's tp x cp x dp ranks,
+recipes run); `sharding` adds Megatron-FSDP's strategies beside Megatron's data parallelism
+(`megatron`: its DDP with or without the distributed optimizer; `optim`, `optim_grads`,
+`optim_grads_params`: ZeRO-1/2/3 as jobs.sharding lays them out, which runs the distributed optimizer); MoE parallel folding lays ep x etp over each pipeline stage's tp x cp x dp ranks,
 so ep x etp must divide them (megatron/core/parallel_state.py at d98e8a64: the expert
 RankGenerator), and edp = tp cp dp / (ep etp) follows. Which combinations are valid is
 `JobSpec`'s validator's decision (heads and ffn_hidden divisible by tp, layers by pp x vp, seq by
@@ -51,6 +53,11 @@ OUTSIDE_NODE = "tp beyond the NVLink domain"
 GPUS_NOT_DIVISIBLE = "GPUs not divisible by tp x pp x cp"
 EP_NOT_DIVIDING = "ep does not divide the experts"
 NOT_FOLDING = "ep x etp does not divide a stage's tp x cp x dp ranks"
+FSDP_PIPELINE = "Megatron-FSDP with pp > 1 (not modelled)"
+MEGATRON = "megatron"
+"""Layout.sharding: Megatron's own data parallelism (DDP, with or without the distributed optimizer)."""
+SHARDINGS = (MEGATRON, "optim", "optim_grads", "optim_grads_params")
+FSDP_KEYS = ("use_megatron_fsdp", "data_parallel_sharding_strategy", "suggested_communication_unit_size")
 ETP_CHOICES: tuple[int | None, ...] = (None, 1)
 """Expert tensor parallel sizes searched by default: None is tp (Megatron's default for
 --expert-tensor-parallel-size), 1 what the published MoE recipes run (Megatron-Bridge's Qwen3,
@@ -76,6 +83,8 @@ _REASONS: tuple[tuple[str, str], ...] = (
     ("overlap_moe_expert_parallel_comm with pp > 1 needs", "EP overlap needs vp > 1 with pp > 1"),
     ("overlap_moe_expert_parallel_comm needs parallel.ep", "EP overlap needs ep > 1"),
     ("overlap_moe_expert_parallel_comm needs training.recompute", "EP overlap needs no full recompute"),
+    ("recompute full with optim_grads_params", "Megatron-FSDP optim_grads_params with full recompute (not modelled)"),
+    ("training.use_megatron_fsdp with", "a Megatron-FSDP setting not modelled"),
 )
 
 
@@ -93,6 +102,13 @@ class Layout:
     distributed_optimizer: bool
     ep: int = 1
     etp: int | None = None   # a mixture of experts' expert TP size; None: a dense model's layout
+    sharding: str | None = None
+    """None: as the job says (sharding not searched); `megatron`: Megatron's data parallelism; else a
+    Megatron-FSDP data_parallel_sharding_strategy."""
+
+    @property
+    def fsdp(self) -> bool:
+        return self.sharding not in (None, MEGATRON)
 
     @property
     def moe(self) -> bool:
@@ -106,13 +122,18 @@ class Layout:
     def overrides(self) -> JsonObject:
         """Key paths of a job manifest -> values; dp (and edp) are implied by the GPU count, never set."""
         experts: JsonObject = {"job.parallel.ep": self.ep, "job.parallel.etp": self.etp} if self.moe else {}
+        sharded: JsonObject = {}
+        if self.sharding == MEGATRON:
+            sharded = {f"job.training.{key}": False if key == "use_megatron_fsdp" else None for key in FSDP_KEYS}
+        elif self.sharding is not None:
+            sharded = {"job.training.use_megatron_fsdp": True, "job.training.data_parallel_sharding_strategy": self.sharding}
         return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
                 "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp, **experts,
                 "job.training.micro_batch": self.micro_batch, "job.training.recompute": self.recompute,
-                "job.training.distributed_optimizer": self.distributed_optimizer}
+                "job.training.distributed_optimizer": self.distributed_optimizer, **sharded}
 
     def label(self) -> str:
-        optimizer = "dist-opt" if self.distributed_optimizer else "no-dist-opt"
+        optimizer = f"fsdp-{self.sharding}" if self.fsdp else "dist-opt" if self.distributed_optimizer else "no-dist-opt"
         experts = f" EP{self.ep} ETP{self.etp}" if self.moe else ""
         return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{experts} MB{self.micro_batch} "
                 f"{self.recompute} {optimizer}")
@@ -129,20 +150,26 @@ class Enumeration:
 def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batches: Sequence[int] = (1, 2, 4, 8),
                       recompute: Sequence[str] = RECOMPUTE, distributed_optimizer: Sequence[bool] = (True, False),
                       max_cp: int = 8, ep: Sequence[int] | None = None,
-                      etp: Sequence[int | None] = ETP_CHOICES) -> Enumeration:
+                      etp: Sequence[int | None] = ETP_CHOICES, sharding: Sequence[str | None] = (None,)) -> Enumeration:
     """Every valid layout of `job` (a manifest's `job:` mapping, its cluster included); the
     job's other keys (precision, seq, global batch, tp_comm_overlap, ...) are kept as given.
     A mixture of experts' layouts also take each expert parallel size of `ep` (default: every
     divisor of num_experts) and expert tensor parallel size of `etp` (None: tp); a dense model's
-    take neither. A ValidationError or ValueError says what is wrong with the job whatever the
-    layout (its cluster or model)."""
+    take neither. `sharding` (SHARDINGS; None: as the job says) searches Megatron-FSDP's strategies
+    beside Megatron's data parallelism; an FSDP layout runs the distributed optimizer. A
+    ValidationError or ValueError says what is wrong with the job whatever the layout (its cluster
+    or model)."""
     gpus = Cluster.model_validate(job.get("cluster")).gpus
     base = {**job, "model": _model(job.get("model"))}
     parallel = job.get("parallel") or {}
     slots = base["model"].layers + (2 if isinstance(parallel, Mapping)
                                     and parallel.get("account_for_embedding_and_loss") else 0)
-    inner = [(mb, rc, do) for mb in _unique(micro_batches) for rc in _unique(recompute)
-             for do in _unique(distributed_optimizer)]
+    unknown = [value for value in sharding if value is not None and value not in SHARDINGS]
+    if unknown:
+        raise ValueError(f"sharding {unknown[0]!r}: expected one of {', '.join(SHARDINGS)}")
+    inner = [(mb, rc, do, sh) for mb in _unique(micro_batches) for rc in _unique(recompute)
+             for sh in _unique(sharding)
+             for do in (_unique(distributed_optimizer) if sh in (None, MEGATRON) else [True])]
     cps = [1 << i for i in range(max(0, max_cp).bit_length()) if 1 << i <= max_cp]
     specs: dict[Layout, JobSpec] = {}
     tried, rejected = 0, Counter[str]()
@@ -178,8 +205,11 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
                         rejected[skipped] += len(vps) * len(inner)
                         continue
                     for vp in vps:
-                        for mb, rc, do in inner:
-                            layout = Layout(tp, pp, vp, cp, dp, mb, rc, do, ep_, etp_)
+                        for mb, rc, do, sh in inner:
+                            layout = Layout(tp, pp, vp, cp, dp, mb, rc, do, ep_, etp_, sh)
+                            if layout.fsdp and pp > 1:   # jobs.sharding: one pipeline stage
+                                rejected[FSDP_PIPELINE] += 1
+                                continue
                             try:
                                 specs[layout] = _spec(base, layout)
                             except ValidationError as exc:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from chakra_core.errors import ManifestError
+from chakra_core.jobs.sharding import strategy
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.json_types import JsonObject
 from chakra_core.plan.layouts import Layout
@@ -33,7 +34,7 @@ def job_layout(spec: JobSpec) -> Layout:
     p, t = spec.parallel, spec.training
     moe = spec.shape.moe
     return Layout(p.tp, p.pp, spec.vp, p.cp, spec.dp, t.micro_batch, t.recompute, t.distributed_optimizer,
-                  p.ep if moe else 1, p.expert_tp if moe else None)
+                  p.ep if moe else 1, p.expert_tp if moe else None, strategy(spec))
 
 
 def parse_mark(text: str, job: Mapping[str, Any]) -> Layout:
@@ -85,7 +86,7 @@ def describe(row: JsonObject) -> str:
     """One line of the terminal's summary for a mark_rows row."""
     head = f"marked {row['layout']}: "
     if row["status"] == "not searched":
-        return head + ("not among the layouts searched (outside --micro-batches, --ep, --etp or the "
+        return head + ("not among the layouts searched (outside --micro-batches, --ep, --etp, --sharding or the "
                        "recomputation and optimizer choices)")
     if row["status"] == "does not fit":
         return head + f"does not fit: {row['overflow']}"

@@ -62,7 +62,8 @@ at the loss's forward, their gradient at its backward, and a recomputed layer's 
 (besides the checkpointed input they are rebuilt from) while its backward runs.
 Current mcore no longer runs every forward first when microbatches == pp (older Megatron-LM did).
 
-buffers is 0: NCCL's buffers, the CUDA context, cuBLAS/TE workspaces and allocator fragmentation
+buffers is 0 (with Megatron-FSDP, its gathered layers and unsharded gradients at the peak:
+plan.fsdp_memory): NCCL's buffers, the CUDA context, cuBLAS/TE workspaces and allocator fragmentation
 are outside what the allocator holds for a job (torch.cuda.max_memory_allocated, the figure
 Megatron logs, leaves out NCCL and the context as well); the plan holds the prediction against the
 GPU's usable memory less a reserve for them (chakra_core.plan.headroom). Not counted either:
@@ -77,6 +78,7 @@ from functools import lru_cache
 from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
+from chakra_core.plan.fsdp_memory import sharded_parts
 
 GIB = 1 << 30
 PARAM_BYTES = 2
@@ -249,12 +251,16 @@ def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches
 
 
 def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
-    """The memory of one GPU of pipeline stage `stage`."""
+    """The memory of one GPU of pipeline stage `stage` (Megatron-FSDP's: plan.fsdp_memory)."""
     t, p = job.training, job.parallel
     state = _stage_params(job, stage)
     params = state.dense + state.experts
-    weights = PARAM_BYTES * params + (FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision == "fp8" else 0)
+    fp8_copies = FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision == "fp8" else 0
+    weights = PARAM_BYTES * params + fp8_copies
     per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0)
+    if t.use_megatron_fsdp:   # one stage (jobs/sharding.py)
+        return MemoryEstimate(stage, **sharded_parts(job, _chunk_activations(job, 0, 0), _layer_params(job)[0],
+                                                     fp8_copies, PARAM_BYTES, per_param))
     shards = job.dp * p.cp if t.distributed_optimizer else 1
     # routed experts' state is sharded over the expert data-parallel group (expert_memory)
     expert_shards = job.dp * p.cp * p.tp // (p.ep * p.expert_tp) if t.distributed_optimizer else 1

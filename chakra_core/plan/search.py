@@ -25,6 +25,7 @@ and the top K does not depend on either: a pruned layout's step time is at least
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
@@ -40,13 +41,16 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ManifestError
 from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
+from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile
+from chakra_core.jobs.routing import histogram_anchored
+from chakra_core.jobs.sharding import DEFAULT_STRATEGY
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.spec import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
-from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s
+from chakra_core.plan.layouts import MEGATRON, Enumeration, Layout, enumerate_layouts, lower_bound_s
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
@@ -128,7 +132,8 @@ class Candidate:
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, **({"ep": lay.ep, "etp": lay.etp, "edp": lay.edp} if lay.moe else {}),
             "micro_batch": lay.micro_batch, "recompute": lay.recompute,
-            "distributed_optimizer": lay.distributed_optimizer, "status": self.status.value,
+            "distributed_optimizer": lay.distributed_optimizer,
+            **({"sharding": lay.sharding} if lay.sharding is not None else {}), "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s,
             "tflops_per_gpu": None if step is None else step.tflops_per_gpu, "mfu": None if step is None else step.mfu,
             "memory_gib": self.memory.total / GIB, "memory_reserve_gib": self.reserve.total / GIB,
@@ -232,13 +237,22 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     if "cluster" not in job and isinstance(manifest.get("cluster"), Mapping):   # as a job manifest may say it
         job = {**job, "cluster": manifest["cluster"]}
         manifest = {**{k: v for k, v in manifest.items() if k != "cluster"}, "job": job}
+    if (anchored := histogram_anchored(job, base_dir)) is not job:
+        job = anchored
+        manifest = {**manifest, "job": job}
     _check_job(job, source)
     cluster = Cluster.model_validate(job["cluster"])
     training = job.get("training")
     precision = training.get("precision", "bf16") if isinstance(training, Mapping) else "bf16"
     profile = job_profile(cluster.profile, str(precision), base_dir, source)
-    gpus_per_node = cluster.gpus_per_node or profile.gpus_per_node
+    gpus_per_node = job_gpus_per_node(cluster, profile)
     search = dict(options.search)
+    fsdp = (training.get("data_parallel_sharding_strategy") or DEFAULT_STRATEGY) \
+        if isinstance(training, Mapping) and training.get("use_megatron_fsdp") else None
+    if "sharding" not in search and fsdp is not None:   # the job's own strategy, named like a searched one
+        search["sharding"] = (fsdp,)
+    if "sharding" in search:   # marked layouts of Megatron's data parallelism, named as the search names them
+        include = tuple(dataclasses.replace(m, sharding=MEGATRON) if m.sharding is None else m for m in include)
     training = job.get("training")
     if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
         # FlashAttention recomputes the scores anyway: selective recomputation is none's layout

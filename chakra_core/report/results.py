@@ -14,7 +14,9 @@ so identical inputs give byte-identical files.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 from chakra_core._version import __version__
@@ -78,8 +80,12 @@ def _check_numbers(document: JsonObject) -> None:
     """A SimulationError naming the key path of the first number results.json cannot hold:
     NaN or infinity (strict JSON has neither) or a time beyond `limits.TIME_NS`."""
     max_ns = TIME_NS.value()
-    if _holdable(document, max_ns):   # the usual case, without building a key path per value
-        return
+    if not _holdable(document, max_ns):   # the usual case passes without a key path per value
+        _walk_numbers(document, max_ns)
+
+
+def _walk_numbers(document: JsonObject, max_ns: int) -> None:
+    """_check_numbers value by value, with each one's key path."""
     stack: list[tuple[Any, str]] = [(document, "")]
     while stack:
         value, key_path = stack.pop()
@@ -95,25 +101,15 @@ def _check_numbers(document: JsonObject) -> None:
 
 
 def _holdable(document: JsonObject, max_ns: int) -> bool:
-    """Whether every number is finite and every time (a key ending in _ns) at most max_ns."""
-    stack: list[Any] = [document]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if isinstance(item, (dict, list)):
-                    stack.append(item)
-                elif isinstance(item, float) and not math.isfinite(item):
-                    return False
-                elif isinstance(item, (int, float)) and item > max_ns and str(key).endswith("_ns"):
-                    return False
-        else:
-            for item in value:
-                if isinstance(item, (dict, list)):
-                    stack.append(item)
-                elif isinstance(item, float) and not math.isfinite(item):
-                    return False
-    return True
+    """Whether every number is surely finite and every time at most max_ns, read at C speed from
+    the document's strict JSON text: the encoder refuses NaN and infinity, and a number above
+    max_ns is written with at least as many digits as max_ns, or with a positive exponent (floats
+    from 1e16 on). False (then the exact walk decides) for any such run of digits, wherever it is."""
+    try:
+        text = json.dumps(document, allow_nan=False)
+    except (ValueError, TypeError):
+        return False
+    return re.search(r"\d{%d,}|e\+" % len(str(max_ns)), text) is None
 
 
 def _folding(run: FinishedRun) -> FoldingResult:

@@ -30,7 +30,6 @@ import heapq
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from chakra_core._atomic import atomic_write_text

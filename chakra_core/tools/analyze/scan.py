@@ -24,7 +24,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Generator, cast
+from typing import Generator, cast
 
 from chakra_core.errors import AttributeTypeError, TraceGraphError
 from chakra_core.et.attrs import NodeView

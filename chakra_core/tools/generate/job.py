@@ -11,6 +11,7 @@ from chakra_core._atomic import atomic_write_text
 from chakra_core.cli.output import CliError, tool_errors
 from chakra_core.config.files import read_config_file
 from chakra_core.errors import ManifestError
+from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.models import preset, presets
@@ -116,8 +117,8 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
     except ManifestError as exc:
         raise CliError(str(exc)) from None
     try:   # as `run` says it: the file and key that name the profile or the precision
-        gpn = spec.cluster.gpus_per_node or job_profile(spec.cluster.profile, spec.training.precision, Path("."),
-                                                        source).gpus_per_node
+        gpn = job_gpus_per_node(spec.cluster, job_profile(spec.cluster.profile, spec.training.precision, Path("."),
+                                                          source))
     except ManifestError as exc:
         raise CliError(str(exc)) from None
     placement = Placement(spec, gpn)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from chakra_core.errors import ChakraSimError, InputFileError
 from chakra_core.input_files import read_input_text

@@ -34,7 +34,7 @@ that every link's sums are added in the order its messages came, as one by one.
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 _NO_LINK = -1
 _LOW = (1 << 32) - 1
+
+_Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+"""Messages' next events (ns) and, with cut-through, where their first and last bytes are then."""
 
 
 class FifoSteps:
@@ -122,33 +125,31 @@ class FifoSteps:
             local = np.full(len(self.bw) + 1, _NO_LINK, dtype=queue.link_type)
             local[used] = np.arange(len(used))
             route = local[flat]
-        state = _Events(starts, hops.shape[1])
         every = len(moving) == len(starts)      # (then slices, not copies)
         pick = slice(None) if every else moving
         sending = starts[pick]
         base = int(sending.min())
-        buckets: dict[int, list[np.ndarray]] = {}
+        buckets: dict[int, list[_Batch]] = {}
         pending: list[int] = []
         coarse_base = 0
-        at = state.place[pick] >> 32
+        at = moving * hops.shape[1]     # each message's first link in the routes laid end to end
         sent = queue.sent_together(route[at], base, origin[pick]) if base == int(sending.max()) else None
         if sent is None:
-            first = moving[np.argsort(sending, kind="stable")]
-            _bucket(buckets, pending, first, (starts[first] - base) // window, 0)
-        else:      # the sends' events are timed: on to their next ones
-            nxt_time = queue.moved(sent, route[at], route[at + 1] < 0, pick, state)
-            state.time[pick] = nxt_time
-            state.place[pick] = ((at + 1) << 32) | 1        # one coarse rank (0): sends in one ns
+            first = np.argsort(sending, kind="stable")
+            ids, times = moving[first], sending[first]
+            begun = times.astype(np.float64) if self.cut_through else None
+            _bucket(buckets, pending, _Batch(ids, times, (at[first] << 32), begun, begun), (times - base) // window, 0)
+        else:      # the sends' events are timed: on to their next ones (one coarse rank, 0: sends in one ns)
+            nxt_time, head, tail = queue.moved(sent, route[at], route[at + 1] < 0)
             coarse_base = 1
-            _bucket(buckets, pending, moving, (nxt_time - base) // window, 1)
+            _bucket(buckets, pending, _Batch(moving, nxt_time, ((at + 1) << 32) | 1, head, tail),
+                    (nxt_time - base) // window, 1)
         while pending:
             w = heapq.heappop(pending)
-            ids = np.concatenate(buckets.pop(w))
-            times = state.time[ids]
-            offset = times - (base + w * window)     # radix sort: within a window, 0..window-1
+            batch = _Batch.joined(buckets.pop(w))
+            offset = batch.time - (base + w * window)     # radix sort: within a window, 0..window-1
             order = np.argsort(offset.astype(np.uint16) if window <= 1 << 16 else offset, kind="stable")
-            ids, times = ids[order], times[order]
-            place = state.place[ids]
+            ids, times, place = batch.ids[order], batch.time[order], batch.place[order]
             at, parent = place >> 32, place & _LOW
             out_of, into = route[at - 1], route[at]
             sends = out_of < 0
@@ -168,11 +169,10 @@ class FifoSteps:
             arrival[ids[done]] = times[done]
             if not len(entering):
                 continue
-            nxt_time = queue.serve(entering, link, times, into, route[at[moved] + 1] < 0, moved, ids, state)
-            f = ids[moved]
-            state.time[f] = nxt_time
-            state.place[f] = ((at[moved] + 1) << 32) | (coarse[moved] + 1)
-            _bucket(buckets, pending, f, (nxt_time - base) // window, w + 1)
+            bytes_at = None if batch.head is None or batch.tail is None else (batch.head[order], batch.tail[order])
+            nxt_time, head, tail = queue.serve(entering, link, times, into, route[at[moved] + 1] < 0, moved, bytes_at)
+            _bucket(buckets, pending, _Batch(ids[moved], nxt_time, ((at[moved] + 1) << 32) | (coarse[moved] + 1),
+                                             head, tail), (nxt_time - base) // window, w + 1)
         queue.keep()
         return arrival, np.empty(0, dtype=np.int64)
 
@@ -190,18 +190,33 @@ class FifoSteps:
         self._saved = None
 
 
-class _Events:
-    """Each message's next event: when (ns), where and after what (`place`), and where its first
-    and last bytes are (cut-through)."""
+class _Batch(NamedTuple):
+    """Events filed under a window: their messages and each one's next event, when (ns), where and
+    after what (`place`), and with cut-through where its first and last bytes are. Carried with
+    the events, in their order, rather than kept per message: a window then reads them in
+    sequence, not scattered over every message of the step."""
 
-    def __init__(self, starts: np.ndarray, width: int) -> None:
-        flows = len(starts)
-        self.time = starts.astype(np.int64, copy=True)
-        self.place = np.arange(0, flows * width, width, dtype=np.int64) << 32
-        """(its next link's index in the routes laid end to end; the -1 after its route: its
-        delivery) << 32 | (the coarse rank of the event that scheduled it + 1; 0: a send)."""
-        self.head = starts.astype(np.float64)
-        self.tail = self.head.copy()
+    ids: np.ndarray
+    time: np.ndarray
+    place: np.ndarray
+    """(its next link's index in the routes laid end to end; the -1 after its route: its
+    delivery) << 32 | (the coarse rank of the event that scheduled it + 1; 0: a send)."""
+    head: np.ndarray | None
+    tail: np.ndarray | None
+
+    @staticmethod
+    def joined(batches: list[_Batch]) -> _Batch:
+        if len(batches) == 1:
+            return batches[0]
+        bytes_at = batches[0].head is not None
+        return _Batch(np.concatenate([b.ids for b in batches]), np.concatenate([b.time for b in batches]),
+                      np.concatenate([b.place for b in batches]),
+                      np.concatenate([b.head for b in batches if b.head is not None]) if bytes_at else None,
+                      np.concatenate([b.tail for b in batches if b.tail is not None]) if bytes_at else None)
+
+    def pick(self, index: slice | np.ndarray) -> _Batch:
+        return _Batch(self.ids[index], self.time[index], self.place[index],
+                      None if self.head is None else self.head[index], None if self.tail is None else self.tail[index])
 
 
 class _Queues:
@@ -257,10 +272,10 @@ class _Queues:
         return np.empty(0, dtype=np.int64), event[entering], link[entering]
 
     def serve(self, events: np.ndarray, link: np.ndarray, times: np.ndarray, into: np.ndarray, final: np.ndarray,
-              moved: np.ndarray, ids: np.ndarray, state: _Events) -> np.ndarray:
-        """The window's `events` (by link, in the order they run) reach `link` (at times[event]):
-        serve each link's in order, the k-th of every link at once. Returns when the next event
-        of each message that `moved` comes (`final`: its delivery)."""
+              moved: np.ndarray, bytes_at: tuple[np.ndarray, np.ndarray] | None) -> _Next:
+        """The window's `events` (by link, in the order they run) reach `link` (at times[event]),
+        with cut-through their first and last bytes where `bytes_at` says: serve each link's in
+        order, the k-th of every link at once. Returns `moved`'s next events (`moved`)."""
         starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
         lengths = np.diff(np.r_[starts, len(link)])
         longest_first = np.argsort(-lengths, kind="stable")
@@ -270,7 +285,8 @@ class _Queues:
         self.crossings += np.bincount(link, minlength=len(self.used))
         free, busy = self.free, self.busy
         if self.steps.cut_through:
-            head, tail, transfer = state.head[ids], state.tail[ids], self.transfer
+            assert bytes_at is not None
+            (head, tail), transfer = bytes_at, self.transfer
             begin, end = np.empty(len(times)), np.empty(len(times))
             for k, width in enumerate(active.tolist()):
                 at, here = events[starts[:width] + k], links[:width]
@@ -279,7 +295,7 @@ class _Queues:
                 free[here] = stop
                 busy[here] += stop - start
                 begin[at], end[at] = start, stop
-            return self.moved((begin[moved], end[moved]), into[moved], final, ids[moved], state)
+            return self.moved((begin[moved], end[moved]), into[moved], final)
         whole, begin_whole = self.whole_transfer, np.empty(len(times), dtype=np.int64)
         for k, width in enumerate(active.tolist()):
             at, here = events[starts[:width] + k], links[:width]
@@ -288,22 +304,18 @@ class _Queues:
             free[here] = stop_whole
             busy[here] += stop_whole - start_whole
             begin_whole[at] = start_whole
-        return self.moved((begin_whole[moved], None), into[moved], final, ids[moved], state)
+        return self.moved((begin_whole[moved], None), into[moved], final)
 
-    def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray,
-              flows: np.ndarray | slice, state: _Events) -> np.ndarray:
-        """Messages `flows` were served on `link` (when their first byte started, and with
-        cut-through when their last byte left): when their next events come (`final`: their
-        deliveries); with cut-through, where their bytes are then."""
+    def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray) -> _Next:
+        """Messages were served on `link` (when their first byte started, and with cut-through
+        when their last byte left): when their next events come (`final`: their deliveries); with
+        cut-through, where their first and last bytes are then."""
         begin, end = served
         if end is None:
-            arrival: np.ndarray = begin + self.whole_arrival[link]     # numpy's operators type as Any
-            return arrival
+            return begin + self.whole_arrival[link], None, None
         latency = self.latency[link]
-        state.head[flows] = head = begin + latency
-        state.tail[flows] = tail = end + latency
-        next_events: np.ndarray = np.where(final, tail, head).astype(np.int64)
-        return next_events
+        head, tail = begin + latency, end + latency
+        return np.where(final, tail, head).astype(np.int64), head, tail
 
     def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
         """A step's messages all sent at `time`, in order, over first links `link`: when each link
@@ -357,20 +369,21 @@ class _Queues:
         steps.messages[used] += self.crossings
 
 
-def _bucket(buckets: dict[int, list[np.ndarray]], pending: list[int], ids: np.ndarray,
+def _bucket(buckets: dict[int, list[_Batch]], pending: list[int], batch: _Batch,
             windows: np.ndarray, lowest: int) -> None:
     """File events (in the order they were scheduled) under their windows (from `lowest` on)."""
-    if not len(ids):
+    if not len(batch.ids):
         return
     relative = windows - lowest
-    order = np.argsort(relative.astype(np.uint16) if relative.max() < 1 << 16 else relative, kind="stable")
-    ids, windows = ids[order], windows[order]
+    if relative.max() > 0:
+        order = np.argsort(relative.astype(np.uint16) if relative.max() < 1 << 16 else relative, kind="stable")
+        batch, windows = batch.pick(order), windows[order]
     cuts = np.flatnonzero(np.r_[True, windows[1:] != windows[:-1]])
-    for lo, hi in zip(cuts.tolist(), np.r_[cuts[1:], len(ids)].tolist()):
+    for lo, hi in zip(cuts.tolist(), np.r_[cuts[1:], len(windows)].tolist()):
         w = int(windows[lo])
         found = buckets.get(w)
         if found is None:
-            buckets[w] = [ids[lo:hi]]
+            buckets[w] = [batch.pick(slice(lo, hi))]
             heapq.heappush(pending, w)
         else:
-            found.append(ids[lo:hi])
+            found.append(batch.pick(slice(lo, hi)))
