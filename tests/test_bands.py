@@ -20,7 +20,7 @@ def _runs() -> tuple[PublishedRun, ...]:
 
 def test_the_closest_class_with_enough_runs_sets_the_band():
     band = error_band("H100 SXM5 80GB", "hopper", "fp8", 32, _runs())
-    assert band is not None and band.runs == MIN_RUNS and band.scope == "H100 SXM5 80GB, 8-bit, up to 64 GPUs"
+    assert band is not None and band.runs == MIN_RUNS and band.scope == "dense models, H100 SXM5 80GB, 8-bit, up to 64 GPUs"
     logs = [math.log(r) for r in (0.9, 0.8, 1.1)]
     assert band.geomean_error == pytest.approx(math.exp(sum(abs(x) for x in logs) / 3) - 1)
     assert band.mean_signed_error == pytest.approx(math.exp(sum(logs) / 3) - 1)
@@ -35,12 +35,27 @@ def test_the_worst_is_never_below_the_geomean():
 
 
 def test_fewer_runs_widen_the_class_and_say_so():
-    assert error_band("H100 SXM5 80GB", "hopper", "bf16", 2048, _runs()).scope == "H100 SXM5 80GB"   # 4 H100 runs
-    assert error_band("A100 SXM4 80GB", "ampere", "fp16", 64, _runs()).scope == "A100 SXM4 80GB, 16-bit"
+    assert error_band("H100 SXM5 80GB", "hopper", "bf16", 2048, _runs()).scope == "dense models, H100 SXM5 80GB"
+    assert error_band("A100 SXM4 80GB", "ampere", "fp16", 64, _runs()).scope == "dense models, A100 SXM4 80GB, 16-bit"
     h200 = error_band("H200 SXM 141GB", "hopper", "bf16", 8, _runs())
     assert h200.runs == 4 and "none of the H200" in h200.scope
     blackwell = error_band("B200", "blackwell", "fp8", 8, _runs())
     assert blackwell.runs == 7 and "none of a blackwell GPU" in blackwell.scope
+
+
+def test_a_mixture_of_experts_takes_the_band_of_mixtures_of_experts():
+    """The model errs differently on them: a MoE job is not given the dense runs' band, nor a dense
+    job the MoE runs' (with too few of a kind, every run)."""
+    moe = [PublishedRun(f"m{i}", "H100 SXM5 80GB", "hopper", "fp8", 16 * (i + 1), ratio, moe=True)
+           for i, ratio in enumerate((0.4, 0.8, 0.75))]
+    runs = (*_runs(), *moe)
+    band = error_band("H100 SXM5 80GB", "hopper", "fp8", 32, runs, moe=True)
+    assert band.scope == "mixtures of experts, H100 SXM5 80GB, 8-bit, up to 64 GPUs" and band.runs == 3
+    assert band.mean_signed_error < -0.3 and band.worst_error == pytest.approx(1.5)
+    dense = error_band("H100 SXM5 80GB", "hopper", "fp8", 32, runs)
+    assert dense.scope.startswith("dense models") and dense.worst_error < 0.3
+    few = error_band("H100 SXM5 80GB", "hopper", "fp8", 32, _runs(), moe=True)
+    assert few.scope == "(too few mixtures of experts: every run)" and few.runs == len(_runs())
 
 
 def test_no_published_runs_no_band():

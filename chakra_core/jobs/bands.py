@@ -2,10 +2,12 @@
 
 `benchmarks/training_accuracy.py` compares predicted with published steps
 (docs/training-accuracy.md) and writes every run's outcome to `presets/accuracy-runs.json`. A job's
-band is taken from the closest class of those runs: the same GPU, precision class (8-bit or 16-bit)
-and scale (up to 64 GPUs, up to 1,024, more); when that class holds fewer than MIN_RUNS runs, the
-scale is dropped, then the precision, then the GPU model for its architecture, then everything. The
-band says which class it used, so a GPU no published run used is never given a tight band.
+band is taken from the closest class of those runs of the same kind (a mixture of experts or a
+dense model: the model errs differently on them, docs/training-accuracy.md): the same GPU,
+precision class (8-bit or 16-bit) and scale (up to 64 GPUs, up to 1,024, more); when that class
+holds fewer than MIN_RUNS runs, the scale is dropped, then the precision, then the GPU model for its
+architecture, then the GPU, then the kind (every run). The band says which class it used, so a GPU
+or a kind of model no published run covers is never given a tight band.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class PublishedRun:
     precision: str
     gpus: int
     ratio: float
+    moe: bool = False
+    """A mixture of experts."""
 
 
 @dataclass(frozen=True)
@@ -84,22 +88,25 @@ def band_of(runs: tuple[PublishedRun, ...] | list[PublishedRun]) -> tuple[float,
 
 
 def error_band(gpu_model: str, architecture: str, precision: str, gpus: int,
-               runs: tuple[PublishedRun, ...] | None = None) -> ErrorBand | None:
+               runs: tuple[PublishedRun, ...] | None = None, moe: bool = False) -> ErrorBand | None:
     """The band of the closest class with at least MIN_RUNS runs (see the module docstring);
     None when no published run was compared yet."""
     runs = published_runs() if runs is None else runs
     if not runs:
         return None
     bits, scale = precision_class(precision), scale_class(gpus)
+    kind = "mixtures of experts" if moe else "dense models"
+    alike = [run for run in runs if run.moe == moe]
     classes: list[tuple[str, Callable[[PublishedRun], bool]]] = [
-        (f"{gpu_model}, {bits}, {scale}", lambda r: r.gpu_model == gpu_model and precision_class(r.precision) == bits
-         and scale_class(r.gpus) == scale),
-        (f"{gpu_model}, {bits}", lambda r: r.gpu_model == gpu_model and precision_class(r.precision) == bits),
-        (gpu_model, lambda r: r.gpu_model == gpu_model),
-        (f"{architecture} (none of the {gpu_model})", lambda r: r.architecture == architecture),
+        (f"{kind}, {gpu_model}, {bits}, {scale}", lambda r: r.gpu_model == gpu_model
+         and precision_class(r.precision) == bits and scale_class(r.gpus) == scale),
+        (f"{kind}, {gpu_model}, {bits}", lambda r: r.gpu_model == gpu_model and precision_class(r.precision) == bits),
+        (f"{kind}, {gpu_model}", lambda r: r.gpu_model == gpu_model),
+        (f"{kind}, {architecture} (none of the {gpu_model})", lambda r: r.architecture == architecture),
+        (f"{kind}, every GPU (none of a {architecture} GPU)", lambda r: True),
     ]
     for scope, keep in classes:
-        chosen = [run for run in runs if keep(run)]
+        chosen = [run for run in alike if keep(run)]
         if len(chosen) >= MIN_RUNS:
             return ErrorBand(scope, len(chosen), *band_of(chosen))
-    return ErrorBand(f"(none of a {architecture} GPU: all)", len(runs), *band_of(runs))
+    return ErrorBand(f"(too few {kind}: every run)", len(runs), *band_of(runs))

@@ -66,7 +66,7 @@ def training_section(run: FinishedRun) -> TrainingStep:
         raise SimulationError(f"internal error: the step achieves {achieved:.1f} model TFLOP/s per GPU, above "
                               f"{ceiling / 1e12:.1f}, the fastest rate the compute layer runs any kernel at "
                               "(please report this)")
-    band = error_band(info.gpu_model, info.architecture, precision, gpus)
+    band = error_band(info.gpu_model, info.architecture, precision, gpus, moe=job.shape.moe)
     # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
     pp = job.parallel.pp
     records = {record.rank: record for record in run.ranks}
