@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -40,6 +41,7 @@ from pydantic import ValidationError
 from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.sharding import DEFAULT_STRATEGY
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.plan.expert_memory import routed_copies
 from chakra_core.json_types import JsonObject
@@ -215,6 +217,18 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
                             except ValidationError as exc:
                                 rejected[_reason(exc)] += 1
     return Enumeration(sorted(specs), tried, dict(sorted(rejected.items())), specs)
+
+
+def sharding_searched(job: Mapping[str, Any], search: dict[str, Any], marked: tuple[Layout, ...]) -> tuple[Layout, ...]:
+    """A job with use_megatron_fsdp is searched with its own strategy unless `search` names some (set
+    in `search`); when strategies are searched, `marked` layouts of Megatron's data parallelism
+    (sharding None) are named as the search names them. Returns the marked layouts."""
+    training = job.get("training")
+    if "sharding" not in search and isinstance(training, Mapping) and training.get("use_megatron_fsdp"):
+        search["sharding"] = (training.get("data_parallel_sharding_strategy") or DEFAULT_STRATEGY,)
+    if "sharding" not in search:
+        return marked
+    return tuple(dataclasses.replace(m, sharding=MEGATRON) if m.sharding is None else m for m in marked)
 
 
 def _experts_skipped(experts: int | None, ep: int, etp: int | None, stage: int) -> str | None:

@@ -25,7 +25,6 @@ and the top K does not depend on either: a pruned layout's step time is at least
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import json
 import math
@@ -44,13 +43,12 @@ from chakra_core.json_types import JsonObject
 from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.routing import histogram_anchored
-from chakra_core.jobs.sharding import DEFAULT_STRATEGY
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.spec import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
-from chakra_core.plan.layouts import MEGATRON, Enumeration, Layout, enumerate_layouts, lower_bound_s
+from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
@@ -247,12 +245,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     profile = job_profile(cluster.profile, str(precision), base_dir, source)
     gpus_per_node = job_gpus_per_node(cluster, profile)
     search = dict(options.search)
-    fsdp = (training.get("data_parallel_sharding_strategy") or DEFAULT_STRATEGY) \
-        if isinstance(training, Mapping) and training.get("use_megatron_fsdp") else None
-    if "sharding" not in search and fsdp is not None:   # the job's own strategy, named like a searched one
-        search["sharding"] = (fsdp,)
-    if "sharding" in search:   # marked layouts of Megatron's data parallelism, named as the search names them
-        include = tuple(dataclasses.replace(m, sharding=MEGATRON) if m.sharding is None else m for m in include)
+    include = sharding_searched(job, search, include)
     training = job.get("training")
     if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
         # FlashAttention recomputes the scores anyway: selective recomputation is none's layout
