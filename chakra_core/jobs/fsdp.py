@@ -36,7 +36,7 @@ from bisect import bisect_left
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.schedule import stage_schedule
-from chakra_core.jobs.sharding import EMBEDDING, HEAD, Schedule, communication_unit, plan_buckets, strategy
+from chakra_core.jobs.sharding import EMBEDDING, HEAD, job_buckets, job_schedule
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
 
@@ -49,21 +49,14 @@ def rank_program(job: JobSpec, placement: Placement, rank: int) -> RankProgram:
     return program(job, placement, rank)
 
 
-def bucket_size(job: JobSpec) -> int | None:
-    """Megatron's DDP bucket size, which cuts the buckets outside units (none without overlap_grad_reduce)."""
-    return job.bucket_params if job.training.overlap_grad_reduce else None
-
-
 class ShardedRankProgram(RankProgram):
     """A rank's step with Megatron-FSDP (see the module docstring); one pipeline stage (sharding.py)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         super().__init__(job, placement, rank)
         layers = self.chunk_layers(0)
-        self.fsdp_buckets = plan_buckets(layers, self.unit_params, self.expert_unit_params, strategy(job) or "",
-                                         bucket_size(job))
-        self.fsdp = Schedule(self.fsdp_buckets, strategy(job) or "",
-                             communication_unit(job, self.fsdp_buckets, bucket_size(job)))
+        self.fsdp_buckets = job_buckets(job, layers, self.unit_params, self.expert_unit_params)
+        self.fsdp = job_schedule(job, self.fsdp_buckets)
         self.gather_node: dict[int, int | None] = {}   # bucket -> its last all-gather
         self.reduce_node: dict[int, int | None] = {}   # bucket -> its reduction in flight
         self.chain: dict[str, int | None] = {}         # process group -> its last collective

@@ -146,6 +146,22 @@ class Gather:
     launched: list[int] = field(default_factory=list)
 
 
+def bucket_size(job: JobSpec) -> int | None:
+    """Megatron's DDP bucket size, which cuts the buckets outside units (none without overlap_grad_reduce)."""
+    return job.bucket_params if job.training.overlap_grad_reduce else None
+
+
+def job_buckets(job: JobSpec, layers: Sequence[int], dense: Callable[[int], int],
+                experts: Callable[[int], int]) -> list[Bucket]:
+    """plan_buckets with the job's strategy and bucket size: the generator's and the memory walk's."""
+    return plan_buckets(layers, dense, experts, strategy(job) or "", bucket_size(job))
+
+
+def job_schedule(job: JobSpec, buckets: Sequence[Bucket]) -> Schedule:
+    """The hooks' schedule of `buckets` with the job's strategy and communication unit."""
+    return Schedule(buckets, strategy(job) or "", communication_unit(job, buckets, bucket_size(job)))
+
+
 class Schedule:
     """The state of one rank's buckets through the hooks of a step (module docstring)."""
 

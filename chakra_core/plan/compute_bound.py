@@ -116,12 +116,13 @@ class ComputeBound:
         group, members = program.names.get("ep"), program.groups.get("ep")
         if self.system is None or group is None or members is None:
             return 0.0
-        total = 0
+        ranks, total = tuple(members), 0
         for node in program.stream.nodes[start:end]:
+            if node.type != pb.COMM_COLL_NODE:
+                continue
             view = NodeView(node)
-            if node.type == pb.COMM_COLL_NODE and view.str("pg_name", "") == group \
-                    and view.int("comm_type", 0) == pb.ALL_TO_ALL:
-                total += self.system.idle_collective_ns(pb.ALL_TO_ALL, view.int("comm_size", 0), tuple(members)) or 0
+            if view.str("pg_name", "") == group and view.int("comm_type", 0) == pb.ALL_TO_ALL:
+                total += self.system.idle_collective_ns(pb.ALL_TO_ALL, view.int("comm_size", 0), ranks) or 0
         return total / 1e9
 
     def _pieces(self, spec: JobSpec, placement: Placement, rank: int) -> Times:

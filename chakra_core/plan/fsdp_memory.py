@@ -27,8 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from chakra_core.jobs.fsdp import bucket_size
-from chakra_core.jobs.sharding import EMBEDDING, HEAD, Bucket, Schedule, communication_unit, plan_buckets, strategy
+from chakra_core.jobs.sharding import EMBEDDING, HEAD, Bucket, Schedule, job_buckets, job_schedule
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import moe_layer_params
 
@@ -51,7 +50,7 @@ def fsdp_buckets(job: JobSpec, dense_layer: int) -> list[Bucket]:
 
     def experts(unit: int) -> int:
         return block.experts if block is not None and unit >= 0 and m.is_moe_layer(unit) else 0
-    return plan_buckets(job.chunk_layers(0, 0), dense, experts, strategy(job) or "", bucket_size(job))
+    return job_buckets(job, job.chunk_layers(0, 0), dense, experts)
 
 
 def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int, param_bytes: int,
@@ -61,7 +60,7 @@ def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int
     bytes of a weight and of a parameter's optimizer state."""
     t, p = job.training, job.parallel
     buckets = fsdp_buckets(job, dense_layer)
-    sched = Schedule(buckets, strategy(job) or "", communication_unit(job, buckets, bucket_size(job)))
+    sched = job_schedule(job, buckets)
     groups = (job.dp * p.cp, job.dp * p.cp * p.tp // (p.ep * p.expert_tp))
 
     def shards(bucket: int) -> int:
