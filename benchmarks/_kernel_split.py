@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from chakra_core.contract.layers import ComputeModel
+from chakra_core.contract.time_folding import TimeFolding
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace
 from chakra_core.schema import pb
@@ -42,20 +43,25 @@ def kind(name: str) -> str | None:
 
 
 def moe_split(trace_dir: Path, job_name: str, pp: int, gpus: int, compute: ComputeModel,
-              by_stage: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Seconds of the slowest stage: attention, MoE compute, exposed dispatch/combine, rest, step."""
+              by_stage: Mapping[str, Mapping[str, float]], time_folding: TimeFolding | None = None) -> dict[str, float]:
+    """Seconds of the slowest stage: attention, MoE compute, exposed dispatch/combine, rest, step.
+    A run folded in time read its traces of fewer micro-batches: each repeating period's kernels
+    count once more per period left out."""
     stage = max(by_stage, key=lambda s: (sum(by_stage[s].values()), -int(s)))
     parts = by_stage[stage]
     step = sum(parts.values())
     head = int(stage) * (gpus // pp)
     seconds = {"attention": 0.0, "moe": 0.0}
-    for node in read_trace(trace_dir / f"{job_name}.{head}.et").nodes:
+    span = None if time_folding is None else time_folding.ranks[head]
+    trace = trace_dir / f"{job_name}.{head}.et" if span is None else trace_dir / "time-folded" / f"{job_name}.{head}.et"
+    for node in read_trace(trace).nodes:
         if node.type != pb.COMP_NODE:
             continue
         which = kind(node.name)
         if which is not None:
             duration = compute.alone_time_ns(NodeView(node))
-            seconds[which] += (node.duration_micros * 1000 if duration is None else duration) / 1e9
+            weight = 1 if span is None or not span.first <= node.id < span.first + span.nodes else 1 + time_folding.periods
+            seconds[which] += weight * (node.duration_micros * 1000 if duration is None else duration) / 1e9
     exposed = parts.get("exposed_ep", 0.0)
     return {"attention": seconds["attention"], "moe": seconds["moe"], "exposed_ep": exposed,
             "rest": step - seconds["attention"] - seconds["moe"] - exposed, "step": step, "stage": int(stage)}

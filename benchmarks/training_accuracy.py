@@ -126,8 +126,8 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
         training = result.document["training"]
         spec = JobSpec.model_validate(job)
         split = moe_split(Path(tmp) / "traces", job["name"], spec.parallel.pp, spec.cluster.gpus,
-                          prepared.simulation.layers["compute"], training["breakdown_by_stage_s"]) \
-            if spec.shape.moe and off is None else None
+                          prepared.simulation.layers["compute"], training["breakdown_by_stage_s"],
+                          prepared.simulation.spec.time_folding) if spec.shape.moe and off is None else None
     same = hashlib.sha256(json.dumps([result.document["ranks"], training], sort_keys=True).encode()).hexdigest()
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
               "wall": wall, "results_digest": same, "moe_split": split}

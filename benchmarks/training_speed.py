@@ -1,10 +1,13 @@
-"""How long a training step takes to simulate: Llama 3 70B on 1,024 H100 and Llama 3.1 405B on
+"""How long a training step takes to simulate: Llama 3 70B on 1,024 H100, Llama 3.1 405B on
 16,384 H100 (the layout Meta reports for Llama 3 405B pre-training: TP 8, CP 1, PP 16, DP 128,
 16M tokens per step; "The Llama 3 Herd of Models", sec. 3.3, as quoted from Balaji's SC'24 talk
-at https://glennklockwood.com/garden/llama-3.1).
+at https://glennklockwood.com/garden/llama-3.1), the same with interleaving (VP 8), and SC'21's
+1T GPT on 3,072 A100 exactly as the training accuracy table describes it (64 stages, 512
+micro-batches).
 
-    python benchmarks/training_speed.py            # both, folded (the default), fresh traces
-    python benchmarks/training_speed.py --fold-off # also 1,024 GPUs with every rank simulated
+    python benchmarks/training_speed.py              # every job, folded in time and not: both steps
+    python benchmarks/training_speed.py --fold-time auto   # folded in time only
+    python benchmarks/training_speed.py --fold-off   # also 1,024 GPUs with every rank simulated
 
 Wall time counts everything `chakra-sim run` does for a job manifest: generating the traces of
 one rank per pipeline stage, building the layers, simulating, building the results; peak memory
@@ -14,6 +17,7 @@ is the process's maximum resident set.
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from chakra_core import run as runner  # noqa: E402
 
@@ -35,12 +40,27 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": "llama3.1-405b", "parallel": {"tp": 8, "pp": 16, "account_for_embedding_and_loss": True},
         "training": {"seq": 8192, "global_batch": 2048},
         "cluster": {"gpus": 16384, "profile": "h100-hgx-roce400"}},
+    "llama3.1-405b on 16,384 H100 (TP 8, PP 16, VP 8, DP 128, GBS 2048, BF16)": {
+        "model": "llama3.1-405b", "parallel": {"tp": 8, "pp": 16, "vp": 8, "account_for_embedding_and_loss": True},
+        "training": {"seq": 8192, "global_batch": 2048},
+        "cluster": {"gpus": 16384, "profile": "h100-hgx-roce400"}},
 }
+SC21_1T = "SC'21 1T GPT on 3,072 A100 (TP 8, PP 64, DP 6, GBS 3072; accuracy table row)"
 
 
-def measure(job: dict[str, Any], out: Path, fold: str) -> tuple[float, dict[str, Any]]:
-    manifest = {"job": {"name": "step", **job}, "workload": {"fold": fold}, "output": {"dir": str(out)},
-                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+def jobs() -> dict[str, dict[str, Any]]:
+    import yaml
+    from training_accuracy import RUNS, job_of
+
+    run = next(r for r in yaml.safe_load(RUNS.read_text())["runs"] if r["id"] == "sc21-gpt-1t-a100-3072")
+    sc21 = job_of(run)
+    sc21.pop("name", None)
+    return {**JOBS, SC21_1T: sc21}
+
+
+def measure(job: dict[str, Any], out: Path, fold: str, fold_time: str = "auto") -> tuple[float, dict[str, Any]]:
+    manifest = {"job": {"name": "step", **job}, "workload": {"fold": fold, "fold_time": fold_time},
+                "output": {"dir": str(out)}, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     started = time.perf_counter()
     result = runner.simulate(runner.load(manifest, base_dir=out))
     return time.perf_counter() - started, result.document
@@ -49,17 +69,31 @@ def measure(job: dict[str, Any], out: Path, fold: str) -> tuple[float, dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fold-off", action="store_true", help="also simulate the 1,024-GPU job unfolded")
+    parser.add_argument("--fold-time", choices=["both", "auto", "off"], default="both",
+                        help="fold in time (auto), not (off), or both and compare the steps (default)")
+    parser.add_argument("--only", default="", help="only jobs whose name contains this")
     args = parser.parse_args()
-    print("| job | fold | simulated ranks | wall s | step s | TFLOP/s per GPU |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| job | fold | fold in time | simulated ranks | micro-batches simulated | wall s | step ns | "
+          "TFLOP/s per GPU | same step |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for index, (name, job) in enumerate(JOBS.items()):
+        for index, (name, job) in enumerate(jobs().items()):
+            if args.only not in name:
+                continue
             folds = ["auto", "off"] if args.fold_off and index == 0 else ["auto"]
+            in_time = ["auto", "off"] if args.fold_time == "both" else [args.fold_time]
             for fold in folds:
-                wall, results = measure(job, Path(tmp) / f"{index}-{fold}", fold)
-                training = results["training"]
-                print(f"| {name} | {fold} | {results['folding']['simulated_ranks']:,} | {wall:.1f} | "
-                      f"{training['step_time_s']:.3f} | {training['tflops_per_gpu']:.0f} |", flush=True)
+                steps = []
+                for fold_time in in_time:
+                    wall, results = measure(job, Path(tmp) / f"{index}-{fold}-{fold_time}", fold, fold_time)
+                    training, time = results["training"], results["folding"].get("time") or {}
+                    steps.append(json.dumps([results["ranks"], training], sort_keys=True))
+                    kept = (f"{time['microbatches_simulated']} of {time['microbatches']}" if time.get("folded")
+                            else f"all ({time.get('reason', fold_time)[:60]})" if fold_time == "auto" else "all")
+                    same = "" if len(steps) < 2 else ("identical" if steps[0] == steps[1] else "DIFFERENT")
+                    print(f"| {name} | {fold} | {fold_time} | {results['folding']['simulated_ranks']:,} | {kept} | "
+                          f"{wall:.1f} | {results['finish_ns']:,} | {training['tflops_per_gpu']:.0f} | {same} |",
+                          flush=True)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak resident memory of the process: {peak_mb:,.0f} MB")
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         CollectiveAlgorithm as CollectiveAlgorithm, PhaseContext as PhaseContext, StepSchedule as StepSchedule,
     )
     from chakra_core.contract.folding import Folding as Folding
+    from chakra_core.contract.time_folding import FoldView as FoldView
     from chakra_core.contract.hookspecs import hookimpl as hookimpl
     from chakra_core.json_types import JsonObject as JsonObject, JsonValue as JsonValue
     from chakra_core.plugins import PluginHost as PluginHost, make_plugin_host as make_plugin_host
@@ -108,6 +109,7 @@ _EXPORTS = {
     "Scheduler": "chakra_core.contract.inputs", "Unfold": "chakra_core.contract.inputs",
     "GpuLoad": "chakra_core.contract.inputs",
     "ValidationInputs": "chakra_core.contract.inputs", "Folding": "chakra_core.contract.folding",
+    "FoldView": "chakra_core.contract.time_folding",
     "CollectiveAlgorithm": "chakra_core.contract.algorithm", "StepSchedule": "chakra_core.contract.algorithm",
     "PhaseContext": "chakra_core.contract.algorithm",
     "MatchingSystem": "chakra_core.system.matching",

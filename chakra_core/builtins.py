@@ -27,6 +27,7 @@ class ReplayCompute(ComputeModel):
     fidelity = "replays each compute node's traced duration_micros (no hardware model)"
     Config = ReplayConfig
     fold_safe = True
+    time_fold_safe = True     # a pure function of the node
 
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
         return None

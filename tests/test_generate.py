@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from chakra_core.run import load as load_config
 from chakra_core.run import simulate as simulate_run
 from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
-from chakra_core.tools.generate import (GeneratorError, generate, microbenchmark_traces, transformer_job,
+from chakra_core.tools.generate import (generate, microbenchmark_traces, transformer_job,
                                         write_microbenchmark)
 from tests.helpers import REF_TRACES
 from tests.simhelpers import hop_ns, manifest, ring_network, simulate

@@ -21,7 +21,6 @@ from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.routing import expert_load
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import TrainingStep
-from chakra_core.schema import pb
 from tests.simhelpers import job_folded_and_unfolded
 
 DENSE = {"layers": 4, "hidden": 512, "ffn_hidden": 1408, "heads": 8, "kv_heads": 4, "vocab": 8000}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel
 
 from chakra_core.contract.folding import Folding
+from chakra_core.contract.time_folding import TimeFolding
 from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import Implementation
 from chakra_core.json_types import JsonObject
@@ -61,6 +62,11 @@ class RunSpec:
     folding: Folding | None = None
     """Classes of equivalent ranks known by construction (a generated job): the engine folds by
     them instead of comparing traces, and only representatives' trace files need exist."""
+    time_folding: TimeFolding | None = None
+    """A generated job's traces with fewer micro-batches, and where they repeat: the engine folds
+    the run in time (chakra_core.contract.time_folding)."""
+    time_fold_note: str = ""
+    """Why a generated job's traces keep every micro-batch ("" when they do not need to say)."""
     step_parts: bool = False
     """Split each rank's time by its nodes' `step_part` attribute too (RankRecord.parts)."""
     training: JobInfo | None = None

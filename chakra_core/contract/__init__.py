@@ -15,6 +15,7 @@ The plugin host (`chakra_core.plugins`) discovers plugins and answers lookups.
 
 from chakra_core.contract.algorithm import CollectiveAlgorithm, PhaseContext, PhaseIO, PhaseMember, StepSchedule
 from chakra_core.contract.folding import Folding
+from chakra_core.contract.time_folding import FoldView
 from chakra_core.contract.hookspecs import hookimpl, hookspec
 from chakra_core.contract.inputs import (LayerContext, RestartRequest, RunInputs, Scheduler, Unfold,
                                          ValidationInputs)
@@ -27,7 +28,7 @@ from chakra_core.contract.registry import (CommandRegistry, ComputeRegistry, Lay
 
 __all__ = [
     "LAYERS", "AstraEquivalent", "ClosedFormNetwork", "CollectiveAlgorithm", "CommandRegistry", "ComputeModel",
-    "ComputeRegistry", "ContentionFreeNetwork", "Dimension", "Folding", "LayerContext", "LayerModel",
+    "ComputeRegistry", "ContentionFreeNetwork", "Dimension", "Folding", "FoldView", "LayerContext", "LayerModel",
     "LayerRegistry", "MemoryModel", "MemoryRegistry", "NetworkModel", "NetworkRegistry", "PhaseContext",
     "PhaseIO", "PhaseMember", "PluginConfig", "ProfileSection", "ProfileSectionModel", "ProfileSectionRegistry",
     "ProfileSections", "Registries", "RestartRequest", "RunInputs", "Scheduler",

@@ -24,9 +24,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
+
+from chakra_core.contract.time_folding import FoldView
 
 from chakra_core.comm.collectives import CollectiveCall
 from chakra_core.contract.inputs import NO_LOAD, GpuLoad, LayerContext, ValidationInputs
@@ -90,9 +92,38 @@ class LayerModel(ABC):
     `context.inputs.rank_weights[rank]` (ranks it stands for) when the run is folded. A layer
     may set it per instance. Leave it False when unsure: the run then simulates every rank."""
 
+    time_fold_safe: bool = False
+    """True when the layer may take part in a folded-in-time run (chakra_core.contract.time_folding):
+    its state at an instant is a function of the operations in flight (their nodes, start times and
+    order) and of its own pending events, and what it remembers of finished operations changes no
+    later answer; `time_fold_state` returns whatever else of its state can tell two instants apart,
+    and `advance_statistics` carries its statistics forward. Leave it False when unsure: the run
+    then simulates every micro-batch."""
+
     def __init__(self, config: Any, context: LayerContext):
         self.config = config
         self.context = context
+
+    def time_fold_state(self, now: int, view: FoldView) -> Hashable:
+        """The layer's state at `now` beyond its pending events, in a form equal at two instants
+        exactly when the layer will behave the same from each: times relative to `now`, node ids
+        through `view.relabel(rank, node_id)`."""
+        return ()
+
+    def statistics_snapshot(self) -> object:
+        """The counters behind `summary` and `rank_summary` now (a time-folded run takes two)."""
+        return None
+
+    def advance_statistics(self, periods: int, before: object, after: object) -> None:
+        """Add `periods` times what the counters gained from snapshot `before` to `after`, as the
+        periods a folded-in-time run left out would have (called after the run, before `finish`)."""
+
+    def time_fold_refusal(self, start_ns: int, before: object, after: object) -> str:
+        """After the run, why the instants whose states `time_fold_state` found equal, the period
+        between them beginning at `start_ns` (snapshots `before` and `after`), are not alike after
+        all ("" when they are): for state that may differ at the two instants without changing what
+        follows, as long as what followed the first shows it did not matter."""
+        return ""
 
     @classmethod
     def config_problems(cls, config: Any, inputs: ValidationInputs) -> ProblemList:

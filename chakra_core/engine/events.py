@@ -21,7 +21,7 @@ from chakra_core.errors import SimulationError
 class EventQueue:
     """Clock + event queue; implements the `Scheduler` protocol of chakra_core.contract."""
 
-    __slots__ = ("now", "_times", "_buckets", "executed", "pending")
+    __slots__ = ("now", "_times", "_buckets", "executed", "pending", "after_instant")
 
     def __init__(self) -> None:
         self.now = 0
@@ -29,6 +29,8 @@ class EventQueue:
         self._buckets: dict[int, list[tuple[Callable[[Any], None], Any]]] = {}
         self.executed = 0
         self.pending = 0
+        self.after_instant: list[Callable[[], None]] = []
+        """Called once the events of the current instant have all run (time folding looks then)."""
 
     def schedule(self, delay: int, callback: Callable[[Any], None], arg: Any = None) -> None:
         if delay.__class__ is not int or delay < 0:
@@ -55,6 +57,20 @@ class EventQueue:
             heappush(self._times, time)
         bucket.append((callback, arg))
         self.pending += 1
+
+    def pending_times(self) -> list[int]:
+        """The instants that have events pending (any order)."""
+        return list(self._buckets)
+
+    def bucket(self, time: int) -> list[tuple[Callable[[Any], None], Any]]:
+        """The events pending at `time`, in the order they will run (read, do not change)."""
+        return self._buckets[time]
+
+    def advance(self, shift: int, events: int) -> None:
+        """A drained queue skips `shift` ns in which `events` events would have run (time folding)."""
+        assert not self._times, "only a drained queue skips time"
+        self.now += shift
+        self.executed += events
 
     def __len__(self) -> int:
         return max(self.pending, 0)   # `run` subtracts what it ran from a count `stop` zeroed
@@ -92,6 +108,10 @@ class EventQueue:
             del buckets[time]
             self.pending -= index
             self.executed += index
+            if self.after_instant:   # one check per instant, not per event
+                hooks, self.after_instant = self.after_instant, []
+                for hook in hooks:
+                    hook()
             if progress is not None and self.executed >= next_report:
                 next_report = self.executed + every
                 progress(time)

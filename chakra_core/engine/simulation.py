@@ -15,6 +15,11 @@ finish starts over unfolded the same way, so that a deadlock is reported rank
 by rank. After `MAX_RESTARTS` restarts, the last attempt runs with
 `RunInputs.closed_form` False (every layer times everything event by event).
 
+A generated job's traces may keep fewer micro-batches than its step (`RunSpec.time_folding`):
+a `PeriodWatch` (engine/time_folding.py) then finds the instant the run repeats and carries the
+results forward; a run that does not repeat, or a layer that is not `time_fold_safe`, gets the
+whole step's traces instead.
+
 `run()` returns a `FinishedRun`: per-rank records and the layers, from which
 chakra_core.report builds the results document. Feeders are closed however the
 run ends.
@@ -22,10 +27,12 @@ run ends.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from chakra_core._version import __version__
@@ -38,6 +45,7 @@ from chakra_core.contract.network import NetworkModel
 from chakra_core.engine.driver import Interval, RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
+from chakra_core.engine.time_folding import PeriodWatch, TimeUnfold, time_fold_refusal, time_fold_result
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
@@ -80,6 +88,8 @@ class FinishedRun:
     intervals: list[Interval] | None
     restarts: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    time_fold: JsonObject | None = None
+    """A generated job's time folding: what was folded, or why not (None: the run had no periods)."""
 
 
 class Simulation:
@@ -100,6 +110,9 @@ class Simulation:
         self.driver_of: dict[int, RankDriver] = {}
         self.finished = 0
         self.wall_s = 0.0
+        self.watch: PeriodWatch | None = None
+        self.time_fold_note = spec.time_fold_note
+        """Why a generated job was not folded in time ("" when it was, or nothing to say)."""
         self._setup([])
 
     # Building ----------------------------------------------------------------------------------
@@ -147,6 +160,22 @@ class Simulation:
             self.context.gpu_load = self.system.gpu_load
         if folding is None and not self.fold_note:
             self._check_foldable()
+        self.watch = None
+        if spec.time_folding is not None:
+            refusal = time_fold_refusal(self.layers, self.intervals is not None, self.node_observer is not None)
+            if refusal:
+                self._unfold_time(refusal)
+            else:
+                self.watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()),
+                                         lambda reason: self.context.request_restart(reason, TimeUnfold(reason)))
+
+    def _unfold_time(self, reason: str) -> None:
+        """Simulate the whole step's traces from now on (written now, when they are not yet)."""
+        folding = self.spec.time_folding
+        assert folding is not None and folding.full_traces is not None
+        self.spec = dataclasses.replace(self.spec, trace_files=[Path(p) for p in folding.full_traces()],
+                                        time_folding=None)
+        self.time_fold_note = reason
 
     def _check_foldable(self) -> None:
         """Why equivalent ranks cannot be folded whatever the traces say ("" when they can)."""
@@ -211,7 +240,10 @@ class Simulation:
                                      spec.dependencies)
             for warning in getattr(feeder, "warnings", []):
                 self.context.warn(warning)
-            self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
+            if self.watch is not None:
+                self.drivers.append(self.watch.driver(rank, feeder, self, capacities, slots))
+            else:
+                self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
         drivers = self.driver_of = {driver.rank: driver for driver in self.drivers}
         self.context.comm_state = lambda rank, node_id, waiting: drivers[rank].comm_waiting(node_id, waiting)
 
@@ -273,7 +305,10 @@ class Simulation:
                 self.drivers, self.finished = [], 0
                 if self.intervals is not None:
                     self.intervals.clear()
-                self._setup(hints)
+                if isinstance(restart.hint, TimeUnfold):
+                    self._unfold_time(restart.reason)
+                # classes known by construction stay (only representatives' traces exist)
+                self._setup(hints, self.folding if self.spec.folding is not None else None)
                 self._open_feeders()
             for reason in dict.fromkeys(self.restarts):
                 self.context.warn(f"the run started over ({len(self.restarts)} time(s)): {reason}")
@@ -313,10 +348,16 @@ class Simulation:
                     return context.restart
                 if not len(self.queue):   # on_idle said True but scheduled nothing: stuck
                     break
+        if self.watch is not None:
+            refusal = self.watch.why_not([d.remaining for d in self.drivers])
+            if refusal:
+                return RestartRequest(refusal, TimeUnfold(refusal))
         if self.folding is not None and any(d.remaining for d in self.drivers):
             # A deadlock is reported rank by rank: find it again with every rank simulated.
             reason = "the folded run could not finish; simulating every rank to report why"
             return RestartRequest(reason, Unfold(reason))
+        if self.watch is not None:
+            self.watch.carry_forward()
         for layer in self.layers.values():
             layer.finish()
         return context.restart
@@ -330,7 +371,7 @@ class Simulation:
                                     driver.parts()))
         return FinishedRun(self.spec, self.num_ranks, ranks, dict(self.layers), self.folding, self.fold_note,
                            self.queue.executed, self.context.warnings, self.intervals, list(self.restarts),
-                           self.wall_s)
+                           self.wall_s, time_fold_result(self.watch, self.time_fold_note))
 
     def _close_feeders(self) -> None:
         """Close every opened feeder; one that fails to close does not keep the others open."""

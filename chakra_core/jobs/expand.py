@@ -32,6 +32,9 @@ from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
+from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
+from chakra_core.contract.time_folding import RankPeriods, TimeFolding
 from chakra_core.jobs.spec import JobSpec, overflow
 from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
@@ -57,6 +60,10 @@ class JobRun:
     info: JobInfo
     trace_prefix: Path
     """The traces' `<prefix>` (workload.trace): `<prefix>.<rank>.et` in the output folder's traces/."""
+    time_folding: TimeFolding | None = None
+    """The traces keep fewer micro-batches than the step (chakra_core.jobs.time_fold)."""
+    time_fold_note: str = ""
+    """Why they keep every micro-batch ("" when they do not, or workload.fold_time is off)."""
     reused: bool = False
     """The traces were already in the output folder, written for this job by this generator."""
     lock: OutputLock | None = None
@@ -111,7 +118,10 @@ def _profile_problems(raw: object, known: Sequence[tuple[str, str]], base_dir: P
 
 
 def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None,
-               progress: GenerationProgress | None = None) -> JobRun:
+               progress: GenerationProgress | None = None, time_fold_refusal: str = "") -> JobRun:
+    """The job's traces and settings; unless `time_fold_refusal` says why not (or
+    workload.fold_time is off), the traces of fewer micro-batches when the step repeats
+    (time_fold.py)."""
     raw = data.get("job")
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
@@ -133,26 +143,55 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     folder = Path(output.get("dir", "results"))
     folder = folder if folder.is_absolute() else base_dir / folder
     workload = dict(data.get("workload") or {})
-    unknown = sorted(set(workload) - {"fold", "feeder", "cache_nodes"})
+    unknown = sorted(set(workload) - {"fold", "fold_time", "feeder", "cache_nodes"})
     if unknown:
         raise ManifestError([(f"{source}: workload.{unknown[0]}", "a job generates its traces; workload takes "
-                              "only fold, feeder and cache_nodes")])
+                              "only fold, fold_time, feeder and cache_nodes")])
     if "fold" in workload:
         workload["fold"] = fold_setting(workload["fold"])
+    fold_time = fold_setting(workload.pop("fold_time", "auto"))
+    if fold_time not in ("auto", "off"):
+        raise ManifestError([(f"{source}: workload.fold_time", f"{fold_time!r}: 'auto' (simulate the micro-batches "
+                              "that repeat once and add the rest, exactly) or 'off' (simulate every micro-batch)")])
     folded = workload.get("fold", "auto") == "auto" and not output.get("timeline", False)
     ranks = placement.representatives if folded else list(range(placement.world))
+    representative = [placement.representative(r) for r in range(placement.world)]
+
+    def traces_of(generated: Sequence[Path]) -> list[Path]:
+        # a folded run opens only representatives' files: the others' entries name their representative's
+        path_of = dict(zip(ranks, generated))
+        return [path_of.get(rank) or path_of[representative[rank]] for rank in range(placement.world)]
+
+    def whole_step() -> list[str]:
+        return [str(path) for path in traces_of(_generate(job, placement, folder / "traces", ranks, progress)[0])]
+
+    kept, note = simulated_microbatches(job)
+    if time_fold_refusal or output.get("timeline"):
+        kept, note = job.microbatches, time_fold_refusal or "a timeline records every node"
+    if fold_time == "off":
+        kept, note = job.microbatches, ""
+    time_folding = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = OutputLock(folder)   # before the traces: another run's would replace them under it
         lock.acquire()
-        traces, reused = _generate(job, placement, folder / "traces", ranks, progress)
+        if kept < job.microbatches:
+            periods: dict[int, RankPeriods | None] = {}
+            reduced = reduced_job(job, kept)
+            traces, reused = _generate(reduced, placement, folder / "traces" / "time-folded", ranks, progress, periods)
+            if all(periods.get(rank) is not None for rank in ranks):
+                per_period = period_microbatches(job)
+                time_folding = TimeFolding((job.microbatches - kept) // per_period, job.microbatches, kept, per_period,
+                                           {rank: span for rank, span in periods.items() if span is not None},
+                                           whole_step)
+            else:
+                note = "a rank's forward/backward pairs do not repeat node for node"
+        if time_folding is None:
+            traces, reused = _generate(job, placement, folder / "traces", ranks, progress)
     except OSError as exc:
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
                               f"{exc.strerror or exc}")]) from None
-    representative = [placement.representative(r) for r in range(placement.world)]
-    path_of = dict(zip(ranks, traces))
-    # a folded run opens only representatives' files: the others' entries name their representative's
-    trace_files = [path_of.get(rank) or path_of[representative[rank]] for rank in range(placement.world)]
+    trace_files = traces_of(traces)
     folding = None
     if folded and placement.world > len(ranks):
         groups_of = [tuple(placement.groups(r).values()) for r in range(placement.world)]
@@ -170,7 +209,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
-    return JobRun(manifest, trace_files, folding, info, trace_prefix, reused, lock)
+    return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock)
 
 
 @lru_cache(maxsize=1)
@@ -181,24 +220,40 @@ def generator_digest() -> str:
 
 
 def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int],
-              progress: GenerationProgress | None = None) -> tuple[list[Path], bool]:
+              progress: GenerationProgress | None = None,
+              periods: dict[int, RankPeriods | None] | None = None) -> tuple[list[Path], bool]:
     """Write the ranks' traces unless the folder holds them for this very job, written by this
-    very release and generator, already; the paths and whether they were reused."""
+    very release and generator, already; the paths and whether they were reused. With `periods`,
+    fill it with where each rank's trace repeats (kept beside the traces)."""
     digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
                                         placement.gpus_per_node, ranks], sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
+    spans = folder / f"{job.name}.periods.json"
     paths = [rank_path(folder / job.name, rank) for rank in ranks]
-    if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in paths):
+    if stamp.exists() and stamp.read_text() == digest and all(p.exists() for p in paths) and \
+            (periods is None or spans.exists()):
+        if periods is not None:
+            periods.update({int(rank): None if span is None else RankPeriods(*span)
+                            for rank, span in json.loads(spans.read_text()).items()})
         return paths, True
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
-    write_job(job, placement, folder / job.name, ranks, progress)
+
+    def note(rank: int, program: RankProgram) -> None:
+        if periods is not None:
+            periods[rank] = rank_periods(job, program.stage, program.step_starts)
+
+    write_job(job, placement, folder / job.name, ranks, progress, on_program=note)
+    if periods is not None:
+        spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes]
+                                     for rank, span in periods.items()}))
     stamp.write_text(digest)
     return paths, False
 
 
 def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None,
-              progress: GenerationProgress | None = None, compress: bool = False) -> list[Path]:
+              progress: GenerationProgress | None = None, compress: bool = False,
+              on_program: Callable[[int, RankProgram], None] | None = None) -> list[Path]:
     """Write PREFIX.<rank>.et for `ranks` (default every rank; gzipped with `compress`), removing
     rank files of an earlier, larger job under the same prefix; `progress(ranks written, ranks)`
     after each."""
@@ -207,7 +262,10 @@ def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int]
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
         for done, rank in enumerate(ranks, start=1):
-            write_trace(staged.path(rank), meta, rank_program(job, placement, rank).build(), compress=compress)
+            program = rank_program(job, placement, rank)
+            write_trace(staged.path(rank), meta, program.build(), compress=compress)
+            if on_program is not None:
+                on_program(rank, program)
             if progress is not None:
                 progress(done, len(ranks))
         return staged.commit()
@@ -229,7 +287,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     if missing:
         raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
                               "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
-    job = expand_job(data, base_dir, source, out_dir, progress)
+    job = expand_job(data, base_dir, source, out_dir, progress, _time_fold_refusal(data, host))
     try:
         _cluster_defaults(job, host)
         config = build_config(job.manifest, host, base_dir, source, traces=job.traces)
@@ -238,6 +296,8 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
             job.lock.release()
         raise
     config.spec.folding = job.folding
+    config.spec.time_folding = job.time_folding
+    config.spec.time_fold_note = job.time_fold_note
     config.spec.step_parts = True
     config.spec.training = job.info
     config.spec.manifest["job"] = job.info.job.model_dump(mode="json")
@@ -249,6 +309,23 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
                             f"(generated for this job by chakra-sim {__version__}; a changed job or "
                             "generator regenerates them)")
     return config
+
+
+def _time_fold_refusal(data: Mapping[str, Any], host: PluginHost) -> str:
+    """Why the layers the manifest names cannot fold in time, as far as their classes say ("" when
+    they may: an instance may still refuse, and the engine then simulates the whole step's
+    traces, written then)."""
+    unsafe = []
+    for layer in LAYER_DEFAULTS:
+        section = data.get(layer)
+        plugin = section.get("plugin") if isinstance(section, Mapping) else None
+        if isinstance(plugin, str):
+            try:
+                if not host.get(layer, plugin).cls.time_fold_safe:
+                    unsafe.append(f"{layer} plugin '{plugin}'")
+            except PluginError:
+                return "a layer's plugin is not installed"      # reported when the layers are built
+    return f"{', '.join(unsafe)} cannot promise a periodic state (time_fold_safe is false)" if unsafe else ""
 
 
 def _cluster_defaults(job: JobRun, host: PluginHost) -> None:

@@ -54,6 +54,7 @@ class RankProgram(CombinedSchedule):
         self.expert_buckets: list[tuple[list[int], int]] = []
         self.expert_bucket_end: dict[int, int] = {}
         self._seen_forward: set[int] = set()               # chunks whose first forward has run
+        self.step_starts: list[int] = []                   # node count before each schedule step (time_fold.py)
         t = job.training
         if t.recompute == "full":
             for chunk in range(self.vp):
@@ -257,6 +258,7 @@ class RankProgram(CombinedSchedule):
                 self.param_gather[unit] = self._gather_params(unit)
 
     def _forward_step(self, mb: int, chunk: int) -> None:
+        self.step_starts.append(len(self.stream.nodes))
         self.part = "forward"
         self._begin_forward(chunk)
         self._receive("fwd", mb, chunk)
@@ -271,6 +273,7 @@ class RankProgram(CombinedSchedule):
         self.amax_reduction(f"mb{mb}.c{chunk}.fwd", len(self.chunk_layers(chunk)))
 
     def _backward_step(self, mb: int, chunk: int) -> None:
+        self.step_starts.append(len(self.stream.nodes))
         self._last_backward = mb == self.job.microbatches - 1
         self._receive("bwd", mb, chunk)
         self.part = "backward"

@@ -126,13 +126,19 @@ class FoldingResult:
     """Unfolded: why every rank was simulated."""
     representatives: Mapping[str, int] | None = None
     """Folded: each representative rank and how many ranks its class holds."""
+    time: Mapping[str, Any] | None = None
+    """A generated job's folding in time (chakra_core.contract.time_folding): the periods left out
+    and their length, or why every micro-batch was simulated; None when the traces had no periods."""
 
     def to_json(self) -> JsonObject:
         if not self.folded:
-            return {"folded": False, "simulated_ranks": self.simulated_ranks, "reason": self.reason}
-        classes = len(self.representatives or {})
-        return {"folded": True, "simulated_ranks": self.simulated_ranks, "classes": classes,
-                "representatives": dict(self.representatives or {})}
+            document: JsonObject = {"folded": False, "simulated_ranks": self.simulated_ranks, "reason": self.reason}
+        else:
+            document = {"folded": True, "simulated_ranks": self.simulated_ranks,
+                        "classes": len(self.representatives or {}), "representatives": dict(self.representatives or {})}
+        if self.time is not None:
+            document["time"] = dict(self.time)
+        return document
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,7 @@ class Results:
         return cls(
             version=str(data["chakra_sim_version"]), events=int(data["events"]),
             folding=FoldingResult(bool(folding["folded"]), int(folding["simulated_ranks"]),
-                                  str(folding.get("reason", "")), folding.get("representatives")),
+                                  str(folding.get("reason", "")), folding.get("representatives"), folding.get("time")),
             ranks=tuple(RankResult.from_json(row) for row in data["ranks"]),
             layers={name: LayerResult.from_json(name, entry) for name, entry in data["layers"].items()},
             warnings=tuple(data.get("warnings", ())), manifest=data.get("manifest", {}),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from chakra_core._version import __version__
@@ -106,16 +105,21 @@ def _holdable(document: JsonObject, max_ns: int) -> bool:
     max_ns is written with at least as many digits as max_ns, or with a positive exponent (floats
     from 1e16 on). False (then the exact walk decides) for any such run of digits, wherever it is."""
     try:
-        text = json.dumps(document, allow_nan=False)
+        text = json.dumps(document, allow_nan=False).encode()   # ASCII: non-ASCII characters are escaped
     except (ValueError, TypeError):
         return False
-    return re.search(r"\d{%d,}|e\+" % len(str(max_ns)), text) is None
+    return b"e+" not in text and b"1" * len(str(max_ns)) not in text.translate(_DIGITS)
+
+
+_DIGITS = bytes(49 if 48 <= byte <= 57 else 48 for byte in range(256))
+"""bytes.translate table: digits to b"1", every other byte to b"0" (a run of digits is a run of 1s)."""
 
 
 def _folding(run: FinishedRun) -> FoldingResult:
     """Whether one rank stood for others (chakra_core.engine.folding), and which."""
     folding = run.folding
     if folding is None:
-        return FoldingResult(False, run.num_ranks, run.fold_note)
+        return FoldingResult(False, run.num_ranks, run.fold_note, time=run.time_fold)
     return FoldingResult(True, len(folding.members),
-                         representatives={str(rep): len(members) for rep, members in sorted(folding.members.items())})
+                         representatives={str(rep): len(members) for rep, members in sorted(folding.members.items())},
+                         time=run.time_fold)

@@ -73,5 +73,15 @@ class MatchingSystem(SystemLayer, Generic[C]):
     def rank_summary(self, rank: int) -> JsonObject:
         return {"collectives": self.collectives_done[rank]}
 
+    def statistics_snapshot(self) -> object:
+        return list(self.bytes_sent), list(self.bytes_received), list(self.collectives_done)
+
+    def advance_statistics(self, periods: int, before: object, after: object) -> None:
+        assert isinstance(before, tuple) and isinstance(after, tuple)
+        for counts, first, second in zip((self.bytes_sent, self.bytes_received, self.collectives_done), before, after):
+            for rank, (a, b) in enumerate(zip(first, second)):
+                if a != b:
+                    counts[rank] += periods * (b - a)
+
     def traffic(self, rank: int) -> tuple[int, int]:
         return self.bytes_sent[rank], self.bytes_received[rank]

@@ -10,25 +10,24 @@
 - every modelled kernel adds the GPU's back-to-back kernel gap;
 - CPU ops and nodes without num_ops replay their traced duration, as the roofline does.
 
-What a training step adds to kernels benchmarked alone (communication beside them, sustained
-clocks, epilogues, the host, the slowest chip) is in `effects.py`, one switch each.
+What a step adds to kernels benchmarked alone is in `effects.py` and `host.py`, one switch each.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Hashable
 
-from chakra_core import JsonObject
 from chakra_core import (
-    ComputeModel, GpuLoad, LayerContext, NodeView, SimulationError, ValidationInputs, device_mismatch,
-    load_profile, node_dtype, profile_problems, replay_time_ns,
+    ComputeModel, FoldView, GpuLoad, JsonObject, LayerContext, NodeView, SimulationError, ValidationInputs,
+    device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
 )
 from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionCurve, attention_ceiling,
                                                    interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
+from chakra_sim_compute_achievable.host import HostLaunches
 from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
 from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
@@ -68,6 +67,7 @@ class AchievableCompute(ComputeModel):
                 "(compute.effects); no L2 reuse")
     Config = AchievableConfig
     fold_safe = True            # the answer is a pure function of the node
+    time_fold_safe = True       # ... and of the communication in flight and the host's lead (time_fold_state)
 
     config: AchievableConfig
 
@@ -151,13 +151,12 @@ class AchievableCompute(ComputeModel):
             else:
                 self.slowest_excess = slowest_of(context.num_ranks, ach.speed_spread.value)
                 self._compute_scale /= 1 + self.slowest_excess
-        self._host = 0.0
+        self._host: HostLaunches | None = None
         if on.host_launch:
             if ach.host_launch_us is None:
                 missing.append("host_launch (gpu.achievable.host_launch_us)")
             else:
-                self._host = ach.host_launch_us.value * 1e-6
-        self._host_ready: dict[int, float] = {}   # rank -> when the host has launched its next kernel (s)
+                self._host = HostLaunches(ach.host_launch_us.value * 1e-6)
         self._sharing = on.comm_sms or on.comm_hbm
         self._stream_k = ach.gemm_schedule == "stream_k"
         self._epilogue = on.gemm_epilogue
@@ -191,8 +190,8 @@ class AchievableCompute(ComputeModel):
                 load = self.context.gpu_load(rank)
                 if load.ctas > work.margin or load.hbm_gbps:
                     duration = self._beside(work, load, duration)
-            if self._host:
-                duration = self._after_host(rank, duration)
+            if self._host is not None:
+                duration = self._host.delayed(rank, self.context.scheduler.now, duration)
         weight = self._weights.get(rank, 1) if self._weights else 1
         stats = self._stats[work.kind]
         stats[0] += weight
@@ -200,21 +199,25 @@ class AchievableCompute(ComputeModel):
         stats[2] += weight * work.flops
         return duration
 
+    # Time folding (chakra_core.contract.time_folding): the host's lead is the only state (host.py) ------
+    def time_fold_state(self, now: int, view: FoldView) -> Hashable:
+        return () if self._host is None else self._host.time_fold_state(now)
+
+    def statistics_snapshot(self) -> object:
+        return [list(kind) for kind in self._stats], {} if self._host is None else self._host.leads(self.context.scheduler.now)
+
+    def advance_statistics(self, periods: int, before: Any, after: Any) -> None:
+        self._stats = [[now + periods * (b - a) for now, a, b in zip(*kind)] for kind in zip(self._stats, before[0], after[0])]
+
+    def time_fold_refusal(self, start_ns: int, before: Any, after: Any) -> str:
+        return "" if self._host is None else self._host.time_fold_refusal(start_ns, before[1], after[1])
+
     def alone_time_ns(self, node: NodeView) -> int | None:
         """With the GPU to itself and the host ahead: the kernel's own time (nothing counted)."""
         work = node.memo.get(self)
         if work is None:
             work = node.memo[self] = self._cached_work(node)
         return work.ns
-
-    def _after_host(self, rank: int, duration: int) -> int:
-        """The kernel starts once the host has launched it: the host launches one kernel per
-        host_launch_us without waiting for the GPU, so only kernels shorter than that wait."""
-        now = self.context.scheduler.now * 1e-9
-        launched = self._host_ready.get(rank, 0.0) + self._host
-        self._host_ready[rank] = launched
-        wait = launched - now
-        return duration + int(math.ceil(wait * 1e9)) if wait > 0 else duration
 
     def _beside(self, work: _Work, load: GpuLoad, alone: int) -> int:
         """A kernel's time on the SMs and HBM bandwidth that communication in flight leaves it, up

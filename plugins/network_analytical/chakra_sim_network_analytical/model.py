@@ -54,6 +54,7 @@ class AnalyticalNetwork(NetworkModel):
     Config = AnalyticalNetworkConfig
     contention_free = True
     fold_safe = True    # a message's delay depends on its endpoints and size only
+    time_fold_safe = True   # ... and it keeps nothing between messages
     astra_sim = AstraEquivalent("congestion-unaware")   # --astra-network without --network
 
     def __init__(self, config: AnalyticalNetworkConfig, context: LayerContext) -> None:

@@ -66,6 +66,13 @@ class GpuFootprint:
             hit = self._collectives[key] = (members, value)
         return hit[1]
 
+    def held(self, now: int, relabel: Callable[[int, int], int]) -> tuple[tuple[tuple[int, int, float, int], ...], ...]:
+        """Per rank, what its operations in flight hold: (node through `relabel`, thread blocks,
+        HBM GB/s, expected end relative to `now`)."""
+        return tuple(tuple(sorted((relabel(rank, node_id), ctas, gbps, end - now)
+                                  for node_id, (ctas, gbps, end) in held.items()))
+                     for rank, held in enumerate(self._held))
+
     def message(self, rank: int, node: NodeView, now: int, alone_ns: int,
                 done: Callable[[int], None]) -> Callable[[int], None]:
         """A send or receive holds P2P_CTAS for as long as it takes alone; returns its completion

@@ -32,19 +32,20 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, Hashable, NamedTuple, Sequence
 
 from pydantic import Field, PositiveInt
 
 from chakra_core import (
-    GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
-    Unfold, ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
+    FoldView, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
+    ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
 )
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
 from chakra_sim_system_nccl.footprint import GpuFootprint, link_gbps
+from chakra_sim_system_nccl.p2p_timing import P2PTiming, apart as _apart, ns as _ns
 from chakra_sim_system_nccl.section import NCCL_KEY, NcclSpec, communicator_bytes, nccl_of
-from chakra_sim_system_nccl.sharing import NIC, NVLINK, FabricLoad, GroupShape, group_shape
+from chakra_sim_system_nccl.sharing import NIC, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 
 # A collective is one operation of one communicator group: 8 data-parallel groups each
@@ -115,70 +116,9 @@ class _Cost(NamedTuple):
     key: tuple[str, str, str]   # (collective, algorithm, protocol) in the choice table
 
 
-class _P2PTiming:
-    """What PointToPoint needs of a network (`npus_count`, `send`), timed by NCCL's point-to-point
-    cost; across nodes through the network layer when the run has one."""
-
-    def __init__(self, system: "NcclSystem"):
-        self.system = system
-        self.npus_count = system.context.num_ranks
-
-    def send(self, src: int, dst: int, size: int, on_arrival: Callable[[Any], None], arg: Any = None) -> None:
-        system = self.system
-        same_node = system.same_node(src, dst)
-        model = system.model
-        latency = model.p2p_latency_us(same_node)
-        transfer = model.p2p_transfer_us(size, same_node)
-        scheduler = system.context.scheduler
-        now = scheduler.now
-        traffic = system.internode
-        if traffic is not None and not same_node:
-            pairs = [(src, dst)]
-            if system.folding is not None:   # every pair this message stands for
-                ranks = self.npus_count
-                offset = (dst - src) % ranks
-                pairs = [(mate, (mate + offset) % ranks) for mate in system.folding.members[src]]
-            alone = now + _ns(latency + transfer)
-            traffic.run([[(a, b, size)] for a, b in pairs],
-                        lambda finishes: self._crossed(pairs, now, alone, _ns(latency), finishes, on_arrival, arg))
-            return
-        # both ends' fabric (by their representatives in folded runs: src is one)
-        ends = (src, system.representative[dst])
-        fabric = NVLINK if same_node else NIC
-        sharing = 1 + system.load.others(fabric, ends, now)
-        delay = _ns(latency + transfer * sharing)
-        system.load.add(fabric, ends, now, now + delay)
-        scheduler.schedule(delay, on_arrival, arg)
-
-    def _crossed(self, pairs: list[tuple[int, int]], start: int, alone: int, latency_ns: int, finishes: list[int],
-                 on_arrival: Callable[[Any], None], arg: Any) -> None:
-        """The message (and those it stands for) crossed the network: it arrives when NCCL's time
-        alone says, or one step's latency after its last byte, whichever is later."""
-        context = self.system.context
-        if not _apart(context, lambda i: f"the message {pairs[i][0]} -> {pairs[i][1]}", start, finishes):
-            context.scheduler.schedule_at(max(alone, finishes[0] + latency_ns), on_arrival, arg)
-
-
-def _apart(context: LayerContext, what: Callable[[int], str], start: int, finishes: list[int]) -> bool:
-    """Whether operations folded together (the i-th named `what(i)`) got through the network at
-    different instants; if so the run starts over unfolded, saying which two and when."""
-    if len(set(finishes)) == 1:
-        return False
-    slow = max(range(len(finishes)), key=finishes.__getitem__)
-    reason = (f"{what(slow)} takes {finishes[slow] - start:,} ns on the network and {what(0)}, which it is "
-              f"folded with, {finishes[0] - start:,} ns (their flows cross the network differently: hash ECMP "
-              "collisions, a failed or degraded link; ecmp: dmodk routes equivalent ranks alike); simulating "
-              "every rank")
-    context.request_restart(reason, Unfold(reason))
-    return True
-
-
 def _shown(members: Sequence[int]) -> str:
     return str(list(members)) if len(members) <= 8 else f"[{', '.join(map(str, members[:8]))}, ...]"
 
-
-def _ns(time_us: float) -> int:
-    return int(round(time_us * 1000))
 
 
 class NcclSystem(MatchingSystem[_Pending]):
@@ -192,6 +132,7 @@ class NcclSystem(MatchingSystem[_Pending]):
     collectives_start_waiting = True
     needs_network = False
     fold_safe = True
+    time_fold_safe = True   # without a network layer (__init__): in-flight operations' load and footprint
 
     def __init__(self, config: NcclSystemConfig, context: LayerContext):
         super().__init__(config, context)
@@ -212,8 +153,9 @@ class NcclSystem(MatchingSystem[_Pending]):
         network = context.network
         self.internode = None if network is None else NetworkTraffic(network, context.scheduler)
         self.mirrors_folded_traffic = network is not None
+        self.time_fold_safe = network is None   # the flows a network layer times are its own state
         self._shapes: dict[int, tuple[tuple[int, ...], GroupShape, tuple[int, ...], tuple[int, ...]]] = {}
-        self._setup_matching(context, _P2PTiming(self), _Pending)
+        self._setup_matching(context, P2PTiming(self), _Pending)
         self.folding = context.inputs.folding
         self.representative: list[int] | range = range(n)
         self.folded: FoldedMatching | None = None
@@ -391,6 +333,21 @@ class NcclSystem(MatchingSystem[_Pending]):
             out.append(collective_wait(node_id, f"{collective_name(coll.comm_type)} of {coll.size} B", missing))
         out.extend(self.p2p.waits(rank))
         return out
+
+    # Time folding (chakra_core.contract.time_folding) ----------------------------------------------
+    def time_fold_state(self, now: int, view: FoldView) -> Hashable:
+        """The fabric load and thread blocks of the operations in flight, relative to `now`."""
+        return self.load.in_flight(now), self.footprint.held(now, view.relabel)
+
+    def statistics_snapshot(self) -> object:
+        return super().statistics_snapshot(), Counter(self.choices), Counter(self.choice_ns)
+
+    def advance_statistics(self, periods: int, before: object, after: object) -> None:
+        assert isinstance(before, tuple) and isinstance(after, tuple)
+        super().advance_statistics(periods, before[0], after[0])
+        for counts, first, second in zip((self.choices, self.choice_ns), before[1:], after[1:]):
+            for key, value in second.items():
+                counts[key] += periods * (value - first.get(key, 0))
 
     def summary(self) -> JsonObject:
         return {"profile": self.profile.name, "gpus_per_node": self.gpus_per_node,

@@ -80,6 +80,11 @@ class FabricLoad:
                 most = count
         return most
 
+    def in_flight(self, now: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
+        """Every fabric's and GPU's operations not over at `now`, as (start, end) relative to it."""
+        return tuple(tuple(tuple(sorted((start - now, end - now) for start, end in ops if end > now)) for ops in table)
+                     for table in self._ops)
+
     def add(self, fabric: int, ranks: Sequence[int], start: int, end: int) -> None:
         """An operation on `fabric` at `ranks` (with repeats: a folded message can stand for one
         sent and one received by the same representative) from `start` to `end`."""

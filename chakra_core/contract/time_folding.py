@@ -1,0 +1,70 @@
+"""Time folding: a run of fewer repetitions of a periodic trace, and how many it leaves out.
+
+A training step repeats: once a pipeline is full, every micro-batch (every `pp` micro-batches
+with interleaving) runs the nodes of the one before, with the same durations and the same
+contention. A generated job then writes the traces of a step with `periods` fewer repetitions
+(`microbatches_simulated` instead of `microbatches`) and says, per simulated rank, where its
+trace repeats: the nodes [first, end) are whole periods of `nodes` nodes each, node n + nodes
+doing what node n does (names and micro-batch numbers aside).
+
+The engine (chakra_core.engine.time_folding) watches the run for an instant t2 at which the
+whole simulation is where it was at an earlier instant t1, one period on: every rank's
+unfinished, ready and in-flight nodes (with their start times) and every pending event shifted
+by `nodes` ids and by t2 - t1 ns. From t2 on, the run then repeats what followed t1, so a step
+with one more period takes t2 - t1 ns longer and adds to every counter what [t1, t2) added; by
+induction, `periods` more add `periods` times as much. The result equals the unfolded run's to
+the nanosecond, not approximately. When no such instant comes (a straggler, a layer whose state
+is not periodic), the run starts over on the whole step's traces.
+
+What a layer must guarantee to take part (`LayerModel.time_fold_safe`): its state at an instant
+is a function of the operations in flight on the simulated ranks (their nodes, when they started,
+in what order) and of its own pending events; nothing it remembers of finished operations changes
+a later answer. `time_fold_state` returns what else of its state can tell two instants apart
+(a layer with more than its events in flight), `time_fold_refusal` rejects after the run two
+instants it let pass as alike when what followed shows they were not, and
+`statistics_snapshot` / `advance_statistics` carry its summary's counters forward by whole periods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class RankPeriods:
+    """Where one simulated rank's trace repeats: node ids [first, end), `nodes` per period."""
+
+    first: int
+    end: int
+    nodes: int
+
+
+@dataclass
+class TimeFolding:
+    """A periodic trace's repetitions, as a generated job hands them to the engine."""
+
+    periods: int
+    """Periods the traces leave out; the run's results are extrapolated by this many."""
+    microbatches: int
+    """Micro-batches per step of the job."""
+    microbatches_simulated: int
+    """Micro-batches in the traces (microbatches - periods x microbatches_per_period)."""
+    microbatches_per_period: int
+    ranks: dict[int, RankPeriods] = field(default_factory=dict)
+    """Simulated rank -> where its trace repeats."""
+    full_traces: Callable[[], list[str]] | None = None
+    """Writes the whole step's traces (when the run cannot fold in time) and returns the trace
+    file of every rank, as RunSpec.trace_files lists them."""
+
+    def describe(self) -> str:
+        return (f"{self.microbatches_simulated} of {self.microbatches} micro-batches simulated, "
+                f"{self.periods} period(s) of {self.microbatches_per_period} folded")
+
+
+class FoldView(Protocol):
+    """What a layer's `time_fold_state` may ask of the run at the instant it is asked."""
+
+    def relabel(self, rank: int, node_id: int) -> int:
+        """The node's id counted from the rank's lowest unfinished node (equal for a node and its
+        counterpart a period on)."""

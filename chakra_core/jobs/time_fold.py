@@ -1,0 +1,73 @@
+"""A job's step with fewer micro-batches, for the engine to fold in time
+(chakra_core.contract.time_folding): how many micro-batches the traces keep, and where each rank's
+trace repeats.
+
+Once a pipeline is full, Megatron's 1F1B schedule runs forward/backward pairs whose work repeats
+every micro-batch; interleaved, every `pp` micro-batches (the model chunks come round after pp x
+vp pairs: schedule.py). A rank's repeating nodes are its pairs but the first and last period's
+(the first forwards launch parameter gathers and cast fp8 weights, the last backward reduces
+gradients). The traces keep enough micro-batches for every rank to be inside its repeating
+nodes for a few periods at once; a step with more micro-batches differs from them only by whole
+periods inserted before the cool-down, which the engine adds back.
+"""
+
+from __future__ import annotations
+
+from chakra_core.contract.time_folding import RankPeriods
+from chakra_core.jobs.schedule import stage_schedule, warmup_steps
+from chakra_core.jobs.spec import JobSpec
+
+STEADY_PERIODS = 4
+"""Periods every rank spends inside its repeating nodes at the same time, in the traces kept: the
+engine needs two instants a period apart there, each with its nodes in flight inside too."""
+
+
+def period_microbatches(job: JobSpec) -> int:
+    """Micro-batches after which a rank's schedule repeats."""
+    return 1 if job.vp == 1 else job.parallel.pp
+
+
+def simulated_microbatches(job: JobSpec) -> tuple[int, str]:
+    """The micro-batches a folded-in-time step's traces keep (the job's own when nothing would be
+    left out), and why not fewer ("" when fewer)."""
+    if job.parallel.overlap_moe_expert_parallel_comm:
+        return job.microbatches, "the combined 1F1B schedule of overlap_moe_expert_parallel_comm is not folded in time"
+    period, pp, vp = period_microbatches(job), job.parallel.pp, job.vp
+    # the pipeline fills and drains in about 2 pp pairs, besides the first and last periods
+    floor = (STEADY_PERIODS + 2) * period + (pp - 1 if vp == 1 else 2 * pp)
+    periods = (job.microbatches - floor) // period
+    if periods < 2:
+        return job.microbatches, (f"{job.microbatches} micro-batch(es): too few to repeat (time folding keeps "
+                                  f"{floor} and folds from 2 periods of {period} left out)")
+    periods -= periods % 2   # even: a pipeline that repeats every two periods folds too (engine/time_folding.py)
+    return job.microbatches - periods * period, ""
+
+
+def reduced_job(job: JobSpec, microbatches: int) -> JobSpec:
+    """The job with `microbatches` micro-batches per replica (its global batch cut to match)."""
+    training = job.training.model_copy(update={"global_batch": microbatches * job.dp * job.training.micro_batch})
+    return job.model_copy(update={"training": training})
+
+
+def rank_periods(job: JobSpec, stage: int, step_starts: list[int]) -> RankPeriods | None:
+    """Where a rank's trace repeats, from the node count before each of its schedule's steps
+    (RankProgram.step_starts); None when its pairs are too few or not alike."""
+    pp, vp, microbatches = job.parallel.pp, job.vp, job.microbatches
+    steps = stage_schedule(stage, pp, vp, microbatches)
+    if len(step_starts) != len(steps):
+        return None
+    warmup = warmup_steps(stage, pp, vp, microbatches)
+    pairs = microbatches * vp - warmup
+    per_period = period_microbatches(job) * vp       # pairs per period
+    if pairs < 4 * per_period:
+        return None
+
+    def pair(index: int) -> int:
+        return step_starts[warmup + 2 * index]
+
+    periods = (pairs - 2 * per_period) // per_period      # whole periods between the first and the last
+    starts = [pair(per_period * (1 + j)) for j in range(periods + 1)]
+    nodes = starts[1] - starts[0]
+    if nodes <= 0 or any(b - a != nodes for a, b in zip(starts, starts[1:])):
+        return None
+    return RankPeriods(starts[0], starts[-1], nodes)

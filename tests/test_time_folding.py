@@ -1,0 +1,311 @@
+"""Time folding (chakra_core.contract.time_folding): a step simulated with fewer micro-batches and
+carried forward by whole periods gives the unfolded step's results to the nanosecond; the traces
+kept differ from the whole step's only by whole periods; a run whose state does not repeat, or
+a layer that cannot promise it, falls back to the whole step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from chakra_core import hookimpl, run
+from chakra_core.contract import ComputeRegistry
+from chakra_core.jobs.fsdp import rank_program
+from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
+from chakra_core.plugins import make_plugin_host
+from chakra_core.schema import pb
+from chakra_sim_compute_achievable.model import AchievableCompute
+
+PROFILE = "h100-hgx-ndr400"
+MODEL = {"layers": 8, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
+
+
+def job(tp: int = 1, pp: int = 2, vp: int = 1, gpus: int = 4, microbatches: int = 16, **training: Any) -> dict[str, Any]:
+    dp = gpus // (tp * pp)
+    return {"name": "t", "model": dict(MODEL), "parallel": {"tp": tp, "pp": pp, "vp": vp},
+            "training": {"seq": 1024, "global_batch": microbatches * dp, "micro_batch": 1} | training,
+            "cluster": {"gpus": gpus, "profile": PROFILE}}
+
+
+NO_HOST = {"compute": {"plugin": "achievable", "effects": {"host_launch": False}}}
+"""Without the host's launches: a small model's host stays within reach of its GPU for most of a
+short step, which no period repeats (AchievableCompute.time_fold_state), so these runs would fall
+back; the effect is on in the runs of real sizes below."""
+
+
+def simulate(tmp_path: Path, data: dict[str, Any], fold_time: str, host: Any = None, **layers: Any) -> dict[str, Any]:
+    out = tmp_path / f"out-{fold_time}-{len(list(tmp_path.iterdir()))}"
+    manifest = {"job": data, "workload": {"fold_time": fold_time}, "output": {"dir": str(out)},
+                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}, **layers}
+    return run.simulate(run.load(manifest, host, base_dir=tmp_path), host).document
+
+
+def same_step(folded: dict[str, Any], whole: dict[str, Any]) -> None:
+    """Every rank's row (finish, time categories and their split, bytes, node counts, layer
+    statistics) and the training section are equal, as are the event count and the layers'
+    integer statistics."""
+    assert folded["ranks"] == whole["ranks"]
+    assert folded["training"] == whole["training"]
+    assert folded["finish_ns"] == whole["finish_ns"]
+    assert folded["events"] == whole["events"]
+    assert folded["layers"]["system"] == whole["layers"]["system"]
+
+
+# The traces kept ------------------------------------------------------------------------------------
+def _canonical(node: pb.Node, shift_ids: int, shift_tags: int, first: int) -> bytes:
+    """The node without its name, its id and later dependencies moved by `shift_ids` and its p2p
+    tag by `shift_tags`; dependencies before the repeating nodes (`first`) stay."""
+    copy = pb.Node()
+    copy.CopyFrom(node)
+    copy.name = ""
+    copy.id += shift_ids
+    for deps in (copy.data_deps, copy.ctrl_deps):
+        moved = [d + shift_ids if d >= first else d for d in deps]
+        del deps[:]
+        deps.extend(moved)
+    for attr in copy.attr:
+        if attr.name == "comm_tag":
+            attr.int64_val += shift_tags
+    return copy.SerializeToString(deterministic=True)
+
+
+@settings(max_examples=20, deadline=None)
+@given(pp=st.sampled_from([1, 2, 4]), vp=st.sampled_from([1, 2]), tp=st.sampled_from([1, 2]),
+       extra=st.integers(0, 3), recompute=st.sampled_from(["none", "full", "selective"]),
+       precision=st.sampled_from(["bf16", "fp8"]))
+def test_a_longer_step_is_the_kept_one_with_whole_periods_inserted(pp, vp, tp, extra, recompute, precision):
+    """For every rank, the traces of one more period hold the kept traces' nodes up to the end of
+    their repeating nodes, then one period like the last before it, then the kept traces' rest, a
+    period's nodes (and micro-batches) on. What the engine proves of the kept step's run then
+    holds of the longer one (chakra_core.contract.time_folding)."""
+    if vp > 1 and pp == 1:
+        vp = 1
+    c = 1 if vp == 1 else pp
+    base = JobSpec.model_validate(job(tp=tp, pp=pp, vp=vp, gpus=tp * pp * 2, microbatches=64 * c,
+                                      recompute=recompute, precision=precision))
+    kept, why = simulated_microbatches(base)
+    assert not why and kept < base.microbatches
+    kept += c * extra
+    short, long = reduced_job(base, kept), reduced_job(base, kept + period_microbatches(base))
+    placement = Placement(short, 8)
+    for rank in placement.representatives:
+        program = rank_program(short, placement, rank)
+        nodes = program.build()
+        span = rank_periods(short, program.stage, program.step_starts)
+        assert span is not None
+        longer = rank_program(long, Placement(long, 8), rank).build()
+        assert len(longer) == len(nodes) + span.nodes
+        tags = 2 * vp * c
+        for i in range(span.end):
+            assert longer[i].SerializeToString(deterministic=True) == nodes[i].SerializeToString(deterministic=True)
+        for i in range(span.end, span.end + span.nodes):   # the period inserted: like the one before
+            assert _canonical(longer[i], 0, 0, span.first) == _canonical(nodes[i - span.nodes], span.nodes, tags,
+                                                                         span.first)
+        for i in range(span.end, len(nodes)):               # the rest, a period on
+            assert _canonical(longer[i + span.nodes], 0, 0, span.first) == _canonical(nodes[i], span.nodes, tags,
+                                                                                       span.first)
+
+
+# The run ---------------------------------------------------------------------------------------------
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pp=st.sampled_from([1, 2, 4]), vp=st.sampled_from([1, 2]), tp=st.sampled_from([1, 2]),
+       microbatches=st.integers(14, 40), recompute=st.sampled_from(["none", "full"]),
+       precision=st.sampled_from(["bf16", "fp8"]), overlap=st.booleans())
+def test_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, vp, tp, microbatches, recompute,
+                                                          precision, overlap):
+    if vp > 1 and pp == 1:
+        vp = 1
+    c = 1 if vp == 1 else pp
+    data = job(tp=tp, pp=pp, vp=vp, gpus=tp * pp * 2, microbatches=c * (microbatches // c + 8),
+               recompute=recompute, precision=precision, overlap_grad_reduce=overlap, overlap_param_gather=overlap)
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST), simulate(tmp_path, data, "off", **NO_HOST)
+    same_step(folded, whole)
+    assert "time" not in whole["folding"]
+    assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+
+
+MOE = {**MODEL, "num_experts": 8, "topk": 2, "moe_ffn_hidden": 512}
+KINDS = {
+    "context parallel": ({"cp": 2}, {}, None),
+    "sequence parallel and TP overlap": ({"tp": 2, "tp_comm_overlap": True}, {}, None),
+    "mixture of experts, EP 2, skewed routing": ({"ep": 2}, {"routing": {"zipf": 1.0}}, MOE),
+    "Megatron-FSDP (ZeRO-3)": ({"pp": 1}, {"use_megatron_fsdp": True,
+                                           "data_parallel_sharding_strategy": "optim_grads_params"}, None),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_other_jobs_fold_in_time_exactly(tmp_path, kind):
+    parallel, training, model = KINDS[kind]
+    data = job(pp=2, gpus=8, microbatches=24, **training)
+    data["parallel"] = {**data["parallel"], **parallel}
+    data["training"]["global_batch"] = 24 * 8 // (data["parallel"].get("tp", 1) * data["parallel"]["pp"]
+                                                  * data["parallel"].get("cp", 1))
+    if model is not None:
+        data["model"] = model
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST), simulate(tmp_path, data, "off", **NO_HOST)
+    same_step(folded, whole)
+    assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+
+
+def test_a_pipeline_folds_in_time_and_says_so(tmp_path):
+    """Llama 3 8B with every compute effect on, the host's launches included: the host falls so
+    far behind that it can no longer hold a kernel back, and the step repeats from there."""
+    data = job(tp=2, pp=4, vp=2, gpus=16, microbatches=64, precision="fp8", seq=2048)
+    data["model"] = "llama3-8b"
+    folded, whole = simulate(tmp_path, data, "auto"), simulate(tmp_path, data, "off")
+    time = folded["folding"]["time"]
+    assert time["folded"] and time["microbatches"] == 64 and time["microbatches_per_period"] == 4
+    assert time["microbatches_simulated"] + time["periods"] * 4 == 64 and time["cycle_ns"] > 0
+    assert time["periods"] % time["cycle_periods"] == 0
+    same_step(folded, whole)
+    assert folded["layers"]["compute"]["summary"]["kinds"].keys() == whole["layers"]["compute"]["summary"]["kinds"].keys()
+    for kind, figures in folded["layers"]["compute"]["summary"]["kinds"].items():
+        other = whole["layers"]["compute"]["summary"]["kinds"][kind]
+        assert figures["count"] == other["count"] and figures["time_ns"] == other["time_ns"]
+        assert abs(figures["flops"] - other["flops"]) <= 1e-9 * other["flops"]   # float sums, in another order
+
+
+def test_too_few_micro_batches_simulate_every_one_and_say_so(tmp_path):
+    document = simulate(tmp_path, job(pp=4, gpus=8, microbatches=8), "auto")
+    assert document["folding"]["time"] == {"folded": False, "reason": "8 micro-batch(es): too few to repeat (time "
+                                           "folding keeps 9 and folds from 2 periods of 1 left out)"}
+
+
+def test_a_congested_network_is_not_folded_in_time_and_says_why(tmp_path):
+    """The congestion network's link queues carry their backlog from one message to the next."""
+    data = job(pp=2, gpus=16, microbatches=24)
+    network = {**NO_HOST, "network": {"plugin": "congestion", "topology": ["Switch"], "npus_count": [16],
+                                      "bandwidth": [50], "latency": [500]}}
+    folded, whole = simulate(tmp_path, data, "auto", **network), simulate(tmp_path, data, "off", **network)
+    reason = folded["folding"]["time"]["reason"]
+    assert "network plugin 'congestion'" in reason and "system plugin 'nccl'" not in reason
+    same_step(folded, whole)
+
+
+# Falling back -------------------------------------------------------------------------------------
+def test_a_layer_that_cannot_promise_a_periodic_state_gets_the_whole_step(tmp_path):
+    """nccl with a network layer leaves the flows to it, whose state it cannot vouch for: the run
+    simulates the whole step's traces, written when it learns so, and says why."""
+    data = job(pp=2, gpus=16, microbatches=24)
+    network = {**NO_HOST, "network": {"plugin": "analytical", "topology": ["Switch"], "npus_count": [16], "bandwidth": [50],
+                           "latency": [500]}}
+    folded, whole = simulate(tmp_path, data, "auto", **network), simulate(tmp_path, data, "off", **network)
+    assert folded["folding"]["time"]["folded"] is False
+    assert "system plugin 'nccl'" in folded["folding"]["time"]["reason"]
+    same_step(folded, whole)
+
+
+class _Heating(AchievableCompute):
+    """A straggler: rank 0's GPU gets slower with every kernel (a clock that throttles as it heats),
+    which no period repeats."""
+
+    name = "heating"
+    time_fold_safe = True
+
+    def __init__(self, config: Any, context: Any):
+        super().__init__(config, context)
+        self.kernels = 0
+
+    def compute_time_ns(self, rank, node):
+        duration = super().compute_time_ns(rank, node)
+        if rank == 0 and duration is not None:
+            self.kernels += 1
+            duration += self.kernels // 4
+        return duration
+
+
+class _HeatingPlugin:
+    @hookimpl
+    def chakra_sim_register_compute(self, registry: ComputeRegistry) -> None:
+        registry.add(_Heating)
+
+
+def test_a_straggler_that_never_repeats_falls_back_to_every_micro_batch(tmp_path):
+    host = make_plugin_host(extra_plugins=[("heating", _HeatingPlugin())])
+    data = job(pp=2, gpus=4, microbatches=24)
+    compute = {"compute": {"plugin": "heating", "effects": {"host_launch": False}}}
+    folded, whole = simulate(tmp_path, data, "auto", host, **compute), simulate(tmp_path, data, "off", host, **compute)
+    time = folded["folding"]["time"]
+    assert time["folded"] is False and "no instant" in time["reason"]
+    same_step(folded, whole)
+
+
+def test_fold_time_is_checked(tmp_path):
+    from chakra_core.errors import ManifestError
+
+    with pytest.raises(ManifestError, match="workload.fold_time"):
+        simulate(tmp_path, job(), "sometimes")
+
+
+def test_results_say_what_time_folding_did_and_reload(tmp_path):
+    from chakra_core.report.document import Results
+
+    document = simulate(tmp_path, job(pp=2, gpus=4, microbatches=24), "auto", **NO_HOST)
+    assert document["folding"]["time"]["folded"]
+    assert Results.from_json(json.loads(json.dumps(document))).to_json()["folding"] == document["folding"]
+
+
+# The engine's part, on traces written by hand ------------------------------------------------------
+def _loop(iterations: int, rank: int) -> list[pb.Node]:
+    """A metadata-free trace: `iterations` times (compute, all-reduce, compute) chained, and a
+    final all-reduce; rank 1's compute is slower, so rank 0 waits in every collective."""
+    from chakra_core.testing import collective, comp
+
+    nodes, last = [], None
+    for i in range(iterations):
+        base = 3 * i
+        nodes.append(comp(base, 40 + 25 * rank, deps=[] if last is None else [last]))
+        nodes.append(collective(base + 1, pb.ALL_REDUCE, 1 << 20, deps=[base]))
+        nodes.append(comp(base + 2, 15, deps=[base + 1]))
+        last = base + 2
+    nodes.append(collective(3 * iterations, pb.ALL_REDUCE, 4 << 20, deps=[last]))
+    return nodes
+
+
+def _hand_runs(tmp_path: Path) -> tuple[dict[str, Any], Any, str]:
+    """The unfolded run of 32 iterations, the configuration of the 12-iteration traces and the
+    32-iteration traces' prefix."""
+    from chakra_core.testing import manifest, write_ranks
+
+    system = {"plugin": "nccl", "profile": PROFILE}
+    short = write_ranks(tmp_path / "short", [_loop(12, rank) for rank in range(2)])
+    long = write_ranks(tmp_path / "long", [_loop(32, rank) for rank in range(2)])
+    whole = run.simulate(run.load(manifest(long, None, compute={"plugin": "replay"}) | {"system": system},
+                                  base_dir=tmp_path)).document
+    return whole, run.load(manifest(short, None, compute={"plugin": "replay"}) | {"system": system},
+                           base_dir=tmp_path), long
+
+
+def test_the_engine_folds_any_periodic_trace_it_is_told_of(tmp_path):
+    """chakra_core.engine.time_folding on traces that are not a job's: told that nodes [3, 3 x 11)
+    repeat every 3 nodes, a run of 12 iterations carried forward by 20 periods equals the run of
+    32 iterations in every rank's row."""
+    from chakra_core.contract.time_folding import RankPeriods, TimeFolding
+
+    whole, config, long = _hand_runs(tmp_path)
+    config.spec.time_folding = TimeFolding(20, 32, 12, 1, {rank: RankPeriods(3, 33, 3) for rank in range(2)},
+                                           lambda: [f"{long}.{rank}.et" for rank in range(2)])
+    folded = run.simulate(config).document
+    assert folded["folding"]["time"]["folded"] and folded["folding"]["time"]["cycle_ns"] > 0
+    assert folded["ranks"] == whole["ranks"] and folded["finish_ns"] == whole["finish_ns"]
+    assert folded["events"] == whole["events"]
+
+
+def test_the_engine_falls_back_when_told_a_wrong_period(tmp_path):
+    """Told that rank 1's nodes repeat every 6 nodes while they repeat every 3, the engine finds no
+    instant that repeats and simulates the whole traces instead: the same rows."""
+    from chakra_core.contract.time_folding import RankPeriods, TimeFolding
+
+    whole, config, long = _hand_runs(tmp_path)
+    config.spec.time_folding = TimeFolding(20, 32, 12, 1, {0: RankPeriods(3, 33, 3), 1: RankPeriods(3, 33, 6)},
+                                           lambda: [f"{long}.{rank}.et" for rank in range(2)])
+    folded = run.simulate(config).document
+    assert folded["folding"]["time"]["folded"] is False
+    assert folded["ranks"] == whole["ranks"] and folded["events"] == whole["events"]
