@@ -28,7 +28,9 @@ instants it let pass as alike when what followed shows they were not, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
+
+from chakra_core.json_types import JsonObject
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,35 @@ class TimeFolding:
     def describe(self) -> str:
         return (f"{self.microbatches_simulated} of {self.microbatches} micro-batches simulated, "
                 f"{self.periods} period(s) of {self.microbatches_per_period} folded")
+
+
+@dataclass(frozen=True)
+class TimeFoldResult:
+    """What a run says of folding in time (results.json's `folding.time`)."""
+
+    folded: bool
+    reason: str = ""
+    """Not folded: why every micro-batch was simulated."""
+    periods: int = 0
+    """Folded: the periods left out, carried forward."""
+    cycle_periods: int = 0
+    """Periods after which the run was found to repeat."""
+    cycle_ns: int = 0
+    """How long those take."""
+    microbatches_per_period: int = 0
+    microbatches_simulated: int = 0
+    microbatches: int = 0
+
+    def to_json(self) -> JsonObject:
+        if not self.folded:
+            return {"folded": False, "reason": self.reason}
+        return {"folded": True, "periods": self.periods, "cycle_periods": self.cycle_periods,
+                "cycle_ns": self.cycle_ns, "microbatches_per_period": self.microbatches_per_period,
+                "microbatches_simulated": self.microbatches_simulated, "microbatches": self.microbatches}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TimeFoldResult:
+        return cls(**data)
 
 
 class FoldView(Protocol):

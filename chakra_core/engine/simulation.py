@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from chakra_core._version import __version__
 from chakra_core.config.spec import RunSpec
 from chakra_core.contract.folding import Folding
+from chakra_core.contract.time_folding import TimeFoldResult
 from chakra_core.plugins import PluginHost
 from chakra_core.contract.inputs import LayerContext, RestartRequest, RunInputs, Unfold
 from chakra_core.contract.layers import ComputeModel, LayerModel, MemoryModel, SystemLayer
@@ -88,7 +89,7 @@ class FinishedRun:
     intervals: list[Interval] | None
     restarts: list[str] = field(default_factory=list)
     wall_s: float = 0.0
-    time_fold: JsonObject | None = None
+    time_fold: TimeFoldResult | None = None
     """A generated job's time folding: what was folded, or why not (None: the run had no periods)."""
 
 

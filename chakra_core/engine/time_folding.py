@@ -20,10 +20,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from chakra_core.contract.time_folding import TimeFolding
+from chakra_core.contract.time_folding import TimeFoldResult, TimeFolding
 from chakra_core.engine.driver import RankDriver
 from chakra_core.engine.events import EventQueue
-from chakra_core.json_types import JsonObject
 
 if TYPE_CHECKING:
     from chakra_core.contract.layers import LayerModel
@@ -259,14 +258,13 @@ class TimeUnfold:
         return self.reason
 
 
-def time_fold_result(watch: PeriodWatch | None, note: str) -> JsonObject | None:
+def time_fold_result(watch: PeriodWatch | None, note: str) -> TimeFoldResult | None:
     """What results.json says of time folding (None: the run's traces had no periods)."""
     if watch is not None and watch.found is not None:
         folding = watch.folding
-        return {"folded": True, "periods": folding.periods, "cycle_periods": watch.cycle, "cycle_ns": watch.cycle_ns,
-                "microbatches_per_period": folding.microbatches_per_period,
-                "microbatches_simulated": folding.microbatches_simulated, "microbatches": folding.microbatches}
-    return {"folded": False, "reason": note} if note else None
+        return TimeFoldResult(True, "", folding.periods, watch.cycle, watch.cycle_ns, folding.microbatches_per_period,
+                              folding.microbatches_simulated, folding.microbatches)
+    return TimeFoldResult(False, note) if note else None
 
 
 def time_fold_refusal(layers: dict[str, LayerModel], timeline: bool, observed: bool) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from chakra_core.contract.time_folding import TimeFoldResult
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.json_types import JsonObject
@@ -126,9 +127,10 @@ class FoldingResult:
     """Unfolded: why every rank was simulated."""
     representatives: Mapping[str, int] | None = None
     """Folded: each representative rank and how many ranks its class holds."""
-    time: Mapping[str, Any] | None = None
+    time: TimeFoldResult | None = None
     """A generated job's folding in time (chakra_core.contract.time_folding): the periods left out
-    and their length, or why every micro-batch was simulated; None when the traces had no periods."""
+    and how long the step takes to repeat, or why every micro-batch was simulated; None when the
+    traces had no periods."""
 
     def to_json(self) -> JsonObject:
         if not self.folded:
@@ -137,7 +139,7 @@ class FoldingResult:
             document = {"folded": True, "simulated_ranks": self.simulated_ranks,
                         "classes": len(self.representatives or {}), "representatives": dict(self.representatives or {})}
         if self.time is not None:
-            document["time"] = dict(self.time)
+            document["time"] = self.time.to_json()
         return document
 
 
@@ -197,7 +199,8 @@ class Results:
         return cls(
             version=str(data["chakra_sim_version"]), events=int(data["events"]),
             folding=FoldingResult(bool(folding["folded"]), int(folding["simulated_ranks"]),
-                                  str(folding.get("reason", "")), folding.get("representatives"), folding.get("time")),
+                                  str(folding.get("reason", "")), folding.get("representatives"),
+                                  None if folding.get("time") is None else TimeFoldResult.from_json(folding["time"])),
             ranks=tuple(RankResult.from_json(row) for row in data["ranks"]),
             layers={name: LayerResult.from_json(name, entry) for name, entry in data["layers"].items()},
             warnings=tuple(data.get("warnings", ())), manifest=data.get("manifest", {}),

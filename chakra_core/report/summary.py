@@ -187,13 +187,13 @@ def print_summary(results: Results, console: Console, wall_s: float | None = Non
     else:
         console.print(f"simulated every rank ({folding.reason})", soft_wrap=True, highlight=False)
     time = folding.time
-    if time is not None and time.get("folded"):
-        console.print(f"folded in time: simulated {time['microbatches_simulated']} of {time['microbatches']} "
-                      f"micro-batches, the other {time['periods']} period(s) of {time['microbatches_per_period']} "
-                      f"added exactly (the step repeats every {time['cycle_periods']} period(s), "
-                      f"{time['cycle_ns']:,} ns)", soft_wrap=True, highlight=False)
+    if time is not None and time.folded:
+        console.print(f"folded in time: simulated {time.microbatches_simulated} of {time.microbatches} "
+                      f"micro-batches, the other {time.periods} period(s) of {time.microbatches_per_period} "
+                      f"added exactly (the step repeats every {time.cycle_periods} period(s), "
+                      f"{time.cycle_ns:,} ns)", soft_wrap=True, highlight=False)
     elif time is not None:
-        console.print(f"simulated every micro-batch ({time['reason']})", soft_wrap=True, highlight=False)
+        console.print(f"simulated every micro-batch ({time.reason})", soft_wrap=True, highlight=False)
     warnings = results.warnings
     if warnings:
         console.print(f"[yellow]{len(warnings)} warning(s):[/yellow]")
