@@ -28,7 +28,7 @@ instants it let pass as alike when what followed shows they were not, and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from chakra_core.json_types import JsonObject
 
@@ -91,6 +91,12 @@ class TimeFoldResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TimeFoldResult:
         return cls(**data)
+
+
+def unsafe_layers(layers: Iterable[tuple[str, str, bool]]) -> str:
+    """Why layers, as (layer, plugin name, time_fold_safe), cannot fold in time ("" when all may)."""
+    unsafe = [f"{layer} plugin '{name}'" for layer, name, safe in layers if not safe]
+    return f"{', '.join(unsafe)} cannot promise a periodic state (time_fold_safe is false)" if unsafe else ""
 
 
 class FoldView(Protocol):

@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from chakra_core.contract.time_folding import TimeFoldResult, TimeFolding
+from chakra_core.contract.time_folding import TimeFoldResult, TimeFolding, unsafe_layers
 from chakra_core.engine.driver import RankDriver
 from chakra_core.engine.events import EventQueue
 
@@ -192,7 +192,8 @@ class PeriodWatch:
                 else:
                     events.append((time - now, getattr(callback, "__qualname__", repr(callback))))
 
-        layers = tuple(layer.time_fold_state(now, _View(self)) for layer in self.layers)
+        view = _View(self)
+        layers = tuple(layer.time_fold_state(now, view) for layer in self.layers)
         return (tuple(ranks), tuple(events), layers), highest
 
     def _snapshot(self, now: int, lows: tuple[int, ...]) -> _Snapshot:
@@ -273,8 +274,5 @@ def time_fold_refusal(layers: dict[str, LayerModel], timeline: bool, observed: b
         return "a timeline records every node"
     if observed:
         return "a plugin observes every node"
-    unsafe = [f"{layer} plugin '{instance.name}'" for layer, instance in layers.items() if not instance.time_fold_safe]
-    if unsafe:
-        return f"{', '.join(unsafe)} cannot promise a periodic state (time_fold_safe is false)"
-    return ""
+    return unsafe_layers((layer, instance.name, instance.time_fold_safe) for layer, instance in layers.items())
 

@@ -34,7 +34,7 @@ from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
-from chakra_core.contract.time_folding import RankPeriods, TimeFolding
+from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
 from chakra_core.jobs.spec import JobSpec, overflow
 from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
@@ -239,11 +239,11 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
 
-    def note(rank: int, program: RankProgram) -> None:
+    def record_periods(rank: int, program: RankProgram) -> None:
         if periods is not None:
             periods[rank] = rank_periods(job, program.stage, program.step_starts)
 
-    write_job(job, placement, folder / job.name, ranks, progress, on_program=note)
+    write_job(job, placement, folder / job.name, ranks, progress, on_program=record_periods)
     if periods is not None:
         spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes]
                                      for rank, span in periods.items()}))
@@ -315,17 +315,16 @@ def _time_fold_refusal(data: Mapping[str, Any], host: PluginHost) -> str:
     """Why the layers the manifest names cannot fold in time, as far as their classes say ("" when
     they may: an instance may still refuse, and the engine then simulates the whole step's
     traces, written then)."""
-    unsafe = []
+    chosen = []
     for layer in LAYER_DEFAULTS:
         section = data.get(layer)
         plugin = section.get("plugin") if isinstance(section, Mapping) else None
         if isinstance(plugin, str):
             try:
-                if not host.get(layer, plugin).cls.time_fold_safe:
-                    unsafe.append(f"{layer} plugin '{plugin}'")
+                chosen.append((layer, plugin, host.get(layer, plugin).cls.time_fold_safe))
             except PluginError:
                 return "a layer's plugin is not installed"      # reported when the layers are built
-    return f"{', '.join(unsafe)} cannot promise a periodic state (time_fold_safe is false)" if unsafe else ""
+    return unsafe_layers(chosen)
 
 
 def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
