@@ -80,7 +80,8 @@ example (CP 2) went from 10.879 s to 10.927 s (NeMo 24.07 measured 10.751 s), si
 ranks instead of 4, and its error band follows the accuracy table simulated again with it
 (geomean 7.0% -> 6.9%, worst 25.6% -> 27.5%). The other 369 outputs stayed byte-identical.
 Recorded again (issue 37, folding in time): the two job examples' `folding` section gained `time`
-(the llama3-70b example simulates 24 of its 64 micro-batches and adds the other 10 periods of 4;
+(the llama3-70b example simulates 32 of its 64 micro-batches and adds the other 8 periods of 4,
+repeating every period: `cycle_periods` 1, `cycle_ns`;
 plan-gpt-1.7b says why it simulates every micro-batch: its `hbm` layer); every other byte of both,
 the event counts and the compute layer's summed FLOPs included, is unchanged (compared with the
 code before, field by field), and the other 369 outputs stayed byte-identical.
