@@ -102,3 +102,25 @@ def test_shared_indexes_give_the_same_results_as_separate_ones(tmp_path):
     separate = simulate(manifest(distinct, ring_network(4), fold="off"))
     assert [r["finish_ns"] for r in shared["ranks"]] == [r["finish_ns"] for r in separate["ranks"]]
     assert shared["finish_ns"] == separate["finish_ns"] > 0
+
+
+def test_files_too_large_to_keep_are_compared_on_disk(tmp_path, monkeypatch):
+    # Small files are compared from memory; larger ones block by block and by digest, as before.
+    import chakra_core.feeder.library as library_module
+
+    calls = {"same_bytes": 0, "file_digest": 0}
+    for name in calls:
+        real = getattr(library_module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(library_module, name, counted)
+    paths = [write_et(tmp_path / f"t{i}.et", _chain([1] * 400 + [3 + i])) for i in range(2)]
+    assert paths[0].stat().st_size == paths[1].stat().st_size > library_module._COMPARED_IN_MEMORY
+    shutil.copy(paths[0], tmp_path / "copy.et")
+    library = TraceLibrary()
+    feeders = [library.open(p) for p in [paths[0], tmp_path / "copy.et", paths[1]]]
+    assert library.distinct == 2
+    assert feeders[0]._trace is feeders[1]._trace is not feeders[2]._trace
+    assert calls["same_bytes"] == 2 and calls["file_digest"] == 2

@@ -107,14 +107,20 @@ def _up_down(f: Clos, hops: np.ndarray, col: int, s: np.ndarray, t: np.ndarray, 
     if rows is not None:
         s, t, x = s[rows], t[rows], x[rows]
     g, d, u = f.gpus_per_node, f.leaf_hosts, f.up
+    # 32-bit arithmetic moves half the bytes where every host, table index and link id fits
+    links = 2 * (len(f.host_up) + len(f.up2) + len(f.up3) + len(f.nv_up))
+    narrow = np.int32 if links < 1 << 31 else np.int64
+    j = (x % u).astype(narrow)
+    s, t = s.astype(narrow), t.astype(narrow)
     if g == 1:
         ls, lt = s // d, t // d
     else:
         ls = (s % g) * f.rail_leaves + s // g // d
         lt = (t % g) * f.rail_leaves + t // g // d
-    j = x % u
     leaf = ls == lt
-    table = np.asarray     # the fabric's link tables are lists
+
+    def table(links: list[int]) -> np.ndarray:     # the fabric's link tables are lists
+        return np.asarray(links, dtype=narrow)
 
     def put(k: int, column: np.ndarray) -> None:
         if rows is None:
@@ -135,7 +141,7 @@ def _up_down(f: Clos, hops: np.ndarray, col: int, s: np.ndarray, t: np.ndarray, 
     del ls, lt, up2
     inpod = pa == pb
     ua = f.agg_up
-    c = (x // u) % ua
+    c = ((x // u) % ua).astype(narrow)
     put(2, np.where(leaf, -1, np.where(inpod, down2, table(f.up3)[(pa * u + j) * ua + c])))
     put(3, np.where(leaf, -1, np.where(inpod, down, table(f.down3)[(pb * u + j) * ua + c])))
     cross = ~leaf & ~inpod

@@ -38,15 +38,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from chakra_sim_network_congestion.fifoqueues import StepQueues
+
 if TYPE_CHECKING:
     from chakra_sim_network_congestion.links import FifoLinks
 
 _NO_LINK = -1
 _LOW = (1 << 32) - 1
-
-_Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
-"""Messages' next events (ns) and, with cut-through, where their first and last bytes are then."""
-
 
 class FifoSteps:
     """Times steps of messages on claimed links (see the module docstring)."""
@@ -118,10 +116,10 @@ class FifoSteps:
             return arrival, used
         self.take(used.tolist())
         if hops.dtype == np.int16:     # link numbers that sort by radix as they are
-            queue = _Queues(self, np.arange(len(self.bw)), size)
+            queue = StepQueues(self, np.arange(len(self.bw)), size)
             route = flat
         else:
-            queue = _Queues(self, used, size)
+            queue = StepQueues(self, used, size)
             local = np.full(len(self.bw) + 1, _NO_LINK, dtype=queue.link_type)
             local[used] = np.arange(len(used))
             route = local[flat]
@@ -138,11 +136,14 @@ class FifoSteps:
             first = np.argsort(sending, kind="stable")
             ids, times = moving[first], sending[first]
             begun = times.astype(np.float64) if self.cut_through else None
-            _bucket(buckets, pending, _Batch(ids, times, (at[first] << 32), begun, begun), (times - base) // window, 0)
+            _bucket(buckets, pending, _Batch(ids, times, (at[first] << 32), begun, begun,
+                                             np.full(len(ids), _NO_LINK, dtype=route.dtype), route[at[first]]),
+                    (times - base) // window, 0)
         else:      # the sends' events are timed: on to their next ones (one coarse rank, 0: sends in one ns)
-            nxt_time, head, tail = queue.moved(sent, route[at], route[at + 1] < 0)
+            on, then = route[at], route[at + 1]
+            nxt_time, head, tail = queue.moved(sent, on, then < 0)
             coarse_base = 1
-            _bucket(buckets, pending, _Batch(moving, nxt_time, ((at + 1) << 32) | 1, head, tail),
+            _bucket(buckets, pending, _Batch(moving, nxt_time, ((at + 1) << 32) | 1, head, tail, on, then),
                     (nxt_time - base) // window, 1)
         while pending:
             w = heapq.heappop(pending)
@@ -151,7 +152,7 @@ class FifoSteps:
             order = np.argsort(offset.astype(np.uint16) if window <= 1 << 16 else offset, kind="stable")
             ids, times, place = batch.ids[order], batch.time[order], batch.place[order]
             at, parent = place >> 32, place & _LOW
-            out_of, into = route[at - 1], route[at]
+            out_of, into = batch.out_of[order], batch.into[order]
             sends = out_of < 0
             if sends.any() and not sends.all() and np.intersect1d(times[sends], times[~sends]).size:
                 return arrival, used     # a send and a hop's event in one ns: order unknown
@@ -164,15 +165,19 @@ class FifoSteps:
             unknown, entering, link = queue.entries(times, coarse, origin, ids, into, out_of)
             if len(unknown):
                 return arrival, queue.used[unknown]
-            moved = into >= 0                           # the others are deliveries
-            done = ~moved
+            # positions rather than masks: numpy gathers by index several times faster than it
+            # picks by a boolean mask (measured: 150 k events, 0.4 ms against 2 ms an array)
+            moved = np.flatnonzero(into >= 0)           # the others are deliveries
+            done = np.flatnonzero(into < 0)
             arrival[ids[done]] = times[done]
             if not len(entering):
                 continue
-            bytes_at = None if batch.head is None or batch.tail is None else (batch.head[order], batch.tail[order])
-            nxt_time, head, tail = queue.serve(entering, link, times, into, route[at[moved] + 1] < 0, moved, bytes_at)
-            _bucket(buckets, pending, _Batch(ids[moved], nxt_time, ((at[moved] + 1) << 32) | (coarse[moved] + 1),
-                                             head, tail), (nxt_time - base) // window, w + 1)
+            bytes_at = None if batch.head is None or batch.tail is None else (batch.head, batch.tail, order)
+            at_moved = at[moved]
+            then = route[at_moved + 1]
+            nxt_time, head, tail = queue.serve(entering, link, times, into, then < 0, moved, bytes_at)
+            _bucket(buckets, pending, _Batch(ids[moved], nxt_time, ((at_moved + 1) << 32) | (coarse[moved] + 1),
+                                             head, tail, into[moved], then), (nxt_time - base) // window, w + 1)
         queue.keep()
         return arrival, np.empty(0, dtype=np.int64)
 
@@ -203,6 +208,10 @@ class _Batch(NamedTuple):
     delivery) << 32 | (the coarse rank of the event that scheduled it + 1; 0: a send)."""
     head: np.ndarray | None
     tail: np.ndarray | None
+    out_of: np.ndarray
+    """The link each event leaves (-1: a send) and the one it enters (-1: a delivery), both known
+    when the event is scheduled: carried so as not to look them up in the routes again."""
+    into: np.ndarray
 
     @staticmethod
     def joined(batches: list[_Batch]) -> _Batch:
@@ -212,161 +221,13 @@ class _Batch(NamedTuple):
         return _Batch(np.concatenate([b.ids for b in batches]), np.concatenate([b.time for b in batches]),
                       np.concatenate([b.place for b in batches]),
                       np.concatenate([b.head for b in batches if b.head is not None]) if bytes_at else None,
-                      np.concatenate([b.tail for b in batches if b.tail is not None]) if bytes_at else None)
+                      np.concatenate([b.tail for b in batches if b.tail is not None]) if bytes_at else None,
+                      np.concatenate([b.out_of for b in batches]), np.concatenate([b.into for b in batches]))
 
     def pick(self, index: slice | np.ndarray) -> _Batch:
         return _Batch(self.ids[index], self.time[index], self.place[index],
-                      None if self.head is None else self.head[index], None if self.tail is None else self.tail[index])
-
-
-class _Queues:
-    """The step's links (renumbered 0..U-1): their FIFO state and statistics while it runs."""
-
-    def __init__(self, steps: FifoSteps, used: np.ndarray, size: int) -> None:
-        self.steps, self.used, self.size = steps, used, size
-        self.free = steps.free[used]
-        self.busy = steps.busy[used]
-        self.peak = steps.peak[used]
-        self.until = steps.until[used]
-        self.crossings = np.zeros(len(used), dtype=np.int64)
-        self.queued = np.zeros(len(used), dtype=np.int64)
-        self.latency = steps.lat[used]
-        transfer = size / steps.bw[used]
-        self.transfer = transfer
-        self.whole_transfer = transfer.astype(np.int64)                    # int(size / bw)
-        self.whole_arrival = (self.latency + transfer).astype(np.int64)    # int(lat + size / bw)
-        # local link numbers, -1 for none; read unsigned (-1 last) they sort by radix
-        self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32
-        self.sort_key = np.uint16 if self.link_type == np.int16 else np.uint32
-
-    def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, ids: np.ndarray, into: np.ndarray,
-                out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A window's events (messages `ids`, sent by origin[ids], in the order they run) leave
-        `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order is known. Returns (the local links where
-        it is not, or where an event would come before traffic timed earlier; the events entering
-        a link and those links, by link, in the order the events run)."""
-        both = np.empty(2 * len(times), dtype=self.link_type)
-        both[0::2], both[1::2] = out_of, into        # an event leaves a link, then enters the next
-        order = np.argsort(both.view(self.sort_key), kind="stable")    # -1 (none) sorts last
-        order = order[:np.count_nonzero(both >= 0)]
-        link = both[order]
-        event = order >> 1
-        entering = (order & 1).astype(bool)
-        same = link[1:] == link[:-1]
-        starts = np.flatnonzero(np.r_[True, ~same])
-        ends = np.r_[starts[1:], len(link)] - 1
-        links = link[starts]
-        early = times[event[starts]] <= self.until[links]     # a link's first event here is its earliest
-        rank = coarse[event]          # equal only for events in one ns, ordered by what is unknown
-        tie = np.flatnonzero(same & (rank[1:] == rank[:-1]))
-        blind = tie[origin[ids[event[tie]]] != origin[ids[event[tie + 1]]]]
-        if early.any() or len(blind):
-            return np.unique(np.concatenate([links[early], link[blind]])), event[:0], link[:0]
-        delta = entering.astype(np.int64) * 2 - 1
-        total = np.cumsum(delta)
-        lengths = np.diff(np.r_[starts, len(link)])
-        running = total + np.repeat(self.queued[links] - total[starts] + delta[starts], lengths)
-        self.peak[links] = np.maximum(self.peak[links], np.maximum.reduceat(np.where(entering, running, 0), starts))
-        self.queued[links] = running[ends]
-        self.until[links] = times[event[ends]]
-        return np.empty(0, dtype=np.int64), event[entering], link[entering]
-
-    def serve(self, events: np.ndarray, link: np.ndarray, times: np.ndarray, into: np.ndarray, final: np.ndarray,
-              moved: np.ndarray, bytes_at: tuple[np.ndarray, np.ndarray] | None) -> _Next:
-        """The window's `events` (by link, in the order they run) reach `link` (at times[event]),
-        with cut-through their first and last bytes where `bytes_at` says: serve each link's in
-        order, the k-th of every link at once. Returns `moved`'s next events (`moved`)."""
-        starts = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
-        lengths = np.diff(np.r_[starts, len(link)])
-        longest_first = np.argsort(-lengths, kind="stable")
-        starts, lengths = starts[longest_first], lengths[longest_first]
-        links = link[starts]
-        active = np.searchsorted(-lengths, -np.arange(int(lengths[0])), side="left")   # groups longer than k
-        self.crossings += np.bincount(link, minlength=len(self.used))
-        free, busy = self.free, self.busy
-        if self.steps.cut_through:
-            assert bytes_at is not None
-            (head, tail), transfer = bytes_at, self.transfer
-            begin, end = np.empty(len(times)), np.empty(len(times))
-            for k, width in enumerate(active.tolist()):
-                at, here = events[starts[:width] + k], links[:width]
-                start = np.maximum(free[here], head[at])
-                stop = np.maximum(start + transfer[here], tail[at])
-                free[here] = stop
-                busy[here] += stop - start
-                begin[at], end[at] = start, stop
-            return self.moved((begin[moved], end[moved]), into[moved], final)
-        whole, begin_whole = self.whole_transfer, np.empty(len(times), dtype=np.int64)
-        for k, width in enumerate(active.tolist()):
-            at, here = events[starts[:width] + k], links[:width]
-            start_whole = np.maximum(free[here], times[at])
-            stop_whole = start_whole + whole[here]
-            free[here] = stop_whole
-            busy[here] += stop_whole - start_whole
-            begin_whole[at] = start_whole
-        return self.moved((begin_whole[moved], None), into[moved], final)
-
-    def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray) -> _Next:
-        """Messages were served on `link` (when their first byte started, and with cut-through
-        when their last byte left): when their next events come (`final`: their deliveries); with
-        cut-through, where their first and last bytes are then."""
-        begin, end = served
-        if end is None:
-            return begin + self.whole_arrival[link], None, None
-        latency = self.latency[link]
-        head, tail = begin + latency, end + latency
-        return np.where(final, tail, head).astype(np.int64), head, tail
-
-    def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """A step's messages all sent at `time`, in order, over first links `link`: when each link
-        is one member's, and free of earlier steps' traffic by then, its messages go back to back,
-        in closed form (the sums added in the same order as one by one). Returns when each
-        started, and with cut-through when its last byte left (None: time them as events)."""
-        order = np.argsort(link.view(self.sort_key), kind="stable")
-        sorted_link = link[order]
-        starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
-        links = sorted_link[starts]
-        lengths = np.diff(np.r_[starts, len(link)])
-        widest = int(lengths.max())
-        if len(links) * (widest + 1) > 4 * len(link) + 1024 or (self.until[links] >= time).any():
-            return None
-        by_link = origin[order]
-        if (by_link[1:] != by_link[:-1])[sorted_link[1:] == sorted_link[:-1]].any():
-            return None        # two members' sends in one ns on one link: order unknown
-        cut_through = self.steps.cut_through
-        step = self.transfer[links] if cut_through else self.whole_transfer[links]
-        chain = np.empty((len(links), widest + 1), dtype=np.float64 if cut_through else np.int64)
-        chain[:, 0] = np.maximum(self.free[links], time)
-        chain[:, 1:] = step[:, None]
-        np.add.accumulate(chain, axis=1, out=chain)     # each start: the previous end
-        busy = np.empty((len(links), widest + 1), dtype=np.float64)
-        busy[:, 0] = self.busy[links]
-        busy[:, 1:] = chain[:, 1:] - chain[:, :-1]
-        np.add.accumulate(busy, axis=1, out=busy)
-        every = np.arange(len(links))
-        self.free[links] = chain[every, lengths]
-        self.busy[links] = busy[every, lengths]
-        self.crossings[links] += lengths
-        self.queued[links] += lengths
-        self.peak[links] = np.maximum(self.peak[links], self.queued[links])
-        self.until[links] = time
-        # the k-th message of link g started at chain[g, k] and ended at chain[g, k + 1]
-        at = np.repeat(np.arange(0, len(links) * (widest + 1), widest + 1) - starts, lengths)
-        at += np.arange(len(link))
-        flat = chain.ravel()
-        begin, end = np.empty(len(link), dtype=chain.dtype), np.empty(len(link), dtype=chain.dtype)
-        begin[order] = flat[at]
-        at += 1
-        end[order] = flat[at]
-        return begin, end if cut_through else None
-
-    def keep(self) -> None:
-        """The step is timed: its links' state is theirs."""
-        steps, used = self.steps, self.used
-        steps.free[used], steps.busy[used], steps.peak[used] = self.free, self.busy, self.peak
-        steps.until[used] = self.until
-        steps.bytes[used] += self.crossings * self.size
-        steps.messages[used] += self.crossings
+                      None if self.head is None else self.head[index], None if self.tail is None else self.tail[index],
+                      self.out_of[index], self.into[index])
 
 
 def _bucket(buckets: dict[int, list[_Batch]], pending: list[int], batch: _Batch,
@@ -375,15 +236,25 @@ def _bucket(buckets: dict[int, list[_Batch]], pending: list[int], batch: _Batch,
     if not len(batch.ids):
         return
     relative = windows - lowest
-    if relative.max() > 0:
-        order = np.argsort(relative.astype(np.uint16) if relative.max() < 1 << 16 else relative, kind="stable")
+    low, high = int(relative.min()), int(relative.max())
+    if low == high:
+        parts = [(lowest + low, batch)]
+    elif high - low < 4:     # most batches span two windows: picks by position beat a sort
+        parts = []
+        for r in range(low, high + 1):
+            index = np.flatnonzero(relative == r)
+            if len(index):
+                parts.append((lowest + r, batch.pick(index)))
+    else:
+        order = np.argsort(relative.astype(np.uint16) if high < 1 << 16 else relative, kind="stable")
         batch, windows = batch.pick(order), windows[order]
-    cuts = np.flatnonzero(np.r_[True, windows[1:] != windows[:-1]])
-    for lo, hi in zip(cuts.tolist(), np.r_[cuts[1:], len(windows)].tolist()):
-        w = int(windows[lo])
+        cuts = np.flatnonzero(np.r_[True, windows[1:] != windows[:-1]])
+        parts = [(int(windows[lo]), batch.pick(slice(lo, hi)))
+                 for lo, hi in zip(cuts.tolist(), np.r_[cuts[1:], len(windows)].tolist())]
+    for w, part in parts:
         found = buckets.get(w)
         if found is None:
-            buckets[w] = [batch.pick(slice(lo, hi))]
+            buckets[w] = [part]
             heapq.heappush(pending, w)
         else:
-            found.append(batch.pick(slice(lo, hi)))
+            found.append(part)

@@ -56,12 +56,14 @@ class CongestionNetwork(NetworkModel):
         self.flow_level = (config.closed_form and not config.trace_messages
                            and isinstance(self.router, (DimensionOrderRouter, FabricRouter))
                            and context.inputs.closed_form)
-        # fifo's steps time the members' messages exactly: only schedules that are their timing;
-        # and only on generated fabrics: on ASTRA-sim's lists (rings, where a step's messages meet
-        # in ns ordered only by which member's send event ran first) the closed form or message by
-        # message serve better than a restart (see fifosteps.py)
-        self.flow_exact = config.mode == "fifo"
-        if self.flow_exact and not isinstance(self.router, FabricRouter):
+        # Both modes take only schedules that are the members' timing (StepSchedule.exact): the
+        # flow level gives what message by message (flow by flow) gives, to the ns; fair took the
+        # direct all-reduce's two steps once, which are 1 ns off when its members start apart.
+        # fifo only on generated fabrics: on ASTRA-sim's lists (rings, where a step's messages
+        # meet in ns ordered only by which member's send event ran first) the closed form or
+        # message by message serve better than a restart (see fifosteps.py)
+        self.flow_exact = True
+        if config.mode == "fifo" and not isinstance(self.router, FabricRouter):
             self.flow_level = False
         self._advanced: list[tuple[Any, Any]] | None = None    # ECMP counts since checkpoint
         self.flows = 0

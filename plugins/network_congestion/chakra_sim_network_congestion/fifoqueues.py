@@ -1,0 +1,196 @@
+"""The links of one step of messages (fifosteps.py) while it is timed: their FIFO state and
+statistics, and the service of a window's events in bulk.
+
+Each link serves the events that reach it in the order they run; `serve` serves the k-th event of
+every link at once (numpy over the links) with the arithmetic of FifoLinks._pipe (cut-through)
+or _serve (store and forward), so that times and statistics have the same bits as one by one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from chakra_sim_network_congestion.fifosteps import FifoSteps
+
+Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+"""Messages' next events (ns) and, with cut-through, where their first and last bytes are then."""
+
+
+class StepQueues:
+    """The step's links (renumbered 0..U-1): their FIFO state and statistics while it runs."""
+
+    def __init__(self, steps: FifoSteps, used: np.ndarray, size: int) -> None:
+        self.steps, self.used, self.size = steps, used, size
+        self.free = steps.free[used]
+        self.busy = steps.busy[used]
+        self.peak = steps.peak[used]
+        self.until = steps.until[used]
+        self.crossings = np.zeros(len(used), dtype=np.int64)
+        self.queued = np.zeros(len(used), dtype=np.int64)
+        self.latency = steps.lat[used]
+        transfer = size / steps.bw[used]
+        self.transfer = transfer
+        self.whole_transfer = transfer.astype(np.int64)                    # int(size / bw)
+        self.whole_arrival = (self.latency + transfer).astype(np.int64)    # int(lat + size / bw)
+        # local link numbers, -1 for none; read unsigned (-1 last) they sort by radix
+        self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32
+        self.sort_key = np.uint16 if self.link_type == np.int16 else np.uint32
+
+    def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, ids: np.ndarray, into: np.ndarray,
+                out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A window's events (messages `ids`, sent by origin[ids], in the order they run) leave
+        `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order is known. Returns (the local links where
+        it is not, or where an event would come before traffic timed earlier; the events entering
+        a link and those links, by link, in the order the events run)."""
+        both = np.empty(2 * len(times), dtype=self.link_type)
+        both[0::2], both[1::2] = out_of, into        # an event leaves a link, then enters the next
+        order = np.argsort(both.view(self.sort_key), kind="stable")    # -1 (none) sorts last
+        order = order[:np.count_nonzero(both >= 0)]
+        link = both[order]
+        event = order >> 1
+        entering = (order & 1).astype(bool)
+        same = link[1:] == link[:-1]
+        starts = np.flatnonzero(np.r_[True, ~same])
+        ends = np.r_[starts[1:], len(link)] - 1
+        links = link[starts]
+        early = times[event[starts]] <= self.until[links]     # a link's first event here is its earliest
+        rank = coarse[event]          # equal only for events in one ns, ordered by what is unknown
+        tie = np.flatnonzero(same & (rank[1:] == rank[:-1]))
+        blind = tie[origin[ids[event[tie]]] != origin[ids[event[tie + 1]]]]
+        if early.any() or len(blind):
+            return np.unique(np.concatenate([links[early], link[blind]])), event[:0], link[:0]
+        delta = entering.astype(np.int64) * 2 - 1
+        total = np.cumsum(delta)
+        lengths = np.diff(np.r_[starts, len(link)])
+        running = total + np.repeat(self.queued[links] - total[starts] + delta[starts], lengths)
+        self.peak[links] = np.maximum(self.peak[links], np.maximum.reduceat(np.where(entering, running, 0), starts))
+        self.queued[links] = running[ends]
+        self.until[links] = times[event[ends]]
+        entered = np.flatnonzero(entering)
+        return np.empty(0, dtype=np.int64), event[entered], link[entered]
+
+    def serve(self, events: np.ndarray, link: np.ndarray, times: np.ndarray, into: np.ndarray, final: np.ndarray,
+              moved: np.ndarray, bytes_at: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Next:
+        """The window's `events` (by link, in the order they run) reach `link` (at times[event]),
+        with cut-through their first and last bytes where `bytes_at` says (head, tail, and the
+        window's order of them: event i's are head[order[i]]): serve each link's in order, the
+        k-th of every link at once. Returns `moved`'s next events (`moved`)."""
+        begins = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
+        lengths = np.diff(np.r_[begins, len(link)])
+        longest_first = np.argsort(-lengths, kind="stable")
+        links = link[begins[longest_first]]
+        width = np.searchsorted(-lengths[longest_first], -np.arange(int(lengths.max())), side="left")
+        # The k-th event of the r-th longest link sits at row k, column r, rows laid end to end and
+        # each as long as the links with a k-th event (a prefix, longest first): contiguous slices,
+        # no gathers in the loop, and no more cells than events
+        groups = len(begins)
+        rank = np.empty(groups, dtype=np.int64)
+        rank[longest_first] = np.arange(groups)
+        rows = np.zeros(len(width) + 1, dtype=np.int64)
+        np.cumsum(width, out=rows[1:])
+        cell = rows[np.arange(len(link)) - np.repeat(begins, lengths)]
+        cell += np.repeat(rank, lengths)
+        self.crossings += np.bincount(link, minlength=len(self.used))
+        free, busy = self.free[links], self.busy[links]
+        size = len(link)
+        if self.steps.cut_through:
+            assert bytes_at is not None
+            transfer = self.transfer[links]
+            head, tail = np.empty(size), np.empty(size)
+            batch_at = bytes_at[2][events]
+            head[cell], tail[cell] = bytes_at[0][batch_at], bytes_at[1][batch_at]
+            began, ended = np.empty(size), np.empty(size)
+            for w, lo in zip(width.tolist(), rows.tolist()):
+                row = slice(lo, lo + w)
+                start = np.maximum(free[:w], head[row])
+                stop = np.maximum(start + transfer[:w], tail[row])
+                free[:w] = stop
+                busy[:w] += stop - start
+                began[row], ended[row] = start, stop
+            self.free[links], self.busy[links] = free, busy
+            # `events` are `moved` (those entering a link) by link: back to their own order
+            slot = np.empty(len(times), dtype=np.int64)
+            slot[moved] = np.arange(len(moved))
+            back = np.empty(len(moved), dtype=np.int64)
+            back[slot[events]] = cell
+            return self.moved((began[back], ended[back]), into[moved], final)
+        whole = self.whole_transfer[links]
+        arriving = np.empty(size, dtype=np.int64)
+        arriving[cell] = times[events]
+        began = np.empty(size, dtype=np.int64)
+        for w, lo in zip(width.tolist(), rows.tolist()):
+            row = slice(lo, lo + w)
+            start_whole = np.maximum(free[:w], arriving[row])
+            stop_whole = start_whole + whole[:w]
+            free[:w] = stop_whole
+            busy[:w] += stop_whole - start_whole
+            began[row] = start_whole
+        self.free[links], self.busy[links] = free, busy
+        begin_whole = np.empty(len(times), dtype=np.int64)
+        begin_whole[events] = began[cell]
+        return self.moved((begin_whole[moved], None), into[moved], final)
+
+    def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray) -> Next:
+        """Messages were served on `link` (when their first byte started, and with cut-through
+        when their last byte left): when their next events come (`final`: their deliveries); with
+        cut-through, where their first and last bytes are then."""
+        begin, end = served
+        if end is None:
+            return begin + self.whole_arrival[link], None, None
+        latency = self.latency[link]
+        head, tail = begin + latency, end + latency
+        return np.where(final, tail, head).astype(np.int64), head, tail
+
+    def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """A step's messages all sent at `time`, in order, over first links `link`: when each link
+        is one member's, and free of earlier steps' traffic by then, its messages go back to back,
+        in closed form (the sums added in the same order as one by one). Returns when each
+        started, and with cut-through when its last byte left (None: time them as events)."""
+        order = np.argsort(link.view(self.sort_key), kind="stable")
+        sorted_link = link[order]
+        starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
+        links = sorted_link[starts]
+        lengths = np.diff(np.r_[starts, len(link)])
+        widest = int(lengths.max())
+        if len(links) * (widest + 1) > 4 * len(link) + 1024 or (self.until[links] >= time).any():
+            return None
+        by_link = origin[order]
+        if (by_link[1:] != by_link[:-1])[sorted_link[1:] == sorted_link[:-1]].any():
+            return None        # two members' sends in one ns on one link: order unknown
+        cut_through = self.steps.cut_through
+        step = self.transfer[links] if cut_through else self.whole_transfer[links]
+        chain = np.empty((len(links), widest + 1), dtype=np.float64 if cut_through else np.int64)
+        chain[:, 0] = np.maximum(self.free[links], time)
+        chain[:, 1:] = step[:, None]
+        np.add.accumulate(chain, axis=1, out=chain)     # each start: the previous end
+        busy = np.empty((len(links), widest + 1), dtype=np.float64)
+        busy[:, 0] = self.busy[links]
+        busy[:, 1:] = chain[:, 1:] - chain[:, :-1]
+        np.add.accumulate(busy, axis=1, out=busy)
+        every = np.arange(len(links))
+        self.free[links] = chain[every, lengths]
+        self.busy[links] = busy[every, lengths]
+        self.crossings[links] += lengths
+        self.queued[links] += lengths
+        self.peak[links] = np.maximum(self.peak[links], self.queued[links])
+        self.until[links] = time
+        # the k-th message of link g started at chain[g, k] and ended at chain[g, k + 1]
+        at = np.repeat(np.arange(0, len(links) * (widest + 1), widest + 1) - starts, lengths)
+        at += np.arange(len(link))
+        flat = chain.ravel()
+        begin, end = np.empty(len(link), dtype=chain.dtype), np.empty(len(link), dtype=chain.dtype)
+        begin[order] = flat[at]
+        at += 1
+        end[order] = flat[at]
+        return begin, end if cut_through else None
+
+    def keep(self) -> None:
+        """The step is timed: its links' state is theirs."""
+        steps, used = self.steps, self.used
+        steps.free[used], steps.busy[used], steps.peak[used] = self.free, self.busy, self.peak
+        steps.until[used] = self.until
+        steps.bytes[used] += self.crossings * self.size
+        steps.messages[used] += self.crossings
