@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 _NO_LINK = -1
 _LOW = (1 << 32) - 1
 
+
 class FifoSteps:
     """Times steps of messages on claimed links (see the module docstring)."""
 
