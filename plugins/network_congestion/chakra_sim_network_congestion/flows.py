@@ -127,7 +127,7 @@ class FlowSteps:
             if started < flows and start_times[started] < then:
                 then = float(start_times[started])
             load = np.bincount(local, minlength=len(links))
-            self.busy[links] += then - now
+            self.busy[links[load > 0]] += then - now     # with every flow active, `links` is every link
             np.maximum(self.peak[links], load, out=load)
             self.peak[links] = load
             done = leave <= then

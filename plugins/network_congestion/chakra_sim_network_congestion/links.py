@@ -174,26 +174,30 @@ class FifoLinks(ClaimedLinks):
         t: float = send_time
         tail: float = send_time
         stats = self.stats
-        for link in route:
+        last = len(route) - 1
+        for index, link in enumerate(route):
             if t < self.cf_last[link]:
                 self.on_shared(frozenset({link}))
             self._note(link)
+            # A message counts on a link from its event there to its next one, as _hop counts it:
+            # its event at the next link (when its first byte gets there) or its delivery
             if self.cut_through:
                 head, tail = self._pipe(link, size, t, tail)
-                depart: float = tail       # when its last byte has crossed the link
+                depart: float = int(head) if index < last else int(tail)
+                done: float = tail         # when its last byte has crossed the link
             else:
-                head = depart = self._serve(link, size, int(t))
+                head = depart = done = self._serve(link, size, int(t))
             departs = self.cf_departs.get(link)
             if departs is None:
                 departs = self.cf_departs[link] = deque()
-            while departs and departs[0] <= t:
+            while departs and departs[0] <= int(t):
                 departs.popleft()
             departs.append(depart)
             if len(departs) > stats.peak[link]:
                 stats.peak[link] = len(departs)
             self.cf_last[link] = t
-            if depart > self.cf_until[link]:
-                self.cf_until[link] = depart
+            if done > self.cf_until[link]:
+                self.cf_until[link] = done
             t = head
         return int(tail if self.cut_through else t)
 
@@ -228,7 +232,7 @@ class FifoLinks(ClaimedLinks):
         for route in routes:
             t: float = last_send          # the last message's hops set what the links remember
             slowest = float("inf")        # cut-through: the slowest link so far paces the bytes
-            for link in route:
+            for index, link in enumerate(route):
                 self._note(link)
                 link_bw = bw[link]
                 if self.cut_through:
@@ -249,6 +253,7 @@ class FifoLinks(ClaimedLinks):
                     stats.peak[link] = 1
                 self.cf_last[link] = t
                 cf_until[link] = depart
-                self.cf_departs[link] = deque((depart,))
+                # it counts on the link until its next event (as in transfer)
+                self.cf_departs[link] = deque((int(head) if index < len(route) - 1 else int(depart),))
                 t = head
         return True
