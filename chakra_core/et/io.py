@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError, Message
 from chakra_core._atomic import atomic_output
 from chakra_core.errors import TraceFormatError
 from chakra_core.input_files import GuardedGunzip, open_trace_file
-from chakra_core.limits import check_length
+from chakra_core.limits import MESSAGE_BYTES, check_length
 from chakra_core.schema import pb
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -47,9 +47,11 @@ def encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<buffer>") -> tuple[int, int]:
+def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<buffer>",
+                  most: int | None = None) -> tuple[int, int]:
     """Decode the length prefix at `pos` (module docstring: protobuf's rule, then the message
-    size limit); return (value, position after it)."""
+    size limit, `most` when the caller read it for the whole file); return (value, position
+    after it)."""
     result = shift = 0
     start = pos
     end = len(buf)
@@ -61,7 +63,7 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<b
         result |= (byte & 0x7F) << shift
         if not byte & 0x80:
             result &= _UINT64
-            check_length(path, start, result)
+            check_length(path, start, result, most)
             return result, pos
         shift += 7
         if pos - start >= _MAX_VARINT_BYTES:
@@ -71,9 +73,10 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, path: str = "<b
 def iter_frames(buf: bytes | memoryview, path: str = "<buffer>") -> Iterator[tuple[int, int, int]]:
     """Yield (frame offset, message start, message end) for every message in `buf`."""
     pos, end = 0, len(buf)
+    most = MESSAGE_BYTES.value()
     while pos < end:
         frame = pos
-        length, pos = decode_varint(buf, pos, path)
+        length, pos = decode_varint(buf, pos, path, most)
         if pos + length > end:
             raise TraceFormatError(
                 path, frame,
@@ -155,6 +158,7 @@ class FrameReader:
         self._buf = bytearray()
         self._pos = 0           # position of _buf[0] in the stream
         self._eof = False
+        self._most = MESSAGE_BYTES.value()
         self.body_offset = 0
         """Stream offset of the body last yielded (after its prefix, however long)."""
 
@@ -179,7 +183,7 @@ class FrameReader:
                 return
             frame = self._pos
             try:
-                length, body_start = decode_varint(self._buf, 0, self._path)
+                length, body_start = decode_varint(self._buf, 0, self._path, self._most)
             except TraceFormatError as exc:
                 raise TraceFormatError(self._path, frame, exc.reason) from None
             self._fill(body_start + length)

@@ -73,11 +73,12 @@ def use_control_deps(dependencies: str) -> bool:
     return dependencies == "all"
 
 
-def parents_of(node: pb.Node, use_ctrl: bool = True, path: str = "<trace>") -> list[int]:
+def parents_of(node: pb.Node, use_ctrl: bool = True, path: str = "<trace>", most: int | None = None) -> list[int]:
     """Distinct parents (data then control dependencies), in trace order; a TraceGraphError
-    naming the node (in `path`) when it lists more than `limits.NODE_PARENTS`."""
+    naming the node (in `path`) when it lists more than `limits.NODE_PARENTS` (`most`: its
+    value, read by the caller once per trace)."""
     listed = len(node.data_deps) + (len(node.ctrl_deps) if use_ctrl else 0)
-    if listed > NODE_PARENTS.value():
+    if listed > (NODE_PARENTS.value() if most is None else most):
         raise TraceGraphError(f"{path}: node {node.id} ({node.name!r}) lists {listed:,} parents; "
                               f"{NODE_PARENTS.hint()}")
     deps = list(node.data_deps)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from chakra_core.errors import TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import read_trace
+from chakra_core.limits import NODE_PARENTS
 from chakra_core.feeder.base import (GraphFeeder, IssuableHeap, cycle_error, find_cycle,
                                      missing_parent_problem, node_kind, parents_of, split_missing,
                                      use_control_deps)
@@ -46,13 +47,14 @@ class InMemoryFeeder(GraphFeeder):
     # Construction -------------------------------------------------------------------
     def _build(self, nodes: list[pb.Node]) -> None:
         parents: dict[int, list[int]] = {}
+        most_parents = NODE_PARENTS.value()
         for node in nodes:
             node_id = node.id
             if node_id in parents:
                 raise TraceGraphError(
                     f"{self.path}: duplicate node id {node_id} "
                     f"({self._nodes[node_id].name!r} and {node.name!r})")
-            parents[node_id] = [p for p in parents_of(node, self._use_ctrl, self.path) if p != node_id]
+            parents[node_id] = [p for p in parents_of(node, self._use_ctrl, self.path, most_parents) if p != node_id]
             self._nodes[node_id] = NodeView(node)
             self._kind[node_id] = node_kind(node)
         missing_data: list[tuple[int, int]] = []

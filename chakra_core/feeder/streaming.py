@@ -30,6 +30,7 @@ from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import FrameReader, is_gzip, parse_metadata, parse_node
 from chakra_core.input_files import GuardedGunzip, open_trace_file
+from chakra_core.limits import NODE_PARENTS
 from chakra_core.feeder.base import (GraphFeeder, IssuableHeap, cycle_error, find_cycle,
                                      missing_parent_problem, node_kind, parents_of,
                                      use_control_deps)
@@ -86,6 +87,7 @@ class TraceIndex:
         edge_parent = array("Q")   # parent id of each edge
         edge_child = array("I")    # child position of each edge
         edge_is_ctrl = bytearray()  # 1 when the edge is a control-only dependency
+        most_parents = NODE_PARENTS.value()
         with open_trace_file(source) as stream:
             reader = FrameReader(stream, self.path)
             frames = iter(reader)
@@ -104,7 +106,7 @@ class TraceIndex:
                 lengths.append(len(body))
                 kinds.append(node_kind(node))
                 data = set(node.data_deps)   # a set: `in` on the repeated field is linear
-                for parent in parents_of(node, self._use_ctrl, self.path):
+                for parent in parents_of(node, self._use_ctrl, self.path, most_parents):
                     if parent != node_id:
                         edge_parent.append(parent)
                         edge_child.append(position)

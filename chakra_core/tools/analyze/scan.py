@@ -29,6 +29,7 @@ from typing import Generator, cast
 from chakra_core.errors import AttributeTypeError, TraceGraphError
 from chakra_core.et.attrs import NodeView
 from chakra_core.et.io import iter_trace
+from chakra_core.limits import NODE_PARENTS
 from chakra_core.feeder.base import (CPU_FLAG, cycle_error, find_cycle, missing_parent_problem, node_kind,
                                      parents_of, topological_positions, use_control_deps)
 from chakra_core.et.duration import replay_time_ns
@@ -150,6 +151,7 @@ def scan_trace(path: str | Path, timing: ComputeTiming = ComputeTiming(),
     _, nodes = iter_trace(spath)
     try:
         # an error mid-file closes the file at once (iter_trace's iterator is a generator)
+        most_parents = NODE_PARENTS.value()
         with closing(cast("Generator[tuple[int, pb.Node], None, None]", nodes)):
             for offset, node in nodes:
                 node_id = node.id
@@ -158,7 +160,7 @@ def scan_trace(path: str | Path, timing: ComputeTiming = ComputeTiming(),
                                           f"{node.name!r}, at byte {offset})")
                 position[node_id] = len(ids)
                 ids.append(node_id)
-                plist = [p for p in parents_of(node, use_ctrl, spath) if p != node_id]
+                plist = [p for p in parents_of(node, use_ctrl, spath, most_parents) if p != node_id]
                 parents.append(tuple(plist))
                 data_counts.append(len(set(node.data_deps) - {node_id}) if use_ctrl and node.ctrl_deps
                                    else len(plist))

@@ -57,8 +57,32 @@ def parse_tensors(text: str) -> list[tuple[int, int, int, int, int, str]]:
     """Every tensor 6-list in an IOInfo `values` string, in order of appearance."""
     if "[" not in text:
         return []
+    listed = _tensor_list(text)
+    if listed is not None:
+        return listed
     return [(int(a), int(b), int(c), int(d), int(e), quoted[1:-1])
             for a, b, c, d, e, quoted in _TOKENS.findall(text) if a]
+
+
+def _tensor_list(text: str) -> list[tuple[int, int, int, int, int, str]] | None:
+    """The tensors of a string that is only a list of them, written as the converter and the job
+    generator write it ("[[1, 1, 0, 8, 2, 'cuda:0'], [...]]"), read by splitting (about twice as
+    fast as the expression, which reads every string); None for any other text."""
+    if not (text.startswith("[[") and text.endswith("']]")):
+        return None
+    found = []
+    for piece in text[2:-2].split("], ["):
+        parts = piece.split(", ")
+        if len(parts) != 6:
+            return None
+        a, b, c, d, e, device = parts
+        name = device[1:-1]
+        if (len(device) < 2 or device[0] != "'" or device[-1] != "'" or "'" in name or "[" in name
+                or "]" in name or "\\" in name
+                or not (a.isdecimal() and b.isdecimal() and c.isdecimal() and d.isdecimal() and e.isdecimal())):
+            return None
+        found.append((int(a), int(b), int(c), int(d), int(e), name))
+    return found
 
 
 class StorageParser:

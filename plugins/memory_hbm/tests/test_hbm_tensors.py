@@ -8,11 +8,13 @@ from bisect import bisect_left
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chakra_core import LayerContext, NodeView, RunInputs, SimulationError, pb
 from chakra_core.testing import EventQueue, make_node, manifest, simulate, uniform_network, write_ranks
 from chakra_sim_memory_hbm import HBMConfig, HBMMemory
-from chakra_sim_memory_hbm.tensors import MemorySeries, parse_tensors, reference_counts, storages_of
+from chakra_sim_memory_hbm.tensors import _TOKENS, MemorySeries, parse_tensors, reference_counts, storages_of
 from hbm_helpers import MiB
 
 REF_TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "ref-traces"
@@ -102,6 +104,23 @@ def test_parse_tensors_in_converter_values():
     ("'unterminated [1, 2, 0, 4, 8, 'cuda:0']", []),           # a stray quote hides the rest: no crash
 ])
 def test_parse_tensors_robustly(text, expected):
+    assert parse_tensors(text) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(tensors=st.lists(st.tuples(*[st.integers(0, 1 << 40)] * 5,
+                                  st.sampled_from(["cuda:0", "cpu", "", "meta", "cuda:1", "a], [b", "x'y", "١٢"])),
+                        min_size=1, max_size=4),
+       separator=st.sampled_from(["], [", "],[", "], [[", "] , ["]),
+       digits=st.sampled_from(["", "²", "٣"]))
+def test_a_list_of_tensors_reads_as_the_expression_reads_it(tensors, separator, digits):
+    # The split path (lists written as the converter writes them) against the expression alone,
+    # on such lists and on near misses: other separators, quotes and brackets in the device,
+    # digits numbers that int() reads or refuses.
+    pieces = [f"{a}{digits}, {b}, {c}, {d}, {e}, '{device}'" for a, b, c, d, e, device in tensors]
+    text = "[[" + separator.join(pieces) + "]]"
+    expected = [(int(a), int(b), int(c), int(d), int(e), quoted[1:-1])
+                for a, b, c, d, e, quoted in _TOKENS.findall(text) if a]
     assert parse_tensors(text) == expected
 
 
