@@ -42,9 +42,10 @@ class StepQueues:
     def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, ids: np.ndarray, into: np.ndarray,
                 out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A window's events (messages `ids`, sent by origin[ids], in the order they run) leave
-        `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order is known. Returns (the local links where
-        it is not, or where an event would come before traffic timed earlier; the events entering
-        a link and those links, by link, in the order the events run)."""
+        `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order
+        is known. Returns (the local links where it is not, or where an event would come before
+        traffic timed earlier; the events entering a link and those links, by link, in the order
+        the events run)."""
         both = np.empty(2 * len(times), dtype=self.link_type)
         both[0::2], both[1::2] = out_of, into        # an event leaves a link, then enters the next
         order = np.argsort(both.view(self.sort_key), kind="stable")    # -1 (none) sorts last
