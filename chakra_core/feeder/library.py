@@ -67,7 +67,7 @@ class IdenticalFiles(Generic[T]):
         with open_trace_file(path) as handle:   # a missing or special file: a TraceFormatError
             size = os.fstat(handle.fileno()).st_size
             # small files are compared from memory: one open each instead of three (a 1,024-rank
-            # microbenchmark's files are a few hundred bytes; the bytes kept are 8 MiB at most)
+            # microbenchmark's files are a few hundred bytes; the bytes kept are 8.4 MB at most)
             data = handle.read(size + 1) if size <= _COMPARED_IN_MEMORY else None
         if data is not None and len(data) != size:    # changing while read: compare from the file
             data = None
