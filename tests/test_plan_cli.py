@@ -29,6 +29,13 @@ def test_progress_names_each_round_and_reports_a_layout_once(tmp_path):
     reported = re.findall(r"^  1 of 1: (.+): [\d.]+ s$", result.output, re.M)
     assert len(reported) == len(rounds) and len(set(reported)) == len(reported)   # never read back again
     assert "no layout is known yet" in result.output and "to enter the 2 fastest" in result.output
+    # the ranking so far after each round, its last the table's first rows
+    standings = re.findall(r"^  fastest so far: 1\. (.+?) ([\d.]+) s(?:; 2\. (.+?) ([\d.]+) s)?", result.output, re.M)
+    assert len(standings) == len(rounds)
+    steps = [float(first) for _, first, _, _ in standings]
+    assert all(later <= earlier for earlier, later in zip(steps, steps[1:]))   # the best never gets worse
+    rows = [row for row in csv.DictReader((tmp_path / "plan" / "plan.csv").open()) if row["status"] == "simulated"]
+    assert standings[-1][0] == rows[0]["layout"] and standings[-1][2] == rows[1]["layout"]
 
 
 def test_top_shows_that_many_rows_and_says_where_the_others_are(tmp_path):

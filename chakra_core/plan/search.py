@@ -50,6 +50,7 @@ from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
+from chakra_core.plan.ranking import kth_best, standing
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
 from chakra_core.sweep.spec import build_sweep
@@ -294,7 +295,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     for c in chosen:   # their bounds as tight as the queue's would be
         c.bound_s = max(c.bound_s, tight.bound_s(enumeration.specs[c.layout]))
     while True:
-        kth = _kth_best(chosen, top)
+        kth = kth_best(chosen, top)
         round_ = list(chosen) if result.rounds == 0 else []   # the given layouts first
         while len(round_) < batch:
             following = queue.pop(kth)
@@ -309,6 +310,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
             + ("no layout is known yet" if kth == math.inf else
                f"a layout needs a step under {kth:.3f} s to enter the {top} fastest"))
         _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, execution, len(chosen) - len(round_), say)
+        say(standing(chosen, top))
     result.tightened = queue.tightened
     blind = [c for c in candidates if c.status == SIMULATED and c.simulated_memory is None]
     if result.memory_checked and blind:
@@ -377,11 +379,6 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     too_large = trace_overflow(spec)   # no layout makes a layer fit a trace's 64-bit fields
     if too_large is not None:
         raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
-
-
-def _kth_best(chosen: list[Candidate], top: int) -> float:
-    times = sorted(c.step_s for c in chosen if c.step_s is not None)
-    return times[top - 1] if len(times) >= top else math.inf
 
 
 def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen: list[Candidate], result: Plan,
