@@ -7,7 +7,8 @@ recursion limit, times no hardware takes. The defaults sit far above any real tr
 configuration (docs/reliability.md, "Limits"); every message names the variable that raises it.
 Values are read when a check starts (a file is opened, a configuration read), so a test or a
 caller may change them between runs; the checks made per message or per node read theirs once
-per file (an environment lookup per node cost 3-5% of a large run).
+per file (one lookup per node and message was 1.97 million in a 657,000-node plan layout, about
+4% of its profile).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
 def standing(chosen: list[Candidate], top: int) -> str:
     """The ranking so far, said after each round: the fastest three, and where the `top` fastest
     end once that many are known."""
-    ranked = sorted((c for c in chosen if c.step_s is not None), key=lambda c: (c.step_s, c.layout))
+    # ties broken as Plan.ranked breaks them, so that the last standing is the table's order
+    ranked = sorted((c for c in chosen if c.step_s is not None),
+                    key=lambda c: (c.step_s, c.bound_s, c.memory.total, c.layout))
     if not ranked:
         return "  fastest so far: none (every layout simulated so far failed)"
     shown = "; ".join(f"{i + 1}. {c.layout.label()} {c.step_s:.3f} s" for i, c in enumerate(ranked[:3]))

@@ -66,8 +66,8 @@ def parse_tensors(text: str) -> list[tuple[int, int, int, int, int, str]]:
 
 def _tensor_list(text: str) -> list[tuple[int, int, int, int, int, str]] | None:
     """The tensors of a string that is only a list of them, written as the converter and the job
-    generator write it ("[[1, 1, 0, 8, 2, 'cuda:0'], [...]]"), read by splitting (about twice as
-    fast as the expression, which reads every string); None for any other text."""
+    generator write it ("[[1, 1, 0, 8, 2, 'cuda:0'], [...]]"), read by splitting (1.3-1.7x as fast
+    as the expression, which reads every string); None for any other text."""
     if not (text.startswith("[[") and text.endswith("']]")):
         return None
     found = []
