@@ -115,6 +115,10 @@ class PeriodWatch:
         self._pending = False
         self._last_look = False
         self.found: tuple[_Snapshot, _Snapshot] | None = None
+        self._parts_seen: dict[str, set[bytes]] = {}
+        self._unsettled: list[str] = []
+        """What did not repeat at the latest look: the simulated ranks and layers whose own part of
+        the state matched none of theirs at earlier looks (said when no instant repeats)."""
         self.cycle = 1
         """Periods between the two instants found alike: the run repeats every `cycle` periods (a
         pipeline's stages can settle into a pattern two micro-batches long)."""
@@ -142,7 +146,17 @@ class PeriodWatch:
         self._pending = False
         self._compare()
         if self.found is None and self._last_look:
-            self.give_up(NO_REPEAT)
+            self.give_up(self.no_repeat())
+
+    def no_repeat(self) -> str:
+        """Why the run does not fold: no instant repeated, and what kept changing."""
+        if not self._unsettled:
+            return NO_REPEAT
+        ranks = [name.removeprefix("rank ") for name in self._unsettled if name.startswith("rank ")]
+        said = [f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_listed(ranks)}"] if ranks else []
+        said += [name for name in self._unsettled if not name.startswith("rank ")]
+        return (f"{NO_REPEAT[:-len(SIMULATING)]}; what kept changing from one period to the next: "
+                f"{_listed(said)}{SIMULATING}")
 
     def _compare(self) -> None:
         now = self.queue.now
@@ -150,7 +164,7 @@ class PeriodWatch:
         spans = [self.folding.ranks[d.rank] for d in self.drivers]
         if any(low < span.first for low, span in zip(lows, spans)):
             return    # a rank has not reached its repeating nodes: this instant cannot be t1 or t2
-        state, highest = self._state(now)
+        state, highest, parts = self._state(now)
         digest = hashlib.blake2b(repr(state).encode()).digest()
         earlier = self._seen.get(digest)
         inside = all(high < span.end for high, span in zip(highest, spans))
@@ -165,10 +179,18 @@ class PeriodWatch:
             return
         if inside:    # the latest instant with this state: the shortest cycle
             self._seen[digest] = self._snapshot(now, lows)
+            self._unsettled = []
+            for name, part in parts.items():
+                seen = self._parts_seen.setdefault(name, set())
+                part_digest = hashlib.blake2b(repr(part).encode()).digest()
+                if seen and part_digest not in seen:
+                    self._unsettled.append(name)
+                seen.add(part_digest)
 
-    def _state(self, now: int) -> tuple[tuple[object, ...], list[int]]:
-        """The run's state relative to `now` and each rank's lowest unfinished node, and the
-        highest node id each rank's state names."""
+    def _state(self, now: int) -> tuple[tuple[object, ...], list[int], dict[str, object]]:
+        """The run's state relative to `now` and each rank's lowest unfinished node, the highest
+        node id each rank's state names, and the state's parts by whom they describe (a simulated
+        rank with its compute events, a layer) to say what did not repeat."""
         ranks: list[object] = []
         highest: list[int] = []
         by_driver = {id(d): position for position, d in enumerate(self.drivers)}
@@ -181,6 +203,7 @@ class PeriodWatch:
             names = [low, *(n for n in d.inflight), *(n for heap in d.ready for n in heap), *d.done_above]
             highest.append(max(names))
         events: list[object] = []
+        own_events: list[list[object]] = [[] for _ in self.drivers]
         for time in sorted(self.queue.pending_times()):
             for callback, arg in self.queue.bucket(time):
                 position = by_driver.get(id(getattr(callback, "__self__", None)))
@@ -188,13 +211,17 @@ class PeriodWatch:
                     owner = self.drivers[position]
                     events.append((time - now, owner.rank, callback.__name__, arg[0] - owner.low, arg[1], arg[2],
                                    arg[3] - now, *arg[4:]))
+                    own_events[position].append(events[-1])
                     highest[position] = max(highest[position], arg[0])
                 else:
                     events.append((time - now, getattr(callback, "__qualname__", repr(callback))))
 
         view = _View(self)
         layers = tuple(layer.time_fold_state(now, view) for layer in self.layers)
-        return (tuple(ranks), tuple(events), layers), highest
+        parts: dict[str, object] = {f"rank {d.rank}": (rank, tuple(mine))
+                                    for d, rank, mine in zip(self.drivers, ranks, own_events)}
+        parts.update((f"the {layer.layer} layer '{layer.name}'", state) for layer, state in zip(self.layers, layers))
+        return (tuple(ranks), tuple(events), layers), highest, parts
 
     def _snapshot(self, now: int, lows: tuple[int, ...]) -> _Snapshot:
         return _Snapshot(now, lows, [d.counters() for d in self.drivers], self.queue.executed,
@@ -213,7 +240,7 @@ class PeriodWatch:
         if any(unfinished):
             return "time folding: the run could not finish; simulating every micro-batch to report why"
         if self.found is None:
-            return NO_REPEAT
+            return self.no_repeat()
         first, second = self.found
         for layer, before, after in zip(self.layers, first.layers, second.layers):
             reason = layer.time_fold_refusal(first.now, before, after)
@@ -235,8 +262,16 @@ class PeriodWatch:
             layer.advance_statistics(periods, before, after)
 
 
+SIMULATING = "; simulating every micro-batch"
 NO_REPEAT = ("time folding: no instant of the step repeated the state of an earlier one a period on (a layer's "
-             "state or the traces are not periodic there); simulating every micro-batch")
+             f"state or the traces are not periodic there){SIMULATING}")
+
+
+def _listed(names: list[str], shown: int = 8) -> str:
+    """'a, b and c' (the first `shown`, then how many more)."""
+    if len(names) > shown:
+        return ", ".join(names[:shown]) + f" and {len(names) - shown} more"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 class _View:
