@@ -24,9 +24,10 @@ micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overla
 experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's
 fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher).
 
-Not modelled: the routing-map all-gather over tp x ep and the host's wait for its counts (a few
-bytes per layer; token_dispatcher.py preprocess), the auxiliary load-balancing loss, HybridEP and
-the all-gather dispatcher.
+Not modelled: the routing-map all-gather over tp x ep (a few bytes per layer; token_dispatcher.py
+preprocess) and the host's wait for its counts (`d2h_event.synchronize()`, once per layer in each
+forward with ep or tp > 1 unless drop-and-pad: the host loses its lead over the GPU there), the
+auxiliary load-balancing loss, HybridEP and the all-gather dispatcher.
 """
 
 from __future__ import annotations
