@@ -29,6 +29,7 @@ from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
+from chakra_core.jobs.fp8 import gemm_dtype
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
@@ -86,9 +87,10 @@ def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
     return job
 
 
-def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profile:
+def job_profile(name: str, precision: str, base_dir: Path, source: str, fp8_recipe: str | None = None) -> Profile:
     """The job's hardware profile, which must give a peak for the job's precision (its MFU and
-    its kernels' rates are against it): a ManifestError at the key that is wrong otherwise."""
+    its kernels' rates are against it) and, under the mxfp8 recipe, for MXFP8: a ManifestError at
+    the key that is wrong otherwise."""
     try:
         profile = load_profile(name, base_dir)
     except ManifestError as exc:
@@ -100,6 +102,11 @@ def job_profile(name: str, precision: str, base_dir: Path, source: str) -> Profi
                               f"{precision} on profile '{profile.name}': its GPU ({profile.gpu.model}) has no "
                               f"{precision} peak, so it does not run {precision} GEMMs; use "
                               f"{' or '.join(runs) or 'another precision'}, or a profile whose GPU runs {precision}")])
+    if precision == "fp8" and fp8_recipe == "mxfp8" and "mxfp8" not in profile.gpu.peak_tflops:
+        raise ManifestError([(f"{source}: job.training.fp8_recipe",
+                              f"mxfp8 on profile '{profile.name}': its GPU ({profile.gpu.model}) has no mxfp8 peak "
+                              "(MXFP8's block-scaled GEMMs need Blackwell tensor cores, and Transformer Engine runs "
+                              "the recipe on Blackwell only); use fp8_recipe current or delayed, or a Blackwell profile")])
     return profile
 
 
@@ -129,7 +136,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         job = read_job(raw, source, base_dir)
     except ManifestError as exc:   # a wrong profile too, in the same message
         raise ManifestError([*exc.problems, *_profile_problems(raw, exc.problems, base_dir, source)]) from None
-    profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source)
+    profile = job_profile(job.cluster.profile, job.training.precision, base_dir, source, job.training.fp8_recipe)
     gpn = job_gpus_per_node(job.cluster, profile)
     if job.cluster.gpus > gpn and profile.network is None and not isinstance(data.get("network"), Mapping):
         # before a trace is written: the nodes would have nothing between them
@@ -207,7 +214,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
             manifest[layer] = data[layer]
     info = JobInfo(job, placement.world, gpn, job.dp, job.microbatches, job.training.global_batch * job.training.seq,
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
-                   profile.peak_flops(job.training.precision) / 1e12, profile.name, profile.gpu.model,
+                   profile.peak_flops(gemm_dtype(job.training)) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
     return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock)
 

@@ -16,18 +16,48 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   a sequence-parallel column-parallel input (forward) and a row-parallel layer's output gradient
   (backward) all-reduce that amax over TP first (linear.py: amax reduction group). Norms write bf16
   and their amax (FUSED_NORM_AMAX_FP8) and are quantized after.
-- weights are quantized once per step (Megatron passes is_first_microbatch).
+- MXFP8 (MXFP8Quantizer::quantize, quantizer.cpp: one nvte_quantize_v2 call; cast/mxfp8/
+  quantize_mxfp8.cuh): a scale (E8M0, one byte) per 32 elements, computed inside the one cast
+  kernel that writes the rowwise and the columnwise copy of a tensor with their scales: no amax
+  pass, no scale kernel, no amax reduction. Norms write bf16 and are quantized after (a fused norm
+  with MXFP8 output needs cuDNN's norm, NVTE_NORM_FWD_USE_CUDNN, which Megatron-Bridge's MXFP8
+  launchers unset). Not modelled: the scales' swizzle into cuBLAS's layout (a small kernel per
+  operand where the cast does not write it swizzled).
+- weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary
+  weights, once per step after the parameter all-gather).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import Training
 
 
 AMAX_BYTES = 4 * 3 * 4
 """Per layer and pass: fp32 amaxes of the inputs, weights and outputs (or gradients) of its four
 fp8 GEMMs (QKV, projection, FC1, FC2), reduced in one buffer."""
+
+
+MX_BLOCK = 32
+"""MXFP8: elements per E8M0 scale (one byte), along each direction a copy is quantized in."""
+
+
+def gemm_dtype(training: Training) -> str:
+    """The data type a job's GEMMs run in (a profile's peak and achievable rate): MXFP8 under the
+    mxfp8 recipe, else the precision."""
+    if training.precision == "fp8" and training.fp8_recipe == "mxfp8":
+        return "mxfp8"
+    return training.precision
+
+
+def fp8_bytes(elements: int, mx: bool) -> int:
+    """Bytes of an fp8 tensor of `elements`, with MXFP8's scales."""
+    return elements + (-(-elements // MX_BLOCK) if mx else 0)
 
 
 class Fp8Quantization(KernelPrimitives):
@@ -42,6 +72,17 @@ class Fp8Quantization(KernelPrimitives):
     def current_scaling(self) -> bool:
         return self.job.training.fp8_recipe == "current"
 
+    @property
+    def mx(self) -> bool:
+        """MXFP8 block scaling (fp8_recipe mxfp8)."""
+        return self.fp8 and self.job.training.fp8_recipe == "mxfp8"
+
+    @property
+    def quantized_after_norm(self) -> bool:
+        """A norm before an fp8 GEMM writes bf16 and its output is quantized after it (current
+        scaling, MXFP8), rather than fused into the norm (delayed scaling)."""
+        return self.current_scaling or self.mx
+
     def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
         """Quantize a bf16 tensor to fp8 and its transpose before a GEMM reads it; `tp_amax`: its
         amax is all-reduced over TP first (current scaling); `amax_done`: a fused kernel (a norm)
@@ -54,12 +95,13 @@ class Fp8Quantization(KernelPrimitives):
             if tp_amax and "tp" in self.groups:
                 self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 4, "tp")
             self.elementwise(name + ".scale", 1, 8, dtype="fp32")
-        self.elementwise(name + ".cast_fp8", elements, elements * (self.act_bytes + 2))
+        # reads bf16, writes the two fp8 copies (MXFP8: each with its scales)
+        self.elementwise(name + ".cast_fp8", elements, elements * self.act_bytes + 2 * fp8_bytes(elements, self.mx))
 
     def norm_output_bytes(self) -> int:
         """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one
-        under delayed scaling (fused), bf16 only under current scaling (quantized after)."""
-        return self.act_bytes + (1 if self.fp8 and self.linear_fp8 and not self.current_scaling else 0)
+        under delayed scaling (fused), bf16 only when quantized after it."""
+        return self.act_bytes + (1 if self.fp8 and self.linear_fp8 and not self.quantized_after_norm else 0)
 
     def amax_reduction(self, name: str, layers: int) -> None:
         """Delayed scaling: the amaxes of a pass of a chunk's layers, reduced at the fp8_autocast exit."""

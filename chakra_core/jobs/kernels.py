@@ -19,7 +19,7 @@ from chakra_core.jobs.attention import NORM_OPS, SelfAttention
 from chakra_core.jobs.attention_variants import AttentionVariants
 from chakra_core.jobs.context_parallel import ContextParallel
 from chakra_core.jobs.expert_activation import ExpertActivation
-from chakra_core.jobs.fp8 import Fp8Quantization
+from chakra_core.jobs.fp8 import Fp8Quantization, fp8_bytes, gemm_dtype
 from chakra_core.jobs.linear_biases import LinearBiases
 from chakra_core.jobs.mla import LatentAttention
 from chakra_core.jobs.moe import MixtureOfExperts
@@ -59,7 +59,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self.act_bytes = 2                                # activations are bf16
         self.grad_bytes = DTYPE_BYTES[t.grad_reduce_dtype]
         self.fp8 = t.precision == "fp8"
-        self.gemm_dtype = t.precision
+        self.gemm_dtype = gemm_dtype(t)
         self.act_dtype = "fp16" if t.precision == "fp16" else "bf16"
         self.dropout = t.dropout > 0
         self.mask = 1 if self.dropout else 0              # bytes per element of a dropout mask
@@ -125,8 +125,8 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(_attr("uint", "gemm_c_bytes", out))
-        opnd = 1 if fp8 else self.act_bytes
-        return self._kernel(name, "gemm", 2 * m * k * n, (m * k + k * n) * opnd + m * n * out,
+        operands = fp8_bytes(m * k, self.mx) + fp8_bytes(k * n, self.mx) if fp8 else (m * k + k * n) * self.act_bytes
+        return self._kernel(name, "gemm", 2 * m * k * n, operands + m * n * out,
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
     def collective(self, name: str, role: str, comm_type: int, size: int, part: str | None = None,
@@ -176,7 +176,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         size = width or self.h
         elements = self.local_tokens * size
         node = self.elementwise(name, elements, elements * (self.act_bytes + out) + size * self.act_bytes, NORM_OPS)
-        if feeds_fp8 and self.current_scaling:
+        if feeds_fp8 and self.quantized_after_norm:
             self.quantize(name, elements, tp_amax=self.sp, amax_done=True)
         return node
 

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from chakra_core.et.build import uint_attr, uint_list_attr
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
+from chakra_core.jobs.fp8 import fp8_bytes
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
@@ -179,9 +180,12 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(uint_attr("gemm_c_bytes", out))
-        opnd = 1 if fp8 else self.act_bytes
+        if fp8:
+            operands = sum(fp8_bytes(a * b, self.mx) + fp8_bytes(b * n, self.mx) for a, b in zip(ms, ks))
+        else:
+            operands = sum(a * b + b * n for a, b in zip(ms, ks)) * self.act_bytes
         return self._kernel(name, "gemm", 2 * n * sum(a * b for a, b in zip(ms, ks)),
-                            sum((a * b + b * n) * opnd + a * n * out for a, b in zip(ms, ks)),
+                            operands + sum(a * n * out for a, b in zip(ms, ks)),
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 
     def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:

@@ -89,5 +89,9 @@ if TYPE_CHECKING:
 
         def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
             raise NotImplementedError
+
+        @property
+        def mx(self) -> bool:      # MXFP8 block scaling (fp8.Fp8Quantization)
+            raise NotImplementedError
 else:
     KernelPrimitives = object

@@ -102,9 +102,10 @@ class Training(_Strict):
     micro_batch: PositiveInt = Field(1, description="sequences per micro-batch (MBS)")
     precision: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="GEMM precision; fp8 as Transformer "
                                                                   "Engine runs it (fp8_recipe)")
-    fp8_recipe: Literal["delayed", "current"] = Field(
-        "delayed", description="fp8 scaling: 'delayed' (amax history, reduced once per pass) or 'current' "
-                               "(per-tensor amax before each cast, Megatron's --fp8-recipe tensorwise)")
+    fp8_recipe: Literal["delayed", "current", "mxfp8"] = Field(
+        "delayed", description="fp8 scaling: 'delayed' (amax history, reduced once per pass), 'current' "
+                               "(per-tensor amax before each cast, Megatron's --fp8-recipe tensorwise) or "
+                               "'mxfp8' (a scale per 32 elements, Megatron's --fp8-recipe mxfp8: Blackwell)")
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="activation recomputation: 'selective' recomputes core attention (free with "
                             "flash attention, which recomputes it anyway), 'full' re-runs each layer's "

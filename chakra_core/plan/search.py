@@ -243,7 +243,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     cluster = Cluster.model_validate(job["cluster"])
     training = job.get("training")
     precision = training.get("precision", "bf16") if isinstance(training, Mapping) else "bf16"
-    profile = job_profile(cluster.profile, str(precision), base_dir, source)
+    recipe = training.get("fp8_recipe") if isinstance(training, Mapping) else None
+    profile = job_profile(cluster.profile, str(precision), base_dir, source, None if recipe is None else str(recipe))
     gpus_per_node = job_gpus_per_node(cluster, profile)
     search = dict(options.search)
     include = sharding_searched(job, search, include)

@@ -36,7 +36,7 @@ from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
 @click.option("--micro-batch", type=click.IntRange(min=1), help="sequences per micro-batch")
 @click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]))
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]))
-@click.option("--fp8-recipe", type=click.Choice(["delayed", "current"]), help="fp8 scaling")
+@click.option("--fp8-recipe", type=click.Choice(["delayed", "current", "mxfp8"]), help="fp8 scaling")
 @click.option("--attention", type=click.Choice(["flash", "unfused"]))
 @click.option("--sp/--no-sp", default=None, help="sequence parallelism (default: on when tp > 1)")
 @click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=None,
@@ -118,7 +118,7 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
         raise CliError(str(exc)) from None
     try:   # as `run` says it: the file and key that name the profile or the precision
         gpn = job_gpus_per_node(spec.cluster, job_profile(spec.cluster.profile, spec.training.precision, Path("."),
-                                                          source))
+                                                          source, spec.training.fp8_recipe))
     except ManifestError as exc:
         raise CliError(str(exc)) from None
     placement = Placement(spec, gpn)
