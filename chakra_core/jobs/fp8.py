@@ -22,7 +22,8 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   pass, no scale kernel, no amax reduction. Norms write bf16 and are quantized after (a fused norm
   with MXFP8 output needs cuDNN's norm, NVTE_NORM_FWD_USE_CUDNN, which Megatron-Bridge's MXFP8
   launchers unset). Not modelled: the scales' swizzle into cuBLAS's layout (a small kernel per
-  operand where the cast does not write it swizzled).
+  operand where the cast does not write it swizzled), and the scales of the fp8 tensors a layer
+  saves for its backward (1/32 more bytes than counted).
 - weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary
   weights, once per step after the parameter all-gather).
 """
