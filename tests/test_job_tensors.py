@@ -65,6 +65,10 @@ CASES = {
     "selective-no-dist-opt": job(GPT, 4, {"tp": 1, "pp": 2}, attention="unfused", recompute="selective",
                                  distributed_optimizer=False, grad_reduce_dtype="bf16", micro_batch=2),
     "megatron-fsdp-zero3": job(MODEL, 8, {"tp": 2}, use_megatron_fsdp=True, suggested_communication_unit_size=2),
+    "mxfp8-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 4}, precision="fp8", fp8_recipe="mxfp8"),
+                        "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
+    "nvfp4-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 4}, precision="nvfp4"),
+                        "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from chakra_core import run
 from chakra_core.errors import ManifestError
 from chakra_core.et.attrs import NodeView
-from chakra_core.jobs.fp8 import MX_BLOCK, fp8_bytes
+from chakra_core.jobs.fp8 import MX_BLOCK, quantized_bytes
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
@@ -52,8 +52,8 @@ def test_mxfp8_casts_once_per_tensor_with_its_scales_and_takes_no_amax():
 
 @pytest.mark.parametrize("elements", [1, 31, 32, 33, 4096, 4097])
 def test_an_mxfp8_tensor_carries_a_scale_byte_per_32_elements(elements):
-    assert fp8_bytes(elements, False) == elements
-    assert fp8_bytes(elements, True) == elements + -(-elements // 32)
+    assert quantized_bytes(elements, "fp8") == elements
+    assert quantized_bytes(elements, "mxfp8") == elements + -(-elements // 32)
 
 
 def test_mxfp8_off_blackwell_is_refused_at_its_key(tmp_path):

@@ -61,7 +61,7 @@ class ErrorBand:
 
 
 def precision_class(precision: str) -> str:
-    return "8-bit" if precision == "fp8" else "16-bit"
+    return {"fp8": "8-bit", "nvfp4": "4-bit"}.get(precision, "16-bit")
 
 
 def scale_class(gpus: int) -> str:

@@ -29,7 +29,7 @@ from chakra_core.output_lock import OutputLock
 from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
-from chakra_core.jobs.fp8 import gemm_dtype
+from chakra_core.jobs.fp8 import gemm_dtype, precision_problems
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
@@ -81,6 +81,9 @@ def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
     too_large = overflow(job)
     if too_large is not None:
         raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
+    refused = precision_problems(job)
+    if refused:
+        raise ManifestError([(f"{source}: {key}", why) for key, why in refused])
     if job.cluster.gpus > RANKS.value():   # before the placement, folding and per-rank results
         raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus:,} GPUs: more ranks than one "
                               f"run simulates; {RANKS.hint()}")])

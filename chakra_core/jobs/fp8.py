@@ -24,6 +24,20 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   launchers unset). Not modelled: the scales' swizzle into cuBLAS's layout (a small kernel per
   operand where the cast does not write it swizzled), and the scales of the fp8 tensors a layer
   saves for its backward (1/32 more bytes than counted).
+- NVFP4 (precision nvfp4; NVFP4Quantizer::quantize_impl, quantizer.cpp; recipe NVFP4BlockScaling):
+  FP4 E2M1 with an E4M3 scale per 16 elements and an fp32 scale per tensor. Activations and
+  gradients: an amax kernel (the tensor's, and its random Hadamard transform's for the columnwise
+  copy: hadamard_transform.cu) whose TP all-reduce (both amaxes, 8 bytes) runs for a
+  sequence-parallel column-parallel input and a row-parallel output gradient, then one kernel
+  writing both FP4 copies with their scales (row_cast_col_hadamard_transform_cast_fusion.cu; the
+  gradients stochastically rounded in it). Norms write bf16 and the quantizer takes its own amax
+  (with the Hadamard transform the fused norm amax is not used: normalization.cpp). Weights (2D
+  16x16 blocks, no transform): an amax and one cast, once per step. Every NVFP4 GEMM (fprop,
+  dgrad, wgrad) first runs a one-thread kernel for its scale (cublaslt_gemm.cu
+  compute_nvfp4_per_tensor_scale_kernel). Attention, embedding and output layer stay bf16. Not
+  modelled: the tensor-parallel all-gathers moving FP4 (they move bf16 here), scale swizzles,
+  Megatron-Bridge's fp4 parameters (fp4_param_gather, from v0.4.2), and the saved fp8/fp4 inputs'
+  true size (a byte per element is counted).
 - weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary
   weights, once per step after the parameter all-gather).
 """
@@ -36,7 +50,7 @@ from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
-    from chakra_core.jobs.spec import Training
+    from chakra_core.jobs.spec import JobSpec, Training
 
 
 AMAX_BYTES = 4 * 3 * 4
@@ -46,6 +60,10 @@ fp8 GEMMs (QKV, projection, FC1, FC2), reduced in one buffer."""
 
 MX_BLOCK = 32
 """MXFP8: elements per E8M0 scale (one byte), along each direction a copy is quantized in."""
+FP4_BLOCK = 16
+"""NVFP4: elements per E4M3 scale (one byte)."""
+QUANTIZED = ("fp8", "nvfp4")
+"""Precisions whose linear layers Transformer Engine runs quantized."""
 
 
 def gemm_dtype(training: Training) -> str:
@@ -56,9 +74,27 @@ def gemm_dtype(training: Training) -> str:
     return training.precision
 
 
-def fp8_bytes(elements: int, mx: bool) -> int:
-    """Bytes of an fp8 tensor of `elements`, with MXFP8's scales."""
-    return elements + (-(-elements // MX_BLOCK) if mx else 0)
+def quantized_bytes(elements: int, dtype: str) -> int:
+    """Bytes of one quantized copy of a tensor of `elements` in `dtype`, with its block scales."""
+    if dtype == "nvfp4":
+        return -(-elements // 2) + -(-elements // FP4_BLOCK)
+    return elements + (-(-elements // MX_BLOCK) if dtype == "mxfp8" else 0)
+
+
+def precision_problems(job: JobSpec) -> list[tuple[str, str]]:
+    """(key, why) for what a quantized job asks that Transformer Engine does not run, or that is not
+    modelled."""
+    t, p = job.training, job.parallel
+    out = []
+    if t.precision == "nvfp4" and p.tp_comm_overlap and p.tp > 1:
+        # module/base.py fill_userbuffers_buffer_for_all_gather: "Unsupported quantizer for Userbuffers";
+        # Megatron-Bridge's NVFP4 launchers switch the overlap off
+        out.append(("job.parallel.tp_comm_overlap", "Transformer Engine's userbuffers do not run NVFP4 tensors "
+                                                    "(precision nvfp4): set tp_comm_overlap false"))
+    if t.precision == "nvfp4" and job.shape.moe:
+        out.append(("job.training.precision", "nvfp4 with a mixture of experts (grouped expert GEMMs in NVFP4) "
+                                              "is not modelled; use fp8 or bf16"))
+    return out
 
 
 class Fp8Quantization(KernelPrimitives):
@@ -71,7 +107,13 @@ class Fp8Quantization(KernelPrimitives):
 
     @property
     def current_scaling(self) -> bool:
-        return self.job.training.fp8_recipe == "current"
+        t = self.job.training
+        return t.precision == "fp8" and t.fp8_recipe == "current"
+
+    @property
+    def delayed_scaling(self) -> bool:
+        t = self.job.training
+        return t.precision == "fp8" and t.fp8_recipe == "delayed"
 
     @property
     def mx(self) -> bool:
@@ -79,10 +121,15 @@ class Fp8Quantization(KernelPrimitives):
         return self.fp8 and self.job.training.fp8_recipe == "mxfp8"
 
     @property
+    def fp4(self) -> bool:
+        """NVFP4 (precision nvfp4)."""
+        return self.job.training.precision == "nvfp4"
+
+    @property
     def quantized_after_norm(self) -> bool:
-        """A norm before an fp8 GEMM writes bf16 and its output is quantized after it (current
-        scaling, MXFP8), rather than fused into the norm (delayed scaling)."""
-        return self.current_scaling or self.mx
+        """A norm before a quantized GEMM writes bf16 and its output is quantized after it (current
+        scaling, MXFP8, NVFP4), rather than fused into the norm (delayed scaling)."""
+        return not self.delayed_scaling
 
     def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
         """Quantize a bf16 tensor to fp8 and its transpose before a GEMM reads it; `tp_amax`: its
@@ -90,14 +137,16 @@ class Fp8Quantization(KernelPrimitives):
         already took it."""
         if not self.fp8_on:
             return
-        if self.current_scaling:
-            if not amax_done:
+        if self.current_scaling or self.fp4:
+            if not amax_done or self.fp4:     # NVFP4's quantizer takes its own amax, the norm's unused
                 self.elementwise(name + ".amax", elements, elements * self.act_bytes)
             if tp_amax and "tp" in self.groups:
-                self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 4, "tp")
-            self.elementwise(name + ".scale", 1, 8, dtype="fp32")
-        # reads bf16, writes the two fp8 copies (MXFP8: each with its scales)
-        self.elementwise(name + ".cast_fp8", elements, elements * self.act_bytes + 2 * fp8_bytes(elements, self.mx))
+                self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 8 if self.fp4 else 4, "tp")
+            if self.current_scaling:
+                self.elementwise(name + ".scale", 1, 8, dtype="fp32")
+        # reads bf16, writes the two quantized copies (block-scaled ones with their scales)
+        self.elementwise(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
+                         elements * self.act_bytes + 2 * quantized_bytes(elements, self.gemm_dtype))
 
     def norm_output_bytes(self) -> int:
         """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one
@@ -106,5 +155,5 @@ class Fp8Quantization(KernelPrimitives):
 
     def amax_reduction(self, name: str, layers: int) -> None:
         """Delayed scaling: the amaxes of a pass of a chunk's layers, reduced at the fp8_autocast exit."""
-        if self.fp8 and self.job.effects.fp8_overheads and not self.current_scaling and layers:
+        if self.delayed_scaling and self.job.effects.fp8_overheads and layers:
             self.blocking(name + ".amax_all_reduce", "amax", pb.ALL_REDUCE, AMAX_BYTES * layers, "other")

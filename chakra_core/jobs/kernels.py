@@ -19,7 +19,7 @@ from chakra_core.jobs.attention import NORM_OPS, SelfAttention
 from chakra_core.jobs.attention_variants import AttentionVariants
 from chakra_core.jobs.context_parallel import ContextParallel
 from chakra_core.jobs.expert_activation import ExpertActivation
-from chakra_core.jobs.fp8 import Fp8Quantization, fp8_bytes, gemm_dtype
+from chakra_core.jobs.fp8 import QUANTIZED, Fp8Quantization, gemm_dtype, quantized_bytes
 from chakra_core.jobs.linear_biases import LinearBiases
 from chakra_core.jobs.mla import LatentAttention
 from chakra_core.jobs.moe import MixtureOfExperts
@@ -58,7 +58,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self.sp = job.sp
         self.act_bytes = 2                                # activations are bf16
         self.grad_bytes = DTYPE_BYTES[t.grad_reduce_dtype]
-        self.fp8 = t.precision == "fp8"
+        self.fp8 = t.precision in QUANTIZED    # linear layers quantized by Transformer Engine (fp8, nvfp4)
         self.gemm_dtype = gemm_dtype(t)
         self.act_dtype = "fp16" if t.precision == "fp16" else "bf16"
         self.dropout = t.dropout > 0
@@ -116,6 +116,8 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
             self.quantize(name, m * k, tp_amax)
+        if fp8 and self.fp4 and self.job.effects.fp8_overheads:
+            self.elementwise(name + ".alpha", 1, 8, dtype="fp32")   # the GEMM's scale from the two amaxes
         shape = [_attr("uint", "gemm_m", m), _attr("uint", "gemm_n", n), _attr("uint", "gemm_k", k),
                  _attr("uint", "gemm_batch", 1)]
         if sm_margin:
@@ -125,7 +127,8 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
             shape.append(_attr("uint", "gemm_c_bytes", out))
-        operands = fp8_bytes(m * k, self.mx) + fp8_bytes(k * n, self.mx) if fp8 else (m * k + k * n) * self.act_bytes
+        operands = (quantized_bytes(m * k, self.gemm_dtype) + quantized_bytes(k * n, self.gemm_dtype) if fp8
+                    else (m * k + k * n) * self.act_bytes)
         return self._kernel(name, "gemm", 2 * m * k * n, operands + m * n * out,
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 from chakra_core.et.build import uint_attr, uint_list_attr
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
-from chakra_core.jobs.fp8 import fp8_bytes
+from chakra_core.jobs.fp8 import quantized_bytes
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
@@ -181,7 +181,8 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         if accumulate:
             shape.append(uint_attr("gemm_c_bytes", out))
         if fp8:
-            operands = sum(fp8_bytes(a * b, self.mx) + fp8_bytes(b * n, self.mx) for a, b in zip(ms, ks))
+            operands = sum(quantized_bytes(a * b, self.gemm_dtype) + quantized_bytes(b * n, self.gemm_dtype)
+                           for a, b in zip(ms, ks))
         else:
             operands = sum(a * b + b * n for a, b in zip(ms, ks)) * self.act_bytes
         return self._kernel(name, "gemm", 2 * n * sum(a * b for a, b in zip(ms, ks)),

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         n: int                 # tokens a GEMM sees (micro-batch x local sequence)
         local_tokens: int      # tokens held between layers (n / tp with sequence parallelism)
         act_bytes: int
-        fp8: bool              # the job trains in fp8
+        gemm_dtype: str        # the data type of the quantized GEMMs (fp8, mxfp8, nvfp4) or the precision
+        fp8: bool              # the job's linear layers are quantized (fp8 or nvfp4)
         linear_fp8: bool       # the GEMMs being written are fp8 (off around the output layer)
         part: str              # step_part of the nodes being written
 
@@ -92,6 +93,10 @@ if TYPE_CHECKING:
 
         @property
         def mx(self) -> bool:      # MXFP8 block scaling (fp8.Fp8Quantization)
+            raise NotImplementedError
+
+        @property
+        def fp4(self) -> bool:     # NVFP4 (fp8.Fp8Quantization)
             raise NotImplementedError
 else:
     KernelPrimitives = object

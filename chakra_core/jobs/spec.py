@@ -100,8 +100,8 @@ class Training(_Strict):
     seq: PositiveInt = Field(..., description="sequence length")
     global_batch: PositiveInt = Field(..., description="sequences per step (GBS)")
     micro_batch: PositiveInt = Field(1, description="sequences per micro-batch (MBS)")
-    precision: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="GEMM precision; fp8 as Transformer "
-                                                                  "Engine runs it (fp8_recipe)")
+    precision: Literal["bf16", "fp16", "fp8", "nvfp4"] = Field("bf16", description="GEMM precision; fp8 (fp8_recipe) "
+                                                                           "and nvfp4 (Blackwell) as Transformer Engine runs them")
     fp8_recipe: Literal["delayed", "current", "mxfp8"] = Field(
         "delayed", description="fp8 scaling: 'delayed' (amax history, reduced once per pass), 'current' "
                                "(per-tensor amax before each cast, Megatron's --fp8-recipe tensorwise) or "
@@ -389,7 +389,7 @@ def _recompute_problems(job: JobSpec) -> list[str]:
     if t.recompute != "selective":
         out.append("training.recompute_modules needs recompute: selective")
     dropped = sorted({"layernorm", "moe_act"} & set(t.recompute_modules))
-    if dropped and t.precision == "fp8":
+    if dropped and t.precision in ("fp8", "nvfp4"):
         # delayed scaling: "Delayed scaling does not support moe_act and layernorm recompute for fp8";
         # current scaling keeps their bf16 inputs instead (set_save_original_input), not modelled
         out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from chakra_core.jobs.fp8 import QUANTIZED
 from chakra_core.jobs.routing import expert_load
 from chakra_core.jobs.spec import JobSpec
 
@@ -112,7 +113,7 @@ def moe_block_activations(job: JobSpec) -> BlockActivations:
     clamped SwiGLU (GPT-OSS) also keeps its clamped input, as fc1's output (2 B x (2)F / etp per copy);
     with --moe-shared-expert-overlap the shared fc1 keeps the gathered input, not the TP share."""
     m, p, t = job.shape, job.parallel, job.training
-    fp8 = t.precision == "fp8"
+    fp8 = t.precision in QUANTIZED
     gemm_in = FP8_BYTES if fp8 else ACT_BYTES
     h, experts, up = m.hidden, m.num_experts or 0, m.up_projections()
     n = t.micro_batch * (t.seq // p.cp)                      # tokens of a micro-batch on this CP rank

@@ -40,6 +40,7 @@ from pydantic import ValidationError
 
 from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
+from chakra_core.jobs.fp8 import gemm_dtype
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.sharding import DEFAULT_STRATEGY
 from chakra_core.jobs.spec import Cluster, JobSpec
@@ -306,7 +307,7 @@ def lower_bound_s(spec: JobSpec, profile: Profile, compute: ComputeModel | None 
       early stages are the heavier ones.
     """
     m, p, t = spec.shape, spec.parallel, spec.training
-    rates = _Rates(profile, t.precision, compute)
+    rates = _Rates(profile, gemm_dtype(t), compute)   # MXFP8's GEMMs at its rate
     b, s, tp, cp = t.micro_batch, t.seq, p.tp, p.cp
     n = b * s // cp                                     # tokens of a micro-batch on this rank
     a, g, d, h, f = m.heads // tp, m.groups // tp, m.head_dim, m.hidden, m.ffn_hidden // tp

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from chakra_core.jobs.fp8 import QUANTIZED
 from chakra_core.jobs.schedule import stage_schedule
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
@@ -136,7 +137,7 @@ def layer_activations(job: JobSpec, recomputed: bool = False, moe: bool = False)
     n = _tokens(job)
     if recomputed:
         return n * ACT_BYTES * h // sp
-    fp8 = t.precision == "fp8"
+    fp8 = t.precision in QUANTIZED
     gemm_in = FP8_BYTES if fp8 else ACT_BYTES        # what a TE GEMM saves of its input
     mask = MASK_BYTES if t.dropout > 0 else 0
     # the norms' inputs, the QKV GEMM's input, the dropout masks; Q, K, V and the attention output
@@ -255,7 +256,7 @@ def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
     t, p = job.training, job.parallel
     state = _stage_params(job, stage)
     params = state.dense + state.experts
-    fp8_copies = FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision == "fp8" else 0
+    fp8_copies = FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision in QUANTIZED else 0
     weights = PARAM_BYTES * params + fp8_copies
     per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0)
     if t.use_megatron_fsdp:   # one stage (jobs/sharding.py)

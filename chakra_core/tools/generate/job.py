@@ -34,7 +34,7 @@ from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
 @click.option("--seq", type=click.IntRange(min=1), help="sequence length")
 @click.option("--global-batch", type=click.IntRange(min=1), help="sequences per step")
 @click.option("--micro-batch", type=click.IntRange(min=1), help="sequences per micro-batch")
-@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8"]))
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp8", "nvfp4"]))
 @click.option("--recompute", type=click.Choice(["none", "selective", "full"]))
 @click.option("--fp8-recipe", type=click.Choice(["delayed", "current", "mxfp8"]), help="fp8 scaling")
 @click.option("--attention", type=click.Choice(["flash", "unfused"]))
