@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from chakra_core.jobs.bands import MIN_RUNS, PublishedRun, band_of, error_band, published_runs, scale_class
+from chakra_core.jobs.bands import (MIN_RUNS, PublishedRun, band_of, error_band, precision_class, published_runs,
+                                    scale_class)
 
 
 def _runs() -> tuple[PublishedRun, ...]:
@@ -65,4 +66,13 @@ def test_no_published_runs_no_band():
 
 def test_the_shipped_runs_name_known_gpus_and_positive_ratios():
     for run in published_runs():
-        assert run.ratio > 0 and run.gpus > 0 and run.precision in ("fp8", "bf16", "fp16")
+        assert run.ratio > 0 and run.gpus > 0 and run.precision in ("fp8", "nvfp4", "bf16", "fp16")
+
+
+def test_nvfp4_is_a_class_of_its_own():
+    """An NVFP4 job is not given the band of 8-bit runs: its own class, or wider when too few."""
+    assert precision_class("nvfp4") == "4-bit" and precision_class("fp8") == "8-bit"
+    runs = _runs() + tuple(PublishedRun("", "B200", "blackwell", "nvfp4", 64, r) for r in (0.9, 0.95, 1.05))
+    band = error_band("B200", "blackwell", "nvfp4", 64, runs)
+    assert band is not None and band.runs == 3 and band.scope == "dense models, B200, 4-bit, up to 64 GPUs"
+    assert "8-bit" not in error_band("B200", "blackwell", "nvfp4", 64, _runs()).scope

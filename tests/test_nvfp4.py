@@ -104,3 +104,17 @@ def test_an_nvfp4_step_is_faster_than_mxfp8_and_counts_mfu_against_the_nvfp4_pea
     # the same model FLOPs against twice the peak (GB200: nvfp4 10,000 and mxfp8 5,000 TFLOP/s)
     assert steps["nvfp4"].tflops_per_gpu / steps["nvfp4"].mfu == pytest.approx(
         2 * steps["fp8"].tflops_per_gpu / steps["fp8"].mfu, rel=1e-9)
+
+
+def test_sequence_parallel_gathers_move_fp4_shards():
+    """TE gathers NVFP4 shards (distributed.py _all_gather_nvfp4): a column-parallel input's rowwise
+    copy, the saved input's columnwise copy, an output gradient's two copies; bf16 moves 2 bytes."""
+    def gathers(precision: str) -> dict[str, int]:
+        return {n.name: NodeView(n).int("comm_size") for n in nodes(precision)
+                if n.type == pb.COMM_COLL_NODE and n.name.startswith("mb0.L0") and "all_gather" in n.name}
+    fp4, bf16 = gathers("nvfp4"), gathers("bf16")
+    assert fp4.keys() == bf16.keys() and fp4
+    for name, size in fp4.items():
+        elements = bf16[name] // 2
+        copies = 2 if name.endswith(".dgrad.tp_all_gather") else 1
+        assert size == copies * quantized_bytes(elements, "nvfp4"), name

@@ -34,8 +34,8 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   (with the Hadamard transform the fused norm amax is not used: normalization.cpp). Weights (2D
   16x16 blocks, no transform): an amax and one cast, once per step. Every NVFP4 GEMM (fprop,
   dgrad, wgrad) first runs a one-thread kernel for its scale (cublaslt_gemm.cu
-  compute_nvfp4_per_tensor_scale_kernel). Attention, embedding and output layer stay bf16. Not
-  modelled: the tensor-parallel all-gathers moving FP4 (they move bf16 here), scale swizzles,
+  compute_nvfp4_per_tensor_scale_kernel). Attention, embedding and output layer stay bf16; the
+  sequence-parallel gathers move FP4 shards (tensor_parallel.py). Not modelled: scale swizzles,
   Megatron-Bridge's fp4 parameters (fp4_param_gather, from v0.4.2), and the saved fp8/fp4 inputs'
   true size (a byte per element is counted).
 - weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary

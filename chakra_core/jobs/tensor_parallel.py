@@ -18,10 +18,16 @@ d0067d0da6cb01811b8072a7d304f0e00344ce2b; comm_gemm_overlap.cpp):
 - "bulk" for the backward's all-gather and reduce-scatter (qkv/fc1 dgrad and wgrad): one
   collective on num_sm = 16 thread blocks, no margin, beside the GEMM.
 The output layer is not a Transformer Engine module and keeps NCCL.
+
+Under NVFP4 (no userbuffers: TE's have no NVFP4 path) the shards are quantized before they are
+gathered and the gathers move FP4 with its scales (transformer_engine/pytorch/distributed.py
+_all_gather_nvfp4): a column-parallel input's rowwise copy, the saved input's columnwise copy for
+the wgrad, and a row-parallel output gradient's two copies. (fp8's gathers still move bf16 here.)
 """
 
 from __future__ import annotations
 
+from chakra_core.jobs.fp8 import quantized_bytes
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
@@ -46,7 +52,17 @@ class TensorParallel(KernelPrimitives):
     def _userbuffers(self, te: bool) -> bool:
         return te and self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups
 
-    def tp_gather(self, name: str, te: bool = True, width: int | None = None) -> int | None:
+    def _fp4_gather(self, te: bool) -> bool:
+        """A TE module's gather under NVFP4: of quantized shards (see the module docstring)."""
+        return te and self.fp4 and self.fp8 and self.linear_fp8 and self.job.effects.fp8_overheads
+
+    def _gathered(self, elements: int, te: bool, copies: int = 1) -> int:
+        """Bytes each rank contributes to a TP all-gather of `elements` (this rank's shard)."""
+        if self._fp4_gather(te):
+            return copies * quantized_bytes(elements, "nvfp4")
+        return elements * self.act_bytes
+
+    def tp_gather(self, name: str, te: bool = True, width: int | None = None, copies: int = 1) -> int | None:
         """Sequence parallel: the all-gather of the residual stream (or of a `width` wide input such
         as a latent) before a column-parallel GEMM; returned for the GEMM to run beside it with
         userbuffers, else waited for."""
@@ -54,7 +70,7 @@ class TensorParallel(KernelPrimitives):
             return None
         overlap = self._userbuffers(te)
         coll = self.collective(name + ".tp_all_gather", "tp", pb.ALL_GATHER,
-                               self.local_tokens * (width or self.h) * self.act_bytes,
+                               self._gathered(self.local_tokens * (width or self.h), te, copies),
                                ctas=UB_RING_CTAS if overlap else 0)
         if not overlap:
             self.stream.wait(coll)
@@ -113,7 +129,7 @@ class TensorParallel(KernelPrimitives):
         ctas = UB_BULK_CTAS if self._userbuffers(te) else 0
         wide = width or self.h
         regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
-                                   self.local_tokens * wide * self.act_bytes, ctas=ctas) if self.sp else None
+                                   self._gathered(self.local_tokens * wide, te), ctas=ctas) if self.sp else None
         dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
         reduce = None
         if "tp" in self.groups:
@@ -127,5 +143,11 @@ class TensorParallel(KernelPrimitives):
 
     def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
         """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
-        dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True, tp_amax=self.sp)
+        if self.sp and "tp" in self.groups and self._fp4_gather(True):
+            # NVFP4: the local shard of the output gradient quantized, then both copies gathered
+            self.quantize(name + ".dgrad", m // self.tp * n, tp_amax=True)
+            self.tp_gather(name + ".dgrad", copies=2)
+            dgrad = self.gemm(name + ".dgrad", m, n, k)
+        else:
+            dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True, tp_amax=self.sp)
         return dgrad, self.gemm(name + ".wgrad", k, m, n, accumulate=True)
