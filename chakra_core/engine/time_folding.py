@@ -115,10 +115,11 @@ class PeriodWatch:
         self._pending = False
         self._last_look = False
         self.found: tuple[_Snapshot, _Snapshot] | None = None
-        self._parts_seen: dict[str, set[bytes]] = {}
-        self._unsettled: list[str] = []
-        """What did not repeat at the latest look: the simulated ranks and layers whose own part of
-        the state matched none of theirs at earlier looks (said when no instant repeats)."""
+        self._parts_seen: dict[int | str, set[bytes]] = {}
+        self._unsettled: list[int | str] = []
+        """What did not repeat at the latest look: the simulated ranks (numbers) and layers (labels)
+        whose own part of the state matched none of theirs at earlier looks (said when no instant
+        repeats)."""
         self.cycle = 1
         """Periods between the two instants found alike: the run repeats every `cycle` periods (a
         pipeline's stages can settle into a pattern two micro-batches long)."""
@@ -152,9 +153,9 @@ class PeriodWatch:
         """Why the run does not fold: no instant repeated, and what kept changing."""
         if not self._unsettled:
             return NO_REPEAT
-        ranks = [name.removeprefix("rank ") for name in self._unsettled if name.startswith("rank ")]
+        ranks = [str(who) for who in self._unsettled if isinstance(who, int)]
         said = [f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_listed(ranks)}"] if ranks else []
-        said += [name for name in self._unsettled if not name.startswith("rank ")]
+        said += [who for who in self._unsettled if isinstance(who, str)]
         return (f"{NO_REPEAT[:-len(SIMULATING)]}; what kept changing from one period to the next: "
                 f"{_listed(said)}{SIMULATING}")
 
@@ -180,17 +181,18 @@ class PeriodWatch:
         if inside:    # the latest instant with this state: the shortest cycle
             self._seen[digest] = self._snapshot(now, lows)
             self._unsettled = []
-            for name, part in parts.items():
-                seen = self._parts_seen.setdefault(name, set())
+            for who, part in parts.items():
+                seen = self._parts_seen.setdefault(who, set())
                 part_digest = hashlib.blake2b(repr(part).encode()).digest()
                 if seen and part_digest not in seen:
-                    self._unsettled.append(name)
+                    self._unsettled.append(who)
                 seen.add(part_digest)
 
-    def _state(self, now: int) -> tuple[tuple[object, ...], list[int], dict[str, object]]:
+    def _state(self, now: int) -> tuple[tuple[object, ...], list[int], dict[int | str, object]]:
         """The run's state relative to `now` and each rank's lowest unfinished node, the highest
         node id each rank's state names, and the state's parts by whom they describe (a simulated
-        rank with its compute events, a layer) to say what did not repeat."""
+        rank, by its number, with its compute events; a layer, by its label) to say what did not
+        repeat."""
         ranks: list[object] = []
         highest: list[int] = []
         by_driver = {id(d): position for position, d in enumerate(self.drivers)}
@@ -218,8 +220,8 @@ class PeriodWatch:
 
         view = _View(self)
         layers = tuple(layer.time_fold_state(now, view) for layer in self.layers)
-        parts: dict[str, object] = {f"rank {d.rank}": (rank, tuple(mine))
-                                    for d, rank, mine in zip(self.drivers, ranks, own_events)}
+        parts: dict[int | str, object] = {d.rank: (rank, tuple(mine))
+                                          for d, rank, mine in zip(self.drivers, ranks, own_events)}
         parts.update((f"the {layer.layer} layer '{layer.name}'", state) for layer, state in zip(self.layers, layers))
         return (tuple(ranks), tuple(events), layers), highest, parts
 

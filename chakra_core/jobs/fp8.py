@@ -116,11 +116,6 @@ class Fp8Quantization(KernelPrimitives):
         return t.precision == "fp8" and t.fp8_recipe == "delayed"
 
     @property
-    def mx(self) -> bool:
-        """MXFP8 block scaling (fp8_recipe mxfp8)."""
-        return self.fp8 and self.job.training.fp8_recipe == "mxfp8"
-
-    @property
     def fp4(self) -> bool:
         """NVFP4 (precision nvfp4)."""
         return self.job.training.precision == "nvfp4"

@@ -116,7 +116,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
             self.quantize(name, m * k, tp_amax)
-        if fp8 and self.fp4 and self.job.effects.fp8_overheads:
+        if self.fp4 and self.fp8_on:
             self.elementwise(name + ".alpha", 1, 8, dtype="fp32")   # the GEMM's scale from the two amaxes
         shape = [_attr("uint", "gemm_m", m), _attr("uint", "gemm_n", n), _attr("uint", "gemm_k", k),
                  _attr("uint", "gemm_batch", 1)]

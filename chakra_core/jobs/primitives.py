@@ -92,7 +92,7 @@ if TYPE_CHECKING:
             raise NotImplementedError
 
         @property
-        def mx(self) -> bool:      # MXFP8 block scaling (fp8.Fp8Quantization)
+        def fp8_on(self) -> bool:  # quantized GEMMs with TE's overheads (fp8.Fp8Quantization)
             raise NotImplementedError
 
         @property

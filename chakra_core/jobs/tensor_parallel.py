@@ -54,7 +54,7 @@ class TensorParallel(KernelPrimitives):
 
     def _fp4_gather(self, te: bool) -> bool:
         """A TE module's gather under NVFP4: of quantized shards (see the module docstring)."""
-        return te and self.fp4 and self.fp8 and self.linear_fp8 and self.job.effects.fp8_overheads
+        return te and self.fp4 and self.fp8_on
 
     def _gathered(self, elements: int, te: bool, copies: int = 1) -> int:
         """Bytes each rank contributes to a TP all-gather of `elements` (this rank's shard)."""
