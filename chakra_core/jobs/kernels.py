@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from functools import lru_cache
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from chakra_core.et.build import Stream, bool_attr, read_collective, str_attr, uint_attr
 from chakra_core.jobs.attention import NORM_OPS, SelfAttention
@@ -84,6 +84,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self._layer_key: tuple[int, int | str] = (0, 0)   # (micro-batch, layer) whose tensors are listed
         self._saving = True                 # False in the forward of a layer under full recompute
         self._cp_exchanges = 0              # ring attention's exchanges so far (their tags)
+        self.zero_bubble = p.schedule == "zb-h1"   # weight gradients run in the schedule's W steps
 
     # Nodes ----------------------------------------------------------------------------------------
     def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
@@ -345,7 +346,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self._read(loss, "softmax")
         self._keep(loss, "logits_grad", n * v, self.act_bytes)
         self.linear_fp8 = False
-        dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v, te=False)
+        dgrad, wgrad = self._column_backward(p + "lm_head", n, h, v, te=False, grad_kept=True)
         self._read(dgrad, "logits_grad")
         self._read(wgrad, "logits_grad", "head_in")
         self.linear_fp8 = True
@@ -371,3 +372,8 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
 
     def _fp8_weights(self, layer: int) -> None:
         """fp8: a layer's linear weights quantized once per step."""
+
+    def weight_gradient(self, name: str, dgrad: int, grad_elements: int, make: Callable[[], int]) -> int:
+        """A linear layer's weight gradient, written by `make` (after its `dgrad`, whose output
+        gradient of `grad_elements` it reads); the zero-bubble schedule defers it (zero_bubble.py)."""
+        return make()

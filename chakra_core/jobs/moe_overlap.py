@@ -77,7 +77,7 @@ def combined_phases(stage: int, pp: int, vp: int, microbatches: int) -> list[Pha
 
 
 @dataclass
-class _Wgrad:
+class DelayedWgrad:
     """A delayed weight gradient: the GEMM to write, the layer it belongs to, what it reads."""
 
     make: Callable[[], int]
@@ -98,14 +98,14 @@ class _Pass:
     parts: Iterator[str] = field(default_factory=lambda: iter(()))
     key: tuple[int, int | str] = (0, 0)
     saving: bool = True
-    wgrads: dict[str, list[_Wgrad]] = field(default_factory=dict)
+    wgrads: dict[str, list[DelayedWgrad]] = field(default_factory=dict)
 
 
 def _union(*frontiers: Sequence[int]) -> list[int]:
     return list(dict.fromkeys(node for frontier in frontiers for node in frontier))
 
 
-def _dw_order(wgrad: _Wgrad) -> int:
+def _dw_order(wgrad: DelayedWgrad) -> int:
     """_BackwardDWWrapper.backward_dw: shared experts, then attention's qkv, then its proj."""
     return 1 if wgrad.name.endswith(".qkv.wgrad") else 2 if wgrad.name.endswith(".proj.wgrad") else 0
 
@@ -140,8 +140,8 @@ class CombinedSchedule(LayerKernels):
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         super().__init__(job, placement, rank)
-        self._deferring: list[_Wgrad] | None = None   # a backward sub-module's delayed weight gradients
-        self._delayed: dict[int, _Wgrad] = {}          # stand-in -> delayed weight gradient
+        self._deferring: list[DelayedWgrad] | None = None   # a backward sub-module's delayed weight gradients
+        self._delayed: dict[int, DelayedWgrad] = {}          # stand-in -> delayed weight gradient
         self._comp: list[int] = []                     # the compute stream's frontier in a merged step
         self._comm: list[int] = []                     # the communication stream's
 
@@ -164,7 +164,7 @@ class CombinedSchedule(LayerKernels):
     def _defer(self, name: str, make: Callable[[], int]) -> int:
         """Keep a weight gradient for backward_dw; returns a stand-in (< 0) that `_read` knows."""
         assert self._deferring is not None
-        wgrad = _Wgrad(make, name, self._layer_key)
+        wgrad = DelayedWgrad(make, name, self._layer_key)
         self._deferring.append(wgrad)
         token = -len(self._delayed) - 1
         self._delayed[token] = wgrad

@@ -11,7 +11,7 @@ the real definitions are the only ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from chakra_core.et.build import Stream
 from chakra_core.schema import pb
@@ -85,10 +85,13 @@ if TYPE_CHECKING:
             raise NotImplementedError
 
         def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
-                             width: int | None = None) -> tuple[int, int]:
+                             width: int | None = None, grad_kept: bool = False) -> tuple[int, int]:
             raise NotImplementedError
 
         def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+            raise NotImplementedError
+
+        def weight_gradient(self, name: str, dgrad: int, grad_elements: int, make: Callable[[], int]) -> int:
             raise NotImplementedError
 
         @property

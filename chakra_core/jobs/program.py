@@ -9,8 +9,7 @@ pp, other), so a run can split the step (jobs.report). docs/training.md lists th
 their FLOP and byte formulas; `comm_size` follows docs/collectives.md (an all-gather's size is
 one rank's input, a reduce-scatter's and an all-reduce's the whole buffer).
 
-Not modelled: dropout (the presets train without it), the gradient-norm all-reduce of gradient
-clipping (a few bytes) and the loss all-reduce. With `tensors: true` nodes list the tensors the
+Not modelled: the loss all-reduce (a few bytes). With `tensors: true` nodes list the tensors the
 step keeps alive (chakra_core.jobs.tensors).
 """
 
@@ -19,10 +18,11 @@ from __future__ import annotations
 from typing import Callable
 
 from chakra_core.et.build import p2p_attrs, str_attr
-from chakra_core.jobs.moe_overlap import CombinedSchedule, combined_phases
+from chakra_core.jobs.moe_overlap import combined_phases
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.schedule import stage_schedule
+from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import JobSpec
+from chakra_core.jobs.zero_bubble import WeightPasses
 from chakra_core.schema import pb
 
 ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + 4 + 4 + 2
@@ -37,7 +37,7 @@ Key = tuple[bool, int]
 """A parameter bucket: (in the expert buffer, its first unit in forward order)."""
 
 
-class RankProgram(CombinedSchedule):
+class RankProgram(WeightPasses):
     """Builds the node list of one rank (`build`)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
@@ -238,11 +238,13 @@ class RankProgram(CombinedSchedule):
             for forward, backward in combined_phases(self.stage, self.pp, self.vp, m):
                 self.combined_step(forward, backward)
         else:
-            for kind, mb, chunk in stage_schedule(self.stage, self.pp, self.vp, m):
+            for kind, mb, chunk in pipeline_steps(self.stage, self.pp, self.vp, m, job.parallel.schedule):
                 if kind == "F":
                     self._forward_step(mb, chunk)
-                else:
+                elif kind == "B":
                     self._backward_step(mb, chunk)
+                else:
+                    self._weight_step(mb)
         optimizer = self._optimizer(stage_params, shards, dist, buckets)
         if self.ledger.enabled:
             self._list_model_state(buckets, shards if dist else 1, optimizer)
@@ -387,8 +389,7 @@ class RankProgram(CombinedSchedule):
 
     # Pipeline ---------------------------------------------------------------------------------------
     def _receive(self, direction: str, mb: int, chunk: int) -> None:
-        node = self._exchange(False, direction, mb, chunk)
-        self.stream.wait(node)
+        self.stream.wait(self._exchange(False, direction, mb, chunk))
 
     def _send(self, direction: str, mb: int, chunk: int) -> None:
         self._exchange(True, direction, mb, chunk)

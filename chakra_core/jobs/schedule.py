@@ -1,14 +1,35 @@
-"""The order in which a pipeline stage runs its micro-batches, as Megatron-LM runs them.
+"""The order in which a pipeline stage runs its micro-batches.
 
-`stage_schedule` gives ("F" | "B", micro-batch, model chunk) steps: 1F1B (PipeDream-Flush) with
-one chunk per stage, and interleaved 1F1B with `vp` chunks per stage, following
-megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_interleaving and
-..._with_interleaving: the warm-up count, get_model_chunk_id and the micro-batch of a virtual step).
+`stage_schedule` gives ("F" | "B", micro-batch, model chunk) steps as Megatron-LM runs them: 1F1B
+(PipeDream-Flush) with one chunk per stage, and interleaved 1F1B with `vp` chunks per stage,
+following megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_without_
+interleaving and ..._with_interleaving: the warm-up count, get_model_chunk_id and the micro-batch
+of a virtual step). `pipeline_steps` adds the schedules of `parallel.schedule` that Megatron-LM
+does not run, as PyTorch's torch.distributed.pipelining runs them (pytorch/pytorch at
+00722e648b740f91d0e71494baa17891749fd291, torch/distributed/pipelining/schedules.py):
+- gpipe (ScheduleGPipe): every micro-batch's forward, then every backward in the same order;
+- zb-h1 (ScheduleInterleavedZeroBubble with one stage per rank, the ZB1P of Qi et al., "Zero
+  Bubble Pipeline Parallelism", ICLR 2024, arXiv:2401.10241, sec. 3.1 "ZB-H1"): the backward is
+  split in B, the input gradients, and W, the weight gradients ("I" and "W" there). The warm-up
+  is 1F1B's (_get_warmup_ops with multiply_factor 1: pp - stage - 1 forwards); then each
+  forward is followed by a B, and the i-th B by the oldest W still owed once i >= stage
+  (_get_1f1b_rank_ops with enable_zero_bubble and num_1f1b_microbatches = stage): stage s keeps
+  up to s weight gradients back, so the later stages return input gradients sooner and the W
+  they kept fill the cool-down. The W left are run last.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
+
 Step = tuple[str, int, int]
+SCHEDULES = ("1f1b", "gpipe", "zb-h1")
+ZB_SOURCE = ("sail-sg/zero-bubble-pipeline-parallelism at 39f2c186a27580b7051eb51e0f651e1efd0a8170, "
+             "megatron/core/zbpp_utils.py WeightGradStore.is_supported")
+"""The zero-bubble authors' Megatron-LM: when it splits the backward (else it runs the plain schedule)."""
 
 
 def warmup_steps(stage: int, pp: int, vp: int, microbatches: int, extra: int = 0) -> int:
@@ -53,3 +74,56 @@ def bubble_fraction(pp: int, vp: int, microbatches: int) -> float:
     (Narayanan et al., SC'21, sections 2.2.1 and 2.2.2)."""
     bubble = (pp - 1) / vp
     return bubble / (microbatches + bubble)
+
+
+def pipeline_steps(stage: int, pp: int, vp: int, microbatches: int, schedule: str = "1f1b") -> list[Step]:
+    """The steps of `schedule` ("F", "B" and, zero bubble, "W" for the weight gradients); gpipe and
+    zb-h1 run one model chunk per stage."""
+    if schedule == "1f1b":
+        return stage_schedule(stage, pp, vp, microbatches)
+    if schedule == "gpipe":
+        return [("F", mb, 0) for mb in range(microbatches)] + [("B", mb, 0) for mb in range(microbatches)]
+    if schedule != "zb-h1":
+        raise ValueError(f"unknown pipeline schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
+    warmup = min(pp - stage - 1, microbatches)
+    steps: list[Step] = [("F", mb, 0) for mb in range(warmup)]
+    owed = 0                                    # the oldest micro-batch whose W has not run
+    for i in range(microbatches):
+        if warmup + i < microbatches:
+            steps.append(("F", warmup + i, 0))
+        steps.append(("B", i, 0))
+        if i >= stage:
+            steps.append(("W", owed, 0))
+            owed += 1
+    return steps + [("W", mb, 0) for mb in range(owed, microbatches)]
+
+
+def schedule_problems(job: JobSpec) -> list[str]:
+    """What `parallel.schedule` needs, each naming its keys."""
+    p, t, m = job.parallel, job.training, job.shape
+    if p.schedule == "1f1b":
+        return []
+    out, named = [], f"parallel.schedule {p.schedule}"
+    if job.vp > 1:
+        out.append(f"{named} runs one model chunk per stage: remove parallel.vp / the layout's virtual stages "
+                   "(interleaved zero bubble, ZB-V, is not modelled)")
+    if p.overlap_moe_expert_parallel_comm:
+        out.append(f"{named} excludes parallel.overlap_moe_expert_parallel_comm (a 1F1B schedule of its own)")
+    if t.use_megatron_fsdp:
+        out.append(f"{named} with training.use_megatron_fsdp is not modelled")
+    if p.schedule != "zb-h1":
+        return out
+    if p.pp == 1:   # is_supported: "pipeline_model_parallel_size <= 1" runs the plain schedule
+        out.append(f"{named} needs pp > 1 ({ZB_SOURCE})")
+    if t.overlap_grad_reduce:   # is_supported: "the logic of overlapping grad reduce should be changed"
+        out.append(f"{named} reduces gradients after the last weight gradients: set training.overlap_grad_reduce: "
+                   f"false ({ZB_SOURCE} refuses it)")
+    if p.tp_comm_overlap and p.tp > 1:
+        out.append(f"{named} with parallel.tp_comm_overlap is not modelled (userbuffers overlap the weight "
+                   "gradients with the backward's gathers)")
+    unmodelled = [what for what, used in (("a mixture of experts", m.moe), ("latent attention", m.mla),
+                                           ("multi-token prediction", m.mtp_layers > 0)) if used]
+    if unmodelled:
+        out.append(f"{named} with {' and '.join(unmodelled)} is not modelled (only the linear layers' weight "
+                   "gradients are deferred)")
+    return out

@@ -15,7 +15,9 @@ from chakra_core.jobs.attention_variants import attention_variant_problems
 from chakra_core.jobs.flex_dispatcher import flex_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.recompute import recompute_problems
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
+from chakra_core.jobs.schedule import schedule_problems
 from chakra_core.jobs.sharding import sharding_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -71,6 +73,9 @@ class Parallel(_Strict):
                               "normal kernels (NVLink within 8 GPUs, RDMA once per node beyond)")
     pipeline_layout: str | None = Field(None, description="each virtual stage's layers (--pipeline-model-parallel-"
                                         "layout), e.g. 'Et|(tt|)*30mL': E embedding, t layer, m MTP, L loss; vp follows")
+    schedule: Literal["1f1b", "gpipe", "zb-h1"] = Field(
+        "1f1b", description="pipeline schedule: '1f1b' Megatron's (interleaved with vp), 'gpipe' every forward then "
+                            "every backward, 'zb-h1' zero bubble, weight gradients deferred (jobs/schedule.py)")
 
     @model_serializer(mode="wrap")
     def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
@@ -85,6 +90,8 @@ class Parallel(_Strict):
             for key in OVERLAPS:   # off: the job's echo as before they were modelled
                 if data.get(key) is False:
                     data.pop(key)
+            if data.get("schedule") == "1f1b":   # the default: the echo as before schedules were a setting
+                data.pop("schedule")
             if data.get("moe_token_dispatcher") == "alltoall":   # the default: the echo as before flex
                 data.pop("moe_token_dispatcher")
                 data.pop("moe_flex_backend", None)
@@ -310,8 +317,8 @@ class JobSpec(_Strict):
                             f"divisible by cp {p.cp}")
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
-        problems += _moe_problems(self) + attention_variant_problems(self) + _recompute_problems(self) + \
-            latent_attention_problems(self) + sharding_problems(self)
+        problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
+            latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -377,23 +384,6 @@ def _overlap_problems(job: JobSpec) -> list[str]:
         # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
         out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
                    "delay weight gradients with userbuffers")
-    return out
-
-
-def _recompute_problems(job: JobSpec) -> list[str]:
-    """recompute_modules as Megatron-Core takes them (transformer_config.py at d98e8a64)."""
-    t = job.training
-    if t.recompute_modules is None:
-        return []
-    out = []
-    if t.recompute != "selective":
-        out.append("training.recompute_modules needs recompute: selective")
-    dropped = sorted({"layernorm", "moe_act"} & set(t.recompute_modules))
-    if dropped and t.precision in ("fp8", "nvfp4"):
-        # delayed scaling: "Delayed scaling does not support moe_act and layernorm recompute for fp8";
-        # current scaling keeps their bf16 inputs instead (set_save_original_input), not modelled
-        out.append(f"training.recompute_modules {', '.join(dropped)} with precision fp8 is not modelled (Megatron "
-                   "refuses it with delayed scaling)")
     return out
 
 

@@ -48,6 +48,7 @@ class TensorParallel(KernelPrimitives):
     """TP/SP collectives and the GEMMs they feed or follow (see the module docstring)."""
 
     sp: bool
+    zero_bubble: bool      # weight gradients deferred to the schedule's W steps (zero_bubble.py)
 
     def _userbuffers(self, te: bool) -> bool:
         return te and self.job.parallel.tp_comm_overlap and self.sp and "tp" in self.groups
@@ -121,15 +122,17 @@ class TensorParallel(KernelPrimitives):
         return self.gemm(name, chunk, k, n)
 
     def _column_backward(self, name: str, m: int, k: int, n: int, te: bool = True,
-                         width: int | None = None) -> tuple[int, int]:
+                         width: int | None = None, grad_kept: bool = False) -> tuple[int, int]:
         """Backward of a column-parallel GEMM [m,k]x[k,n] (its input `width` wide, default h): dgrad,
         then the input gradient's reduce-scatter (all-reduce without SP) beside the wgrad; with SP
         the saved input shard is all-gathered again for the wgrad, beside the dgrad (as Megatron
-        does; userbuffers' bulk)."""
+        does; userbuffers' bulk). `grad_kept`: the output gradient is a kept tensor already (the logits')."""
         ctas = UB_BULK_CTAS if self._userbuffers(te) else 0
         wide = width or self.h
-        regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER,
-                                   self._gathered(self.local_tokens * wide, te), ctas=ctas) if self.sp else None
+        gathered = self._gathered(self.local_tokens * wide, te)
+        # a deferred weight gradient gathers the input itself, when it runs (zero_bubble.py)
+        regather = self.collective(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER, gathered,
+                                   ctas=ctas) if self.sp and not self.zero_bubble else None
         dgrad = self.gemm(name + ".dgrad", m, n, k, cast=True)
         reduce = None
         if "tp" in self.groups:
@@ -137,9 +140,14 @@ class TensorParallel(KernelPrimitives):
             reduce = self.collective(name + suffix, "tp", kind, self.n * wide * self.act_bytes, after=[dgrad],
                                      ctas=ctas)
         self.stream.wait(regather)
-        wgrad = self.gemm(name + ".wgrad", n, m, k, accumulate=True)
+
+        def wgrad() -> int:
+            if self.sp and self.zero_bubble:
+                self.blocking(name + ".tp_all_gather_input", "tp", pb.ALL_GATHER, gathered)
+            return self.gemm(name + ".wgrad", n, m, k, accumulate=True)
+        node = self.weight_gradient(name + ".wgrad", dgrad, 0 if grad_kept else m * n, wgrad)
         self.stream.wait(reduce)
-        return dgrad, wgrad
+        return dgrad, node
 
     def _row_backward(self, name: str, m: int, k: int, n: int) -> tuple[int, int]:
         """Backward of a row-parallel GEMM: with SP its output gradient is all-gathered first."""
@@ -150,4 +158,5 @@ class TensorParallel(KernelPrimitives):
             dgrad = self.gemm(name + ".dgrad", m, n, k)
         else:
             dgrad = self._gemm_with(name + ".dgrad", m, n, k, gather=True, cast=True, tp_amax=self.sp)
-        return dgrad, self.gemm(name + ".wgrad", k, m, n, accumulate=True)
+        return dgrad, self.weight_gradient(name + ".wgrad", dgrad, m * n,
+                                           lambda: self.gemm(name + ".wgrad", k, m, n, accumulate=True))

@@ -32,6 +32,8 @@ def simulated_microbatches(job: JobSpec) -> tuple[int, str]:
     left out), and why not fewer ("" when fewer)."""
     if job.parallel.overlap_moe_expert_parallel_comm:
         return job.microbatches, "the combined 1F1B schedule of overlap_moe_expert_parallel_comm is not folded in time"
+    if job.parallel.schedule != "1f1b":
+        return job.microbatches, f"the {job.parallel.schedule} schedule is not folded in time"
     period, pp, vp = period_microbatches(job), job.parallel.pp, job.vp
     # the pipeline fills and drains in about 2 pp pairs, besides the first and last periods
     floor = (STEADY_PERIODS + 2) * period + (pp - 1 if vp == 1 else 2 * pp)

@@ -170,6 +170,10 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
     unknown = [value for value in sharding if value is not None and value not in SHARDINGS]
     if unknown:
         raise ValueError(f"sharding {unknown[0]!r}: expected one of {', '.join(SHARDINGS)}")
+    schedule = parallel.get("schedule", "1f1b") if isinstance(parallel, Mapping) else "1f1b"
+    if schedule != "1f1b":   # lower_bound_s's fill and drain are 1F1B's
+        raise ValueError(f"job.parallel.schedule {schedule}: plan searches Megatron's 1F1B layouts only; "
+                         "remove parallel.schedule to plan the job")
     inner = [(mb, rc, do, sh) for mb in _unique(micro_batches) for rc in _unique(recompute)
              for sh in _unique(sharding)
              for do in (_unique(distributed_optimizer) if sh in (None, MEGATRON) else [True])]

@@ -76,7 +76,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from chakra_core.jobs.fp8 import QUANTIZED
-from chakra_core.jobs.schedule import stage_schedule
+from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
 from chakra_core.plan.fsdp_memory import sharded_parts
@@ -198,6 +198,7 @@ class _Chunk:
     kept: int
     forward_top: int
     backward: tuple[tuple[int, int], ...]
+    deferred: int = 0   # zb-h1: what the backward left for the W step, which releases it
 
 
 def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
@@ -223,7 +224,39 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
         backward.insert(0, (ACT_BYTES * logits, 2 * n * ACT_BYTES * h // sp + SOFTMAX_BYTES * logits))
     if stage == 0 and chunk == 0:
         backward.append((0, TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)))
-    return _Chunk(sum(released for _, released in backward), forward_top, tuple(backward))
+    kept = sum(released for _, released in backward)
+    if p.schedule != "zb-h1":
+        return _Chunk(kept, forward_top, tuple(backward))
+    # the weight gradients' inputs and each linear layer's output gradient stay for the W step, the
+    # output gradients put on top from the layer's start (an upper bound: see _deferred)
+    held, grads = _deferred(job)
+    deferred, index = [], 0
+    if stage == p.pp - 1 and chunk == job.vp - 1:   # the output layer's: its input and the logits' gradient
+        head = n * ACT_BYTES * h // sp + ACT_BYTES * logits
+        deferred.append((ACT_BYTES * logits, backward[0][1] - head))
+        index = 1
+    for on_top, released in backward[index:index + len(layers)]:
+        deferred.append((on_top + grads, released - held - grads))
+    deferred += backward[index + len(layers):]
+    total = sum(released for _, released in backward) - sum(released for _, released in deferred)
+    return _Chunk(kept, forward_top, tuple(deferred), total)
+
+
+def _deferred(job: JobSpec) -> tuple[int, int]:
+    """zb-h1 (jobs/zero_bubble.py): bytes a dense layer's deferred weight gradients keep of what the
+    layer saved (the QKV and first MLP GEMMs' inputs, the attention output and TE's fp8 copy of it,
+    the second MLP GEMM's input), and the output gradients they keep (QKV, projection, fc1, fc2:
+    the row-parallel ones gathered whole). The backward's peak is bounded from above: the output
+    gradients count from the layer's first kernel, and its own releases at its end."""
+    m, t, tp = job.shape, job.training, job.parallel.tp
+    sp = tp if job.sp else 1
+    h, f, a, g, d, n = m.hidden, m.ffn_hidden, m.heads, m.groups, m.head_dim, _tokens(job)
+    gemm_in = FP8_BYTES if t.precision in QUANTIZED else ACT_BYTES
+    fp8_copy = FP8_BYTES if t.precision in QUANTIZED else 0
+    saved = n * 2 * gemm_in * h // sp + n * ((ACT_BYTES + fp8_copy) * a * d + gemm_in * f) // tp
+    up = (2 if m.gated else 1) * f
+    grads = ACT_BYTES * (n * ((a + 2 * g) * d + up) // tp + 2 * n * h)
+    return saved, grads
 
 
 def _peak_activations(job: JobSpec, stage: int) -> int:
@@ -231,23 +264,28 @@ def _peak_activations(job: JobSpec, stage: int) -> int:
     chunks = tuple(_chunk_activations(job, stage, c) for c in range(vp))
     # Once warm, the chunks in flight repeat every pp x vp forwards: 5 pp micro-batches cover the
     # warm-up and two such periods, so the walk stays short for long gradient accumulation.
-    return _walk(chunks, stage, pp, vp, min(job.microbatches, 5 * pp))
+    # gpipe holds every micro-batch before its first backward: walk them all
+    walked = job.microbatches if job.parallel.schedule == "gpipe" else min(job.microbatches, 5 * pp)
+    return _walk(chunks, stage, pp, vp, walked, job.parallel.schedule)
 
 
 @lru_cache(maxsize=4096)
-def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches: int) -> int:
+def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches: int, schedule: str) -> int:
     """The peak of the stage's schedule over its chunks' activations (layouts that differ only
     where activations do not, such as the optimizer or a MoE's ep, walk it once)."""
     held = peak = 0
-    for kind, _, index in stage_schedule(stage, pp, vp, microbatches):
+    for kind, _, index in pipeline_steps(stage, pp, vp, microbatches, schedule):
         chunk = chunks[index]
         if kind == "F":
             held += chunk.kept
             peak = max(peak, held + chunk.forward_top)
-            continue
-        for on_top, released in chunk.backward:
-            peak = max(peak, held + on_top)
-            held -= released
+        elif kind == "W":
+            held -= chunk.deferred
+        else:
+            for on_top, released in chunk.backward:
+                peak = max(peak, held + on_top)
+                held -= released
+            peak = max(peak, held)   # zb-h1: a backward may leave more than it found
     return peak
 
 
