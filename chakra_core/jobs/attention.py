@@ -44,10 +44,10 @@ class SelfAttention(KernelPrimitives):
     _saving: bool
 
     if TYPE_CHECKING:   # provided by kernels.LayerKernels and its mixins
-        def ring_attention(self, name: str, backward: bool) -> int:
+        def ring_attention(self, name: str, backward: bool, role: str = "cp", heads: int | None = None) -> int:
             raise NotImplementedError
 
-        def a2a_attention(self, name: str, backward: bool) -> int:
+        def a2a_attention(self, name: str, backward: bool, hierarchical: bool = False) -> int:
             raise NotImplementedError
 
         def _kv_bytes(self) -> int:
@@ -121,8 +121,8 @@ class SelfAttention(KernelPrimitives):
             return self._unfused_attention(name, backward)
         if self.cp > 1 and self.job.parallel.cp_comm_type == "p2p":
             return self.ring_attention(name, backward)
-        if self.cp > 1 and self.job.parallel.cp_comm_type == "a2a":
-            return self.a2a_attention(name, backward)
+        if self.cp > 1 and self.job.parallel.cp_comm_type in ("a2a", "a2a+p2p"):
+            return self.a2a_attention(name, backward, hierarchical=self.job.parallel.cp_comm_type == "a2a+p2p")
         # one kernel over the whole sequence: this rank's queries (its 2 load-balanced chunks of a
         # causal split) against every key; with allgather CP the key/value blocks are gathered beside it
         kv = self._kv_bytes()

@@ -75,7 +75,7 @@ def attention_variant_problems(job: "JobSpec") -> list[str]:
     """What Transformer Engine cannot run with context parallelism (module docstring)."""
     m, p = job.shape, job.parallel
     out = []
-    if p.cp > 1 and m.window is not None and p.cp_comm_type == "p2p":
+    if p.cp > 1 and m.window is not None and p.cp_comm_type in ("p2p", "a2a+p2p"):
         out.append("model.window with parallel.cp > 1 needs parallel.cp_comm_type a2a or allgather (Transformer "
                    "Engine runs no sliding window in p2p ring attention)")
     if p.cp > 1 and m.attention_sinks and p.cp_comm_type != "a2a":

@@ -63,7 +63,8 @@ class Placement:
     def groups(self, rank: int) -> dict[str, tuple[int, ...]]:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
-        tp, cp, dp_cp (gradients and the distributed optimizer: data x context parallel ranks),
+        tp, cp (and a2a+p2p's cp_a2a and cp_p2p), dp_cp (gradients and the distributed optimizer: data x
+        context parallel ranks),
         emb (first and last stage: tied or MTP embedding gradients), amax (fp8 scaling: tp x cp x dp);
         a mixture of experts adds etp, ep and edp (`expert_groups`), and stage (tp x cp x dp) with
         the router's expert bias.
@@ -76,6 +77,12 @@ class Placement:
         if self.cp > 1:
             start = rank - tp * c.cp
             out["cp"] = self._group("cp", start, start + tp * self.cp, tp)
+            sizes = self.job.parallel.hierarchical_context_parallel_sizes
+            if sizes is not None:   # a2a+p2p: runs of a2a CP ranks, and the ranks of one a2a index
+                a2a = sizes[0]
+                first = start + tp * a2a * (c.cp // a2a)
+                out["cp_a2a"] = self._group("cp_a2a", first, first + tp * a2a, tp)
+                out["cp_p2p"] = self._group("cp_p2p", start + tp * (c.cp % a2a), start + tp * self.cp, tp * a2a)
         if self.dp * self.cp > 1:
             start = c.tp + stage * c.pp
             out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
@@ -138,7 +145,7 @@ class Placement:
     def _cp_distinct(self) -> bool:
         """Ring attention's exchanges go to the next rank of the CP group, not to a fixed offset
         (the last wraps to the first): CP ranks stand only for their own index's peers."""
-        return self.cp > 1 and self.job.parallel.cp_comm_type == "p2p"
+        return self.cp > 1 and self.job.parallel.cp_comm_type in ("p2p", "a2a+p2p")
 
     def representative(self, rank: int) -> int:
         """Ranks of one pipeline stage run the same program up to rank ids; the stage's rank with

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFuncti
 
 from chakra_core.jobs import layout as pipeline_layout
 from chakra_core.jobs.attention_variants import attention_variant_problems
+from chakra_core.jobs.context_parallel import hierarchical_problems
 from chakra_core.jobs.flex_dispatcher import flex_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
@@ -37,11 +38,15 @@ class Parallel(_Strict):
                                                      "(--num-layers-per-virtual-pipeline-stage = layers/pp/vp)")
     cp: PositiveInt = Field(1, description="context parallel size: attention over the sequence split in "
                                             "2 x cp load-balanced chunks")
-    cp_comm_type: Literal["p2p", "a2a", "allgather"] = Field(
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = Field(
         "p2p", description="how context parallel attention communicates (Megatron's --cp-comm-type): 'p2p' ring "
                            "attention, key/value blocks passed around the CP ring beside the steps; 'a2a' "
                            "all-to-alls of q, k, v and the output (Ulysses); 'allgather' key/value blocks gathered "
-                           "beside one kernel")
+                           "beside one kernel; 'a2a+p2p' all-to-alls inside groups of the first hierarchical size, "
+                           "a ring across them")
+    hierarchical_context_parallel_sizes: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="with a2a+p2p: the all-to-all group's size and the ring's, their product cp "
+                          "(--hierarchical-context-parallel-sizes)")
     sp: bool | None = Field(None, description="sequence parallelism with TP; default: on when tp > 1")
     account_for_embedding_and_loss: bool = Field(
         False, description="the pipeline split counts the embedding and the loss as one layer each "
@@ -84,7 +89,7 @@ class Parallel(_Strict):
         if isinstance(data, dict):
             if data.get("ep") == 1:
                 data.pop("ep")
-            for key in ("etp", "pipeline_layout"):
+            for key in ("etp", "pipeline_layout", "hierarchical_context_parallel_sizes"):
                 if data.get(key) is None:
                     data.pop(key, None)
             for key in OVERLAPS:   # off: the job's echo as before they were modelled
@@ -315,6 +320,7 @@ class JobSpec(_Strict):
             problems.append(f"cp_comm_type a2a splits each rank's heads over cp: its {m.heads // p.tp} query heads "
                             f"and {m.groups // p.tp} key/value heads (heads / tp, query groups / tp) must be "
                             f"divisible by cp {p.cp}")
+        problems += hierarchical_problems(self)
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
