@@ -219,3 +219,75 @@ def test_fsdp_peak_is_the_prediction(tmp_path, case):
     document = simulate(tmp_path, data, memory=True)
     assert document["layers"]["memory"]["summary"]["peak_memory_bytes"] == predict_memory(
         JobSpec.model_validate(data)).total
+
+
+# Hybrid sharding (HSDP) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("replicas, tp, cp", [(2, 1, 1), (4, 2, 1), (2, 1, 2)])
+def test_hsdp_groups_are_megatrons_partial_data_parallel_groups(replicas, tp, cp):
+    """parallel_state.py: the intra-instance group is the i-th consecutive block of the dp x cp group's
+    ranks; the inter-instance group joins the ranks at one place of every block."""
+    data = job(gpus=16, parallel={"tp": tp, "cp": cp}, global_batch=16, num_distributed_optimizer_instances=replicas)
+    full = Placement(JobSpec.model_validate({**data, "training": {**data["training"],
+                                                                  "num_distributed_optimizer_instances": 1}}), 8)
+    placement = Placement(JobSpec.model_validate(data), 8)
+    for rank in range(16):
+        ranks = list(full.groups(rank)["dp_cp"])
+        block = len(ranks) // replicas
+        blocks = [ranks[i * block:(i + 1) * block] for i in range(replicas)]
+        groups = placement.groups(rank)
+        assert list(groups["dp_cp"]) in blocks and rank in groups["dp_cp"]
+        assert list(groups["dp_outer"]) == [b[blocks[ranks.index(rank) // block].index(rank)] for b in blocks]
+
+
+@settings(max_examples=15, deadline=None)
+@given(layers=st.integers(1, 4), replicas=st.sampled_from([2, 4]), micro=st.integers(1, 3),
+       strategy=st.sampled_from(["optim", "optim_grads", "optim_grads_params"]),
+       grads=st.sampled_from(["fp32", "bf16"]))
+def test_hsdp_moves_the_closed_form_bytes(layers, replicas, micro, strategy, grads):
+    """Per rank and step: gathers and reduce-scatters as without replicas over the block of dp / R ranks;
+    once a step each bucket's reduced gradient is all-reduced across the replicas: its shard with
+    sharded gradients, the whole bucket with optim."""
+    model = {**MODEL, "layers": layers}
+    dp = 8
+    data = job(model, dp, global_batch=dp * micro, grad_reduce_dtype=grads, data_parallel_sharding_strategy=strategy,
+               num_distributed_optimizer_instances=replicas)
+    plain = job(model, dp // replicas, global_batch=dp // replicas * micro, grad_reduce_dtype=grads,
+                data_parallel_sharding_strategy=strategy)
+    found, alone = collectives(data), collectives(plain)
+    assert [(n, k, s) for n, k, s in found if k != pb.ALL_REDUCE] == alone
+    spec = JobSpec.model_validate(data)
+    vocab_h = spec.shape.padded_vocab(1) * spec.shape.hidden
+    buckets = [2 * vocab_h + spec.shape.hidden] + [spec.shape.layer_params_on(1)] * layers
+    block = dp // replicas
+    sharded = strategy != "optim"
+    expected = sum((shard(b, block) if sharded else b) * DTYPE_BYTES[grads] for b in buckets)
+    outer = [(n, s) for n, k, s in found if k == pb.ALL_REDUCE]
+    assert all(".outer_all_reduce." in n for n, _ in outer)
+    assert sum(s for _, s in outer) == expected
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
+def test_hsdp_peak_is_the_prediction(tmp_path, strategy):
+    data = {**job(gpus=8, global_batch=16, data_parallel_sharding_strategy=strategy,
+                  num_distributed_optimizer_instances=2), "tensors": True}
+    document = simulate(tmp_path, data, memory=True)
+    assert document["layers"]["memory"]["summary"]["peak_memory_bytes"] == predict_memory(
+        JobSpec.model_validate(data)).total
+
+
+def test_hsdp_inside_a_node_gathers_over_nvlink(tmp_path):
+    """ZeRO-3 over 16 GPUs of two nodes gathers every layer over the network; with two replicas of one
+    node each the gathers stay on NVLink and only the last micro-batch's shards cross the network."""
+    full = simulate(tmp_path / "full", job(gpus=16, global_batch=32))
+    hybrid = simulate(tmp_path / "hsdp", job(gpus=16, global_batch=32, num_distributed_optimizer_instances=2))
+    assert hybrid["training"]["step_time_s"] < full["training"]["step_time_s"]
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"num_distributed_optimizer_instances": 3}, "must divide dp x cp = 4"),
+    ({"num_distributed_optimizer_instances": 2, "data_parallel_sharding_strategy": "no_shard"}, "no_shard"),
+    ({"num_distributed_optimizer_instances": 2, "use_megatron_fsdp": False}, "partial distributed optimizer"),
+])
+def test_what_hsdp_refuses(training, message):
+    with pytest.raises(ValidationError, match=message):
+        JobSpec.model_validate(job(**training))

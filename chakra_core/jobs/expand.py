@@ -36,7 +36,8 @@ from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
-from chakra_core.jobs.spec import JobSpec, overflow
+from chakra_core.jobs.overflow import overflow
+from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
 from chakra_core.et.build import metadata, rank_path

@@ -131,6 +131,13 @@ class ShardedRankProgram(RankProgram):
             (pb.REDUCE_SCATTER, "reduce_scatter")
         node = self._chained(f"{prefix}fsdp.{what}.{self._name(bucket)}", bucket, kind,
                              self.fsdp_buckets[bucket].params * self.grad_bytes)
+        if "dp_outer" in self.groups and (self._last_backward or not self.fsdp.grads_sharded):
+            # HSDP: the last reduction of the step goes on across the replicas (sharding.py)
+            last = self.chain.get("dp_outer")
+            node = self.chain["dp_outer"] = self.collective(
+                f"{prefix}fsdp.outer_all_reduce.{self._name(bucket)}", "dp_outer", pb.ALL_REDUCE,
+                self.local(bucket, self.fsdp.grads_sharded) * self.grad_bytes, "dp",
+                after=[n for n in (node, last) if n is not None])
         self.reduce_node[bucket] = node
         if bucket in self.unsharded:
             self.ledger.refer(node, self.unsharded[bucket], output=False)

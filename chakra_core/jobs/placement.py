@@ -64,7 +64,7 @@ class Placement:
         """The rank's communicators of more than one rank, by role, in a fixed order (folding
         pairs equivalent ranks' groups by this order):
         tp, cp (and a2a+p2p's cp_a2a and cp_p2p), dp_cp (gradients and the distributed optimizer: data x
-        context parallel ranks),
+        context parallel ranks; with hybrid sharding one replica's block, and dp_outer across them),
         emb (first and last stage: tied or MTP embedding gradients), amax (fp8 scaling: tp x cp x dp);
         a mixture of experts adds etp, ep and edp (`expert_groups`), and stage (tp x cp x dp) with
         the router's expert bias.
@@ -85,7 +85,15 @@ class Placement:
                 out["cp_p2p"] = self._group("cp_p2p", start + tp * (c.cp % a2a), start + tp * self.cp, tp * a2a)
         if self.dp * self.cp > 1:
             start = c.tp + stage * c.pp
-            out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
+            replicas = self.job.training.num_distributed_optimizer_instances
+            if replicas == 1:
+                out["dp_cp"] = self._group("dp_cp", start, start + stage, tp)
+            else:   # HSDP: consecutive blocks of the dp x cp ranks shard, ranks at one place across them replicate
+                block = self.dp * self.cp // replicas
+                place = (rank - start) // tp
+                first = start + tp * block * (place // block)
+                out["dp_cp"] = self._group("dp_cp", first, first + tp * block, tp)
+                out["dp_outer"] = self._group("dp_outer", start + tp * (place % block), start + stage, tp * block)
         # the word embedding's gradient is all-reduced between the first and the last stage when the
         # last one holds it too: tied to the output layer, or for the MTP layers (finalize_model_grads.py
         # _get_shared_word_embedding_weight at d98e8a64)

@@ -39,6 +39,15 @@ Read at NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/co
   suggested_communication_unit_size elements (wait_for_previous_grad_reduce), and at the end of a
   backward that reduced, for all of them (_root_post_backward: reset). A sharded gradient's bucket is
   unsharded while it is reduced and freed when waited for.
+- Hybrid sharding, HSDP (num_distributed_optimizer_instances = R > 1; mcore_fsdp_adapter.py
+  _init_dist_index, parallel_state.py): the dp x cp ranks split into R consecutive blocks
+  (the intra-instance group) that shard, gather and reduce-scatter as above, and the inter-instance
+  group of the ranks at the same place in each block. On the last micro-batch a bucket's reduction
+  is followed by an all-reduce over the inter-instance group (GradReducePipeline, DP-Outer gradient
+  reduction on a stream of its own after the reduce-scatter's): of the gradient shard with
+  optim_grads and optim_grads_params, of the whole bucket with optim, whose gradient buffer is not
+  sharded. The outer group's sharding (outer_dp_sharding_strategy) is no_shard, the default; optim
+  there (HFSDP) is not modelled.
 """
 
 from __future__ import annotations
@@ -67,10 +76,15 @@ def strategy(job: JobSpec) -> str | None:
 def sharding_problems(job: JobSpec) -> list[str]:
     """What Megatron-LM refuses or overrides with Megatron-FSDP, and what is not modelled."""
     t, p, m = job.training, job.parallel, job.shape
+    replicas = t.num_distributed_optimizer_instances
     if not t.use_megatron_fsdp:
         return [f"training.{key} needs training.use_megatron_fsdp" for key in
-                ("data_parallel_sharding_strategy", "suggested_communication_unit_size") if getattr(t, key) is not None]
+                ("data_parallel_sharding_strategy", "suggested_communication_unit_size") if getattr(t, key) is not None] + \
+            ([] if replicas == 1 else ["training.num_distributed_optimizer_instances > 1 without use_megatron_fsdp (the "
+                                       "partial distributed optimizer) is not modelled"])
     out, sharded = [], strategy(job)
+    if replicas > 1:
+        out += hybrid_problems(job, sharded)
     if not t.distributed_optimizer:   # arguments.py: "Megatron-FSDP v1 is only compatible with ..."
         out.append("training.use_megatron_fsdp runs the distributed optimizer (Megatron-LM switches it on): "
                    "remove training.distributed_optimizer: false")
@@ -259,3 +273,19 @@ class Schedule:
         next use (PRESERVED), so every bucket counts as not gathered."""
         self.gathered.clear()
         self.releasable.clear()
+
+
+def hybrid_problems(job: JobSpec, sharded: str | None) -> list[str]:
+    """Hybrid sharding (HSDP) as Megatron-LM takes it (parallel_state.py at d98e8a64: dp x cp must divide
+    into the instances); what is not modelled."""
+    replicas, m = job.training.num_distributed_optimizer_instances, job.shape
+    out = []
+    if (job.dp * job.parallel.cp) % replicas:
+        out.append(f"training.num_distributed_optimizer_instances {replicas} must divide dp x cp = "
+                   f"{job.dp * job.parallel.cp}")
+    if sharded == "no_shard":
+        out.append("training.num_distributed_optimizer_instances > 1 with data_parallel_sharding_strategy no_shard "
+                   "shards nothing to replicate: not modelled")
+    if m.moe:   # mcore_fsdp_adapter.py: the experts' hybrid groups "has not been tested yet"
+        out.append("training.num_distributed_optimizer_instances > 1 with a mixture of experts is not modelled")
+    return out

@@ -154,6 +154,9 @@ class Training(_Strict):
                           "ZeRO-1), and the gradients (optim_grads, ZeRO-2), and the parameters (optim_grads_params)")
     suggested_communication_unit_size: PositiveInt | None = Field(
         None, description="with use_megatron_fsdp: reductions queue up to this many elements, gathers prefetch half")
+    num_distributed_optimizer_instances: PositiveInt = Field(
+        1, description="with use_megatron_fsdp, hybrid sharding (HSDP): dp x cp ranks in this many replicas, each "
+                       "sharding within itself (--num-distributed-optimizer-instances; jobs/sharding.py)")
     routing: Literal["balanced"] | Routing = Field(
         BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
                               "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
@@ -172,6 +175,8 @@ class Training(_Strict):
                     data.pop(key, None)
             if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
                 data.pop("use_megatron_fsdp")
+            if data.get("num_distributed_optimizer_instances") == 1:
+                data.pop("num_distributed_optimizer_instances")
         return data
 
     def recomputes(self, module: str) -> bool:
@@ -391,26 +396,3 @@ def _overlap_problems(job: JobSpec) -> list[str]:
         out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
                    "delay weight gradients with userbuffers")
     return out
-
-
-INT64_MAX = (1 << 63) - 1
-"""The largest size or operation count a Chakra trace holds (int64 attributes such as comm_size)."""
-
-
-def overflow(job: JobSpec) -> tuple[str, str] | None:
-    """(key path, reason) when one of the job's layers is larger than a trace can hold: checked
-    before the first rank is generated, naming the largest factor of the product."""
-    m, t = job.shape, job.training
-    factors = {"training.seq": t.seq, "training.micro_batch": t.micro_batch, "model.hidden": m.hidden,
-               "model.ffn_hidden": m.ffn_hidden, "model.vocab": m.vocab}
-    rows = t.micro_batch * t.seq
-    for what, value in (("activation", rows * m.hidden * 4),   # bytes, fp32 at most
-                        ("GEMM", 2 * rows * m.hidden * max(m.ffn_hidden, m.vocab)),
-                        ("attention", 4 * rows * t.seq * m.hidden)):
-        if value > INT64_MAX:
-            key = max(factors, key=lambda k: factors[k])
-            unit = "bytes" if what == "activation" else "FLOPs"
-            return (f"job.{key}", f"{factors[key]}: a layer's {what} is {value:.2g} {unit} (micro_batch "
-                                  f"{t.micro_batch} x seq {t.seq} x hidden {m.hidden} ...), more than the "
-                                  f"2^63-1 a Chakra trace's 64-bit fields hold")
-    return None

@@ -2,7 +2,7 @@
 shards it, and the activations walked module by module with the buffers Megatron-FSDP holds beside
 them, gathered and released by the same schedule the traces follow (chakra_core.jobs.sharding).
 
-Per parameter of a bucket, N its group (dp x cp, or the expert data-parallel group for routed
+Per parameter of a bucket, N its group (dp x cp, with hybrid sharding one replica's dp x cp / R, or the expert data-parallel group for routed
 experts; param_and_grad_buffer.py _init_each_parameter_group_buffers at NVIDIA/Megatron-LM d98e8a64):
 - weights: 2 B, / N with optim_grads_params, whose buckets outside units (embedding, final norm,
   output layer) also stay gathered, 2 B more (AllGatherPipeline.reset(preserve_non_fsdp_units));
@@ -61,7 +61,8 @@ def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int
     t, p = job.training, job.parallel
     buckets = fsdp_buckets(job, dense_layer)
     sched = job_schedule(job, buckets)
-    groups = (job.dp * p.cp, job.dp * p.cp * p.tp // (p.ep * p.expert_tp))
+    # the dense buckets' group: one hybrid-sharding replica's block of dp x cp
+    groups = (job.dp * p.cp // t.num_distributed_optimizer_instances, job.dp * p.cp * p.tp // (p.ep * p.expert_tp))
 
     def shards(bucket: int) -> int:
         return groups[buckets[bucket].expert]

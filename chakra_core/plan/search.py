@@ -44,7 +44,7 @@ from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile
 from chakra_core.jobs.routing import histogram_anchored
 from chakra_core.jobs.spec import Cluster, JobSpec
-from chakra_core.jobs.spec import overflow as trace_overflow
+from chakra_core.jobs.overflow import overflow as trace_overflow
 from chakra_core.jobs.step import TrainingStep
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
