@@ -59,23 +59,31 @@ def test_zb_h1_is_pytorchs_zb1p_order():
 
 
 @settings(max_examples=60, deadline=None)
-@given(pp=st.integers(2, 8), microbatches=st.integers(1, 20), data=st.data())
-def test_every_schedule_runs_each_pass_once_in_order(pp, microbatches, data):
-    """Each micro-batch's F, B and (zb-h1) W run once, in that order; zb-h1's forwards and input
-    gradients run in 1F1B's order, and stage s never owes more than s weight-gradient passes after
-    a B; gpipe runs every forward first."""
+@given(pp=st.integers(2, 8), microbatches=st.integers(1, 20), vp=st.integers(1, 3), data=st.data())
+def test_every_schedule_runs_each_pass_once_in_order(pp, microbatches, vp, data):
+    """Each micro-batch's F, B and (zb-h1) W of each chunk run once, in that order; zb-h1's forwards
+    and input gradients, each in the order 1F1B runs them (interleaved: Megatron's chunk order; vp 1:
+    1F1B's very steps), and stage s never owes more than s weight-gradient passes when a B starts;
+    gpipe runs every forward first."""
     stage = data.draw(st.integers(0, pp - 1))
-    for schedule in ("gpipe", "zb-h1"):
-        steps = pipeline_steps(stage, pp, 1, microbatches, schedule)
+    microbatches = microbatches * pp if vp > 1 else microbatches   # interleaving: whole rounds of pp
+    for schedule in ("gpipe", "zb-h1") if vp == 1 else ("zb-h1",):
+        steps = pipeline_steps(stage, pp, vp, microbatches, schedule)
         kinds = "FBW" if schedule == "zb-h1" else "FB"
-        assert Counter(steps) == Counter((kind, mb, 0) for kind in kinds for mb in range(microbatches))
-        where = {(kind, mb): i for i, (kind, mb, _) in enumerate(steps)}
+        assert Counter(steps) == Counter((kind, mb, c) for kind in kinds for mb in range(microbatches)
+                                         for c in range(vp))
+        where = {(kind, mb, c): i for i, (kind, mb, c) in enumerate(steps)}
         for mb in range(microbatches):
-            assert where["F", mb] < where["B", mb] < where.get(("W", mb), len(steps))
+            for c in range(vp):
+                assert where["F", mb, c] < where["B", mb, c] < where.get(("W", mb, c), len(steps))
         if schedule == "gpipe":
             assert [kind for kind, _, _ in steps] == ["F"] * microbatches + ["B"] * microbatches
             continue
-        assert [s for s in steps if s[0] != "W"] == stage_schedule(stage, pp, 1, microbatches)
+        megatron = stage_schedule(stage, pp, vp, microbatches)
+        for kind in "FB":
+            assert [s for s in steps if s[0] == kind] == [s for s in megatron if s[0] == kind]
+        if vp == 1:
+            assert [s for s in steps if s[0] != "W"] == megatron
         owed = 0   # weight-gradient passes kept back when a backward starts: at most `stage`
         for kind, _, _ in steps:
             if kind == "B" and owed > stage:
@@ -124,7 +132,6 @@ def test_sequence_parallel_weight_gradients_gather_their_input_when_they_run():
 
 # Refusals -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("data, message", [
-    (job(parallel={"vp": 2}), "one model chunk per stage"),
     (job(pp=1), "needs pp > 1"),
     (job(overlap_grad_reduce=True), "set training.overlap_grad_reduce: false"),
     (job(tp=2, parallel={"tp_comm_overlap": True}), "tp_comm_overlap is not modelled"),
@@ -148,15 +155,19 @@ def test_a_schedule_other_than_1f1b_is_not_folded_in_time():
 # Simulated ----------------------------------------------------------------------------------------
 @settings(max_examples=10, deadline=None)
 @given(pp=st.sampled_from([2, 4]), microbatches=st.integers(1, 8), tp=st.sampled_from([1, 2]),
-       precision=st.sampled_from(["bf16", "fp8"]), recompute=st.sampled_from(["none", "full"]))
+       precision=st.sampled_from(["bf16", "fp8"]), recompute=st.sampled_from(["none", "full"]),
+       vp=st.sampled_from([1, 2]))
 def test_zero_bubble_never_leaves_a_larger_bubble_than_1f1b(tmp_path_factory, pp, microbatches, tp, precision,
-                                                            recompute):
+                                                            recompute, vp):
     """On the same job, every pipeline stage of zb-h1 is idle (waiting for a neighbour or with
-    nothing in flight) no longer than under 1F1B."""
+    nothing in flight) no longer than under 1F1B, interleaved or not."""
     tmp = tmp_path_factory.mktemp("zb")
     settings_ = {"precision": precision, "recompute": recompute}
-    zb = simulate(tmp / "zb", job(pp=pp, tp=tp, microbatches=microbatches, **settings_))["training"]
-    plain = simulate(tmp / "1f1b", job("1f1b", pp=pp, tp=tp, microbatches=microbatches, **settings_))["training"]
+    layout = {"vp": vp} if vp > 1 else {}
+    microbatches = microbatches * pp if vp > 1 else microbatches
+    zb = simulate(tmp / "zb", job(pp=pp, tp=tp, microbatches=microbatches, parallel=layout, **settings_))["training"]
+    plain = simulate(tmp / "1f1b", job("1f1b", pp=pp, tp=tp, microbatches=microbatches, parallel=layout,
+                                       **settings_))["training"]
     for stage, split in zb["breakdown_by_stage_s"].items():
         assert split["bubble"] <= plain["breakdown_by_stage_s"][stage]["bubble"] + 1e-12, stage
 
@@ -180,6 +191,7 @@ MEMORY_CASES = {
     "zb-h1-fp8": job(precision="fp8"),
     "zb-h1-cp2": job(parallel={"cp": 2}),
     "zb-h1-3-microbatches": job(microbatches=3),
+    "zb-h1-interleaved": job(parallel={"vp": 2}),
 }
 
 

@@ -244,7 +244,7 @@ class RankProgram(WeightPasses):
                 elif kind == "B":
                     self._backward_step(mb, chunk)
                 else:
-                    self._weight_step(mb)
+                    self._weight_step(mb, chunk)
         optimizer = self._optimizer(stage_params, shards, dist, buckets)
         if self.ledger.enabled:
             self._list_model_state(buckets, shards if dist else 1, optimizer)

@@ -77,25 +77,46 @@ def bubble_fraction(pp: int, vp: int, microbatches: int) -> float:
 
 
 def pipeline_steps(stage: int, pp: int, vp: int, microbatches: int, schedule: str = "1f1b") -> list[Step]:
-    """The steps of `schedule` ("F", "B" and, zero bubble, "W" for the weight gradients); gpipe and
-    zb-h1 run one model chunk per stage."""
+    """The steps of `schedule` ("F", "B" and, zero bubble, "W" for the weight gradients); gpipe runs
+    one model chunk per stage, zb-h1 with vp chunks is PyTorch's interleaved ZB1P."""
     if schedule == "1f1b":
         return stage_schedule(stage, pp, vp, microbatches)
     if schedule == "gpipe":
         return [("F", mb, 0) for mb in range(microbatches)] + [("B", mb, 0) for mb in range(microbatches)]
     if schedule != "zb-h1":
         raise ValueError(f"unknown pipeline schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
-    warmup = min(pp - stage - 1, microbatches)
-    steps: list[Step] = [("F", mb, 0) for mb in range(warmup)]
-    owed = 0                                    # the oldest micro-batch whose W has not run
-    for i in range(microbatches):
-        if warmup + i < microbatches:
-            steps.append(("F", warmup + i, 0))
-        steps.append(("B", i, 0))
-        if i >= stage:
-            steps.append(("W", owed, 0))
+    # ScheduleInterleavedZeroBubble: rounds of pp micro-batches per chunk (vp > 1 needs microbatches % pp
+    # == 0, so a round is pp); warm-up _get_warmup_ops(multiply_factor=1)
+    per_round = pp if vp > 1 else microbatches
+    total = microbatches * vp
+    warmup = min((vp - 1) * per_round + pp - stage - 1, total)
+    forwards, backwards = [0] * vp, [0] * vp   # micro-batches each chunk has run
+    steps: list[Step] = []
+
+    def forward(k: int) -> None:
+        chunk = (k // per_round) % vp
+        steps.append(("F", forwards[chunk], chunk))
+        forwards[chunk] += 1
+
+    backward_chunks: list[int] = []
+    for k in range(warmup):
+        forward(k)
+    owed, weighed = 0, [0] * vp   # Ws run so far, in all and per chunk
+    for i in range(total):
+        if warmup + i < total:
+            forward(warmup + i)
+        chunk = vp - 1 - (i // per_round) % vp
+        steps.append(("B", backwards[chunk], chunk))
+        backwards[chunk] += 1
+        backward_chunks.append(chunk)
+        if i >= stage:   # the oldest B's W once `stage` are kept back
+            steps.append(("W", weighed[backward_chunks[owed]], backward_chunks[owed]))
+            weighed[backward_chunks[owed]] += 1
             owed += 1
-    return steps + [("W", mb, 0) for mb in range(owed, microbatches)]
+    for chunk in backward_chunks[owed:]:
+        steps.append(("W", weighed[chunk], chunk))
+        weighed[chunk] += 1
+    return steps
 
 
 def schedule_problems(job: JobSpec) -> list[str]:
@@ -104,9 +125,8 @@ def schedule_problems(job: JobSpec) -> list[str]:
     if p.schedule == "1f1b":
         return []
     out, named = [], f"parallel.schedule {p.schedule}"
-    if job.vp > 1:
-        out.append(f"{named} runs one model chunk per stage: remove parallel.vp / the layout's virtual stages "
-                   "(interleaved zero bubble, ZB-V, is not modelled)")
+    if job.vp > 1 and p.schedule == "gpipe":
+        out.append(f"{named} runs one model chunk per stage: remove parallel.vp / the layout's virtual stages")
     if p.overlap_moe_expert_parallel_comm:
         out.append(f"{named} excludes parallel.overlap_moe_expert_parallel_comm (a 1F1B schedule of its own)")
     if t.use_megatron_fsdp:

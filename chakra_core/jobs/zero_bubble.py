@@ -1,5 +1,5 @@
-"""The zero-bubble schedule's weight-gradient steps (`parallel.schedule: zb-h1`; the order of the
-steps is schedule.pipeline_steps).
+"""The zero-bubble schedule's weight-gradient steps (`parallel.schedule: zb-h1`, interleaved with vp
+chunks per stage; the order of the steps is schedule.pipeline_steps).
 
 A backward is split as the zero-bubble authors' Megatron-LM splits it (sail-sg/zero-bubble-pipeline-
 parallelism at 39f2c186a27580b7051eb51e0f651e1efd0a8170, megatron/core/tensor_parallel/layers.py,
@@ -34,7 +34,11 @@ class WeightPasses(CombinedSchedule):
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         super().__init__(job, placement, rank)
-        self._owed: dict[int, list[tuple[DelayedWgrad, bool]]] = {}   # micro-batch -> (its W, in fp8)
+        self._owed: dict[tuple[int, int], list[tuple[DelayedWgrad, bool]]] = {}   # (mb, chunk) -> (its W, in fp8)
+        # a unit's model chunk: the embedding's is the first, the output layer's the last
+        self._chunk_of: dict[int | str, int] = {"embedding": 0, "head": self.vp - 1}
+        for chunk in range(self.vp):
+            self._chunk_of.update(dict.fromkeys(job.chunk_layers(self.stage, chunk), chunk))
 
     def weight_gradient(self, name: str, dgrad: int, grad_elements: int, make: Callable[[], int]) -> int:
         if not self.zero_bubble:
@@ -43,16 +47,16 @@ class WeightPasses(CombinedSchedule):
         grad_out = (*key, name + ".grad_out")
         self.ledger.save(dgrad, grad_out, grad_elements, self.act_bytes, output=False)
         wgrad = DelayedWgrad(make, name, key, [grad_out])
-        self._owed.setdefault(key[0], []).append((wgrad, self.linear_fp8))
+        self._owed.setdefault((key[0], self._chunk_of[key[1]]), []).append((wgrad, self.linear_fp8))
         token = -len(self._delayed) - 1     # `_read` adds what the GEMM reads to the stand-in's
         self._delayed[token] = wgrad
         return token
 
-    def _weight_step(self, mb: int) -> None:
-        """W: micro-batch `mb`'s weight gradients, in the order its B kept them."""
+    def _weight_step(self, mb: int, chunk: int) -> None:
+        """W: micro-batch `mb`'s weight gradients of a model chunk, in the order its B kept them."""
         self.step_starts.append(len(self.stream.nodes))
         self.part = "backward"
-        for wgrad, fp8 in self._owed.pop(mb):
+        for wgrad, fp8 in self._owed.pop((mb, chunk)):
             self._layer_key, self.linear_fp8 = wgrad.key, fp8
             self.ledger.use(wgrad.make(), *wgrad.reads)
         self.linear_fp8 = True
