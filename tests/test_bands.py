@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from chakra_core.jobs.bands import (MIN_RUNS, PublishedRun, band_of, error_band, precision_class, published_runs,
-                                    scale_class)
+                                    scale_class, uncompared)
+from chakra_core.jobs.spec import JobSpec
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _runs() -> tuple[PublishedRun, ...]:
@@ -76,3 +81,25 @@ def test_nvfp4_is_a_class_of_its_own():
     band = error_band("B200", "blackwell", "nvfp4", 64, runs)
     assert band is not None and band.runs == 3 and band.scope == "dense models, B200, 4-bit, up to 64 GPUs"
     assert "8-bit" not in error_band("B200", "blackwell", "nvfp4", 64, _runs()).scope
+
+
+def test_settings_no_published_run_uses_are_named_with_the_band():
+    """A zero-bubble, a2a+p2p or hybrid-sharding job's band says that no compared run uses them; the
+    published runs (benchmarks/data/training-runs.yaml) indeed use none, so adding one that does
+    fails here until `uncompared` is updated."""
+    runs = yaml.safe_load((ROOT / "benchmarks" / "data" / "training-runs.yaml").read_text())["runs"]
+    for run in runs:
+        settings = [s for setting in run.get("settings", []) for s in (setting.get("parallel", {}),
+                                                                       setting.get("training", {}))]
+        assert all(s.get("schedule", "1f1b") == "1f1b" and s.get("cp_comm_type") != "a2a+p2p"
+                   and s.get("num_distributed_optimizer_instances", 1) == 1 for s in settings), run["id"]
+    base = {"name": "b", "model": "llama3-8b", "training": {"seq": 4096, "global_batch": 8},
+            "cluster": {"gpus": 8, "profile": "h100-hgx-ndr400"}}
+    assert uncompared(JobSpec.model_validate({**base, "parallel": {"tp": 8}})) == ()
+    zb = JobSpec.model_validate({**base, "parallel": {"tp": 2, "pp": 4, "schedule": "zb-h1"},
+                                 "training": {**base["training"], "overlap_grad_reduce": False}})
+    assert uncompared(zb) == ("parallel.schedule zb-h1",)
+    band = error_band("H100 SXM5 80GB", "hopper", "bf16", 8, runs=_runs(), not_covered=uncompared(zb))
+    assert band is not None and band.to_json()["not_covered"] == ["parallel.schedule zb-h1"]
+    plain = error_band("H100 SXM5 80GB", "hopper", "bf16", 8, runs=_runs())
+    assert plain is not None and "not_covered" not in plain.to_json()

@@ -17,9 +17,12 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from chakra_core.json_types import JsonObject
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
 
 RUNS_FILE = Path(__file__).with_name("presets") / "accuracy-runs.json"
 MIN_RUNS = 3
@@ -53,11 +56,26 @@ class ErrorBand:
     """exp(mean ln(predicted / measured)) - 1: negative when the model ran too fast."""
     worst_error: float
     """exp(max |ln(predicted / measured)|) - 1: the farthest run, counted as the geomean counts it."""
+    not_covered: tuple[str, ...] = ()
+    """The job's settings no published run uses (`uncompared`): the band does not measure them."""
 
     def to_json(self) -> JsonObject:
         return {"scope": self.scope, "runs": self.runs, "geomean_error": self.geomean_error,
                 "mean_signed_error": self.mean_signed_error, "worst_error": self.worst_error,
-                "source": "docs/training-accuracy.md (benchmarks/training_accuracy.py)"}
+                "source": "docs/training-accuracy.md (benchmarks/training_accuracy.py)",
+                **({"not_covered": list(self.not_covered)} if self.not_covered else {})}
+
+
+def uncompared(job: JobSpec) -> tuple[str, ...]:
+    """Settings of `job` that no run of docs/training-accuracy.md uses, so the band, taken from runs
+    without them, does not measure what they change (tests/test_bands.py checks that the published
+    runs still use none of them)."""
+    p, t = job.parallel, job.training
+    found = [f"parallel.schedule {p.schedule}" if p.schedule != "1f1b" else "",
+             "cp_comm_type a2a+p2p" if p.cp > 1 and p.cp_comm_type == "a2a+p2p" else "",
+             "hybrid sharding (num_distributed_optimizer_instances)" if t.num_distributed_optimizer_instances > 1
+             else ""]
+    return tuple(what for what in found if what)
 
 
 def precision_class(precision: str) -> str:
@@ -88,9 +106,10 @@ def band_of(runs: tuple[PublishedRun, ...] | list[PublishedRun]) -> tuple[float,
 
 
 def error_band(gpu_model: str, architecture: str, precision: str, gpus: int,
-               runs: tuple[PublishedRun, ...] | None = None, moe: bool = False) -> ErrorBand | None:
-    """The band of the closest class with at least MIN_RUNS runs (see the module docstring);
-    None when no published run was compared yet."""
+               runs: tuple[PublishedRun, ...] | None = None, moe: bool = False,
+               not_covered: tuple[str, ...] = ()) -> ErrorBand | None:
+    """The band of the closest class with at least MIN_RUNS runs (see the module docstring), naming
+    `not_covered` settings; None when no published run was compared yet."""
     runs = published_runs() if runs is None else runs
     if not runs:
         return None
@@ -108,5 +127,5 @@ def error_band(gpu_model: str, architecture: str, precision: str, gpus: int,
     for scope, keep in classes:
         chosen = [run for run in alike if keep(run)]
         if len(chosen) >= MIN_RUNS:
-            return ErrorBand(scope, len(chosen), *band_of(chosen))
-    return ErrorBand(f"(too few {kind}: every run)", len(runs), *band_of(runs))
+            return ErrorBand(scope, len(chosen), *band_of(chosen), not_covered=not_covered)
+    return ErrorBand(f"(too few {kind}: every run)", len(runs), *band_of(runs), not_covered=not_covered)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from chakra_core.contract.layers import ComputeModel
 from chakra_core.engine.simulation import FinishedRun, RankRecord
 from chakra_core.errors import SimulationError
-from chakra_core.jobs.bands import error_band
+from chakra_core.jobs.bands import error_band, uncompared
 from chakra_core.jobs.flops import DESCRIPTIONS, REPORTED
 from chakra_core.jobs.imbalance import routing_cost
 from chakra_core.jobs.step import TrainingStep
@@ -66,7 +66,8 @@ def training_section(run: FinishedRun) -> TrainingStep:
         raise SimulationError(f"internal error: the step achieves {achieved:.1f} model TFLOP/s per GPU, above "
                               f"{ceiling / 1e12:.1f}, the fastest rate the compute layer runs any kernel at "
                               "(please report this)")
-    band = error_band(info.gpu_model, info.architecture, precision, gpus, moe=job.shape.moe)
+    band = error_band(info.gpu_model, info.architecture, precision, gpus, moe=job.shape.moe,
+                      not_covered=uncompared(job))
     # each stage's first rank (tp, cp and dp index 0): the representative of a folded run
     pp = job.parallel.pp
     records = {record.rank: record for record in run.ranks}

@@ -78,10 +78,11 @@ def sharding_problems(job: JobSpec) -> list[str]:
     t, p, m = job.training, job.parallel, job.shape
     replicas = t.num_distributed_optimizer_instances
     if not t.use_megatron_fsdp:
+        partial = [] if replicas == 1 else ["training.num_distributed_optimizer_instances > 1 without "
+                                            "use_megatron_fsdp (the partial distributed optimizer) is not modelled"]
         return [f"training.{key} needs training.use_megatron_fsdp" for key in
                 ("data_parallel_sharding_strategy", "suggested_communication_unit_size") if getattr(t, key) is not None] + \
-            ([] if replicas == 1 else ["training.num_distributed_optimizer_instances > 1 without use_megatron_fsdp (the "
-                                       "partial distributed optimizer) is not modelled"])
+            partial
     out, sharded = [], strategy(job)
     if replicas > 1:
         out += hybrid_problems(job, sharded)

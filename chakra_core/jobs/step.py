@@ -145,7 +145,8 @@ class TrainingStep:
             error_band=None if band is None else ErrorBand(str(band["scope"]), int(band["runs"]),
                                                            float(band["geomean_error"]),
                                                            float(band["mean_signed_error"]),
-                                                           float(band["worst_error"])),
+                                                           float(band["worst_error"]),
+                                                           tuple(str(s) for s in band.get("not_covered", ()))),
             breakdown_s={str(k): float(v) for k, v in data["breakdown_s"].items()},
             breakdown_rank=int(data["breakdown_rank"]),
             breakdown_by_stage_s={str(stage): {str(k): float(v) for k, v in parts.items()}

@@ -127,9 +127,11 @@ def training_notes(training: TrainingStep) -> list[str]:
     notes = ["TFLOP/s and MFU: " + training.flops_formula.split(":")[0]]
     if band:
         lean = "fast" if band.mean_signed_error < 0 else "slow"
+        uncovered = "" if not band.not_covered else \
+            f"; no published run uses {', '.join(band.not_covered)}: the band does not measure what it changes"
         notes.insert(0, f"error band ±{band.geomean_error:.0%}: the model's geomean error on {band.runs} "
                         f"published {band.scope} runs (on average {abs(band.mean_signed_error):.0%} too "
-                        f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md)")
+                        f"{lean}, worst {band.worst_error:.0%}; docs/training-accuracy.md){uncovered}")
     else:
         notes.insert(0, "no error band: no published run has been compared (docs/training-accuracy.md)")
     cost = training.routing
