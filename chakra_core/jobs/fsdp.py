@@ -83,10 +83,13 @@ class ShardedRankProgram(RankProgram):
         return where + (".experts" if b.expert else "")
 
     # Collectives ----------------------------------------------------------------------------------
-    def _chained(self, name: str, bucket: int, kind: int, size: int) -> int | None:
-        role = self._role(bucket)
+    def _chained(self, name: str, bucket: int, kind: int, size: int, role: str | None = None,
+                 after: list[int] | None = None) -> int | None:
+        """A collective of the bucket's group (or `role`'s), after the compute so far (or `after`) and
+        the group's last collective."""
+        role = role or self._role(bucket)
         last = self.chain.get(role)
-        after = [*self.stream.frontier, *([last] if last is not None else [])]
+        after = [*(self.stream.frontier if after is None else after), *([last] if last is not None else [])]
         part, self.part = self.part, "dp"
         node = self.collective(name, role, kind, size, "dp", after=after)
         self.part = part
@@ -133,11 +136,9 @@ class ShardedRankProgram(RankProgram):
                              self.fsdp_buckets[bucket].params * self.grad_bytes)
         if "dp_outer" in self.groups and (self._last_backward or not self.fsdp.grads_sharded):
             # HSDP: the last reduction of the step goes on across the replicas (sharding.py)
-            last = self.chain.get("dp_outer")
-            node = self.chain["dp_outer"] = self.collective(
-                f"{prefix}fsdp.outer_all_reduce.{self._name(bucket)}", "dp_outer", pb.ALL_REDUCE,
-                self.local(bucket, self.fsdp.grads_sharded) * self.grad_bytes, "dp",
-                after=[n for n in (node, last) if n is not None])
+            node = self._chained(f"{prefix}fsdp.outer_all_reduce.{self._name(bucket)}", bucket, pb.ALL_REDUCE,
+                                 self.local(bucket, self.fsdp.grads_sharded) * self.grad_bytes, "dp_outer",
+                                 [] if node is None else [node])
         self.reduce_node[bucket] = node
         if bucket in self.unsharded:
             self.ledger.refer(node, self.unsharded[bucket], output=False)

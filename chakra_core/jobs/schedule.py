@@ -85,38 +85,22 @@ def pipeline_steps(stage: int, pp: int, vp: int, microbatches: int, schedule: st
         return [("F", mb, 0) for mb in range(microbatches)] + [("B", mb, 0) for mb in range(microbatches)]
     if schedule != "zb-h1":
         raise ValueError(f"unknown pipeline schedule {schedule!r} (one of {', '.join(SCHEDULES)})")
-    # ScheduleInterleavedZeroBubble: rounds of pp micro-batches per chunk (vp > 1 needs microbatches % pp
-    # == 0, so a round is pp); warm-up _get_warmup_ops(multiply_factor=1)
-    per_round = pp if vp > 1 else microbatches
-    total = microbatches * vp
-    warmup = min((vp - 1) * per_round + pp - stage - 1, total)
-    forwards, backwards = [0] * vp, [0] * vp   # micro-batches each chunk has run
-    steps: list[Step] = []
-
-    def forward(k: int) -> None:
-        chunk = (k // per_round) % vp
-        steps.append(("F", forwards[chunk], chunk))
-        forwards[chunk] += 1
-
-    backward_chunks: list[int] = []
-    for k in range(warmup):
-        forward(k)
-    owed, weighed = 0, [0] * vp   # Ws run so far, in all and per chunk
-    for i in range(total):
-        if warmup + i < total:
-            forward(warmup + i)
-        chunk = vp - 1 - (i // per_round) % vp
-        steps.append(("B", backwards[chunk], chunk))
-        backwards[chunk] += 1
-        backward_chunks.append(chunk)
-        if i >= stage:   # the oldest B's W once `stage` are kept back
-            steps.append(("W", weighed[backward_chunks[owed]], backward_chunks[owed]))
-            weighed[backward_chunks[owed]] += 1
+    # ScheduleInterleavedZeroBubble runs the forwards and the input gradients in Megatron's orders
+    # (rounds of pp micro-batches per chunk: vp > 1 needs microbatches % pp == 0), after a warm-up of
+    # _get_warmup_ops(multiply_factor=1); the i-th B is followed by the oldest W once i >= stage
+    plain = stage_schedule(stage, pp, vp, microbatches)
+    forwards = [step for step in plain if step[0] == "F"]
+    backwards = [step for step in plain if step[0] == "B"]
+    warmup = min((vp - 1) * pp + pp - stage - 1, len(forwards))
+    steps = forwards[:warmup]
+    owed = 0   # the W run so far: those of the first `owed` Bs
+    for i, backward in enumerate(backwards):
+        steps += forwards[warmup + i:warmup + i + 1]
+        steps.append(backward)
+        if i >= stage:
+            steps.append(("W", *backwards[owed][1:]))
             owed += 1
-    for chunk in backward_chunks[owed:]:
-        steps.append(("W", weighed[chunk], chunk))
-        weighed[chunk] += 1
-    return steps
+    return steps + [("W", *backward[1:]) for backward in backwards[owed:]]
 
 
 def schedule_problems(job: JobSpec) -> list[str]:
