@@ -88,16 +88,18 @@ FOLD_OFF = "workload.fold_off"
 def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, Any]:
     compute: dict[str, Any] = {"plugin": "achievable"}
     job = json.loads(json.dumps(job))
+    # activation offload's copies are memory nodes: host memory per GPU at the profile's host link
+    memory = {"memory": {"plugin": "hbm", "track_tensors": False}} if job["training"].get("cpu_offloading_num_layers") else {}
     if off == FOLD_OFF:
         return {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(out)}, "compute": compute,
-                "system": {"plugin": "nccl"}}
+                "system": {"plugin": "nccl"}, **memory}
     if off is not None:
         layer, name = off.split(".")
         if layer == "compute":
             compute["effects"] = {name: False}
         else:
             job["effects"] = {name: False}
-    return {"job": job, "output": {"dir": str(out)}, "compute": compute, "system": {"plugin": "nccl"}}
+    return {"job": job, "output": {"dir": str(out)}, "compute": compute, "system": {"plugin": "nccl"}, **memory}
 
 
 @lru_cache(maxsize=1)

@@ -93,6 +93,9 @@ class NodeSpec(_Strict):
     pcie_gbps: Sourced | None = Field(
         None, description="PCIe bandwidth between one GPU and host memory, GB/s per direction: what a "
                           "host-staged network transfer crosses twice")
+    host_link_gbps: Sourced | None = Field(
+        None, description="bandwidth of one GPU's copies to and from host memory where the link is not PCIe "
+                          "(NVLink-C2C on a Grace superchip), GB/s per direction; unset: pcie_gbps")
 
 
 class NetworkSpec(_Strict):

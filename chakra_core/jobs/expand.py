@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -31,6 +31,7 @@ from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.fp8 import gemm_dtype, precision_problems
 from chakra_core.jobs.info import JobInfo
+from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
@@ -70,6 +71,8 @@ class JobRun:
     """The traces were already in the output folder, written for this job by this generator."""
     lock: OutputLock | None = None
     """The output folder's, taken before the traces were written (RunConfig.output_lock)."""
+    memory_defaults: JsonObject = field(default_factory=dict)
+    """Keys the memory layer gets where its config takes them and the job does not say (offload)."""
 
 
 def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
@@ -216,11 +219,12 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     for layer in LAYER_DEFAULTS:
         if data.get(layer) is not None:
             manifest[layer] = data[layer]
+    memory_defaults = offload_memory_defaults(job, data.get("memory"), profile, source)
     info = JobInfo(job, placement.world, gpn, job.dp, job.microbatches, job.training.global_batch * job.training.seq,
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(gemm_dtype(job.training)) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
-    return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock)
+    return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock, memory_defaults)
 
 
 @lru_cache(maxsize=1)
@@ -339,7 +343,8 @@ def _time_fold_refusal(data: Mapping[str, Any], host: PluginHost) -> str:
 
 
 def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
-    """Layers that need a hardware profile, or take GPUs per node, get the cluster's unless they say."""
+    """Layers that need a hardware profile, or take GPUs per node, get the cluster's unless they
+    say; a memory layer timing activation offload gets host memory where its config takes it."""
     defaults = {"profile": job.info.profile_name, "gpus-per-node": job.info.gpus_per_node}
     for layer in LAYER_DEFAULTS:
         section = job.manifest.get(layer)
@@ -350,7 +355,18 @@ def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
             config_cls = host.get(layer, plugin).cls.Config
         except PluginError:
             continue   # an unknown plugin: build_config reports it, listing the installed ones
-        job.manifest[layer] = with_cluster_defaults(config_cls, section, defaults)
+        filled = with_cluster_defaults(config_cls, section, defaults)
+        if layer == "memory" and job.memory_defaults:
+            taken = {key for name, spec in config_cls.model_fields.items() for key in (name, spec.alias) if key}
+            filled = {**{k: v for k, v in job.memory_defaults.items() if k in taken and not _says(section, k, config_cls)},
+                      **filled}
+        job.manifest[layer] = filled
+
+
+def _says(section: Mapping[str, Any], key: str, config_cls: Any) -> bool:
+    """The section sets `key` under its alias or its field name."""
+    names = {key} | {name for name, spec in config_cls.model_fields.items() if spec.alias == key}
+    return any(name in section for name in names)
 
 
 def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any]) -> JsonObject:

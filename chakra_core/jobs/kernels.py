@@ -166,7 +166,11 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
         if self._saving and what not in self._dropped:
+            self.count_saved(self._layer_key, elements, size)
             self.ledger.save(node, (*self._layer_key, what), elements, size, output)
+
+    def count_saved(self, key: tuple[int, int | str], elements: int, element_size: int) -> None:
+        """A layer saves a tensor for its backward (what jobs/offload.py copies to host memory)."""
 
     def _read(self, node: int | None, *what: str) -> None:
         self.ledger.use(node, *((*self._layer_key, w) for w in what))
@@ -208,6 +212,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         if recomputing:
             self._read(norm1, "x")
         else:
+            self.count_saved((mb, layer), residual, act_bytes)
             self.ledger.save(norm1, (mb, layer, "x"), residual, act_bytes, output=False)
         if latent:
             self.latent_attention_forward(p)

@@ -19,6 +19,7 @@ from typing import Callable
 
 from chakra_core.et.build import p2p_attrs, str_attr
 from chakra_core.jobs.moe_overlap import combined_phases
+from chakra_core.jobs.offload import ActivationOffload
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import JobSpec
@@ -33,11 +34,10 @@ GRAD_COPY_BYTES = 2 + 4
 """16-bit main gradients are first copied to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads)."""
 ADAM_OPS_PER_PARAM = 10
 """Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
-Key = tuple[bool, int]
-"""A parameter bucket: (in the expert buffer, its first unit in forward order)."""
+Key = tuple[bool, int]   # a parameter bucket: (in the expert buffer, its first unit in forward order)
 
 
-class RankProgram(WeightPasses):
+class RankProgram(ActivationOffload, WeightPasses):
     """Builds the node list of one rank (`build`)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, field_validator, \
-    model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, SerializerFunctionWrapHandler, \
+    field_validator, model_serializer, model_validator
 
 from chakra_core.jobs import layout as pipeline_layout
 from chakra_core.jobs.attention_variants import attention_variant_problems
@@ -16,6 +16,7 @@ from chakra_core.jobs.context_parallel import hierarchical_problems
 from chakra_core.jobs.flex_dispatcher import flex_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
+from chakra_core.jobs.offload import offload_problems
 from chakra_core.jobs.recompute import recompute_problems
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 from chakra_core.jobs.schedule import schedule_problems
@@ -157,6 +158,9 @@ class Training(_Strict):
     num_distributed_optimizer_instances: PositiveInt = Field(
         1, description="with use_megatron_fsdp, hybrid sharding (HSDP): dp x cp ranks in this many replicas, each "
                        "sharding within itself (--num-distributed-optimizer-instances; jobs/sharding.py)")
+    cpu_offloading_num_layers: NonNegativeInt = Field(
+        0, description="activations of the first k layers copied to host memory after their forward and back before "
+                       "their backward (--cpu-offloading-num-layers, Transformer Engine's schedule: jobs/offload.py)")
     routing: Literal["balanced"] | Routing = Field(
         BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
                               "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
@@ -175,8 +179,9 @@ class Training(_Strict):
                     data.pop(key, None)
             if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
                 data.pop("use_megatron_fsdp")
-            if data.get("num_distributed_optimizer_instances") == 1:
-                data.pop("num_distributed_optimizer_instances")
+            for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0)):
+                if data.get(key) == off:
+                    data.pop(key)
         return data
 
     def recomputes(self, module: str) -> bool:
@@ -329,7 +334,8 @@ class JobSpec(_Strict):
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
-            latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self)
+            latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self) + \
+            offload_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:

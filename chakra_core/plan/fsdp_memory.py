@@ -132,9 +132,12 @@ def _walk(job: JobSpec, chunk: _Chunk, sched: Schedule, shards: Callable[[int], 
         gather(sched.of(EMBEDDING))
         held += embedding[1]
         peak(held)
-        for layer in layers:
+        for index, layer in enumerate(layers):
             gather(sched.of(layer))
-            held += layer_of[layer][1]
+            if chunk.offloaded:   # plan.memory._offloaded: layer i leaves as layer L-k+i starts
+                leaving = layer - (job.shape.layers - len(chunk.offloaded))
+                held -= chunk.offloaded[leaving] if 0 <= leaving < len(chunk.offloaded) else 0
+            held += chunk.forward_sizes[index] if chunk.forward_sizes else layer_of[layer][1]
             peak(held)
             release(layer)
         gather(sched.of(HEAD))

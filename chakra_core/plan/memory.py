@@ -199,6 +199,8 @@ class _Chunk:
     forward_top: int
     backward: tuple[tuple[int, int], ...]
     deferred: int = 0   # zb-h1: what the backward left for the W step, which releases it
+    forward_sizes: tuple[int, ...] = ()   # activation offload: what each layer's forward keeps, in order
+    offloaded: tuple[int, ...] = ()       # and what layers 0..k-1 copy to host memory
 
 
 def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
@@ -225,6 +227,8 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     if stage == 0 and chunk == 0:
         backward.append((0, TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)))
     kept = sum(released for _, released in backward)
+    if t.cpu_offloading_num_layers:
+        return _offloaded(job, layers, [full[m.is_moe_layer(layer)] for layer in layers], kept, forward_top, backward)
     if p.schedule != "zb-h1":
         return _Chunk(kept, forward_top, tuple(backward))
     # the weight gradients' inputs and each linear layer's output gradient stay for the W step, the
@@ -240,6 +244,24 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     deferred += backward[index + len(layers):]
     total = sum(released for _, released in backward) - sum(released for _, released in deferred)
     return _Chunk(kept, forward_top, tuple(deferred), total)
+
+
+def _offloaded(job: JobSpec, layers: list[int], sizes: list[int], kept: int, forward_top: int,
+               backward: list[tuple[int, int]]) -> _Chunk:
+    """Activation offload (jobs/offload.py; pp 1, no recompute): layer i < k leaves when layer L-k+i
+    starts its forward and comes back when layer L-1-k+i starts its backward, so at most L-k layers'
+    activations are on the GPU at once. Every saved tensor counts as offloaded (TE keeps those under
+    256 Ki elements: a few per layer, of the small models only)."""
+    k, total = job.training.cpu_offloading_num_layers, job.shape.layers
+    offloaded = tuple(sizes[:k])
+    head = 1     # pp 1: the output layer's entry comes first
+    entries = list(backward)
+    for position, layer in enumerate(reversed(layers)):
+        reloaded = layer - (total - 1 - k)
+        if 0 <= reloaded < k:
+            on_top, released = entries[head + position]
+            entries[head + position] = (on_top + offloaded[reloaded], released - offloaded[reloaded])
+    return _Chunk(kept - sum(offloaded), forward_top, tuple(entries), forward_sizes=tuple(sizes), offloaded=offloaded)
 
 
 def _deferred(job: JobSpec) -> tuple[int, int]:

@@ -17,11 +17,11 @@ Capacity. With `track_tensors` (default) the model follows the storages behind t
 tensors in every node's IOInfo (see `tensors.py`) and reports each rank's peak,
 a bounded bytes-in-use series, and out-of-memory against `capacity_gib`.
 
-Folding. Local HBM keeps only per-rank state (a rank's bandwidth, its tensors), so a run
-with `NO_MEMORY_EXPANSION` may simulate one rank per class of equivalent ranks
-(`fold_safe`); its run totals then count each simulated rank once per rank it stands for.
-Remote memory types simulate every rank: a node's expansion and the pool are shared by ranks
-that trace equivalence knows nothing about.
+Folding. Local HBM and a per-NPU expansion keep only per-rank state (a rank's bandwidths, its
+tensors), so a run with `NO_MEMORY_EXPANSION` or `PER_NPU_MEMORY_EXPANSION` may simulate one rank
+per class of equivalent ranks (`fold_safe`); its run totals then count each simulated rank once
+per rank it stands for. A per-node expansion and the pool simulate every rank: they are shared
+by ranks that trace equivalence knows nothing about.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 from chakra_core import AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, SimulationError, pb
 from chakra_core import JsonObject
-from chakra_sim_memory_hbm.config import GIB, LOCATION_ATTR, NO_EXPANSION, PER_NODE, POOL, HBMConfig
+from chakra_sim_memory_hbm.config import GIB, LOCATION_ATTR, NO_EXPANSION, PER_NODE, PER_NPU, POOL, HBMConfig
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import RankTensors, TensorTracker
 
@@ -62,12 +62,12 @@ class HBMMemory(MemoryModel):
 
     def __init__(self, config: HBMConfig, context: LayerContext) -> None:
         super().__init__(config, context)
-        # Local HBM: a rank's answers depend on its own accesses and tensors only, so one rank may
-        # stand for its equivalent ranks. A per-node expansion or the pool is shared by ranks chosen
-        # by rank number (rank // num-npus-per-node) and serves them in arrival order: a
-        # representative's timing depends on ranks it does not stand for, so every rank is
-        # simulated; per-NPU expansions stay unfolded too (not worth a special case).
-        self.fold_safe = config.memory_type == NO_EXPANSION
+        # Local HBM and a per-NPU expansion: a rank's answers depend on its own accesses and tensors
+        # only, so one rank may stand for its equivalent ranks (a job's activation offload). A
+        # per-node expansion or the pool is shared by ranks chosen by rank number (rank //
+        # num-npus-per-node) and serves them in arrival order: a representative's timing depends on
+        # ranks it does not stand for, so every rank is simulated.
+        self.fold_safe = config.memory_type in (NO_EXPANSION, PER_NPU)
         folding = context.inputs.folding
         # folded runs: simulated rank -> ranks it stands for (empty when not folded)
         self._weights = context.inputs.rank_weights

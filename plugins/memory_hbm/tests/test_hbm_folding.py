@@ -180,10 +180,9 @@ def test_terminal_table_of_a_folded_run_lists_the_simulated_ranks(tmp_path):
 @pytest.mark.parametrize("memory", [
     {"memory-type": "MEMORY_POOL", **REMOTE},
     {"memory-type": "PER_NODE_MEMORY_EXPANSION", "num-npus-per-node": 2, **REMOTE},
-    {"memory-type": "PER_NPU_MEMORY_EXPANSION", **REMOTE},
     {"memory-type": "MEMORY_POOL", "pool_sharing": "fair", **REMOTE},
 ])
-def test_remote_memory_keeps_every_rank_simulated(tmp_path, memory):
+def test_shared_remote_memory_keeps_every_rank_simulated(tmp_path, memory):
     results = run(tmp_path, [layer_trace(4, 2, 10)] * 4, "auto", **memory)
     assert results["folding"]["folded"] is False
     assert results["folding"]["reason"] == ("memory plugin 'hbm' cannot stand one rank for another "
@@ -192,7 +191,17 @@ def test_remote_memory_keeps_every_rank_simulated(tmp_path, memory):
     assert results["layers"]["memory"]["summary"]["remote_accesses"] == 4 * 3
 
 
-@pytest.mark.parametrize("memory_type, safe", [("NO_MEMORY_EXPANSION", True), ("PER_NPU_MEMORY_EXPANSION", False),
+@pytest.mark.parametrize("pool_sharing", ["fifo", "fair"])
+def test_per_npu_expansion_folds_as_unfolded(tmp_path, pool_sharing):
+    """A per-NPU expansion is each rank's own (a job's host memory for activation offload): a folded
+    run simulates one rank per class and gives the unfolded run's times and totals."""
+    memory = {"memory-type": "PER_NPU_MEMORY_EXPANSION", "pool_sharing": pool_sharing, **REMOTE}
+    folded, full = both(tmp_path, [layer_trace(4, 2, 10)] * 4, **memory)
+    assert_folded_equals_full(folded, full)
+    assert folded["layers"]["memory"]["summary"]["remote_accesses"] == 4 * 3
+
+
+@pytest.mark.parametrize("memory_type, safe", [("NO_MEMORY_EXPANSION", True), ("PER_NPU_MEMORY_EXPANSION", True),
                                                ("PER_NODE_MEMORY_EXPANSION", False), ("MEMORY_POOL", False)])
 def test_fold_safe_per_instance(memory_type, safe):
     settings = {"memory-type": memory_type, "num-npus-per-node": 2, **REMOTE}

@@ -1,0 +1,196 @@
+"""Activation offload (`training.cpu_offloading_num_layers`, chakra_core.jobs.offload): the copies
+follow Transformer Engine's default schedule, bytes are conserved, the copies never make a step
+faster and cost nothing on an unbounded link, memory falls by the layers offloaded, folding holds,
+and what Megatron-Core refuses is refused."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from chakra_core import run
+from chakra_core.errors import ManifestError
+from chakra_core.jobs.fsdp import rank_program
+from chakra_core.jobs.offload import OFFLOAD_MIN_ELEMENTS
+from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.spec import JobSpec
+from chakra_core.plan.memory import layer_activations, predict_memory
+from chakra_core.schema import pb
+from tests.test_moe_overlap import ancestors
+
+MODEL = {"layers": 6, "hidden": 1024, "ffn_hidden": 2816, "heads": 8, "kv_heads": 4, "vocab": 8000}
+
+
+def job(k: int, gpus: int = 2, model: dict[str, Any] | None = None, **training: Any) -> dict[str, Any]:
+    parallel, profile = training.pop("parallel", {}), training.pop("profile", "h100-hgx-ndr400")
+    return {"name": "offload", "model": model or dict(MODEL), "parallel": parallel,
+            "training": {"seq": 2048, "global_batch": 4, "cpu_offloading_num_layers": k, **training},
+            "cluster": {"gpus": gpus, "profile": profile}}
+
+
+def nodes(data: dict[str, Any]) -> list[pb.Node]:
+    spec = JobSpec.model_validate(data)
+    return rank_program(spec, Placement(spec, 8), 0).build()
+
+
+HBM = {"plugin": "hbm", "track_tensors": False}
+
+
+def simulate(tmp_path: Path, data: dict[str, Any], memory: dict[str, Any] | None = None,
+             fold: str = "auto") -> dict[str, Any]:
+    manifest = {"job": copy.deepcopy(data), "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                "workload": {"fold": fold}, "output": {"dir": str(tmp_path)}, "memory": memory or HBM}
+    return run.simulate(run.load(manifest, base_dir=tmp_path)).document
+
+
+def _size(node: pb.Node) -> int:
+    return next(a.uint64_val for a in node.attr if a.name == "tensor_size")
+
+
+def _kernels(trace: list[pb.Node], prefix: str, part: str) -> list[pb.Node]:
+    return [n for n in trace if n.name.startswith(prefix) and n.type == pb.COMP_NODE
+            and any(a.name == "step_part" and a.string_val == part for a in n.attr)]
+
+
+def _first(trace: list[pb.Node], prefix: str, part: str = "forward") -> pb.Node:
+    return _kernels(trace, prefix, part)[0]
+
+
+def _last(trace: list[pb.Node], prefix: str, part: str = "forward") -> pb.Node:
+    return _kernels(trace, prefix, part)[-1]
+
+
+# The schedule ---------------------------------------------------------------------------------------
+def test_copies_follow_transformer_engines_default_schedule():
+    """L = 6, k = 2, two micro-batches: layers 0 and 1 leave after their forward, the forward of layer
+    L-k+i waits for layer i's copy, layer i comes back when the backward of layer L-1-k+i starts, and
+    its backward waits for it; one offload stream carries every copy in turn."""
+    trace = nodes(job(2))
+    copies = [n for n in trace if n.type in (pb.MEM_STORE_NODE, pb.MEM_LOAD_NODE)]
+    assert [n.name for n in copies] == ["mb0.L0.offload", "mb0.L1.offload", "mb0.L1.reload", "mb0.L0.reload",
+                                        "mb1.L0.offload", "mb1.L1.offload", "mb1.L1.reload", "mb1.L0.reload"]
+    for before, after in zip(copies, copies[1:]):      # one stream
+        assert before.id in after.data_deps
+    for n in copies:
+        assert {a.name: a.string_val for a in n.attr if a.name == "mem_location"} == {"mem_location": "remote"}
+
+    for mb in range(2):
+        store = {i: next(n for n in copies if n.name == f"mb{mb}.L{i}.offload") for i in range(2)}
+        load = {i: next(n for n in copies if n.name == f"mb{mb}.L{i}.reload") for i in range(2)}
+        for i in range(2):
+            assert _last(trace, f"mb{mb}.L{i}.").id in store[i].data_deps        # after its forward
+            forward = _first(trace, f"mb{mb}.L{6 - 2 + i}.")
+            assert store[i].id in ancestors(trace, forward.id)                              # finish_offload_map
+            assert store[i].id not in ancestors(trace, _first(trace, f"mb{mb}.L{6 - 2 + i - 1}.").id)
+            started = _last(trace, f"mb{mb}.L{6 - 1 - 2 + i + 1}.", "backward")   # the backward before
+            assert started.id in load[i].data_deps                                 # start_reload_map
+            assert load[i].id in ancestors(trace, _first(trace, f"mb{mb}.L{i}.", "backward").id)
+
+
+@settings(max_examples=15, deadline=None)
+@given(k=st.integers(1, 5), micro=st.integers(1, 3), tp=st.sampled_from([1, 2]), fp8=st.booleans(),
+       fsdp=st.booleans())
+def test_bytes_are_conserved(k, micro, tp, fp8, fsdp):
+    """Every micro-batch copies each offloaded layer's large saved tensors out once and back once: the
+    same bytes each way, the same for every layer of a dense model, and what the layer's backward reads."""
+    data = job(k, gpus=2 * tp, global_batch=2 * micro, parallel={"tp": tp}, precision="fp8" if fp8 else "bf16",
+               use_megatron_fsdp=fsdp)
+    trace = nodes(data)
+    stored = [_size(n) for n in trace if n.type == pb.MEM_STORE_NODE]
+    loaded = [_size(n) for n in trace if n.type == pb.MEM_LOAD_NODE]
+    assert len(stored) == len(loaded) == k * micro
+    assert sum(stored) == sum(loaded) and len(set(stored)) == 1 and stored[0] > 0
+    # every saved tensor of this model is at least 256 Ki elements: the layer's whole activations
+    spec = JobSpec.model_validate(data)
+    assert 2048 * 1024 // tp >= OFFLOAD_MIN_ELEMENTS
+    assert stored[0] == layer_activations(spec)
+
+
+# Time and memory ------------------------------------------------------------------------------------
+def test_copies_never_speed_a_step_and_cost_nothing_on_an_unbounded_link(tmp_path):
+    base = simulate(tmp_path / "none", job(0))["training"]["step_time_s"]
+    free = {"plugin": "hbm", "memory-type": "PER_NPU_MEMORY_EXPANSION", "remote-mem-bw": 1e9, "track_tensors": False}
+    assert simulate(tmp_path / "free", job(4), free)["training"]["step_time_s"] == base
+    steps = [simulate(tmp_path / f"k{k}", job(k))["training"] for k in range(6)]
+    assert all(s["step_time_s"] >= base for s in steps)
+    slow = {**free, "remote-mem-bw": 8}
+    slowed = simulate(tmp_path / "slow", job(4), slow)["training"]
+    assert slowed["step_time_s"] > steps[4]["step_time_s"]
+    assert slowed["breakdown_s"]["offload"] > 0
+    assert sum(slowed["breakdown_s"].values()) == pytest.approx(slowed["step_time_s"], rel=1e-9)
+
+
+def test_the_memory_layer_gets_the_profiles_host_link(tmp_path):
+    """A memory layer that does not say where remote accesses go gets host memory per GPU at
+    pcie_gbps (H100) or the NVLink-C2C host link (GB200); the copies' bytes are in its statistics.
+    What the job says is kept."""
+    for profile, gbps in (("h100-hgx-ndr400", 64.0), ("gb200-nvl72", 450.0)):
+        doc = simulate(tmp_path / profile, job(2, profile=profile))
+        summary = doc["layers"]["memory"]["summary"]
+        assert summary["memory_type"] == "PER_NPU_MEMORY_EXPANSION"
+        assert summary["bytes_stored"] == summary["bytes_loaded"] > 0
+        assert doc["manifest"]["memory"]["remote_mem_bw"] == gbps
+    own = {**HBM, "memory_type": "PER_NODE_MEMORY_EXPANSION", "num-npus-per-node": 2, "remote_mem_bw": 20}
+    doc = simulate(tmp_path / "own", job(2), own, fold="off")   # a per-node expansion does not fold
+    assert doc["manifest"]["memory"]["memory_type"] == "PER_NODE_MEMORY_EXPANSION"
+    assert doc["manifest"]["memory"]["remote_mem_bw"] == 20
+
+
+def test_a_job_that_offloads_names_its_memory_layer(tmp_path):
+    manifest = {"job": job(2), "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                "output": {"dir": str(tmp_path)}}
+    with pytest.raises(ManifestError, match=r"memory: required: .*cpu_offloading_num_layers.*64 GB/s host link"):
+        run.load(manifest, base_dir=tmp_path)
+
+
+def test_folded_equals_unfolded(tmp_path):
+    data = job(3, gpus=4, global_batch=8, use_megatron_fsdp=True)
+    folded = simulate(tmp_path / "folded", data)
+    unfolded = simulate(tmp_path / "unfolded", data, fold="off")
+    assert folded["folding"]["simulated_ranks"] < 4
+    assert folded["training"]["step_time_s"] == unfolded["training"]["step_time_s"]
+    assert folded["layers"]["memory"]["summary"]["bytes_stored"] == \
+        unfolded["layers"]["memory"]["summary"]["bytes_stored"]
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_memory_falls_by_one_layer_per_layer_offloaded(fsdp):
+    """At most L-k layers' activations are on the GPU: with the distributed optimizer the predicted
+    peak falls by a layer's activations for every layer offloaded, and nothing else changes; under
+    Megatron-FSDP the peak (activations and transient buffers, wherever it falls) never rises and
+    falls by at most a layer."""
+    estimates = [predict_memory(JobSpec.model_validate(job(k, use_megatron_fsdp=fsdp))) for k in range(6)]
+    layer = layer_activations(JobSpec.model_validate(job(0)))
+    for before, after in zip(estimates, estimates[1:]):
+        if fsdp:
+            assert 0 <= before.total - after.total <= layer
+        else:
+            assert before.activations - after.activations == layer
+            assert before.total - before.activations == after.total - after.activations
+    assert estimates[-1].total < estimates[0].total
+
+
+# Refused --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("training, words", [
+    ({"cpu_offloading_num_layers": 6}, "must be less than the model's 6 layers"),
+    ({"parallel": {"pp": 2}}, "needs pp 1"),
+    ({"recompute": "selective"}, "needs recompute none"),
+])
+def test_what_megatron_refuses_is_refused(training, words):
+    data = job(2, gpus=4, **{k: v for k, v in training.items() if k != "cpu_offloading_num_layers"})
+    data["training"]["cpu_offloading_num_layers"] = training.get("cpu_offloading_num_layers", 2)
+    with pytest.raises(ValidationError, match=words):
+        JobSpec.model_validate(data)
+
+
+def test_listed_tensors_are_refused():
+    data = job(2)
+    data["tensors"] = True
+    with pytest.raises(ValidationError, match="tensors: true is not modelled"):
+        JobSpec.model_validate(data)
