@@ -51,6 +51,24 @@ def test_top_shows_that_many_rows_and_says_where_the_others_are(tmp_path):
     assert re.search(r"^  3 of 3: .+: [\d.]+ s$", result.output, re.M)
 
 
+def test_a_simulated_layouts_traces_are_removed_unless_kept(tmp_path):
+    """A layout's generated traces (gigabytes for a large model) go once it is simulated; its results
+    stay, and a second plan reads them back. --keep-traces keeps them."""
+    for folder in ("dropped", "kept"):
+        (tmp_path / folder).mkdir()
+    dropped = _plan(tmp_path / "dropped", manifest(), "--top", "1", "--batch", "2")
+    assert dropped.exit_code == 0, dropped.output
+    points = tmp_path / "dropped" / "plan" / "simulations" / "points"
+    assert list(points.glob("*/results.json")) and not list(points.rglob("*.et"))
+    table = (tmp_path / "dropped" / "plan" / "plan.csv").read_text()
+    again = _plan(tmp_path / "dropped", manifest(), "--top", "1", "--batch", "2")
+    assert again.exit_code == 0 and "read back from an earlier plan" in again.output, again.output
+    assert (tmp_path / "dropped" / "plan" / "plan.csv").read_text() == table
+    kept = _plan(tmp_path / "kept", manifest(), "--top", "1", "--batch", "2", "--keep-traces")
+    assert kept.exit_code == 0, kept.output
+    assert list((tmp_path / "kept" / "plan" / "simulations" / "points").rglob("*.et"))
+
+
 def test_a_job_no_layout_of_which_fits_is_an_error_that_writes_nothing(tmp_path):
     result = _plan(tmp_path, manifest(gpus=2, model="llama3-70b", global_batch=8), "--top", "1")
     assert result.exit_code == 2, result.output   # an input the plan cannot satisfy, as every CliError

@@ -170,6 +170,7 @@ def test_metric_paths_and_aggregates():
      "'network.latency[0]' is not a swept key"),
     ({"base": "nowhere.yaml", "grid": {"network.bandwidth[0]": [1]}}, "base", "nowhere.yaml: file not found"),
     ({"grid": {}}, "(top level)", "nothing to sweep"),
+    ({"grid": {"network.bandwidth[0]": [1]}, "job_traces": "delete"}, "job_traces", "expected keep or drop"),
 ])
 def test_a_bad_sweep_file_names_the_file_the_key_and_the_reason(tmp_path, body, where, reason):
     path = write_sweep(tmp_path, body)

@@ -72,13 +72,16 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--check-memory/--no-check-memory", default=True, show_default=True,
               help="list the traces' tensors so that the manifest's memory layer (e.g. memory: {plugin: hbm}) "
                    "sets each simulated layout's peak memory beside the prediction")
+@click.option("--keep-traces", is_flag=True,
+              help="keep each simulated layout's generated traces in OUT/simulations (gigabytes for a large "
+                   "model's layout; by default they are removed once it is simulated, its results kept)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress, only the best layouts")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
                  top: int, batch: int, micro_batches: str, eps: str | None, etps: str, shardings: str | None,
                  marks: tuple[str, ...],
                  vary: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
-                 headroom_gib: float | None, check_memory: bool, quiet: bool, debug: bool) -> None:
+                 headroom_gib: float | None, check_memory: bool, keep_traces: bool, quiet: bool, debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
 
     Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
@@ -125,7 +128,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             settings["mark"] = list(marks)
         options = PlanOptions(top, batch, search, check_memory=check_memory,
                               headroom_gib=headroom_gib, source=job_file, progress=None if quiet else _progress)
-        execution = Execution(executor, workers, address, force, timeout)
+        execution = Execution(executor, workers, address, force, timeout, job_traces="keep" if keep_traces else "drop")
         summary = []
         unfit = []
         for label, case in cases:

@@ -389,7 +389,7 @@ def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen
     """One round: a sweep over every layout chosen so far (those of earlier rounds, before
     `first_new`, are read back and not reported again)."""
     data: JsonObject = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
-            "output": {"dir": str(out_dir)}}
+            "output": {"dir": str(out_dir)}, "job_traces": execution.job_traces}
     sweep = build_sweep(data, base_dir, "plan", name="plan")
     done, started, todo = [0], time.monotonic(), len(chosen) - first_new
 

@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -95,6 +96,10 @@ def run_point(task: PointTask) -> PointOutcome:
         result = simulate(config, host)
         # results.json always: it is what the sweep reads back on resume.
         files = result.files(sorted(set(config.formats) | {"json"}))
+        if task.drop_job_traces and config.spec.training is not None:
+            # a job writes its traces to <its output folder>/traces (jobs/expand.py), and regenerates them
+            # when it runs again: gigabytes for a large model's layout
+            shutil.rmtree(Path(task.out_dir) / "traces", ignore_errors=True)
         return PointOutcome(task.index, task.id, Status.OK, files=files, wall_s=time.perf_counter() - started)
     except ManifestError as exc:
         # The row already names the point: keep the key path and the reason.
@@ -132,7 +137,8 @@ class PointReport:
 class Execution:
     """How a sweep's points run: `executor` "local" (processes) or "ray", `workers`, the Ray
     cluster's `address`, `force` (rerun finished points), a point's `timeout` in seconds (default
-    the sweep file's) and `on_point`, told after each point."""
+    the sweep file's), `on_point`, told after each point, and `job_traces` ("drop": a job point's
+    generated traces are removed once simulated, as plan does by default; "keep")."""
 
     executor: str = "local"
     workers: int | None = None
@@ -140,6 +146,7 @@ class Execution:
     force: bool = False
     timeout: float | None = None
     on_point: Callable[[PointReport], None] | None = None
+    job_traces: str = "drop"
 
 
 @dataclass
@@ -210,7 +217,7 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
             report(point, row, skipped=True)
         else:
             tasks.append(PointTask(point.index, point.id, point.data, str(sweep.base_dir), f"point {point.index}",
-                                   str(sweep.point_dir(point))))
+                                   str(sweep.point_dir(point)), sweep.drop_job_traces))
 
     def finished(outcome: PointOutcome) -> None:
         point = by_index[outcome.index]

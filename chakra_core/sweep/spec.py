@@ -11,6 +11,7 @@
     plot: {x: "network.bandwidth[0]", series: system.preferred-dataset-splits, x_unit: GB/s}  # quoted: [ ] in {}
     output: {dir: results/bandwidth}     # relative to this file
     timeout: 600                         # seconds a point may run (default: no limit)
+    job_traces: keep                     # a job point's generated traces: keep, or drop once simulated
 
 Everything that can be checked without simulating is checked here, and every
 problem is reported at once as a ManifestError (file, key, reason): the
@@ -40,7 +41,7 @@ from chakra_core.sweep.paths import KeyPath, KeyPathError, Metric, describe, par
 
 _Problem = Callable[[str, str], None]  # problem(where, why): records one problem of the sweep file
 
-TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output", "timeout")
+TOP_LEVEL_KEYS = ("base", "grid", "points", "metric", "plot", "output", "timeout", "job_traces")
 POINTS_DIR = "points"
 JOB_SECTIONS = ("job", "cluster")
 """A job manifest's own sections (docs/training.md), which a sweep may set too."""
@@ -101,6 +102,8 @@ class Sweep:
     name: str = field(default="sweep")
     timeout: float | None = None
     """Seconds a point may run before it is stopped and failed; None: no limit."""
+    drop_job_traces: bool = False
+    """A job point's generated traces are removed once it is simulated (its results stay)."""
 
     def point_dir(self, point: Point) -> Path:
         return self.output_dir / POINTS_DIR / point.id
@@ -140,13 +143,18 @@ def build_sweep(data: JsonObject, sweep_dir: Path, source: str, out_dir: str | P
     plot = _read_plot(data.get("plot"), keys, problem)
     output_dir = _read_output(data.get("output"), sweep_dir, out_dir, name, problem)
     timeout = _read_timeout(data.get("timeout"), problem)
+    job_traces = data.get("job_traces", "keep")
+    if job_traces not in ("keep", "drop"):
+        problem("job_traces", f"expected keep or drop (a job point's generated traces once simulated), found "
+                              f"{describe(job_traces)}")
     # The overrides can be tried on the base only if there is one; keys found bad above are
     # left out of `grid` and `points`, so what follows reports only new problems.
     expanded = _expand(base, grid, points, base_dir, problem) if base is not None else []
     if problems:
         raise ManifestError(problems)
     return Sweep(source=source, base_source=base_source, base_dir=base_dir, keys=keys, points=expanded,
-                 metric=metric, plot=plot, output_dir=output_dir, name=name, timeout=timeout)
+                 metric=metric, plot=plot, output_dir=output_dir, name=name, timeout=timeout,
+                 drop_job_traces=job_traces == "drop")
 
 
 def _load_base(value: Any, sweep_dir: Path, source: str,

@@ -33,6 +33,8 @@ class PointTask:
     """Names the point in messages ("point 3")."""
     out_dir: str = ""
     """The point's folder, echoed in its results.json."""
+    drop_job_traces: bool = False
+    """A job's traces, generated into the point's folder, are removed once it is simulated."""
 
 
 @dataclass(frozen=True)
