@@ -159,7 +159,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
     except ChakraSimError as exc:
         fail(exc, debug)
     except KeyboardInterrupt as exc:
-        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else ""
+        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else " by SIGINT"   # Python's own handler's
         err_console.print(f"interrupted{by}: finished simulations are kept; run the same command again to resume",
                           highlight=False)
         raise SystemExit(exc.exit_status if isinstance(exc, Interrupted) else 130) from None

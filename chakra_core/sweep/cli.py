@@ -71,7 +71,8 @@ def sweep(sweep_file: str, executor: str, workers: int | None, address: str | No
         fail(exc, debug)
         return
     except KeyboardInterrupt as exc:   # Interrupted for SIGINT and SIGTERM (chakra_core.sweep.stop)
-        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else ""
+        # a plain KeyboardInterrupt is Python's own SIGINT handler's (a signal outside the sweep's handlers)
+        by = f" by {exc.args[0]}" if isinstance(exc, Interrupted) else " by SIGINT"
         if spec is not None:
             err_console.print(f"interrupted{by}: finished points are kept in {spec.output_dir / 'points'}; "
                               "run the same command again to resume", soft_wrap=True, highlight=False)
