@@ -13,6 +13,8 @@ transformer_engine/pytorch/cpu_offload.py, DefaultOffloadSynchronizer over the m
   waits for the compute stream (wait_stream), and layer i's backward waits for it (pop_tensor).
 Megatron-Core (transformer_config.py at b0cc2706) refuses it with pp > 1 and with recomputation,
 and needs k < L; offloading weights does nothing in TE 2.12 (deprecated), so only activations are.
+With `tensors: true` an offloaded tensor's GPU storage ends with its copy out, and its copy back
+is a new storage the backward reads (jobs/tensors.py).
 
 The copies are MEM_STORE_NODE / MEM_LOAD_NODE nodes with `mem_location: remote`, timed by the
 job's memory layer, which it must name; one that takes ASTRA-sim's remote-memory keys gets host
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from chakra_core.et.build import Stream
     from chakra_core.hardware.profiles import Profile
     from chakra_core.jobs.spec import JobSpec
+    from chakra_core.jobs.tensors import TensorLedger
 
 OFFLOAD_MIN_ELEMENTS = 256 * 1024
 """Smaller saved tensors stay on the GPU (OffloadableLayerState._check_if_offload)."""
@@ -56,9 +59,8 @@ def offload_problems(job: JobSpec) -> list[str]:
                    "not work when activation recomputation is enabled)")
     if p.overlap_moe_expert_parallel_comm:
         out.append("training.cpu_offloading_num_layers with parallel.overlap_moe_expert_parallel_comm is not modelled")
-    if job.tensors:
-        out.append("training.cpu_offloading_num_layers with tensors: true is not modelled (the listed activations "
-                   "would stay on the GPU while offloaded)")
+    if p.schedule != "1f1b":
+        out.append(f"training.cpu_offloading_num_layers with parallel.schedule {p.schedule} is not modelled")
     if job.shape.mtp_layers:
         out.append("training.cpu_offloading_num_layers with multi-token prediction layers is not modelled")
     return out
@@ -87,6 +89,7 @@ class ActivationOffload:
 
     job: JobSpec
     stream: Stream
+    ledger: TensorLedger
     part: str
 
     def __init__(self, job: JobSpec, *args: object) -> None:
@@ -95,6 +98,7 @@ class ActivationOffload:
         self._offload_tail: int | None = None          # the offload stream's last copy
         self._saved_bytes: dict[tuple[int, int], int] = {}   # (mb, layer) -> bytes it offloads
         self._copies: dict[int, int] = {}               # layer -> its store (forward) or reload (backward)
+        self._moved: dict[tuple[int, int], list[tuple[int, int, str]]] = {}   # (mb, layer) -> its listed tensors
 
     def count_saved(self, key: tuple[int, int | str], elements: int, element_size: int) -> None:
         """A layer saves a tensor for its backward (TE offloads it when large enough)."""
@@ -109,19 +113,25 @@ class ActivationOffload:
             return
         released = layer - (self.job.shape.layers - k)    # finish_offload_map
         if 0 <= released < k:
-            self.stream.wait(self._copies.pop(released))
+            # its GPU copy is freed here (release_activation_forward_gpu_memory): after the copy and the
+            # work queued since it (not what the stream still waits for from an earlier micro-batch)
+            store = self._copies.pop(released)
+            self.ledger.hold([node for node in self.stream.frontier if node > store], self._moved.get((mb, released), []))
+            self.stream.wait(store)
         super().layer_forward(mb, layer)  # type: ignore[misc]
         if layer < k:
-            self._copies[layer] = self._copy(pb.MEM_STORE_NODE, f"mb{mb}.L{layer}.offload",
-                                             self._saved_bytes.get((mb, layer), 0))
+            store = self._copies[layer] = self._copy(pb.MEM_STORE_NODE, f"mb{mb}.L{layer}.offload",
+                                                     self._saved_bytes.get((mb, layer), 0))
+            self._moved[mb, layer] = self.ledger.move_out(store, (mb, layer), OFFLOAD_MIN_ELEMENTS)
 
     def layer_backward(self, mb: int, layer: int, ready: bool = True) -> None:
         k = self.offloaded_layers
         if k:
             reloaded = layer - (self.job.shape.layers - 1 - k)   # start_reload_map
             if 0 <= reloaded < k:
-                self._copies[reloaded] = self._copy(pb.MEM_LOAD_NODE, f"mb{mb}.L{reloaded}.reload",
-                                                    self._saved_bytes.pop((mb, reloaded), 0))
+                load = self._copies[reloaded] = self._copy(pb.MEM_LOAD_NODE, f"mb{mb}.L{reloaded}.reload",
+                                                           self._saved_bytes.pop((mb, reloaded), 0))
+                self.ledger.move_in(load, self._moved.pop((mb, reloaded), []))
             if layer < k:
                 self.stream.wait(self._copies.pop(layer))
         super().layer_backward(mb, layer, ready)  # type: ignore[misc]

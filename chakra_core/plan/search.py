@@ -361,8 +361,6 @@ def memory_checked(manifest: Mapping[str, Any]) -> tuple[JsonObject, str | None]
         return dict(manifest), ("the job manifest has no memory layer; add one that follows tensors "
                                 "(memory: {plugin: hbm}) to set each simulated layout's peak beside the "
                                 "prediction")
-    if (manifest["job"].get("training") or {}).get("cpu_offloading_num_layers"):   # (tensors: true is refused)
-        return dict(manifest), "activation offload (training.cpu_offloading_num_layers): the traces list no tensors"
     return {**manifest, "job": {**manifest["job"], "tensors": True}}, None
 
 
