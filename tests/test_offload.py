@@ -6,6 +6,7 @@ and what Megatron-Core refuses is refused."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,36 @@ def test_the_simulated_peak_is_the_prediction(tmp_path, case):
             listed = (node.inputs if node.type == pb.MEM_STORE_NODE else node.outputs).values
             tensors = eval(listed)   # [[tensor, storage, offset, elements, element size, device], ...]
             assert sum(t[3] * t[4] for t in tensors) == _size(node) > 0
+
+
+# In the plan -----------------------------------------------------------------------------------------
+def test_plan_tries_a_layout_that_does_not_fit_with_the_fewest_layers_offloaded(tmp_path):
+    """`plan --offload`: each pp 1 layout without recomputation that overflows comes back with the
+    smallest k that makes it fit (k - 1 does not); the others get no variant; a variant is ranked and
+    simulated like any layout, and its step is never below the same layout's bound."""
+    from chakra_core.plan.layouts import job_with
+    from chakra_core.plan.memory import overflow
+    from chakra_core.plan.search import SIMULATED, TOO_BIG, PlanOptions, plan
+    from chakra_core.sweep.run import Execution
+    data = {"job": {"name": "p", "model": "llama3-8b", "training": {"seq": 16384, "global_batch": 8},
+                    "cluster": {"gpus": 8, "profile": "h100-hgx-ndr400"}},
+            "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}, "memory": HBM}
+    search = {"micro_batches": (1,), "recompute": ("none", "full"), "distributed_optimizer": (True,), "max_cp": 2,
+              "offload": True}
+    found = plan(data, tmp_path, tmp_path / "out", PlanOptions(top=2, batch=4, search=search), Execution(workers=1))
+    variants = [c for c in found.candidates if c.layout.offload]
+    assert variants and all(c.layout.pp == 1 and c.layout.recompute == "none" for c in variants)
+    usable = found.usable_bytes
+    for c in variants:
+        assert c.status != TOO_BIG and c.memory.total + c.reserve.total <= usable
+        fewer = dataclasses.replace(c.layout, offload=c.layout.offload - 1)
+        spec = job_with(data["job"], fewer)
+        estimate = predict_memory(spec)
+        assert overflow(estimate, usable, found.headroom.reserve(fewer, estimate.total).total) is not None
+        original = next(o for o in found.candidates if o.layout == dataclasses.replace(c.layout, offload=0))
+        assert original.status == TOO_BIG
+    assert not any(c.layout.offload for c in found.candidates
+                   if dataclasses.replace(c.layout, offload=0) in {o.layout for o in found.candidates
+                                                                    if o.status != TOO_BIG and not o.layout.offload})
+    simulated = [c for c in variants if c.status == SIMULATED]
+    assert all(c.step_s is not None and c.step_s >= c.bound_s * (1 - 1e-9) for c in simulated)

@@ -72,6 +72,9 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--check-memory/--no-check-memory", default=True, show_default=True,
               help="list the traces' tensors so that the manifest's memory layer (e.g. memory: {plugin: hbm}) "
                    "sets each simulated layout's peak memory beside the prediction")
+@click.option("--offload", is_flag=True,
+              help="a layout that does not fit in memory is tried again with the fewest layers' activations "
+                   "offloaded to host memory that make it fit (pp 1, no recomputation; docs/plan.md)")
 @click.option("--keep-traces", is_flag=True,
               help="keep each simulated layout's generated traces in OUT/simulations (gigabytes for a large "
                    "model's layout; by default they are removed once it is simulated, its results kept)")
@@ -81,7 +84,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
                  top: int, batch: int, micro_batches: str, eps: str | None, etps: str, shardings: str | None,
                  marks: tuple[str, ...],
                  vary: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
-                 headroom_gib: float | None, check_memory: bool, keep_traces: bool, quiet: bool, debug: bool) -> None:
+                 headroom_gib: float | None, check_memory: bool, offload: bool, keep_traces: bool, quiet: bool,
+                 debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
 
     Enumerates every valid TP / PP / VP / CP / DP / micro-batch / recomputation / distributed-
@@ -124,6 +128,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             settings["etp"] = [size or "tp" for size in search["etp"]]
         if shardings is not None:
             search["sharding"] = settings["sharding"] = _shardings(shardings)
+        if offload:
+            search["offload"] = settings["offload"] = True
         if marks:
             settings["mark"] = list(marks)
         options = PlanOptions(top, batch, search, check_memory=check_memory,

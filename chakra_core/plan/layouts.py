@@ -108,6 +108,8 @@ class Layout:
     sharding: str | None = None
     """None: as the job says (sharding not searched); `megatron`: Megatron's data parallelism; else a
     Megatron-FSDP data_parallel_sharding_strategy."""
+    offload: int = 0
+    """Layers whose activations go to host memory (plan.offload); 0: as the job says."""
 
     @property
     def fsdp(self) -> bool:
@@ -133,13 +135,14 @@ class Layout:
         return {"job.parallel.tp": self.tp, "job.parallel.pp": self.pp,
                 "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp, **experts,
                 "job.training.micro_batch": self.micro_batch, "job.training.recompute": self.recompute,
-                "job.training.distributed_optimizer": self.distributed_optimizer, **sharded}
+                "job.training.distributed_optimizer": self.distributed_optimizer, **sharded,
+                **({"job.training.cpu_offloading_num_layers": self.offload} if self.offload else {})}
 
     def label(self) -> str:
         optimizer = f"fsdp-{self.sharding}" if self.fsdp else "dist-opt" if self.distributed_optimizer else "no-dist-opt"
         experts = f" EP{self.ep} ETP{self.etp}" if self.moe else ""
         return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{experts} MB{self.micro_batch} "
-                f"{self.recompute} {optimizer}")
+                f"{self.recompute} {optimizer}" + (f" offload{self.offload}" if self.offload else ""))
 
 
 @dataclass

@@ -50,6 +50,7 @@ from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
+from chakra_core.plan.offload import add_offload_variants
 from chakra_core.plan.ranking import kth_best, standing
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
@@ -247,8 +248,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     profile = job_profile(cluster.profile, str(precision), base_dir, source, None if recipe is None else str(recipe))
     gpus_per_node = job_gpus_per_node(cluster, profile)
     search = dict(options.search)
-    include = sharding_searched(job, search, include)
-    training = job.get("training")
+    include, offload = sharding_searched(job, search, include), search.pop("offload", False)
     if not isinstance(training, Mapping) or training.get("attention", "flash") == "flash":
         # FlashAttention recomputes the scores anyway: selective recomputation is none's layout
         search.setdefault("recompute", ("none", "full"))
@@ -267,6 +267,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     headroom = Headroom.of(profile, options.headroom_gib,
                            communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node),
                            moe=enumeration.layouts[0].moe)
+    if offload:   # a layout that does not fit, again with the fewest layers offloaded that make it fit
+        add_offload_variants(enumeration, dict(job), headroom)
     candidates = []
     for layout in enumeration.layouts:
         spec = enumeration.specs[layout]
