@@ -13,10 +13,8 @@ import dataclasses
 from pydantic import ValidationError
 
 from chakra_core.plan.headroom import Headroom
-from chakra_core.plan.layouts import Enumeration, Layout, job_with
+from chakra_core.plan.layouts import Enumeration, job_with
 from chakra_core.plan.memory import overflow, predict_memory
-
-OFFLOAD_REJECTED = "offloading no number of layers makes it fit"
 
 
 def add_offload_variants(enumeration: Enumeration, job: dict[str, object], headroom: Headroom) -> int:
