@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Activation offload: what copying k layers' activations to host memory costs and saves.
+
+    python benchmarks/offload.py [--layers 0 8 16 24 31]
+
+Llama 3 8B on 8 GPUs (Megatron-FSDP ZeRO-3, sequence 8,192, global batch 16), for each k of
+`training.cpu_offloading_num_layers`, on 8 H100 (copies over PCIe at the profile's 64 GB/s) and
+8 GB200 (NVLink-C2C at 450 GB/s): the simulated step, the part of it with copies in flight and no
+kernel running (the step split's `offload`), and the predicted peak memory per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from chakra_core import run  # noqa: E402
+from chakra_core.jobs.spec import JobSpec  # noqa: E402
+from chakra_core.plan.memory import predict_memory  # noqa: E402
+
+PROFILES = {"h100-hgx-ndr400": "8 H100 (PCIe)", "gb200-nvl72": "8 GB200 (C2C)"}
+GIB = 1 << 30
+
+
+def step(job: dict, folder: Path) -> tuple[float, float]:
+    manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                "memory": {"plugin": "hbm", "track_tensors": False}, "output": {"dir": str(folder)}}
+    training = run.simulate(run.load(manifest, base_dir=ROOT)).document["training"]
+    return training["step_time_s"], training["breakdown_s"].get("offload", 0.0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[0, 8, 16, 24, 31])
+    args = parser.parse_args()
+    header = f"{'k':>3} " + " ".join(f"{label + ' step, offload s':>34}" for label in PROFILES.values()) + \
+        f" {'memory GiB':>11}"
+    print(header)
+    print("-" * len(header))
+    with tempfile.TemporaryDirectory(prefix="chakra-offload-") as tmp:
+        for k in args.layers:
+            cells, memory = [], 0.0
+            for profile in PROFILES:
+                job = {"name": "offload", "model": "llama3-8b", "cluster": {"gpus": 8, "profile": profile},
+                       "training": {"seq": 8192, "global_batch": 16, "use_megatron_fsdp": True,
+                                    "cpu_offloading_num_layers": k}}
+                seconds, exposed = step(job, Path(tmp) / f"{profile}-{k}")
+                cells.append(f"{seconds:>25.3f}, {exposed:>6.3f}")
+                memory = predict_memory(JobSpec.model_validate(job)).total / GIB
+            print(f"{k:>3} " + " ".join(f"{cell:>34}" for cell in cells) + f" {memory:>11.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
