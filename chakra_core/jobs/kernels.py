@@ -166,14 +166,19 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
 
     def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:
         if self._saving and what not in self._dropped:
-            self.count_saved(self._layer_key, elements, size)
             self.ledger.save(node, (*self._layer_key, what), elements, size, output)
+            self.tensor_saved(node, (*self._layer_key, what), elements, size)
 
-    def count_saved(self, key: tuple[int, int | str], elements: int, element_size: int) -> None:
-        """A layer saves a tensor for its backward (what jobs/offload.py copies to host memory)."""
+    def tensor_saved(self, node: int | None, key: tuple[int, int | str, str], elements: int, element_size: int) -> None:
+        """`node` made a tensor a layer saves for its backward (what jobs/offload.py copies to host memory)."""
+
+    def tensor_read(self, node: int | None, keys: list[tuple[int, int | str, str]]) -> None:
+        """`node` reads saved tensors (jobs/offload.py makes it wait for their copies back)."""
 
     def _read(self, node: int | None, *what: str) -> None:
-        self.ledger.use(node, *((*self._layer_key, w) for w in what))
+        keys = [(*self._layer_key, w) for w in what]
+        self.tensor_read(node, keys)
+        self.ledger.use(node, *keys)
 
     # A transformer layer ----------------------------------------------------------------------------
     def norm(self, name: str, feeds_fp8: bool = True, width: int | None = None) -> int:
@@ -212,8 +217,8 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         if recomputing:
             self._read(norm1, "x")
         else:
-            self.count_saved((mb, layer), residual, act_bytes)
             self.ledger.save(norm1, (mb, layer, "x"), residual, act_bytes, output=False)
+            self.tensor_saved(norm1, (mb, layer, "x"), residual, act_bytes)
         if latent:
             self.latent_attention_forward(p)
         else:

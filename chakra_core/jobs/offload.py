@@ -6,11 +6,13 @@ transformer_engine/pytorch/cpu_offload.py, DefaultOffloadSynchronizer over the m
 - layers 0..k-1 are offloaded: every tensor such a layer saves for its backward with at least
   256 Ki elements (OffloadableLayerState._check_if_offload) is copied to pinned host memory;
 - layer i's copies are queued when layer i+1's forward starts (fwd_step -> start_offload), on one
-  offload stream that also carries the reloads;
+  offload stream that also carries the reloads, each after the event recorded when its tensor was
+  saved: a tensor's copy can start as soon as the kernel that made it ends;
 - the forward of layer L-k+i waits until layer i's copies are done (finish_offload_map: at most L-k
   layers' activations are on the GPU at any time);
-- layer i's reload is queued when the backward of layer L-1-k+i starts (start_reload_map); it
-  waits for the compute stream (wait_stream), and layer i's backward waits for it (pop_tensor).
+- layer i's reload is queued when the backward of layer L-1-k+i starts (start_reload_map), tensor
+  by tensor after the compute stream's work so far (wait_stream); the backward waits for a tensor's
+  copy when it first reads it (pop_tensor).
 Megatron-Core (transformer_config.py at b0cc2706) refuses it with pp > 1 and with recomputation,
 and needs k < L; offloading weights does nothing in TE 2.12 (deprecated), so only activations are.
 With `tensors: true` an offloaded tensor's GPU storage ends with its copy out, and its copy back
@@ -19,8 +21,8 @@ is a new storage the backward reads (jobs/tensors.py).
 The copies are MEM_STORE_NODE / MEM_LOAD_NODE nodes with `mem_location: remote`, timed by the
 job's memory layer, which it must name; one that takes ASTRA-sim's remote-memory keys gets host
 memory as a per-GPU expansion at the profile's host link bandwidth unless the job says otherwise
-(offload_memory_defaults). A layer's copies are one node each way: its first tensors could leave
-a little before the layer ends, and its backward waits for all of them.
+(offload_memory_defaults). One copy node per tensor each way; the kernel that first reads a
+reloaded tensor (the `_read` of jobs/kernels.py) waits for its copy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
 OFFLOAD_MIN_ELEMENTS = 256 * 1024
 """Smaller saved tensors stay on the GPU (OffloadableLayerState._check_if_offload)."""
+Key = tuple[int, "int | str", str]
+"""A saved tensor: (micro-batch, layer, what)."""
 
 
 def offload_problems(job: JobSpec) -> list[str]:
@@ -96,49 +100,53 @@ class ActivationOffload:
         super().__init__(job, *args)  # type: ignore[call-arg]  # the program's other bases
         self.offloaded_layers = job.training.cpu_offloading_num_layers
         self._offload_tail: int | None = None          # the offload stream's last copy
-        self._saved_bytes: dict[tuple[int, int], int] = {}   # (mb, layer) -> bytes it offloads
-        self._copies: dict[int, int] = {}               # layer -> its store (forward) or reload (backward)
-        self._moved: dict[tuple[int, int], list[tuple[int, int, str]]] = {}   # (mb, layer) -> its listed tensors
+        # (mb, layer) -> its tensors copied out, in the order they were saved, and each one's copy
+        self._stored: dict[tuple[int, int], list[tuple[Key, int, int]]] = {}
+        self._reloaded: dict[Key, int] = {}             # a tensor -> its copy back, until a kernel reads it
 
-    def count_saved(self, key: tuple[int, int | str], elements: int, element_size: int) -> None:
-        """A layer saves a tensor for its backward (TE offloads it when large enough)."""
-        mb, layer = key
-        if isinstance(layer, int) and layer < self.offloaded_layers and elements >= OFFLOAD_MIN_ELEMENTS:
-            self._saved_bytes[mb, layer] = self._saved_bytes.get((mb, layer), 0) + elements * element_size
+    def tensor_saved(self, node: int | None, key: Key, elements: int, element_size: int) -> None:
+        mb, layer, what = key
+        if node is None or not isinstance(layer, int) or layer >= self.offloaded_layers or self.part != "forward":
+            return
+        if elements >= OFFLOAD_MIN_ELEMENTS:   # its copy waits for the kernel that made it (start_offload)
+            size = elements * element_size
+            store = self._copy(pb.MEM_STORE_NODE, f"mb{mb}.L{layer}.{what}.offload", size, [node])
+            self._stored.setdefault((mb, layer), []).append((key, size, store))
+            self.ledger.move_out(store, key)
+
+    def tensor_read(self, node: int | None, keys: list[Key]) -> None:
+        for key in keys:   # pop_tensor: the kernel that first reads a reloaded tensor waits for its copy
+            load = self._reloaded.pop(key, None)
+            if load is not None and node is not None and load not in self.stream.nodes[node].data_deps:
+                self.stream.nodes[node].data_deps.append(load)
 
     def layer_forward(self, mb: int, layer: int) -> None:
         k = self.offloaded_layers
-        if not k:
-            super().layer_forward(mb, layer)  # type: ignore[misc]
-            return
         released = layer - (self.job.shape.layers - k)    # finish_offload_map
-        if 0 <= released < k:
-            # its GPU copy is freed here (release_activation_forward_gpu_memory): after the copy and the
-            # work queued since it (not what the stream still waits for from an earlier micro-batch)
-            store = self._copies.pop(released)
-            self.ledger.hold([node for node in self.stream.frontier if node > store], self._moved.get((mb, released), []))
-            self.stream.wait(store)
+        if k and 0 <= released < k and self._stored.get((mb, released)):
+            stored = self._stored[mb, released]
+            # its GPU copies are freed here (release_activation_forward_gpu_memory): after they are
+            # done and the work queued since (not what the stream still waits for from an earlier
+            # micro-batch)
+            first = stored[0][2]
+            self.ledger.hold([node for node in self.stream.frontier if node > first], [key for key, _, _ in stored])
+            self.stream.wait(stored[-1][2])   # the offload stream's copies run in turn
         super().layer_forward(mb, layer)  # type: ignore[misc]
-        if layer < k:
-            store = self._copies[layer] = self._copy(pb.MEM_STORE_NODE, f"mb{mb}.L{layer}.offload",
-                                                     self._saved_bytes.get((mb, layer), 0))
-            self._moved[mb, layer] = self.ledger.move_out(store, (mb, layer), OFFLOAD_MIN_ELEMENTS)
 
     def layer_backward(self, mb: int, layer: int, ready: bool = True) -> None:
         k = self.offloaded_layers
-        if k:
-            reloaded = layer - (self.job.shape.layers - 1 - k)   # start_reload_map
-            if 0 <= reloaded < k:
-                load = self._copies[reloaded] = self._copy(pb.MEM_LOAD_NODE, f"mb{mb}.L{reloaded}.reload",
-                                                           self._saved_bytes.pop((mb, reloaded), 0))
-                self.ledger.move_in(load, self._moved.pop((mb, reloaded), []))
-            if layer < k:
-                self.stream.wait(self._copies.pop(layer))
+        reloaded = layer - (self.job.shape.layers - 1 - k)   # start_reload_map
+        if k and 0 <= reloaded < k:   # after the compute so far (wait_stream), in the order they were saved
+            frontier = list(self.stream.frontier)
+            for key, size, _ in self._stored.pop((mb, reloaded), []):
+                load = self._copy(pb.MEM_LOAD_NODE, f"mb{mb}.L{reloaded}.{key[2]}.reload", size, frontier)
+                self._reloaded[key] = load
+                self.ledger.move_in(load, key)
         super().layer_backward(mb, layer, ready)  # type: ignore[misc]
 
-    def _copy(self, node_type: pb.NodeType, name: str, size: int) -> int:
-        """A copy on the offload stream, after the compute stream's work so far and the stream's last copy."""
-        after = [*self.stream.frontier, *(() if self._offload_tail is None else (self._offload_tail,))]
-        self._offload_tail = self.stream.launch(node_type, name, after=after, attrs=[
+    def _copy(self, node_type: pb.NodeType, name: str, size: int, after: list[int]) -> int:
+        """A copy on the offload stream, after `after` and the stream's last copy."""
+        deps = [*after, *(() if self._offload_tail is None else (self._offload_tail,))]
+        self._offload_tail = self.stream.launch(node_type, name, after=deps, attrs=[
             uint_attr("tensor_size", size), str_attr("mem_location", "remote"), str_attr("step_part", "offload")])
         return self._offload_tail

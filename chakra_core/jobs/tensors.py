@@ -59,28 +59,27 @@ class TensorLedger:
         storage = self._saved[key] = self.new(elements, element_size)
         self.refer(node, storage, output)
 
-    def move_out(self, node: int, layer_key: tuple[int, int], min_elements: int) -> list[tuple[int, int, str]]:
-        """Activation offload: `node` copies the saved tensors of (micro-batch, layer) of at least
-        `min_elements` to host memory; their GPU storages end with it. Returns their keys."""
-        if not self.enabled:
-            return []
-        moved = [key for key, storage in self._saved.items() if isinstance(key, tuple) and key[:2] == layer_key
-                 and self._shape[storage][0] >= min_elements]
-        for key in moved:
-            self.refer(node, self._saved[key], False)
-        return moved
+    def move_out(self, node: int, key: Hashable) -> None:
+        """Activation offload: `node` copies a saved tensor to host memory; its GPU storage ends
+        with it (and with the nodes `hold` adds)."""
+        storage = self._saved.get(key) if self.enabled else None
+        if storage is not None:
+            self.refer(node, storage, False)
 
-    def hold(self, nodes: list[int], keys: list[tuple[int, int, str]]) -> None:
-        """`nodes` list those storages too (they live until the last of them ends)."""
-        for node in nodes:
-            for key in keys:
-                self.refer(node, self._saved[key], False)
-
-    def move_in(self, node: int, keys: list[tuple[int, int, str]]) -> None:
-        """`node` copies those tensors back into new GPU storages, which the backward then reads."""
+    def hold(self, nodes: list[int], keys: list[Hashable]) -> None:
+        """`nodes` list those saved tensors' storages too (they live until the last of them ends)."""
         for key in keys:
-            storage = self._saved[key] = self.new(*self._shape[self._saved[key]])
-            self.refer(node, storage, True)
+            storage = self._saved.get(key) if self.enabled else None
+            if storage is not None:
+                for node in nodes:
+                    self.refer(node, storage, False)
+
+    def move_in(self, node: int, key: Hashable) -> None:
+        """`node` copies a tensor back into a new GPU storage, which the backward then reads."""
+        storage = self._saved.get(key) if self.enabled else None
+        if storage is not None:
+            self._saved[key] = fresh = self.new(*self._shape[storage])
+            self.refer(node, fresh, True)
 
     def use(self, node: int | None, *keys: Hashable) -> None:
         """`node` reads saved tensors (keys never saved are skipped: the tensor was not kept)."""
