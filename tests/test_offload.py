@@ -6,6 +6,8 @@ and what Megatron-Core refuses is refused."""
 from __future__ import annotations
 
 import copy
+import csv
+import io
 import dataclasses
 import re
 from pathlib import Path
@@ -270,3 +272,7 @@ def test_plan_tries_a_layout_that_does_not_fit_with_the_fewest_layers_offloaded(
                                                                     if o.status != TOO_BIG and not o.layout.offload})
     simulated = [c for c in variants if c.status == SIMULATED]
     assert all(c.step_s is not None and c.step_s >= c.bound_s * (1 - 1e-9) for c in simulated)
+    from chakra_core.plan.report import plan_files
+    table = list(csv.DictReader(io.StringIO(str(plan_files(found, {})["plan.csv"]))))   # each k in its column
+    assert {(row["layout"], row["offload"]) for row in table if row["offload"]} == \
+        {(c.layout.label(), str(c.layout.offload)) for c in variants}

@@ -34,7 +34,8 @@ EXPERT_COLUMNS = ["ep", "etp", "edp"]
 """A mixture of experts' plan's columns after dp: expert parallel, expert tensor and expert data parallel sizes."""
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
          **{c: "int" for c in EXPERT_COLUMNS},
-         "micro_batch": "int", "recompute": "str", "distributed_optimizer": "bool", "sharding": "str", "status": "str",
+         "micro_batch": "int", "recompute": "str", "offload": "int", "distributed_optimizer": "bool", "sharding": "str",
+         "status": "str",
          "step_s": "float", "vs_best": "float", "tie": "bool", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
          "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
          "point": "str", **{c: "float" for c in COLUMNS if c.startswith("memory_") and c.endswith("_gib")}}
@@ -50,6 +51,9 @@ def plan_files(plan: Plan, settings: JsonObject) -> dict[str, str | bytes]:
     if any(c.layout.sharding is not None for c in plan.candidates):   # a plan that searched Megatron-FSDP
         after = columns.index("distributed_optimizer") + 1
         columns = columns[:after] + ["sharding"] + columns[after:]
+    if any(c.layout.offload for c in plan.candidates):   # plan --offload found layouts that fit with it
+        after = columns.index("recompute") + 1
+        columns = columns[:after] + ["offload"] + columns[after:]
     marked = {"marked": mark_rows(plan)} if plan.marked else {}
     files: dict[str, str | bytes] = {
         "plan.csv": table_csv(columns, rows, KINDS),

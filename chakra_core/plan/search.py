@@ -131,7 +131,7 @@ class Candidate:
         return {
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, **({"ep": lay.ep, "etp": lay.etp, "edp": lay.edp} if lay.moe else {}),
-            "micro_batch": lay.micro_batch, "recompute": lay.recompute,
+            "micro_batch": lay.micro_batch, "recompute": lay.recompute, **({"offload": lay.offload} if lay.offload else {}),
             "distributed_optimizer": lay.distributed_optimizer,
             **({"sharding": lay.sharding} if lay.sharding is not None else {}), "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s,
