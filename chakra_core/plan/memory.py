@@ -250,8 +250,9 @@ def _offloaded(job: JobSpec, layers: list[int], sizes: list[int], kept: int, for
                backward: list[tuple[int, int]]) -> _Chunk:
     """Activation offload (jobs/offload.py; pp 1, no recompute): layer i < k leaves when layer L-k+i
     starts its forward and comes back when layer L-1-k+i starts its backward, so at most L-k layers'
-    activations are on the GPU at once. Every saved tensor counts as offloaded (TE keeps those under
-    256 Ki elements: a few per layer, of the small models only)."""
+    activations are on the GPU at once. Every saved tensor counts as offloaded, although TE keeps
+    those under 256 Ki elements on the GPU (so do the traces): a job saving such tensors peaks above
+    the prediction by their bytes."""
     k, total = job.training.cpu_offloading_num_layers, job.shape.layers
     offloaded = tuple(sizes[:k])
     head = 1     # pp 1: the output layer's entry comes first
