@@ -283,6 +283,29 @@ def test_a_dead_worker_fails_its_point_and_the_pool_goes_on():
     assert "a worker process died" in outcomes[1].error
 
 
+def test_a_killed_sweeps_temporary_folder_is_removed_by_the_next(tmp_path, monkeypatch):
+    """kill -9 leaves a pool's temporary folder behind; the next pool removes those whose process is
+    gone, and keeps a live process's and any whose owner it cannot tell."""
+    import tempfile
+
+    from chakra_core.sweep.pool import TEMP_PREFIX, remove_abandoned_temp_dirs
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    abandoned = tmp_path / f"{TEMP_PREFIX}pid{int(ended.stdout)}-a1b2"
+    (abandoned / "decompressed").mkdir(parents=True)
+    (abandoned / "decompressed" / "trace.0.et").write_bytes(b"x" * 100)
+    live = tmp_path / f"{TEMP_PREFIX}pid{os.getpid()}-c3d4"
+    unknown = tmp_path / f"{TEMP_PREFIX}e5f6"
+    live.mkdir()
+    unknown.mkdir()
+    remove_abandoned_temp_dirs()
+    assert not abandoned.exists() and live.exists() and unknown.exists()
+    outcomes: list[PointOutcome] = []
+    run_local([PointTask(0, "0")], 1, outcomes.append, function=_lose_point_one)   # a pool's own goes when it ends
+    assert outcomes[0].status == Status.OK
+    assert sorted(tmp_path.iterdir()) == sorted([live, unknown])
+
+
 # Outputs ---------------------------------------------------------------------------------------
 def test_csv_and_parquet_hold_the_same_table_and_the_png_is_drawn(tmp_path):
     import pyarrow.csv as pacsv

@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import sys
@@ -148,7 +149,8 @@ class _Pool:
         self.pending = deque(tasks)
         self.function, self.warm, self.timeout = function, warm, timeout
         self.context = multiprocessing.get_context("spawn")   # fork would copy the progress bar's thread and locks
-        self.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)
+        remove_abandoned_temp_dirs()
+        self.temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}pid{os.getpid()}-")
         self.workers: list[_Worker] = []
         self.start_failures = 0
 
@@ -250,6 +252,29 @@ class _Pool:
                 _kill(worker, grace_s=0.5 if worker.task is None else 0.0)
             self.workers.clear()
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def remove_abandoned_temp_dirs() -> None:
+    """Remove the temporary folders of sweeps that were killed (kill -9 leaves them): those whose
+    name carries a process id that no longer runs. A live process with a reused id keeps its
+    folder; folders named before the id was in the name are left alone (their owner is unknown)."""
+    pattern = re.compile(re.escape(TEMP_PREFIX) + r"pid(\d+)-")
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            match = pattern.match(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False) or _alive(int(match.group(1))):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process
+        return True
+    return True
 
 
 def _kill(worker: _Worker, grace_s: float = 0.0) -> None:
