@@ -276,3 +276,18 @@ def test_plan_tries_a_layout_that_does_not_fit_with_the_fewest_layers_offloaded(
     table = list(csv.DictReader(io.StringIO(str(plan_files(found, {})["plan.csv"]))))   # each k in its column
     assert {(row["layout"], row["offload"]) for row in table if row["offload"]} == \
         {(c.layout.label(), str(c.layout.offload)) for c in variants}
+
+
+def test_a_layer_that_names_a_key_by_its_field_name_keeps_its_value():
+    """The cluster's defaults go where the layer's config takes them and the section says nothing,
+    under the key's alias or its field name (both at once would be refused as an unknown key)."""
+    from chakra_core.jobs.expand import with_cluster_defaults
+    from chakra_sim_memory_hbm.config import HBMConfig
+    from chakra_sim_system_nccl.layer import NcclSystemConfig
+    filled = with_cluster_defaults(NcclSystemConfig, {"plugin": "nccl", "gpus_per_node": 4},
+                                   {"profile": "h100-hgx-ndr400", "gpus-per-node": 8})
+    assert filled == {"profile": "h100-hgx-ndr400", "plugin": "nccl", "gpus_per_node": 4}
+    host = {"memory-type": "PER_NPU_MEMORY_EXPANSION", "remote-mem-bw": 64.0}
+    assert with_cluster_defaults(HBMConfig, {"plugin": "hbm", "memory_type": "MEMORY_POOL"}, host, any_key=True) == \
+        {"remote-mem-bw": 64.0, "plugin": "hbm", "memory_type": "MEMORY_POOL"}
+    assert with_cluster_defaults(HBMConfig, {"plugin": "hbm"}, host) == {"plugin": "hbm"}   # not required

@@ -357,21 +357,17 @@ def _cluster_defaults(job: JobRun, host: PluginHost) -> None:
             continue   # an unknown plugin: build_config reports it, listing the installed ones
         filled = with_cluster_defaults(config_cls, section, defaults)
         if layer == "memory" and job.memory_defaults:
-            taken = {key for name, spec in config_cls.model_fields.items() for key in (name, spec.alias) if key}
-            filled = {**{k: v for k, v in job.memory_defaults.items() if k in taken and not _says(section, k, config_cls)},
-                      **filled}
+            filled = with_cluster_defaults(config_cls, filled, job.memory_defaults, any_key=True)
         job.manifest[layer] = filled
 
 
-def _says(section: Mapping[str, Any], key: str, config_cls: Any) -> bool:
-    """The section sets `key` under its alias or its field name."""
-    names = {key} | {name for name, spec in config_cls.model_fields.items() if spec.alias == key}
-    return any(name in section for name in names)
-
-
-def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any]) -> JsonObject:
+def with_cluster_defaults(config_cls: Any, section: Mapping[str, Any], defaults: Mapping[str, Any],
+                          any_key: bool = False) -> JsonObject:
     """A layer's section with the cluster's `defaults` (profile, gpus-per-node) where its config
-    takes them and the section does not say: a required profile, the GPUs per node anywhere."""
-    keys = {field.alias or name for name, field in config_cls.model_fields.items()
-            if field.is_required() or (field.alias or name) == "gpus-per-node"}
-    return {**{k: v for k, v in defaults.items() if k in keys and k not in section}, **section}
+    takes them and the section does not say (under the key's alias or its field name): a required
+    profile, the GPUs per node anywhere; with `any_key`, every key the config takes."""
+    fields = config_cls.model_fields
+    keys = {field.alias or name for name, field in fields.items()
+            if any_key or field.is_required() or (field.alias or name) == "gpus-per-node"}
+    said = {*section, *(field.alias for name, field in fields.items() if name in section and field.alias)}
+    return {**{k: v for k, v in defaults.items() if k in keys and k not in said}, **section}
