@@ -8,6 +8,7 @@ lower bound is the layout's own.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 from pydantic import ValidationError
@@ -17,28 +18,28 @@ from chakra_core.plan.layouts import Enumeration, job_with
 from chakra_core.plan.memory import overflow, predict_memory
 
 
-def add_offload_variants(enumeration: Enumeration, job: dict[str, object], headroom: Headroom) -> int:
-    """Add to `enumeration` each layout's offload variant where the layout overflows and some k
-    makes it fit (Megatron-Core allows pp 1 without recomputation, k < layers). Returns how many."""
-    added = 0
-    for layout in list(enumeration.layouts):
-        spec = enumeration.specs[layout]
-        estimate = predict_memory(spec)
-        if overflow(estimate, headroom.usable, headroom.reserve(layout, estimate.total).total) is None:
-            continue
-        if layout.pp > 1 or layout.recompute != "none" or spec.training.cpu_offloading_num_layers:
-            continue
-        for k in range(1, spec.shape.layers):
-            variant = dataclasses.replace(layout, offload=k)
-            try:
-                offloaded = job_with(job, variant)
-            except ValidationError:
-                break   # what Megatron refuses of offload, whatever k
-            peak = predict_memory(offloaded)
-            if overflow(peak, headroom.usable, headroom.reserve(variant, peak.total).total) is None:
-                enumeration.layouts.append(variant)
-                enumeration.specs[variant] = offloaded
-                added += 1
-                break
-    enumeration.layouts.sort()
-    return added
+def add_offload_variant(enumeration: Enumeration, index: int, job: dict[str, object], headroom: Headroom) -> None:
+    """After enumeration.layouts[index], a layout that does not fit, its variant with the fewest
+    layers offloaded that make it fit, if any (Megatron-Core allows pp 1 without recomputation, k <
+    layers). Inserted right after it, where sorting puts it: it differs in `offload` alone, the last
+    field layouts sort by. Memory never rises with k (tests/test_offload.py), so k is bisected."""
+    layout = enumeration.layouts[index]
+    spec = enumeration.specs[layout]
+    if layout.pp > 1 or layout.recompute != "none" or spec.training.cpu_offloading_num_layers:
+        return
+    try:
+        job_with(job, dataclasses.replace(layout, offload=1))
+    except ValidationError:
+        return   # what Megatron refuses of offload, whatever k
+
+    def fits(k: int) -> bool:
+        variant = dataclasses.replace(layout, offload=k)
+        peak = predict_memory(job_with(job, variant))
+        return overflow(peak, headroom.usable, headroom.reserve(variant, peak.total).total) is None
+
+    layers = range(1, spec.shape.layers)
+    k = layers[0] + bisect.bisect_left(layers, True, key=fits)
+    if k in layers:
+        variant = dataclasses.replace(layout, offload=k)
+        enumeration.layouts.insert(index + 1, variant)
+        enumeration.specs[variant] = job_with(job, variant)

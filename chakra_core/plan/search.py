@@ -50,7 +50,7 @@ from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
-from chakra_core.plan.offload import add_offload_variants
+from chakra_core.plan.offload import add_offload_variant
 from chakra_core.plan.ranking import kth_best, standing
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
@@ -267,10 +267,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     headroom = Headroom.of(profile, options.headroom_gib,
                            communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node),
                            moe=enumeration.layouts[0].moe)
-    if offload:   # a layout that does not fit, again with the fewest layers offloaded that make it fit
-        add_offload_variants(enumeration, dict(job), headroom)
     candidates = []
-    for layout in enumeration.layouts:
+    for index, layout in enumerate(enumeration.layouts):   # (--offload inserts variants as it goes)
         spec = enumeration.specs[layout]
         estimate = predict_memory(spec)
         reserve = headroom.reserve(layout, estimate.total)
@@ -278,6 +276,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         candidate.overflow = overflow(estimate, headroom.usable, reserve.total)
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
+            if offload:   # again with the fewest layers offloaded that make it fit, right after it
+                add_offload_variant(enumeration, index, dict(job), headroom)
         candidates.append(candidate)
     result = Plan(candidates, enumeration, headroom, profile.name, marked=include)
     result.warnings.extend(headroom.warnings)
