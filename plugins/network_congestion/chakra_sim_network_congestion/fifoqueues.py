@@ -8,12 +8,15 @@ or _serve (store and forward), so that times and statistics have the same bits a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 if TYPE_CHECKING:
     from chakra_sim_network_congestion.fifosteps import FifoSteps
+
+_NONE = np.int32(-(1 << 31))
+"""Below any count: where a link's events in a window only leave it."""
 
 Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
 """Messages' next events (ns) and, with cut-through, where their first and last bytes are then."""
@@ -39,9 +42,9 @@ class StepQueues:
         self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32
         self.sort_key = np.uint16 if self.link_type == np.int16 else np.uint32
 
-    def entries(self, times: np.ndarray, coarse: np.ndarray, origin: np.ndarray, ids: np.ndarray, into: np.ndarray,
-                out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A window's events (messages `ids`, sent by origin[ids], in the order they run) leave
+    def entries(self, times: np.ndarray, coarse: np.ndarray, sender: Callable[[np.ndarray], np.ndarray],
+                into: np.ndarray, out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A window's events (in the order they run; sender(events): who sent their messages) leave
         `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order
         is known. Returns (the local links where it is not, or where an event would come before
         traffic timed earlier; the events entering a link and those links, by link, in the order
@@ -60,15 +63,17 @@ class StepQueues:
         early = times[event[starts]] <= self.until[links]     # a link's first event here is its earliest
         rank = coarse[event]          # equal only for events in one ns, ordered by what is unknown
         tie = np.flatnonzero(same & (rank[1:] == rank[:-1]))
-        blind = tie[origin[ids[event[tie]]] != origin[ids[event[tie + 1]]]]
+        blind = tie[sender(event[tie]) != sender(event[tie + 1])]
         if early.any() or len(blind):
             return np.unique(np.concatenate([links[early], link[blind]])), event[:0], link[:0]
-        delta = entering.astype(np.int64) * 2 - 1
-        total = np.cumsum(delta)
-        lengths = np.diff(np.r_[starts, len(link)])
-        running = total + np.repeat(self.queued[links] - total[starts] + delta[starts], lengths)
-        self.peak[links] = np.maximum(self.peak[links], np.maximum.reduceat(np.where(entering, running, 0), starts))
-        self.queued[links] = running[ends]
+        # messages on a link after each event: its count before the window, plus the window's
+        # entries less its leaves (a running sum over all links, less the sum before the link's first)
+        delta = entering.view(np.int8) * np.int8(2) - np.int8(1)
+        total = np.cumsum(delta, dtype=np.int32)
+        before = self.queued[links] - total[starts] + delta[starts]
+        fullest = np.maximum.reduceat(np.where(entering, total, _NONE), starts).astype(np.int64)
+        self.peak[links] = np.maximum(self.peak[links], fullest + before)
+        self.queued[links] = total[ends] + before
         self.until[links] = times[event[ends]]
         entered = np.flatnonzero(entering)
         return np.empty(0, dtype=np.int64), event[entered], link[entered]
