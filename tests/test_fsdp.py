@@ -208,6 +208,10 @@ FSDP_MEMORY_CASES = {
     "zero1-no-overlap": job(data_parallel_sharding_strategy="optim", overlap_grad_reduce=False,
                             overlap_param_gather=False),
     "no-shard": job(data_parallel_sharding_strategy="no_shard"),
+    "zero3-fp8-params-tp2-cp2": job(gpus=8, parallel={"tp": 2, "cp": 2}, precision="fp8", fp8_recipe="current",
+                                    fp8_param_gather=True, global_batch=16, suggested_communication_unit_size=2),
+    "zero3-fp8-params-moe": job({**MODEL, "num_experts": 8, "topk": 2, "moe_ffn_hidden": 512}, 8, {"ep": 4},
+                                precision="fp8", fp8_param_gather=True, global_batch=16),
 }
 
 

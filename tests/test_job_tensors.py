@@ -69,6 +69,13 @@ CASES = {
                         "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
     "nvfp4-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 4}, precision="nvfp4"),
                         "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
+    "fp8-params-current": job(MODEL, 16, {"tp": 2, "pp": 2, "vp": 2}, precision="fp8", fp8_recipe="current",
+                              fp8_param_gather=True, global_batch=8),
+    "fp8-params-delayed-no-overlap": job(GPT, 8, {"tp": 2}, precision="fp8", fp8_param_gather=True,
+                                         overlap_param_gather=False),
+    "mxfp8-params-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 2}, precision="fp8", fp8_recipe="mxfp8",
+                                     fp8_param_gather=True, global_batch=8),
+                               "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
 }
 
 
@@ -85,15 +92,17 @@ def test_hbm_peak_of_each_stage_is_the_plans_prediction(tmp_path: Path, name: st
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2, 4]), vp=st.sampled_from([1, 2]),
        micro_batch=st.sampled_from([1, 2]), recompute=st.sampled_from(["none", "full"]),
-       recompute_layers=st.sampled_from([None, 1]), precision=st.sampled_from(["bf16", "fp8"]),
+       recompute_layers=st.sampled_from([None, 1]), precision=st.sampled_from(["bf16", "fp8", "fp8 params"]),
        dist=st.booleans(), gpt=st.booleans())
 def test_any_layout_agrees(tmp_path_factory: pytest.TempPathFactory, tp: int, pp: int, vp: int, micro_batch: int,
                            recompute: str, recompute_layers: int | None, precision: str, dist: bool,
                            gpt: bool) -> None:
     vp = vp if pp > 1 else 1
     parallel = {"tp": tp, "pp": pp, **({"vp": vp} if vp > 1 else {})}
-    training: dict[str, Any] = {"micro_batch": micro_batch, "recompute": recompute, "precision": precision,
-                                "distributed_optimizer": dist, "global_batch": 8 * micro_batch}
+    params = precision == "fp8 params"   # fp8 parameters need the distributed optimizer
+    training: dict[str, Any] = {"micro_batch": micro_batch, "recompute": recompute, "precision": precision[:4].strip(),
+                                "distributed_optimizer": dist or params, "global_batch": 8 * micro_batch,
+                                **({"fp8_param_gather": True, "fp8_recipe": "current"} if params else {})}
     if recompute == "full" and recompute_layers:
         training["recompute_layers"] = recompute_layers
     data = job(GPT if gpt else MODEL, tp * pp * 2, parallel, **training)

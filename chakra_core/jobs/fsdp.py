@@ -21,7 +21,8 @@ Read at NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/co
   main weights and Adam's two moments (sharded unless no_shard), main gradients (sharded with
   optim_grads and optim_grads_params), and an fp32 copy of 16-bit gradients for the optimizer.
 - fp8: the weights are cast once per step after their gather (Transformer Engine's cached fp8 weights,
-  as without FSDP); fp8 parameters (fp8_param_gather, gathers in fp8) are not modelled.
+  as without FSDP); fp8 parameters (fp8_param_gather) are gathered in fp8 and transposed after each
+  backward gather instead (jobs/fp8_params.py).
 
 With `tensors: true` the transient buffers are listed so a memory layer sees them: a gathered
 bucket from the first compute node after its gather is launched to the last one before it is freed;
@@ -77,6 +78,15 @@ class ShardedRankProgram(RankProgram):
         params = self.fsdp_buckets[bucket].params
         return -(-params // self.shards(bucket)) if sharded else params
 
+    def local_linear(self, bucket: int, sharded: bool) -> int:
+        """Of `local`, the fp8 weights (fp8_params.py)."""
+        b = self.fsdp_buckets[bucket]
+        linear = sum(self.unit_linear(unit, b.expert) for unit in b.units)
+        return -(-linear // self.shards(bucket)) if sharded else linear
+
+    def _shard_bytes(self, bucket: int) -> int:
+        return self.shard_bytes(self.fsdp_buckets[bucket].params, self.local_linear(bucket, False), self.shards(bucket))
+
     def _name(self, bucket: int) -> str:
         b = self.fsdp_buckets[bucket]
         where = ".".join(_NAMES.get(u, f"L{u}") for u in b.units) if b.in_unit or len(b.units) < 3 else f"b{bucket}"
@@ -106,11 +116,10 @@ class ShardedRankProgram(RankProgram):
         prefix = "" if mb is None else f"mb{mb}."
         for bucket in done.launched:
             self.gather_node[bucket] = node = self._chained(
-                f"{prefix}fsdp.all_gather.{self._name(bucket)}", bucket, pb.ALL_GATHER,
-                self.local(bucket, True) * self.act_bytes)
+                f"{prefix}fsdp.all_gather.{self._name(bucket)}", bucket, pb.ALL_GATHER, self._shard_bytes(bucket))
             if self.ledger.enabled and self.fsdp.releases and self.fsdp_buckets[bucket].in_unit and \
                     self.shards(bucket) > 1:
-                storage = self.ledger.new(self.fsdp_buckets[bucket].params, self.act_bytes)
+                storage = self.weight_storage(self.fsdp_buckets[bucket].params, self.local_linear(bucket, False))
                 self.ledger.refer(node, storage, output=True)
                 self.gathered_at[bucket] = (storage, len(self.stream.nodes))
         if wait:
@@ -162,7 +171,8 @@ class ShardedRankProgram(RankProgram):
 
     def _fp8_weights(self, layer: int) -> None:
         self._all_gather(self.fsdp.of(layer), mb=self._mb)
-        super()._fp8_weights(layer)
+        if not self.fp8_primary:   # fp8 parameters: transposed in the backward (fp8_params.py)
+            super()._fp8_weights(layer)
 
     def layer_forward(self, mb: int, layer: int) -> None:
         super().layer_forward(mb, layer)
@@ -172,7 +182,12 @@ class ShardedRankProgram(RankProgram):
     def layer_backward(self, mb: int, layer: int, ready: bool = True) -> None:
         self._all_gather(self.fsdp.of(layer), backward=True, mb=mb)
         self._unshard_grads(layer)
+        start = len(self.stream.nodes)
+        self.weight_transpose(f"mb{mb}.L{layer}.weights", self.linear_weights(layer))
+        transposed = len(self.stream.nodes) > start and self.ledger.enabled
         super().layer_backward(mb, layer, ready)
+        if transposed:   # the transpose cache is dropped after the layer's backward
+            self.spans.append((self.ledger.new(self.linear_weights(layer), 1), start, len(self.stream.nodes)))
         self._release(layer)
 
     def head_backward(self, mb: int) -> None:
@@ -244,11 +259,13 @@ class ShardedRankProgram(RankProgram):
         self.fsdp.finish()
         sharded = self.fsdp.strategy != "no_shard"
         self._finalize_grads(len(self.groups.get("dp_cp", (0,))) if sharded else 1)
-        step = self._adam(sum(self.local(bucket, sharded) for bucket in buckets))
+        step = self._adam(sum(self.local(bucket, sharded) for bucket in buckets),
+                          sum(self.local_linear(bucket, sharded) for bucket in buckets),
+                          self.fp8_weight_tensors(self.chunk_layers(0)))
         if self.fsdp.gathers and not t.overlap_param_gather:   # start_param_sync(force_sync)
             for bucket in buckets:
                 self.gather_node[bucket] = self._chained(f"fsdp.all_gather.{self._name(bucket)}", bucket,
-                                                         pb.ALL_GATHER, self.local(bucket, True) * self.act_bytes)
+                                                         pb.ALL_GATHER, self._shard_bytes(bucket))
             self.stream.wait(*self.gather_node.values())
         return step
 
@@ -259,12 +276,12 @@ class ShardedRankProgram(RankProgram):
         state = []
         copies = 3 if self.grad_bytes == 4 else 4   # master weight, two moments (and a gradient copy)
         for bucket, b in enumerate(self.fsdp_buckets):
-            state.append(ledger.new(self.local(bucket, f.releases), self.act_bytes))
+            state.append(self.weight_storage(self.local(bucket, f.releases), self.local_linear(bucket, f.releases)))
             if f.releases and not b.in_unit and self.shards(bucket) > 1:   # kept gathered (preserved)
-                state.append(ledger.new(b.params, self.act_bytes))
+                state.append(self.weight_storage(b.params, self.local_linear(bucket, False)))
             state.append(ledger.new(self.local(bucket, f.grads_sharded), self.grad_bytes))
             state += [ledger.new(self.local(bucket, f.strategy != "no_shard"), 4) for _ in range(copies)]
-        if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
+        if self.fp8 and not self.fp8_primary:   # TE's fp8 weight and its transpose, per linear weight
             state += [ledger.new(self.linear_weights(layer), 1) for layer in self.chunk_layers(0) for _ in range(2)]
         for storage in state:
             ledger.refer(0, storage, output=True)

@@ -20,24 +20,17 @@ from typing import Callable
 from chakra_core.et.build import p2p_attrs, str_attr
 from chakra_core.jobs.moe_overlap import combined_phases
 from chakra_core.jobs.offload import ActivationOffload
+from chakra_core.jobs.optimizer import AdamStep
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.zero_bubble import WeightPasses
 from chakra_core.schema import pb
 
-ADAM_BYTES_PER_PARAM = 4 * 2 * 3 + 4 + 4 + 2
-"""Adam step per parameter of the shard (Megatron-Core optimizer.py MixedPrecisionOptimizer.step
-at d98e8a64): read and write the fp32 master weight and both moments, read the fp32 main
-gradient (28 bytes), then copy the master weight to the 16-bit model weight (read 4, write 2)."""
-GRAD_COPY_BYTES = 2 + 4
-"""16-bit main gradients are first copied to fp32 (distrib_optimizer.py _copy_model_grads_to_main_grads)."""
-ADAM_OPS_PER_PARAM = 10
-"""Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
 Key = tuple[bool, int]   # a parameter bucket: (in the expert buffer, its first unit in forward order)
 
 
-class RankProgram(ActivationOffload, WeightPasses):
+class RankProgram(ActivationOffload, AdamStep, WeightPasses):
     """Builds the node list of one rank (`build`)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
@@ -49,6 +42,7 @@ class RankProgram(ActivationOffload, WeightPasses):
         # over their own groups (Megatron-Core's expert_parallel_buffers)
         self.param_gather: dict[Key, int | None] = {}     # -> its all-gather, launched
         self.gather_size: dict[Key, int] = {}             # -> its parameters
+        self.gather_linear: dict[Key, int] = {}           # -> of those, the fp8 weights (fp8_params.py)
         self.gather_next: dict[Key, Key] = {}             # -> the next bucket's, launched beside it
         self.gather_with: dict[int, list[Key]] = {}       # chunk -> buckets launched at its first forward
         self.expert_buckets: list[tuple[list[int], int]] = []
@@ -104,6 +98,7 @@ class RankProgram(ActivationOffload, WeightPasses):
             forward = [(expert, units[-1]) for units, _ in reversed(chunk_buckets)]   # first units, forward order
             for units, size in chunk_buckets:
                 self.gather_size[expert, units[-1]] = size
+                self.gather_linear[expert, units[-1]] = sum(self.unit_linear(unit, expert) for unit in units)
             if self.vp == 1:
                 self.gather_next.update(zip(forward, forward[1:]))
             elif chunk < 2:
@@ -130,7 +125,8 @@ class RankProgram(ActivationOffload, WeightPasses):
         role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
         part, self.part = self.part, "dp"
         node = self.collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
-                               -(-self.gather_size[key] // len(self.groups[role])) * self.act_bytes, "dp")
+                               self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])),
+                               "dp")
         self.part = part
         return node
 
@@ -300,14 +296,15 @@ class RankProgram(ActivationOffload, WeightPasses):
         state = []
         fp32_copies = 3 if self.grad_bytes == 4 else 4   # master weight, two moments (and a gradient copy)
         expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
-        for (_, size), split in [*((bucket, shards) for bucket in buckets),
-                                 *((bucket, expert_shards) for bucket in self.expert_buckets)]:
-            state += [ledger.new(size, self.act_bytes), ledger.new(size, self.grad_bytes)]
+        for (units, size), split, expert in [*((bucket, shards, False) for bucket in buckets),
+                                             *((bucket, expert_shards, True) for bucket in self.expert_buckets)]:
+            linear = sum(self.unit_linear(unit, expert) for unit in units)
+            state += [self.weight_storage(size, linear), ledger.new(size, self.grad_bytes)]
             state += [ledger.new(-(-size // split), 4) for _ in range(fp32_copies)]
-        if self.fp8:   # TE's fp8 weight and its transpose, per linear weight
+        if self.fp8:   # TE's fp8 copies of each linear weight (fp8_params.py)
             for chunk in range(self.vp):
                 for layer in self.chunk_layers(chunk) + self.mtp_units(chunk):
-                    state += [ledger.new(self.linear_weights(layer), 1) for _ in range(2)]
+                    state += [ledger.new(self.linear_weights(layer), 1) for _ in range(self.fp8_weight_copies)]
         for storage in state:
             ledger.refer(0, storage, output=True)
             ledger.refer(optimizer, storage, output=False)
@@ -316,8 +313,11 @@ class RankProgram(ActivationOffload, WeightPasses):
     _last_backward = False
 
     def _fp8_weights(self, layer: int) -> None:
-        """fp8: each linear weight is quantized (and transposed for the backward) once per step."""
-        if self.fp8 and self._first_forward:
+        """fp8: each linear weight is quantized (and transposed for the backward) once per step; fp8
+        parameters are transposed after their gather (fp8_params.py)."""
+        if self.fp8 and self._first_forward and self.fp8_primary:
+            self.weight_transpose(f"L{layer}.weights", self.linear_weights(layer))
+        elif self.fp8 and self._first_forward:
             self.quantize(f"L{layer}.weights", self.linear_weights(layer))
 
     def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> int:
@@ -334,15 +334,19 @@ class RankProgram(ActivationOffload, WeightPasses):
         updated = -(-stage_params // shards) if dist else stage_params
         expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
         updated += sum(-(-size // expert_shards) for _, size in self.expert_buckets)   # their own shards
-        step = self._adam(updated)
+        linear = [sum(self.unit_linear(unit) for unit in units) for units, _ in buckets]
+        expert_linear = [sum(self.unit_linear(unit, True) for unit in units) for units, _ in self.expert_buckets]
+        step = self._adam(updated, (-(-sum(linear) // shards) if dist else sum(linear)) +
+                          sum(-(-size // expert_shards) for size in expert_linear),
+                          self.fp8_weight_tensors([unit for units, _ in buckets for unit in units]))
         if dist and not t.overlap_param_gather:
-            for i, (_, size) in enumerate(buckets):
-                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER,
-                              -(-size // shards) * self.act_bytes, "dp")
+            for i, ((_, size), fp8) in enumerate(zip(buckets, linear)):
+                self.blocking(f"params.dp_all_gather.{i}", "dp_cp", pb.ALL_GATHER, self.shard_bytes(size, fp8, shards),
+                              "dp")
         if self._expert_sharded and not t.overlap_param_gather:
-            for i, (_, size) in enumerate(self.expert_buckets):
+            for i, ((_, size), fp8) in enumerate(zip(self.expert_buckets, expert_linear)):
                 self.blocking(f"params.edp_all_gather.{i}", "edp", pb.ALL_GATHER,
-                              -(-size // expert_shards) * self.act_bytes, "dp")
+                              self.shard_bytes(size, fp8, expert_shards), "dp")
         return step
 
     def _finalize_grads(self, shards: int = 1) -> None:
@@ -367,20 +371,6 @@ class RankProgram(ActivationOffload, WeightPasses):
         if "emb" in self.groups:   # tied word embedding: first and last stage add their gradients
             self.blocking("grads.embedding_all_reduce", "emb", pb.ALL_REDUCE, self.vocab * self.h * self.grad_bytes,
                           "dp")
-
-    def _adam(self, updated: int) -> int:
-        """The optimizer step (returned) over the `updated` parameters this rank holds the state of."""
-        self.part = "optimizer"
-        if self.job.effects.step_overheads:
-            # clip_grads.get_grad_norm_fp32: the squared norm of the (fp32) main gradients this
-            # rank updates, then an all-reduce of one float (Megatron's over every rank of the
-            # model and, with the distributed optimizer, its shards; here over dp x cp)
-            self.elementwise("optimizer.grad_norm", updated, updated * 4, 2, dtype="fp32")
-            self.blocking("optimizer.grad_norm_all_reduce", "dp_cp", pb.ALL_REDUCE, 4, "dp")
-        if self.grad_bytes == 2:
-            self.elementwise("optimizer.grads_to_fp32", updated, updated * GRAD_COPY_BYTES, dtype="fp32")
-        return self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM, ADAM_OPS_PER_PARAM,
-                                dtype="fp32")
 
     @property
     def _expert_sharded(self) -> bool:

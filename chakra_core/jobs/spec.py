@@ -14,6 +14,7 @@ from chakra_core.jobs import layout as pipeline_layout
 from chakra_core.jobs.attention_variants import attention_variant_problems
 from chakra_core.jobs.context_parallel import hierarchical_problems
 from chakra_core.jobs.flex_dispatcher import flex_problems
+from chakra_core.jobs.fp8_params import fp8_param_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.offload import offload_problems
@@ -145,6 +146,12 @@ class Training(_Strict):
                                                          "the forward (distributed optimizer only)")
     bucket_params: PositiveInt | None = Field(
         None, description="parameters per gradient bucket; default Megatron's max(40M, 1M x dp)")
+    fp8_param_gather: bool = Field(
+        False, description="fp8 parameters (Megatron's --fp8-param-gather, which Megatron-Bridge's fp8 recipes set): "
+                           "Transformer Engine keeps the linear weights in fp8 with no 16-bit copy, the parameter "
+                           "all-gathers move them in fp8 (delayed and current scaling) and the optimizer writes "
+                           "them (jobs/fp8_params.py); needs precision fp8 and the distributed optimizer or "
+                           "Megatron-FSDP")
     grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient reduction type (Megatron accumulates and reduces bf16 runs' "
                             "gradients in fp32 unless told otherwise)")
@@ -179,7 +186,8 @@ class Training(_Strict):
                     data.pop(key, None)
             if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
                 data.pop("use_megatron_fsdp")
-            for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0)):
+            for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0),
+                             ("fp8_param_gather", False)):
                 if data.get(key) == off:
                     data.pop(key)
         return data
@@ -335,7 +343,7 @@ class JobSpec(_Strict):
             problems.append("context parallelism needs training.attention: flash (ring attention)")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
             latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self) + \
-            offload_problems(self)
+            offload_problems(self) + fp8_param_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:

@@ -53,13 +53,30 @@ def fsdp_buckets(job: JobSpec, dense_layer: int) -> list[Bucket]:
     return job_buckets(job, job.chunk_layers(0, 0), dense, experts)
 
 
-def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int, param_bytes: int,
+def linear_params(job: JobSpec, bucket: Bucket, dense_linear: int) -> int:
+    """Of a bucket's parameters, the linear weights (fp8 parameters: jobs/fp8_params.py);
+    `dense_linear`: a dense layer's."""
+    m = job.shape
+    if not m.moe:
+        return len([u for u in bucket.units if u >= 0]) * dense_linear
+    block, local = moe_layer_params(job), (m.num_experts or 0) // job.parallel.ep
+    routed = block.experts - local * m.mlp_biases(m.expert_ffn)
+    if bucket.expert:
+        return sum(routed for u in bucket.units if u >= 0 and m.is_moe_layer(u))
+    return sum((block.linear - routed if m.is_moe_layer(u) else dense_linear) for u in bucket.units if u >= 0)
+
+
+def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: tuple[int, int], fp8_copies: int, param_bytes: int,
                   optimizer_bytes: int) -> dict[str, int]:
     """MemoryEstimate's parts for a GPU of the (one) stage under Megatron-FSDP, from plan.memory's
-    counts: the chunk's activations, a dense layer's parameters, the fp8 weight copies' bytes, the
-    bytes of a weight and of a parameter's optimizer state."""
+    counts: the chunk's activations, a dense layer's parameters and linear weights, the fp8 weight
+    copies' bytes, the bytes of a weight and of a parameter's optimizer state. With fp8 parameters
+    the linear weights are 1 B wherever they are, TE keeps no fp8 copies beside them, and a layer's
+    backward holds its weights' transpose (jobs/fp8_params.py)."""
     t, p = job.training, job.parallel
-    buckets = fsdp_buckets(job, dense_layer)
+    buckets = fsdp_buckets(job, dense_layer[0])
+    primary = t.fp8_param_gather       # Float8Tensor parameters (MXFP8 ones are refused under FSDP)
+    linear = [linear_params(job, b, dense_layer[1]) if primary else 0 for b in buckets]
     sched = job_schedule(job, buckets)
     # the dense buckets' group: one hybrid-sharding replica's block of dp x cp
     groups = (job.dp * p.cp // t.num_distributed_optimizer_instances, job.dp * p.cp * p.tp // (p.ep * p.expert_tp))
@@ -69,20 +86,32 @@ def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: int, fp8_copies: int
 
     def local(bucket: int, sharded: bool) -> int:
         return -(-buckets[bucket].params // shards(bucket)) if sharded else buckets[bucket].params
+
+    def weight_bytes(bucket: int, sharded: bool) -> int:
+        fp8 = -(-linear[bucket] // shards(bucket)) if sharded else linear[bucket]
+        return param_bytes * (local(bucket, sharded) - fp8) + fp8
     grad = DTYPE_BYTES[t.grad_reduce_dtype]
     every = range(len(buckets))
-    weights = fp8_copies + sum(param_bytes * local(b, sched.releases) for b in every) + sum(
-        param_bytes * buckets[b].params for b in every if sched.releases and not buckets[b].in_unit and shards(b) > 1)
+    weights = (0 if primary else fp8_copies) + sum(weight_bytes(b, sched.releases) for b in every) + sum(
+        weight_bytes(b, False) for b in every if sched.releases and not buckets[b].in_unit and shards(b) > 1)
     optimizer = sum(optimizer_bytes * local(b, sched.strategy != "no_shard") for b in every)
     gradients = sum(grad * local(b, sched.grads_sharded) for b in every)
-    activations, buffers = _walk(job, chunk, sched, shards, grad, param_bytes)
+    m = job.shape
+    moe_linear = moe_layer_params(job).linear if m.moe else 0
+
+    def transpose(layer: int) -> int:
+        if not (primary and job.effects.fp8_overheads):
+            return 0
+        return moe_linear if m.is_moe_layer(layer) else dense_layer[1]
+    activations, buffers = _walk(job, chunk, sched, shards, grad, lambda b: weight_bytes(b, False), transpose)
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "activations": activations,
             "buffers": buffers}
 
 
 def _walk(job: JobSpec, chunk: _Chunk, sched: Schedule, shards: Callable[[int], int], grad: int,
-          param_bytes: int) -> tuple[int, int]:
-    """(activations, buffers) at the peak of activations + transient buffers over the modules."""
+          gathered_bytes: Callable[[int], int], transpose: Callable[[int], int]) -> tuple[int, int]:
+    """(activations, buffers) at the peak of activations + transient buffers over the modules;
+    `transpose`: a layer's fp8 weight transpose, held through its backward."""
     buckets = sched.buckets
     layers = job.chunk_layers(0, 0)
     head, *by_layer, embedding = chunk.backward            # backward order: head, layers reversed, embedding
@@ -98,7 +127,7 @@ def _walk(job: JobSpec, chunk: _Chunk, sched: Schedule, shards: Callable[[int], 
             gathered.pop(bucket, None)
         for bucket in done.launched:
             if sched.releases and buckets[bucket].in_unit and shards(bucket) > 1:
-                gathered[bucket] = param_bytes * buckets[bucket].params
+                gathered[bucket] = gathered_bytes(bucket)
 
     def release(unit: int) -> None:
         for bucket in sched.release(unit):
@@ -147,7 +176,8 @@ def _walk(job: JobSpec, chunk: _Chunk, sched: Schedule, shards: Callable[[int], 
         backward(HEAD, head[0], head[1], reducing)
         for layer in reversed(layers):
             gather(sched.of(layer), backward=True)
-            backward(layer, *layer_of[layer], reducing)
+            on_top, released = layer_of[layer]
+            backward(layer, on_top + transpose(layer), released, reducing)
         backward(EMBEDDING, embedding[0], embedding[1], reducing)
         if reducing:
             for waited in sched.drain():

@@ -5,6 +5,8 @@ Model state, per parameter a GPU holds (its layers' share under TP, its stage's 
   the high-precision weight plus an fp8 copy for the forward and, on Hopper, a transposed fp8 copy
   for the backward (TE docs, Performance Considerations, "Handling transposes" and "Memory usage",
   https://github.com/NVIDIA/TransformerEngine/blob/main/docs/features/low_precision_training/performance_considerations/performance_considerations.rst).
+  With fp8 parameters (fp8_param_gather) the linear weights have no high-precision copy: 2 B each,
+  the fp8 weight and its transpose, or MXFP8's two copies (jobs/fp8_params.py).
 - gradients: the main-gradient buffer in `grad_reduce_dtype` (fp32 4 B, bf16 2 B), never sharded.
 - optimizer: Adam's fp32 master weight and two moments, 12 B, plus an fp32 copy of the gradients
   (4 B) when they are reduced in bf16; divided by dp x cp with the distributed optimizer (mcore
@@ -318,10 +320,12 @@ def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
     state = _stage_params(job, stage)
     params = state.dense + state.experts
     fp8_copies = FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision in QUANTIZED else 0
-    weights = PARAM_BYTES * params + fp8_copies
+    # fp8 parameters (jobs/fp8_params.py): no 16-bit copy of the linear weights, only the fp8 weight
+    # and its transpose (delayed, current scaling) or MXFP8's two copies
+    weights = PARAM_BYTES * (params - (state.linear if t.fp8_param_gather else 0)) + fp8_copies
     per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0)
     if t.use_megatron_fsdp:   # one stage (jobs/sharding.py)
-        return MemoryEstimate(stage, **sharded_parts(job, _chunk_activations(job, 0, 0), _layer_params(job)[0],
+        return MemoryEstimate(stage, **sharded_parts(job, _chunk_activations(job, 0, 0), _layer_params(job),
                                                      fp8_copies, PARAM_BYTES, per_param))
     shards = job.dp * p.cp if t.distributed_optimizer else 1
     # routed experts' state is sharded over the expert data-parallel group (expert_memory)
