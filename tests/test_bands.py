@@ -103,3 +103,17 @@ def test_settings_no_published_run_uses_are_named_with_the_band():
     assert band is not None and band.to_json()["not_covered"] == ["parallel.schedule zb-h1"]
     plain = error_band("H100 SXM5 80GB", "hopper", "bf16", 8, runs=_runs())
     assert plain is not None and "not_covered" not in plain.to_json()
+
+
+def test_each_published_run_is_counted_once():
+    """A measurement listed twice (two copies of one table under one id, as the 26.06 405B H100 run
+    was) would weigh twice in every class's geomean: ids are unique, and no two compared runs share
+    the GPU, scale, model, batch and measured step."""
+    runs = yaml.safe_load((ROOT / "benchmarks" / "data" / "training-runs.yaml").read_text())["runs"]
+    ids = [run["id"] for run in runs]
+    assert len(ids) == len(set(ids))
+    compared = [run for run in runs if run.get("verified") and not run.get("excluded")]
+    keys = [(run["gpu"], run["gpus"], run["model"], run["seq"], run["gbs"], run["precision"],
+             run["measured"]["step_time_s"]) for run in compared]
+    assert len(keys) == len(set(keys))
+    assert len({run.id for run in published_runs()}) == len(published_runs())
