@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Congestion-aware backend at 1,024 NPUs: a fat-tree all-to-all and a ring all-reduce.
 
-    python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair] [--generator JSON]
+    python benchmarks/network_scale.py [--npus 1024] [--size-mib 1] [--mode fifo|fair] [--generator JSON] [--repeat N]
     python benchmarks/network_scale.py --growth [--mode fifo|fair] [--growth-npus 64 256 1024 4096]
 
 Runs, each in a fresh process:
@@ -15,7 +15,9 @@ Runs, each in a fresh process:
 
 and prints wall time, peak RSS, simulated finish time, messages (network-level
 flows, one per send), messages per second, how many of them the closed form timed,
-and events.
+and events. `--repeat N` runs each case N times, each in a fresh process, and prints the
+median wall time with the range (a shared host's speed varies by a third from run to run),
+the largest RSS, and checks that every repeat gives the same results.
 
 `--growth` runs the all-to-all and the closed-form ring all-reduce at each of
 --growth-npus NPUs instead, the all-to-all on a fat-tree of radix-32 switches
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -75,22 +78,31 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--growth", action="store_true", help="cost growth over --growth-npus NPUs")
     parser.add_argument("--growth-npus", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each case (median wall time, range)")
     args = parser.parse_args()
     size = int(args.size_mib * (1 << 20))
     if args.growth:
         return growth(args.growth_npus, size, args.mode, args.json)
     rows = []
     for case in args.cases:
-        with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
-            rows.append({"case": case, **measure(case_manifest(case, args.npus, size, args.mode, Path(tmp),
-                                                               args.generator))})
-    print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU")
-    header = (f"{'case':<38} {'wall s':>8} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} {'msg/s':>11} "
-              f"{'closed form':>11} {'events':>11}")
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            with tempfile.TemporaryDirectory(prefix="chakra-net-") as tmp:
+                runs.append(measure(case_manifest(case, args.npus, size, args.mode, Path(tmp), args.generator)))
+        if len({run["results_digest"] for run in runs}) > 1:
+            sys.exit(f"{case}: repeats gave different results")
+        walls = sorted(run["wall_s"] for run in runs)
+        rows.append({"case": case, **runs[0], "wall_s": statistics.median(walls), "walls_s": walls,
+                     "rss_mb": max(run["rss_mb"] for run in runs)})
+    print(f"congestion backend, mode={args.mode}, {args.npus} NPUs, {args.size_mib} MiB per NPU"
+          + (f", median of {args.repeat} runs" if args.repeat > 1 else ""))
+    header = (f"{'case':<38} {'wall s':>8} {'range s':>10} {'RSS MB':>8} {'finish ns':>14} {'messages':>11} "
+              f"{'msg/s':>11} {'closed form':>11} {'events':>11}")
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(f"{row['case']:<38} {row['wall_s']:>8.1f} {row['rss_mb']:>8.0f} {row['finish_ns']:>14,} "
+        spread = f"{row['walls_s'][0]:.1f}-{row['walls_s'][-1]:.1f}"
+        print(f"{row['case']:<38} {row['wall_s']:>8.1f} {spread:>10} {row['rss_mb']:>8.0f} {row['finish_ns']:>14,} "
               f"{row['messages']:>11,} {row['messages'] / row['wall_s']:>11,.0f} "
               f"{row['closed_form_messages'] or 0:>11,} {row['events']:>11,}")
     if args.json:
