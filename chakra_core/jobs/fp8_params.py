@@ -34,7 +34,7 @@ NVIDIA/TransformerEngine 5671fd36 (v2.12, which Megatron-Bridge v0.3.0 pins):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
@@ -94,12 +94,14 @@ class Fp8Parameters(KernelPrimitives):
             return 0
         return self.expert_params_here() - self.experts_here * m.mlp_biases(m.expert_ffn)
 
-    def unit_linear(self, unit: int, expert: bool = False) -> int:
-        """Of a unit's parameters in the dense (or, `expert`, the expert) buffer, the fp8 weights."""
-        if unit < 0:
-            return 0
-        routed = self.routed_linear(unit)
-        return routed if expert else self.linear_weights(unit) - routed
+    def bucket_linear(self, units: Iterable[int], expert: bool = False) -> int:
+        """Of the units' parameters in the dense (or, `expert`, the expert) buffer, the fp8 weights."""
+        total = 0
+        for unit in units:
+            if unit >= 0:
+                routed = self.routed_linear(unit)
+                total += routed if expert else self.linear_weights(unit) - routed
+        return total
 
     def shard_bytes(self, params: int, linear: int, shards: int) -> int:
         """Bytes of one rank's shard of `params` parameters (`linear` of them fp8 weights) that an

@@ -81,7 +81,7 @@ class ShardedRankProgram(RankProgram):
     def local_linear(self, bucket: int, sharded: bool) -> int:
         """Of `local`, the fp8 weights (fp8_params.py)."""
         b = self.fsdp_buckets[bucket]
-        linear = sum(self.unit_linear(unit, b.expert) for unit in b.units)
+        linear = self.bucket_linear(b.units, b.expert)
         return -(-linear // self.shards(bucket)) if sharded else linear
 
     def _shard_bytes(self, bucket: int) -> int:

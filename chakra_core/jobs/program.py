@@ -98,7 +98,7 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
             forward = [(expert, units[-1]) for units, _ in reversed(chunk_buckets)]   # first units, forward order
             for units, size in chunk_buckets:
                 self.gather_size[expert, units[-1]] = size
-                self.gather_linear[expert, units[-1]] = sum(self.unit_linear(unit, expert) for unit in units)
+                self.gather_linear[expert, units[-1]] = self.bucket_linear(units, expert)
             if self.vp == 1:
                 self.gather_next.update(zip(forward, forward[1:]))
             elif chunk < 2:
@@ -298,8 +298,7 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
         for (units, size), split, expert in [*((bucket, shards, False) for bucket in buckets),
                                              *((bucket, expert_shards, True) for bucket in self.expert_buckets)]:
-            linear = sum(self.unit_linear(unit, expert) for unit in units)
-            state += [self.weight_storage(size, linear), ledger.new(size, self.grad_bytes)]
+            state += [self.weight_storage(size, self.bucket_linear(units, expert)), ledger.new(size, self.grad_bytes)]
             state += [ledger.new(-(-size // split), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 copies of each linear weight (fp8_params.py)
             for chunk in range(self.vp):
@@ -315,10 +314,9 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
     def _fp8_weights(self, layer: int) -> None:
         """fp8: each linear weight is quantized (and transposed for the backward) once per step; fp8
         parameters are transposed after their gather (fp8_params.py)."""
-        if self.fp8 and self._first_forward and self.fp8_primary:
-            self.weight_transpose(f"L{layer}.weights", self.linear_weights(layer))
-        elif self.fp8 and self._first_forward:
-            self.quantize(f"L{layer}.weights", self.linear_weights(layer))
+        if self.fp8 and self._first_forward:
+            fp8_ready = self.weight_transpose if self.fp8_primary else self.quantize
+            fp8_ready(f"L{layer}.weights", self.linear_weights(layer))
 
     def _optimizer(self, stage_params: int, shards: int, dist: bool, buckets: list[tuple[list[int], int]]) -> int:
         """The gradient reductions left, the optimizer step (returned) and the parameters' all-gather."""
@@ -334,8 +332,8 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         updated = -(-stage_params // shards) if dist else stage_params
         expert_shards = len(self.groups["edp"]) if self._expert_sharded else 1
         updated += sum(-(-size // expert_shards) for _, size in self.expert_buckets)   # their own shards
-        linear = [sum(self.unit_linear(unit) for unit in units) for units, _ in buckets]
-        expert_linear = [sum(self.unit_linear(unit, True) for unit in units) for units, _ in self.expert_buckets]
+        linear = [self.bucket_linear(units) for units, _ in buckets]
+        expert_linear = [self.bucket_linear(units, True) for units, _ in self.expert_buckets]
         step = self._adam(updated, (-(-sum(linear) // shards) if dist else sum(linear)) +
                           sum(-(-size // expert_shards) for size in expert_linear),
                           self.fp8_weight_tensors([unit for units, _ in buckets for unit in units]))
