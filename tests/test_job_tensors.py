@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from chakra_core import run
 from chakra_core.et.io import iter_trace
+from chakra_core.hardware.profiles import load_profile
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.plan.memory import memory_by_stage
@@ -54,7 +55,8 @@ def peaks_by_stage(data: dict[str, Any], results: dict[str, Any]) -> dict[int, i
 
 def assert_agree(data: dict[str, Any], results: dict[str, Any]) -> None:
     simulated = peaks_by_stage(data, results)
-    for estimate in memory_by_stage(JobSpec.model_validate(data)):
+    architecture = load_profile(data["cluster"]["profile"]).gpu.architecture
+    for estimate in memory_by_stage(JobSpec.model_validate(data), architecture):
         assert simulated[estimate.stage] == pytest.approx(estimate.total, rel=TOLERANCE), estimate
 
 
@@ -73,6 +75,11 @@ CASES = {
                               fp8_param_gather=True, global_batch=8),
     "fp8-params-delayed-no-overlap": job(GPT, 8, {"tp": 2}, precision="fp8", fp8_param_gather=True,
                                          overlap_param_gather=False),
+    "fp8-current-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 2}, precision="fp8", fp8_recipe="current"),
+                              "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
+    "fp8-params-fsdp-blackwell": {**job(MODEL, 8, {"tp": 2}, precision="fp8", fp8_recipe="current",
+                                        fp8_param_gather=True, use_megatron_fsdp=True),
+                                  "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},
     "mxfp8-params-blackwell": {**job(MODEL, 8, {"tp": 2, "pp": 2}, precision="fp8", fp8_recipe="mxfp8",
                                      fp8_param_gather=True, global_batch=8),
                                "cluster": {"gpus": 8, "profile": "b200-sxm-hgx"}},

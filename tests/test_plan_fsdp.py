@@ -85,7 +85,7 @@ def test_the_bounds_of_fsdp_layouts_are_never_above_their_simulated_step(tmp_pat
     found = enumerate_layouts(data, 8, micro_batches=(1, 2), recompute=("none", "full"), sharding=ZERO)
     layout = found.layouts[index % len(found.layouts)]
     spec = found.specs[layout]
-    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 16)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 16, "hopper")
     document = run.simulate(run.load({**manifest(job_with(data, layout).model_dump(mode="json")),
                                       "output": {"dir": str(tmp_path / layout.label().replace(" ", "_"))}},
                                      base_dir=tmp_path)).document

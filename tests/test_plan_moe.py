@@ -238,7 +238,7 @@ def test_the_bounds_are_never_above_the_simulated_step(tmp_path, index, topk, sh
     found = enumerate_layouts(data, 8, micro_batches=(1, 2), recompute=("none", "full"), max_cp=2)
     layout = found.layouts[index % len(found.layouts)]
     spec = found.specs[layout]
-    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 16)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 16, "hopper")
     step = _simulated(tmp_path, data, layout)
     loose, close = lower_bound_s(spec, load_profile(PROFILE), achievable()), tight.bound_s(spec)
     assert 0 < loose <= step and 0 < close <= step, (layout.label(), loose, close, step)
@@ -251,7 +251,7 @@ def test_the_bounds_stay_below_the_step_with_the_ep_overlap_and_deepep(tmp_path,
     compute, so the compute-model bound counts them 0 (it would pass the step at EP 16 otherwise)."""
     model = {**MOE, "layers": 8, "hidden": 1024, "num_experts": 16, "topk": 4, "moe_ffn_hidden": 1024}
     data = job(model, 32, seq=2048, parallel=parallel)
-    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32, "hopper")
     for layout in (Layout(1, 2, 2, 1, 16, 1, "none", True, 16, 1), Layout(1, 1, 1, 1, 32, 1, "none", True, 16, 1)):
         spec = job_with(data, layout)
         step = _simulated(tmp_path, data, layout)
@@ -269,7 +269,7 @@ def test_the_bounds_with_the_ep_overlap_are_never_above_the_simulated_step(tmp_p
                parallel={"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True})
     found = enumerate_layouts(data, 8, micro_batches=(micro,), recompute=("none",), max_cp=1)
     layout = found.layouts[index % len(found.layouts)]
-    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32, "hopper")
     step = _simulated(tmp_path, data, layout)
     assert 0 < tight.bound_s(found.specs[layout]) <= step, (layout.label(), step)
 
@@ -280,7 +280,7 @@ def test_the_all_to_alls_of_an_overlapped_expert_layer_bound_its_step(tmp_path):
     data = job(model, 32, seq=4096, parallel={"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True})
     layout = Layout(1, 1, 1, 1, 32, 1, "none", True, 32, 1)
     spec = job_with(data, layout)
-    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32)
+    tight = ComputeBound(manifest(data), tmp_path, make_plugin_host(), PROFILE, 8, 32, "hopper")
     pieces = tight._pieces(spec, Placement(spec, 8), 0)
     ep_forward, ep_backward = pieces.moe_ep
     assert ep_forward > 0 and ep_backward > 0

@@ -150,7 +150,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus} GPUs, but profile '{profile.name}' "
                               f"describes one node of {gpn} GPUs and no network between nodes: choose a "
                               "scale-out profile (chakra-sim profiles lists them), or give a network layer")])
-    placement = Placement(job, gpn)
+    placement = Placement(job, gpn, profile.gpu.architecture)
     output = dict(data.get("output") or {})
     if out_dir is not None:
         output["dir"] = str(out_dir)
@@ -241,7 +241,7 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
     very release and generator, already; the paths and whether they were reused. With `periods`,
     fill it with where each rank's trace repeats (kept beside the traces)."""
     digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
-                                        placement.gpus_per_node, ranks], sort_keys=True).encode()).hexdigest()
+                                        placement.gpus_per_node, placement.architecture, ranks], sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
     spans = folder / f"{job.name}.periods.json"
     paths = [rank_path(folder / job.name, rank) for rank in ranks]

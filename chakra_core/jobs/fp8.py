@@ -40,6 +40,8 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   true size (a byte per element is counted).
 - weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary
   weights, once per step after the parameter all-gather).
+- the transposed copy (delayed and current scaling) exists only where cuBLAS runs fp8 GEMMs in the
+  TN layout alone (`fp8_transposes`): on Blackwell the quantizer writes the fp8 data only.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ FP4_BLOCK = 16
 """NVFP4: elements per E4M3 scale (one byte)."""
 QUANTIZED = ("fp8", "nvfp4")
 """Precisions whose linear layers Transformer Engine runs quantized."""
+
+
+def fp8_transposes(architecture: str) -> bool:
+    """Whether Transformer Engine keeps a transposed copy beside each delayed- or current-scaling fp8
+    tensor a GEMM reads columnwise (the backward's dgrad and wgrad operands). Read at
+    NVIDIA/TransformerEngine 5671fd36 (v2.12): quantizer.cpp Float8Quantizer::create_tensor and
+    Float8CurrentScalingQuantizer::create_tensor, `with_transpose = columnwise_usage &&
+    !nvte_is_non_tn_fp8_gemm_supported()` and `with_data = rowwise_usage ||
+    nvte_is_non_tn_fp8_gemm_supported()`; transformer_engine.cpp: non-TN fp8 GEMMs from compute
+    capability 10.0 below 12.0, and from 13.0 (the data centre Blackwell parts, sm100 and sm103:
+    B200, GB200, GB300); tensor/utils.py post_all_gather_processing transposes gathered fp8
+    parameters only without them. So on Blackwell one fp8 copy serves every GEMM; on Ampere and
+    Hopper two do. MXFP8 and NVFP4 keep a rowwise and a columnwise copy on every GPU (their block
+    scales run along one direction)."""
+    return architecture != "blackwell"
 
 
 def gemm_dtype(training: Training) -> str:
@@ -139,9 +156,15 @@ class Fp8Quantization(KernelPrimitives):
                 self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 8 if self.fp4 else 4, "tp")
             if self.current_scaling:
                 self.elementwise(name + ".scale", 1, 8, dtype="fp32")
-        # reads bf16, writes the two quantized copies (block-scaled ones with their scales)
+        # reads bf16, writes the quantized copies (block-scaled ones with their scales)
         self.elementwise(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
-                         elements * self.act_bytes + 2 * quantized_bytes(elements, self.gemm_dtype))
+                         elements * self.act_bytes + self.quantized_copies * quantized_bytes(elements, self.gemm_dtype))
+
+    @property
+    def quantized_copies(self) -> int:
+        """Copies a quantizer writes of a tensor read rowwise and columnwise: the data and its
+        transpose, or one where fp8 GEMMs run in every layout (fp8_transposes); MXFP8 and NVFP4 two."""
+        return 2 if self.gemm_dtype != "fp8" or self.fp8_transposed else 1
 
     def norm_output_bytes(self) -> int:
         """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one

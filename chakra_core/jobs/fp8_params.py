@@ -12,9 +12,8 @@ NVIDIA/TransformerEngine 5671fd36 (v2.12, which Megatron-Bridge v0.3.0 pins):
   moves 1 B per element beside the bf16 parameters' 2 B (a bucket group gathers both, coalesced;
   one collective here). After each gather TE makes each weight's transpose for the backward's GEMMs
   (tensor/utils.py post_all_gather_processing: _create_transpose where non-TN fp8 GEMMs are not
-  supported, as on Hopper; Blackwell runs without it, which the hardware-independent traces
-  cannot know, so they carry it there too: a read and a write of 1 B per element more than TE
-  does). With the distributed optimizer the transpose lives until the next step's gather; under
+  supported, as on Hopper; Blackwell has no transpose: jobs/fp8.py fp8_transposes). With the
+  distributed optimizer the transpose lives until the next step's gather; under
   Megatron-FSDP it is made after each backward gather and dropped after use
   (megatron_fsdp.py: fp8_create_transpose_cache at the pre-backward unshard,
   keep_fp8_transpose_cache False).
@@ -127,12 +126,13 @@ class Fp8Parameters(KernelPrimitives):
     @property
     def fp8_weight_copies(self) -> int:
         """fp8 copies TE keeps of each linear weight besides the weight: the rowwise and the columnwise
-        (transposed) one; of fp8 parameters only the transpose."""
-        return 1 if self.fp8_primary else 2
+        (transposed) one, one where fp8 GEMMs run in every layout; of fp8 parameters only the
+        transpose, if any."""
+        return self.quantized_copies - (1 if self.fp8_primary else 0)
 
     def weight_transpose(self, name: str, elements: int) -> None:
-        """TE's transpose of gathered fp8 weights (post_all_gather_processing)."""
-        if self.fp8_primary and self.fp8_on and elements:
+        """TE's transpose of gathered fp8 weights (post_all_gather_processing), where there is one."""
+        if self.fp8_primary and self.fp8_on and self.fp8_transposed and elements:
             self.elementwise(name + ".transpose", elements, 2 * elements, dtype="fp8")
 
     def fp8_weight_tensors(self, units: list[int]) -> int:

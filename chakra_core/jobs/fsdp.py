@@ -281,8 +281,9 @@ class ShardedRankProgram(RankProgram):
                 state.append(self.weight_storage(b.params, self.local_linear(bucket, False)))
             state.append(ledger.new(self.local(bucket, f.grads_sharded), self.grad_bytes))
             state += [ledger.new(self.local(bucket, f.strategy != "no_shard"), 4) for _ in range(copies)]
-        if self.fp8 and not self.fp8_primary:   # TE's fp8 weight and its transpose, per linear weight
-            state += [ledger.new(self.linear_weights(layer), 1) for layer in self.chunk_layers(0) for _ in range(2)]
+        if self.fp8 and not self.fp8_primary:   # TE's fp8 weight (and its transpose), per linear weight
+            state += [ledger.new(self.linear_weights(layer), 1) for layer in self.chunk_layers(0)
+                      for _ in range(self.fp8_weight_copies)]
         for storage in state:
             ledger.refer(0, storage, output=True)
             ledger.refer(optimizer, storage, output=False)

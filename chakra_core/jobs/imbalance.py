@@ -23,12 +23,13 @@ from chakra_core.jobs.step import RoutingCost
 from chakra_core.schema import pb
 
 
-def routing_cost(job: JobSpec, gpus_per_node: int, rank: int, compute: ComputeModel | None) -> RoutingCost | None:
-    """The cost of the job's routing on `rank` (None: balanced, or equal shares)."""
+def routing_cost(job: JobSpec, gpus_per_node: int, architecture: str, rank: int,
+                 compute: ComputeModel | None) -> RoutingCost | None:
+    """The cost of the job's routing on `rank` of a job on `architecture` GPUs (None: balanced, or equal shares)."""
     routing = job.training.routing
     if not isinstance(routing, Routing):
         return None
-    placement = Placement(job, gpus_per_node)
+    placement = Placement(job, gpus_per_node, architecture)
     program = RankProgram(job, placement, rank)
     load = program.expert_load()
     if load is None:

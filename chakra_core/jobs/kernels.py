@@ -19,7 +19,7 @@ from chakra_core.jobs.attention import NORM_OPS, SelfAttention
 from chakra_core.jobs.attention_variants import AttentionVariants
 from chakra_core.jobs.context_parallel import ContextParallel
 from chakra_core.jobs.expert_activation import ExpertActivation
-from chakra_core.jobs.fp8 import QUANTIZED, Fp8Quantization, gemm_dtype, quantized_bytes
+from chakra_core.jobs.fp8 import QUANTIZED, Fp8Quantization, fp8_transposes, gemm_dtype, quantized_bytes
 from chakra_core.jobs.linear_biases import LinearBiases
 from chakra_core.jobs.mla import LatentAttention
 from chakra_core.jobs.moe import MixtureOfExperts
@@ -60,6 +60,7 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         self.grad_bytes = DTYPE_BYTES[t.grad_reduce_dtype]
         self.fp8 = t.precision in QUANTIZED    # linear layers quantized by Transformer Engine (fp8, nvfp4)
         self.gemm_dtype = gemm_dtype(t)
+        self.fp8_transposed = fp8_transposes(placement.architecture)   # TE's transposed fp8 copies
         self.act_dtype = "fp16" if t.precision == "fp16" else "bf16"
         self.dropout = t.dropout > 0
         self.mask = 1 if self.dropout else 0              # bytes per element of a dropout mask

@@ -26,10 +26,13 @@ class Coord:
 
 
 class Placement:
-    """Where rank r sits (`coord`, `node`) and the groups it uses (`groups`)."""
+    """Where rank r sits (`coord`, `node`), on what GPU, and the groups it uses (`groups`)."""
 
-    def __init__(self, job: JobSpec, gpus_per_node: int):
+    def __init__(self, job: JobSpec, gpus_per_node: int, architecture: str = "hopper"):
         self.job = job
+        self.architecture = architecture
+        """The GPUs' generation (the profile's gpu.architecture): Transformer Engine's fp8 copies
+        depend on it (jobs/fp8.py fp8_transposes)."""
         p = job.parallel
         self.tp, self.cp, self.dp, self.pp = p.tp, p.cp, job.dp, p.pp
         self.world = job.cluster.gpus

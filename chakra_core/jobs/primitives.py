@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         act_bytes: int
         gemm_dtype: str        # the data type of the quantized GEMMs (fp8, mxfp8, nvfp4) or the precision
         fp8: bool              # the job's linear layers are quantized (fp8 or nvfp4)
+        fp8_transposed: bool   # fp8 tensors read columnwise get a transposed copy (fp8.fp8_transposes)
         linear_fp8: bool       # the GEMMs being written are fp8 (off around the output layer)
         part: str              # step_part of the nodes being written
 
@@ -60,6 +61,10 @@ if TYPE_CHECKING:
 
         @property
         def gemm_in(self) -> int:
+            raise NotImplementedError
+
+        @property
+        def quantized_copies(self) -> int:
             raise NotImplementedError
 
         def _keep(self, node: int | None, what: str, elements: int, size: int, output: bool = True) -> None:

@@ -95,7 +95,7 @@ def training_section(run: FinishedRun) -> TrainingStep:
         breakdown_rank=slowest.rank,
         breakdown_by_stage_s=stages,
         placement=info.placement,
-        routing=routing_cost(job, info.gpus_per_node, slowest.rank,
+        routing=routing_cost(job, info.gpus_per_node, info.architecture, slowest.rank,
                              compute if isinstance(compute, ComputeModel) else None),
     )
 

@@ -58,7 +58,7 @@ class ComputeBound:
     """Step-time bounds from the compute model a job manifest names (see the module docstring)."""
 
     def __init__(self, manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str,
-                 gpus_per_node: int, gpus: int):
+                 gpus_per_node: int, gpus: int, architecture: str):
         if not isinstance((manifest.get("compute") or {}).get("plugin"), str):
             raise ManifestError([("compute.plugin", "required: the compute layer plan times kernels with")])
         config = _layers_config(manifest, base_dir, host, profile, gpus_per_node)
@@ -74,7 +74,7 @@ class ComputeBound:
         system = layers["system"]
         self.system = system if isinstance(system, SystemLayer) and "network" not in manifest else None
         self.streams = max(1, config.spec.resources.gpu or 1)
-        self.gpus_per_node = gpus_per_node
+        self.gpus_per_node, self.architecture = gpus_per_node, architecture
         self._layers: dict[tuple[Any, ...], Times] = {}
         self._steps: dict[tuple[Any, ...], float] = {}
 
@@ -163,7 +163,7 @@ class ComputeBound:
     def bound_s(self, spec: JobSpec) -> float:
         """Seconds no simulated step of `spec` can beat (see the module docstring)."""
         p, t, m = spec.parallel, spec.training, spec.shape
-        placement = Placement(spec, self.gpus_per_node)
+        placement = Placement(spec, self.gpus_per_node, self.architecture)
         reps = placement.representatives
         stage_rank = {placement.coord(rank).pp: rank for rank in reps}
         pieces = self._pieces(spec, placement, stage_rank[0])

@@ -67,12 +67,12 @@ def linear_params(job: JobSpec, bucket: Bucket, dense_linear: int) -> int:
 
 
 def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: tuple[int, int], fp8_copies: int, param_bytes: int,
-                  optimizer_bytes: int) -> dict[str, int]:
+                  optimizer_bytes: int, transposed: bool = True) -> dict[str, int]:
     """MemoryEstimate's parts for a GPU of the (one) stage under Megatron-FSDP, from plan.memory's
     counts: the chunk's activations, a dense layer's parameters and linear weights, the fp8 weight
     copies' bytes, the bytes of a weight and of a parameter's optimizer state. With fp8 parameters
     the linear weights are 1 B wherever they are, TE keeps no fp8 copies beside them, and a layer's
-    backward holds its weights' transpose (jobs/fp8_params.py)."""
+    backward holds its weights' transpose where there is one (`transposed`: jobs/fp8_params.py)."""
     t, p = job.training, job.parallel
     buckets = fsdp_buckets(job, dense_layer[0])
     primary = t.fp8_param_gather       # Float8Tensor parameters (MXFP8 ones are refused under FSDP)
@@ -100,7 +100,7 @@ def sharded_parts(job: JobSpec, chunk: _Chunk, dense_layer: tuple[int, int], fp8
     moe_linear = moe_layer_params(job).linear if m.moe else 0
 
     def transpose(layer: int) -> int:
-        if not (primary and job.effects.fp8_overheads):
+        if not (primary and transposed and job.effects.fp8_overheads):
             return 0
         return moe_linear if m.is_moe_layer(layer) else dense_layer[1]
     activations, buffers = _walk(job, chunk, sched, shards, grad, lambda b: weight_bytes(b, False), transpose)

@@ -4,9 +4,10 @@ Model state, per parameter a GPU holds (its layers' share under TP, its stage's 
 - weights: 2 B (bf16/fp16). fp8 (Transformer Engine) adds 2 B per linear-layer weight: TE keeps
   the high-precision weight plus an fp8 copy for the forward and, on Hopper, a transposed fp8 copy
   for the backward (TE docs, Performance Considerations, "Handling transposes" and "Memory usage",
-  https://github.com/NVIDIA/TransformerEngine/blob/main/docs/features/low_precision_training/performance_considerations/performance_considerations.rst).
-  With fp8 parameters (fp8_param_gather) the linear weights have no high-precision copy: 2 B each,
-  the fp8 weight and its transpose, or MXFP8's two copies (jobs/fp8_params.py).
+  https://github.com/NVIDIA/TransformerEngine/blob/main/docs/features/low_precision_training/performance_considerations/performance_considerations.rst);
+  on Blackwell no transpose with delayed and current scaling, 1 B (jobs/fp8.py fp8_transposes).
+  With fp8 parameters (fp8_param_gather) the linear weights have no high-precision copy: the fp8
+  weight and its transpose (1 B on Blackwell), or MXFP8's two copies (jobs/fp8_params.py).
 - gradients: the main-gradient buffer in `grad_reduce_dtype` (fp32 4 B, bf16 2 B), never sharded.
 - optimizer: Adam's fp32 master weight and two moments, 12 B, plus an fp32 copy of the gradients
   (4 B) when they are reduced in bf16; divided by dp x cp with the distributed optimizer (mcore
@@ -77,7 +78,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from chakra_core.jobs.fp8 import QUANTIZED
+from chakra_core.jobs.fp8 import QUANTIZED, fp8_transposes, gemm_dtype
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
@@ -92,8 +93,6 @@ MASK_BYTES = 1
 """A dropout mask element (Korthikanti et al., sec. 4.1: a mask of size sbh, one byte each)."""
 FP8_BYTES = 1
 """An fp8 element (TE docs, Memory usage: "1 MB (input in FP8 saved for backward)" for 1M elements)."""
-FP8_WEIGHT_COPIES = 2
-"""fp8 copies TE keeps of a linear weight on Hopper: rowwise, and columnwise (transposed)."""
 TOKEN_ID_BYTES = 8
 """int64 token ids per token (theoretical_memory_usage.py: "Input to embedding", 8 s b)."""
 SOFTMAX_BYTES = 4
@@ -314,19 +313,30 @@ def _walk(chunks: tuple[_Chunk, ...], stage: int, pp: int, vp: int, microbatches
     return peak
 
 
-def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
-    """The memory of one GPU of pipeline stage `stage` (Megatron-FSDP's: plan.fsdp_memory)."""
+def fp8_weight_copies(job: JobSpec, architecture: str) -> int:
+    """Quantized copies TE keeps of each linear weight (the fp8 parameter itself among them): rowwise
+    and columnwise, or the one copy delayed and current scaling need where fp8 GEMMs run in every
+    layout (jobs/fp8.py fp8_transposes); none without quantized GEMMs."""
+    t = job.training
+    if t.precision not in QUANTIZED:
+        return 0
+    return 2 if gemm_dtype(t) != "fp8" or fp8_transposes(architecture) else 1
+
+
+def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper") -> MemoryEstimate:
+    """The memory of one GPU of pipeline stage `stage` (Megatron-FSDP's: plan.fsdp_memory) on
+    `architecture` GPUs (the profile's gpu.architecture)."""
     t, p = job.training, job.parallel
     state = _stage_params(job, stage)
     params = state.dense + state.experts
-    fp8_copies = FP8_WEIGHT_COPIES * FP8_BYTES * state.linear if t.precision in QUANTIZED else 0
-    # fp8 parameters (jobs/fp8_params.py): no 16-bit copy of the linear weights, only the fp8 weight
-    # and its transpose (delayed, current scaling) or MXFP8's two copies
+    fp8_copies = fp8_weight_copies(job, architecture) * FP8_BYTES * state.linear
+    # fp8 parameters (jobs/fp8_params.py): no 16-bit copy of the linear weights, only the fp8 copies
     weights = PARAM_BYTES * (params - (state.linear if t.fp8_param_gather else 0)) + fp8_copies
     per_param = ADAM_BYTES + (MAIN_GRAD_COPY_BYTES if t.grad_reduce_dtype != "fp32" else 0)
     if t.use_megatron_fsdp:   # one stage (jobs/sharding.py)
         return MemoryEstimate(stage, **sharded_parts(job, _chunk_activations(job, 0, 0), _layer_params(job),
-                                                     fp8_copies, PARAM_BYTES, per_param))
+                                                     fp8_copies, PARAM_BYTES, per_param,
+                                                     fp8_transposes(architecture)))
     shards = job.dp * p.cp if t.distributed_optimizer else 1
     # routed experts' state is sharded over the expert data-parallel group (expert_memory)
     expert_shards = job.dp * p.cp * p.tp // (p.ep * p.expert_tp) if t.distributed_optimizer else 1
@@ -335,14 +345,14 @@ def stage_memory(job: JobSpec, stage: int) -> MemoryEstimate:
                           optimizer=optimizer, activations=_peak_activations(job, stage), buffers=0)
 
 
-def memory_by_stage(job: JobSpec) -> list[MemoryEstimate]:
+def memory_by_stage(job: JobSpec, architecture: str = "hopper") -> list[MemoryEstimate]:
     """One estimate per pipeline stage (the embedding on the first, output layer and loss on the last)."""
-    return [stage_memory(job, stage) for stage in range(job.parallel.pp)]
+    return [stage_memory(job, stage, architecture) for stage in range(job.parallel.pp)]
 
 
-def predict_memory(job: JobSpec) -> MemoryEstimate:
-    """The stage with the largest total (the first of equals)."""
-    return max(memory_by_stage(job), key=lambda e: e.total)
+def predict_memory(job: JobSpec, architecture: str = "hopper") -> MemoryEstimate:
+    """The stage with the largest total (the first of equals) on `architecture` GPUs."""
+    return max(memory_by_stage(job, architecture), key=lambda e: e.total)
 
 
 def overflow(estimate: MemoryEstimate, capacity_bytes: int, reserve_bytes: int = 0) -> str | None:

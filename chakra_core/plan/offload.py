@@ -18,7 +18,8 @@ from chakra_core.plan.layouts import Enumeration, job_with
 from chakra_core.plan.memory import overflow, predict_memory
 
 
-def add_offload_variant(enumeration: Enumeration, index: int, job: dict[str, object], headroom: Headroom) -> None:
+def add_offload_variant(enumeration: Enumeration, index: int, job: dict[str, object], headroom: Headroom,
+                        architecture: str) -> None:
     """After enumeration.layouts[index], a layout that does not fit, its variant with the fewest
     layers offloaded that make it fit, if any (Megatron-Core allows pp 1 without recomputation, k <
     layers). Inserted right after it, where sorting puts it: it differs in `offload` alone, the last
@@ -34,7 +35,7 @@ def add_offload_variant(enumeration: Enumeration, index: int, job: dict[str, obj
 
     def fits(k: int) -> bool:
         variant = dataclasses.replace(layout, offload=k)
-        peak = predict_memory(job_with(job, variant))
+        peak = predict_memory(job_with(job, variant), architecture)
         return overflow(peak, headroom.usable, headroom.reserve(variant, peak.total).total) is None
 
     layers = range(1, spec.shape.layers)

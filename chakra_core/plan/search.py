@@ -263,21 +263,21 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
 
     host = make_plugin_host()
     # the profile as the job names it: a file's path, not the name it loads under
-    tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus)
+    tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus, profile.gpu.architecture)
     headroom = Headroom.of(profile, options.headroom_gib,
                            communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node),
                            moe=enumeration.layouts[0].moe)
     candidates = []
     for index, layout in enumerate(enumeration.layouts):   # (--offload inserts variants as it goes)
         spec = enumeration.specs[layout]
-        estimate = predict_memory(spec)
+        estimate = predict_memory(spec, profile.gpu.architecture)
         reserve = headroom.reserve(layout, estimate.total)
         candidate = Candidate(layout, estimate, lower_bound_s(spec, profile, tight.model), reserve)
         candidate.overflow = overflow(estimate, headroom.usable, reserve.total)
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
             if offload:   # again with the fewest layers offloaded that make it fit, right after it
-                add_offload_variant(enumeration, index, dict(job), headroom)
+                add_offload_variant(enumeration, index, dict(job), headroom, profile.gpu.architecture)
         candidates.append(candidate)
     result = Plan(candidates, enumeration, headroom, profile.name, marked=include)
     result.warnings.extend(headroom.warnings)

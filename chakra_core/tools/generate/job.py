@@ -117,11 +117,10 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
     except ManifestError as exc:
         raise CliError(str(exc)) from None
     try:   # as `run` says it: the file and key that name the profile or the precision
-        gpn = job_gpus_per_node(spec.cluster, job_profile(spec.cluster.profile, spec.training.precision, Path("."),
-                                                          source, spec.training.fp8_recipe))
+        profile = job_profile(spec.cluster.profile, spec.training.precision, Path("."), source, spec.training.fp8_recipe)
     except ManifestError as exc:
         raise CliError(str(exc)) from None
-    placement = Placement(spec, gpn)
+    placement = Placement(spec, job_gpus_per_node(spec.cluster, profile), profile.gpu.architecture)
     if save_job is not None:
         with tool_errors(str(save_job)):
             atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
