@@ -144,6 +144,8 @@ class SelfAttention(KernelPrimitives):
         attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
                  uint_attr("attn_head_dim", dqk), bool_attr("attn_causal", causal),
                  str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
+        if self.job.training.attention_kernel != "auto":   # else the compute layer's own curves
+            attrs.append(str_attr("attn_kernel", self.job.training.attention_kernel))
         if dqk == dv:
             flops = 4 * b * heads * seq_q * seq_kv * dqk // causal_half
             window = self.attention_window(seq_kv, causal)

@@ -132,6 +132,10 @@ class Training(_Strict):
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="'flash': FlashAttention kernels; 'unfused': batched GEMMs around a fused "
                              "softmax over the s x s scores in memory (Megatron-LM before FlashAttention)")
+    attention_kernel: Literal["auto", "flash2", "flash3", "cudnn"] = Field(
+        "auto", description="the library of the fused attention kernels (TE's NVTE_FLASH_ATTN/NVTE_FUSED_ATTN): "
+                            "'auto' the profile's curves (gpu.achievable.attention_kernel says whose), else "
+                            "FlashAttention-2 or -3 or cuDNN, timed with the profile's curves of it")
     dropout: float = Field(0.0, ge=0, lt=1, description="hidden and attention dropout probability (the "
                                                         "masks' memory traffic; 0: no dropout kernels)")
     recompute_layers: PositiveInt | None = Field(
@@ -187,7 +191,7 @@ class Training(_Strict):
             if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
                 data.pop("use_megatron_fsdp")
             for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0),
-                             ("fp8_param_gather", False)):
+                             ("fp8_param_gather", False), ("attention_kernel", "auto")):
                 if data.get(key) == off:
                     data.pop(key)
         return data
@@ -341,6 +345,8 @@ class JobSpec(_Strict):
         problems += hierarchical_problems(self)
         if t.attention == "unfused" and p.cp > 1:
             problems.append("context parallelism needs training.attention: flash (ring attention)")
+        if t.attention == "unfused" and t.attention_kernel != "auto":
+            problems.append(f"training.attention_kernel {t.attention_kernel} needs attention: flash")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
             latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self) + \
             offload_problems(self) + fp8_param_problems(self)

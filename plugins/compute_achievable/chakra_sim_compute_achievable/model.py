@@ -24,8 +24,8 @@ from chakra_core import (
     device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
 )
 from chakra_sim_compute_achievable.config import AchievableConfig
-from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionCurve, attention_ceiling,
-                                                   interpolate as _interpolate, matmul_ceiling)
+from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionLibraries,
+                                                   attention_ceiling, interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import slowest_of
 from chakra_sim_compute_achievable.host import HostLaunches
 from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
@@ -101,8 +101,7 @@ class AchievableCompute(ComputeModel):
         self._peak = {d: s.value * 1e12 for d, s in profile.gpu.peak_tflops.items() if s.value > 0}
         # rates count only for data types with a peak (the check achieved <= peak needs one)
         self._mamf = {d: s.value * 1e12 for d, s in ach.matmul_tflops.items() if s.value > 0 and d in self._peak}
-        self._attention: dict[str, dict[str, AttentionCurve]] = {
-            d: {str(name): curve for name, curve in p.items()} for d, p in ach.attention.items() if d in self._peak}
+        self._attention = AttentionLibraries(ach, self._peak, profile.name)
         self._hbm = ach.hbm_gbps.value * 1e9
         self._sms = int(ach.sm_count.value)
         gap_us = ach.kernel_gap_us.value if config.launch_overhead_us is None else config.launch_overhead_us
@@ -337,13 +336,14 @@ class AchievableCompute(ComputeModel):
         if passname not in ("forward", "backward"):
             raise SimulationError(f"node {node.id} ({node.name!r}): attn_pass {passname!r} is not "
                                   "forward or backward")
-        dtype, _ = self._dtype(node, self._attention, "attention")
-        curves = self._attention.get(dtype, {})
+        attention = self._attention.of(node.str("attn_kernel", ""), f"node {node.id} ({node.name!r})")
+        dtype, _ = self._dtype(node, attention, "attention")
+        curves = attention.get(dtype, {})
         if passname not in curves and dtype != self.dtype:
             self._warn(f"attention:{dtype}:{passname}",
                        f"profile '{self.profile.name}' has no {dtype} {passname} attention curve; such "
                        f"kernels are timed with the {self.dtype} curve at the {self.dtype} peak")
-            dtype, curves = self.dtype, self._attention.get(self.dtype, {})
+            dtype, curves = self.dtype, attention.get(self.dtype, {})
         seq_q, seq_kv = node.int("attn_seq_q"), node.int("attn_seq_kv")
         window = node.int("attn_window") if node.has("attn_window") else 0
         window = window if 0 < window < seq_kv else 0   # windowed.py: the band's tiles, non-causal rate

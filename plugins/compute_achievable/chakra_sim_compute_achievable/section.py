@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, cast
 
 from pydantic import Field, field_validator, model_validator
 
-from chakra_core import PEAK_DTYPES as DTYPES, Profile, Sourced
+from chakra_core import PEAK_DTYPES as DTYPES, Profile, SimulationError, Sourced
 from chakra_core.contract import ProfileSectionModel as _Strict
 
 KEY = "gpu.achievable"
@@ -40,6 +40,11 @@ class AttentionCurve(_Strict):
         return self
 
 
+AttentionPasses = dict[Literal["forward", "forward_causal", "backward"], AttentionCurve]
+Kernel = Literal["flash2", "flash3", "cudnn"]
+"""Attention libraries (a job's training.attention_kernel)."""
+
+
 class AchievableSpec(_Strict):
     """What kernels reach in practice (vendor or public micro-benchmark measurements of kernels,
     never of training steps): below the datasheet peaks they refine."""
@@ -63,9 +68,15 @@ class AchievableSpec(_Strict):
     speed_spread: Sourced | None = Field(
         None, description="speed difference between the fastest and slowest of 8 GPUs of one "
                                       "model (chip-to-chip variation): a synchronous job runs at its slowest")
-    attention: dict[str, dict[Literal["forward", "forward_causal", "backward"], AttentionCurve]] = Field(
+    attention: dict[str, AttentionPasses] = Field(
         default_factory=dict, description="fused attention throughput per data type and pass "
                                           "(forward_causal: the causal forward kernel; else forward)")
+    attention_kernel: Kernel | None = Field(
+        None, description="the library whose kernels `attention` measured: flash2 (FlashAttention-2), "
+                          "flash3 (FlashAttention-3) or cudnn (cuDNN's fused attention)")
+    attention_kernels: dict[Kernel, dict[str, AttentionPasses]] = Field(
+        default_factory=dict, description="other libraries' attention curves on this GPU, as `attention`: "
+                                          "the ones a job's training.attention_kernel can name besides it")
 
     @field_validator("matmul_tflops", "attention")
     @classmethod
@@ -73,6 +84,13 @@ class AchievableSpec(_Strict):
         unknown = sorted(set(value) - set(DTYPES))
         if unknown:
             raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
+        return value
+
+    @field_validator("attention_kernels")
+    @classmethod
+    def _kernels_dtypes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for per_dtype in value.values():
+            cls._known_dtypes(per_dtype)
         return value
 
     @model_validator(mode="after")
@@ -83,7 +101,33 @@ class AchievableSpec(_Strict):
             raise ValueError("sustained_fraction must be in (0, 1]")
         if self.speed_spread is not None and not 0 <= self.speed_spread.value < 1:
             raise ValueError("speed_spread must be in [0, 1)")
+        if self.attention_kernels and self.attention_kernel is None:
+            raise ValueError("attention_kernels needs attention_kernel: the library `attention` measured")
+        if self.attention_kernel in self.attention_kernels:
+            raise ValueError(f"attention_kernels.{self.attention_kernel}: the library `attention` measured already")
         return self
+
+
+class AttentionLibraries:
+    """A profile's attention curves per library, data type (those with a peak) and pass."""
+
+    def __init__(self, ach: AchievableSpec, peaks: Mapping[str, float], profile: str):
+        self.ach, self.peaks, self.profile = ach, peaks, profile
+        self._curves: dict[str, dict[str, dict[str, AttentionCurve]]] = {}
+
+    def of(self, kernel: str, who: str) -> dict[str, dict[str, AttentionCurve]]:
+        """The curves of library `kernel` ("": the profile's own) that `who` (a node) names."""
+        if kernel not in self._curves:
+            ach = self.ach
+            found = ach.attention if not kernel or kernel == ach.attention_kernel else \
+                ach.attention_kernels.get(cast(Kernel, kernel))
+            if found is None:
+                libraries = ", ".join(filter(None, [ach.attention_kernel, *ach.attention_kernels])) or "unnamed"
+                raise SimulationError(f"{who}: profile '{self.profile}' measures no {kernel} attention "
+                                      f"(attn_kernel); its attention curves are of: {libraries}")
+            self._curves[kernel] = {d: {str(name): c for name, c in p.items()} for d, p in found.items()
+                                    if d in self.peaks}
+        return self._curves[kernel]
 
 
 def below_peak(ach: AchievableSpec, profile: Profile) -> None:
@@ -97,11 +141,13 @@ def below_peak(ach: AchievableSpec, profile: Profile) -> None:
     if ach.hbm_gbps.value > gpu.memory_bandwidth_gbps.value:
         raise ValueError(f"hbm_gbps ({ach.hbm_gbps.value:g}) is above the GPU's memory_bandwidth_gbps "
                          f"({gpu.memory_bandwidth_gbps.value:g})")
-    for dtype, passes in ach.attention.items():
-        peak = gpu.peak_tflops.get(dtype)
-        for name, curve in passes.items():
-            if peak is not None and max(curve.tflops) > peak.value:
-                raise ValueError(f"attention.{dtype}.{name}: above the {dtype} peak ({peak.value:g})")
+    for where, per_dtype in [("attention", ach.attention),
+                             *((f"attention_kernels.{k}", curves) for k, curves in ach.attention_kernels.items())]:
+        for dtype, passes in per_dtype.items():
+            peak = gpu.peak_tflops.get(dtype)
+            for name, curve in passes.items():
+                if peak is not None and max(curve.tflops) > peak.value:
+                    raise ValueError(f"{where}.{dtype}.{name}: above the {dtype} peak ({peak.value:g})")
 
 
 ARCHITECTURE = "gpu.architecture"
@@ -122,6 +168,10 @@ def measured_for(raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     for dtype, passes in _mapping(raw.get("attention")).items():
         for name in _mapping(passes):
             found[f"attention.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}", ARCHITECTURE)
+    for kernel, per_dtype in _mapping(raw.get("attention_kernels")).items():
+        for dtype, passes in _mapping(per_dtype).items():
+            for name in _mapping(passes):
+                found[f"attention_kernels.{kernel}.{dtype}.{name}"] = (f"gpu.peak_tflops.{dtype}", ARCHITECTURE)
     return found
 
 
