@@ -37,7 +37,9 @@ INHERITED = {"gpu.achievable.matmul_tflops.bf16", "gpu.achievable.matmul_tflops.
              "gpu.achievable.matmul_tflops.fp8", "gpu.achievable.hbm_gbps", "gpu.usable_memory_gib",
              *(f"gpu.achievable.attention.{d}.{p}" for d in ("bf16", "fp16") for p in ("forward", "forward_causal",
                                                                                        "backward")),
-             "gpu.achievable.attention.fp8.forward"}
+             "gpu.achievable.attention.fp8.forward",
+             *(f"gpu.achievable.attention_kernels.{k}.{d}.{p}" for k in ("flash2", "cudnn") for d in ("bf16", "fp16")
+               for p in ("forward", "forward_causal", "backward"))}
 ACHIEVABLE = {key for key in INHERITED if key.startswith("gpu.achievable.")}
 # raises the memory and its bandwidth only: the HBM rate and the usable memory are kept, loudly
 MEMORY_ONLY = """\
@@ -91,7 +93,7 @@ def test_a_run_on_the_what_if_is_refused_naming_each_rate_measured_on_another_gp
     with pytest.raises(ManifestError) as caught:   # its own folder: a refused job keeps its output lock
         load(job("b200.yaml"), base_dir=tmp_path, out_dir=tmp_path / "refused")
     text = str(caught.value)
-    assert "profile 'b200' keeps 10 achievable rate(s) measured on another GPU" in text
+    assert "profile 'b200' keeps 22 achievable rate(s) measured on another GPU" in text
     for key in ACHIEVABLE - {"gpu.achievable.hbm_gbps"}:   # the peak-bound ones; HBM only warns
         assert key in text, key
     assert ("gpu.achievable.matmul_tflops.bf16 (h100-sxm-hgx's, although gpu.peak_tflops.bf16 989.5 -> 2250) "
@@ -137,11 +139,12 @@ def test_the_docs_example_restates_every_rate(tmp_path):
     assert profile.inherited_rates == []
     achievable = profile.section("gpu.achievable", AchievableSpec)
     assert achievable is not None and achievable.matmul_tflops["bf16"].value == 1745.0
-    # the same file without its rates keeps 16 achievable ones and the usable memory
+    # the same file without its rates keeps 28 achievable ones (12 of them other attention libraries'
+    # curves) and the usable memory
     del data["gpu"]["achievable"], data["gpu"]["usable_memory_gib"]
     (tmp_path / "bare.yaml").write_text(yaml.safe_dump(data))
     kept = load_profile(tmp_path / "bare.yaml")
-    assert len(kept.inherited("gpu.achievable.")) == 16 and len(kept.inherited_rates) == 17
+    assert len(kept.inherited("gpu.achievable.")) == 28 and len(kept.inherited_rates) == 29
     assert any(r.key == "gpu.achievable.sm_count" and "gpu.model changed" in r.message() for r in kept.inherited_rates)
 
 
@@ -164,7 +167,8 @@ def test_a_rate_restated_up_the_chain_or_a_change_undone_is_not_inherited(tmp_pa
                                         '    bf16: {value: 989.5, source: "H100 datasheet"}\n')
     back = {r.key for r in load_profile(tmp_path / "back.yaml").inherited_rates}
     bf16 = {"gpu.achievable.matmul_tflops.bf16",
-            *(f"gpu.achievable.attention.bf16.{p}" for p in ("forward", "forward_causal", "backward"))}
+            *(f"gpu.achievable.{curves}.bf16.{p}" for p in ("forward", "forward_causal", "backward")
+              for curves in ("attention", "attention_kernels.flash2", "attention_kernels.cudnn"))}
     assert back == INHERITED - bf16
     # restating a rate with the parent's number and a source of its own is a statement that it holds
     (tmp_path / "kept.yaml").write_text(WHAT_IF + '  usable_memory_gib: {value: 79.2, source: "kept knowingly"}\n')

@@ -76,7 +76,8 @@ class AchievableSpec(_Strict):
                           "flash3 (FlashAttention-3) or cudnn (cuDNN's fused attention)")
     attention_kernels: dict[Kernel, dict[str, AttentionPasses]] = Field(
         default_factory=dict, description="other libraries' attention curves on this GPU, as `attention`: "
-                                          "the ones a job's training.attention_kernel can name besides it")
+                                          "the ones a job's training.attention_kernel can name besides it "
+                                          "(null in a profile that extends another: none of its parent's)")
 
     @field_validator("matmul_tflops", "attention")
     @classmethod
@@ -86,11 +87,13 @@ class AchievableSpec(_Strict):
             raise ValueError(f"unknown data type(s) {unknown}; known: {', '.join(DTYPES)}")
         return value
 
-    @field_validator("attention_kernels")
+    @field_validator("attention_kernels", mode="before")
     @classmethod
-    def _kernels_dtypes(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        for per_dtype in value.values():
-            cls._known_dtypes(per_dtype)
+    def _kernels_dtypes(cls, value: Any) -> Any:
+        if value is None:   # a what-if drops the parent's libraries, measured on the parent's GPU
+            return {}
+        for per_dtype in _mapping(value).values():
+            cls._known_dtypes(dict(_mapping(per_dtype)))
         return value
 
     @model_validator(mode="after")
