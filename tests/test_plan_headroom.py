@@ -140,6 +140,7 @@ def test_a_plan_on_a_profile_with_inherited_rates_says_so(tmp_path):
     # a raised peak with the parent's matmul rate is refused (issue 35: another GPU's measurement)
     (tmp_path / "peak.yaml").write_text('extends: h100-hgx-ndr400\ngpu:\n  peak_tflops:\n'
                                         '    bf16: {value: 1200, source: "x"}\n')
-    with pytest.raises(ManifestError, match=r"profile 'peak' keeps 4 achievable rate\(s\) measured on another GPU"):
+    # (the bf16 MAMF and the bf16 curves of FlashAttention-3, -2 and cuDNN)
+    with pytest.raises(ManifestError, match=r"profile 'peak' keeps 10 achievable rate\(s\) measured on another GPU"):
         plan(manifest(model=small, cluster={"gpus": 8, "profile": "peak.yaml"}), tmp_path, tmp_path / "out2",
              options, Execution(workers=1))

@@ -24,7 +24,9 @@ EVERY_RATE = {f"gpu.achievable.matmul_tflops.{d}" for d in ("bf16", "fp16", "fp8
     f"gpu.achievable.{k}" for k in ("hbm_gbps", "sm_count", "kernel_gap_us", "host_launch_us", "sustained_fraction",
                                     "speed_spread")} | {
     f"gpu.achievable.attention.{d}.{p}" for d in ("bf16", "fp16") for p in ("forward", "forward_causal", "backward")} | {
-    "gpu.achievable.attention.fp8.forward"}
+    "gpu.achievable.attention.fp8.forward"} | {
+    f"gpu.achievable.attention_kernels.{k}.{d}.{p}" for k in ("flash2", "cudnn") for d in ("bf16", "fp16")
+    for p in ("forward", "forward_causal", "backward")}
 # a faster-clocked B200: only its fp8 peak changes
 FASTER_FP8 = 'extends: b200-hgx-ndr400\ngpu:\n  peak_tflops:\n    fp8: {value: 5000, source: "what-if"}\n'
 FP8_RATE = ('  achievable:\n    matmul_tflops:\n      fp8: {value: 3814, source: "b200-sxm-hgx MAMF", '
