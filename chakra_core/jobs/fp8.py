@@ -83,6 +83,13 @@ def fp8_transposes(architecture: str) -> bool:
     return architecture != "blackwell"
 
 
+def quantized_copies(dtype: str, transposed: bool) -> int:
+    """Copies a quantizer writes (and keeps) of a tensor read rowwise and columnwise by `dtype` GEMMs:
+    the data and its transpose (`transposed`: fp8_transposes), or one where fp8 GEMMs run in every
+    layout; MXFP8 and NVFP4 two."""
+    return 2 if dtype != "fp8" or transposed else 1
+
+
 def gemm_dtype(training: Training) -> str:
     """The data type a job's GEMMs run in (a profile's peak and achievable rate): MXFP8 under the
     mxfp8 recipe, else the precision."""
@@ -162,9 +169,8 @@ class Fp8Quantization(KernelPrimitives):
 
     @property
     def quantized_copies(self) -> int:
-        """Copies a quantizer writes of a tensor read rowwise and columnwise: the data and its
-        transpose, or one where fp8 GEMMs run in every layout (fp8_transposes); MXFP8 and NVFP4 two."""
-        return 2 if self.gemm_dtype != "fp8" or self.fp8_transposed else 1
+        """Copies a quantizer writes of a tensor read rowwise and columnwise (quantized_copies)."""
+        return quantized_copies(self.gemm_dtype, self.fp8_transposed)
 
     def norm_output_bytes(self) -> int:
         """Bytes per element a norm writes before an fp8 GEMM: its fp8 output besides the bf16 one

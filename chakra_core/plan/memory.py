@@ -78,7 +78,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from chakra_core.jobs.fp8 import QUANTIZED, fp8_transposes, gemm_dtype
+from chakra_core.jobs.fp8 import QUANTIZED, fp8_transposes, gemm_dtype, quantized_copies
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
 from chakra_core.plan.expert_memory import LayerParams, moe_block_activations, moe_layer_params
@@ -320,7 +320,7 @@ def fp8_weight_copies(job: JobSpec, architecture: str) -> int:
     t = job.training
     if t.precision not in QUANTIZED:
         return 0
-    return 2 if gemm_dtype(t) != "fp8" or fp8_transposes(architecture) else 1
+    return quantized_copies(gemm_dtype(t), fp8_transposes(architecture))
 
 
 def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper") -> MemoryEstimate:
