@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -349,12 +350,13 @@ def _moe_table(runs: list[dict[str, Any]], results: dict[tuple[str, str | None],
 
 
 def _gpu_ratios(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]]) -> list[str]:
-    """Runs of one model, release and precision on different GPUs: the published speed-up per GPU
-    against the predicted one (what a buyer comparing parts asks)."""
+    """Runs of one model, container release and precision on different GPUs: the published speed-up
+    per GPU against the predicted one (what a buyer comparing parts asks), each GPU in the layout
+    and recipe its own run published."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for run in runs:
-        groups.setdefault((run["model"], _source(run), run["precision"]), []).append(run)
-    rows = []
+        groups.setdefault((run["model"], _container(run), run["precision"]), []).append(run)
+    rows, ratios = [], []
     for (model, release, precision), group in groups.items():
         base = next((r for r in group if r["gpu"].startswith("h100")), None)
         if base is None:
@@ -365,15 +367,34 @@ def _gpu_ratios(runs: list[dict[str, Any]], results: dict[tuple[str, str | None]
             published = other["measured"]["tokens_per_s_per_gpu"] / base["measured"]["tokens_per_s_per_gpu"]
             tokens = {r["id"]: r["gbs"] * r["seq"] / results[(r["id"], None)]["step"] / r["gpus"] for r in (base, other)}
             predicted = tokens[other["id"]] / tokens[base["id"]]
-            rows.append(f"| {model}, {precision}, {release} | {other['gpu'].upper()} / {base['gpu'].upper()} | "
-                        f"{published:.3f} | {predicted:.3f} | {predicted / published - 1:+.1%} |")
+            ratios.append(predicted / published)
+            gpus = f"{other['gpu'].upper()} x {other['gpus']:,} / {base['gpu'].upper()} x {base['gpus']:,}"
+            recipes = f"{_recipe(other)} / {_recipe(base)}"
+            rows.append(f"| {model}, {release} | {gpus} | {recipes} | {published:.3f} | {predicted:.3f} | "
+                        f"{predicted / published - 1:+.1%} |")
     if not rows:
         return []
     return ["", "## The same model on different GPUs", "",
-            "Tokens per second per GPU of one model, release and precision on another GPU over H100's, published and "
-            "predicted (each run in its own published layout).", "",
-            "| model, precision, release | GPUs | published ratio | predicted ratio | error |", "|---|---|---:|---:|---:|",
-            *rows]
+            "Tokens per second per GPU of one model and container release on another GPU over H100's, published and "
+            "predicted (each run in its own published layout and precision recipe): geomean error "
+            f"{_stats(ratios)[0]:.1%} over {len(ratios)} pairs, mean signed {_stats(ratios)[1]:+.1%} (positive: the "
+            "other GPU predicted the faster against H100 than published).", "",
+            "| model, release | GPUs | recipes | published ratio | predicted ratio | error |",
+            "|---|---|---|---:|---:|---:|", *rows]
+
+
+def _container(run: dict[str, Any]) -> str:
+    """The container release a run was measured with ("NeMo 26.06 container"), whichever way its
+    source writes the Megatron Bridge version beside it."""
+    found = re.match(r"NeMo [\d.]+ container", _source(run))
+    return found.group(0) if found else _source(run)
+
+
+def _recipe(run: dict[str, Any]) -> str:
+    training = job_of(run).get("training") or {}
+    precision = training.get("precision", run["precision"])
+    recipe = f"{precision} ({training.get('fp8_recipe', 'delayed')})" if precision == "fp8" else str(precision)
+    return recipe + (", Megatron-FSDP" if training.get("use_megatron_fsdp") else "")
 
 
 def _ablation(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dict[str, Any]],

@@ -97,6 +97,9 @@ def test_cli_writes_the_table_resumes_and_gives_the_same_answer(tmp_path):
         assert (out / name).stat().st_size > 0
     rows = list(csv.DictReader((out / "plan.csv").open()))
     assert rows[0]["rank"] == "1" and rows[0]["status"] == SIMULATED
+    # the roles on the network, as the simulated placement says (16 GPUs: two nodes)
+    placed = json.loads((Path(rows[0]["point"]) / "results.json").read_text())["training"]["placement"]
+    assert rows[0]["across_domains"].split() == [g["group"] for g in placed if g["nodes"] > 1]
     table = (out / "plan.csv").read_text()
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0, again.output

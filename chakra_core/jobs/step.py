@@ -111,6 +111,12 @@ class TrainingStep:
     """Skewed routing's cost (None, and no key, for balanced routing and dense models)."""
 
     @property
+    def across_domains(self) -> str:
+        """The communicator roles whose groups span NVLink domains (nodes), and so the network:
+        "dp pp", say; empty when every group sits in one domain."""
+        return " ".join(group.group for group in self.placement if group.nodes > 1)
+
+    @property
     def exposed_comm_s(self) -> float:
         """Communication no kernel hid, every role's."""
         return sum(seconds for part, seconds in self.breakdown_s.items() if part.startswith("exposed_"))

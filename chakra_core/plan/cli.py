@@ -21,6 +21,7 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.jobs.spec import Cluster
 from chakra_core.json_types import JsonObject, JsonValue
+from chakra_core.plan.compare import comparison_files, comparison_rows, describe_versus
 from chakra_core.plan.layouts import SHARDINGS
 from chakra_core.plan.marks import describe, mark_rows, parse_mark
 from chakra_core.plan.report import plan_files
@@ -159,7 +160,10 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
                 out_console().print(f"wrote {file}", highlight=False)
             summary.append((label, found))
         if len(summary) > 1:
-            _print_vary(summary)
+            rows = comparison_rows(summary)
+            _print_vary(rows)
+            for file in write_run_files(out, comparison_files(rows))[0]:
+                out_console().print(f"wrote {file}", highlight=False)
         if unfit:
             raise ChakraSimError("; ".join(unfit))
     except ChakraSimError as exc:
@@ -330,16 +334,37 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
                   f"{wall_s:.1f} s", highlight=False)
 
 
-def _print_vary(summary: list[tuple[str | None, Plan]]) -> None:
-    table = Table(title="the best layout per value", title_justify="left")
-    for column in ("value", "best layout", "step s", "TFLOP/s/GPU", "memory GiB"):
-        table.add_column(column, justify="left" if column in ("value", "best layout") else "right")
-    for label, found in summary:
-        best = next((c for c in found.ranked() if c.status == SIMULATED), None)
-        if best is None:
-            table.add_row(escape(str(label)), "none simulated", "", "", "")
+def _print_vary(rows: list[JsonObject]) -> None:
+    keys = {str(row["value"]).partition("=")[0] for row in rows}
+    key = keys.pop() if len(keys) == 1 else None     # one --vary: its key in the title, its values in the rows
+
+    def shown(value: object) -> str:
+        return escape(str(value).partition("=")[2] if key is not None else str(value))
+
+    table = Table(title=f"the best layout per value{'' if key is None else f' of {escape(key)}'}",
+                  title_justify="left")
+    columns = ("value", "GPUs", "best layout", "across domains", "step s", "vs first", "tokens/s/GPU",
+               "GPU-h per M tokens", "TFLOP/s/GPU", "memory GiB", "error band")
+    for column in columns:   # the value and layout whole: the numbers' headers fold first
+        table.add_column(column, justify="left" if column in ("value", "best layout", "across domains", "error band")
+                         else "right",
+                         no_wrap=column in ("value", "best layout"))
+    for row in rows:
+        if row.get("step_s") is None:
+            table.add_row(shown(row["value"]), "", "none simulated", *[""] * 8)
             continue
-        assert best.training is not None
-        table.add_row(escape(str(label)), escape(best.layout.label()), f"{best.step_s:.3f}",
-                      f"{best.training.tflops_per_gpu:.0f}", f"{best.memory.total / GIB:.1f}")
-    out_console().print(table)
+        geomean, signed = row["error_band_geomean"], row["error_band_signed"]
+        band = "none" if not isinstance(geomean, float) or not isinstance(signed, float) else \
+            f"±{100 * geomean:.0f}%, {100 * signed:+.0f}% signed"
+        table.add_row(shown(row["value"]), str(row["gpus"]), escape(str(row["best_layout"])),
+                      escape(str(row["across_domains"]) or "none"),
+                      f"{row['step_s']:.3f}", f"{row['step_vs_first']:.2f}x", f"{row['tokens_per_s_per_gpu']:,.0f}",
+                      f"{row['gpu_hours_per_million_tokens']:.4g}", f"{row['tflops_per_gpu']:.0f}",
+                      f"{row['memory_gib']:.1f}", band)
+    console = out_console()
+    console.print(table)
+    first = next((row for row in rows if row.get("step_s") is not None), None)
+    for row in rows:
+        sentence = None if first is None else describe_versus(row, first)
+        if sentence is not None:
+            console.print(sentence, highlight=False, markup=False, soft_wrap=True)

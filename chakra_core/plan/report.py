@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 COLUMNS = ["rank", "layout", "tp", "pp", "vp", "cp", "dp", "micro_batch", "recompute", "distributed_optimizer",
-           "status", "step_s", "vs_best", "tie", "bound_s", "tflops_per_gpu", "mfu", "memory_gib", "memory_reserve_gib",
+           "status", "step_s", "vs_best", "tie", "bound_s", "across_domains", "tflops_per_gpu", "mfu", "memory_gib", "memory_reserve_gib",
            "memory_usable_gib", "memory_simulated_gib", "memory_check", "memory_stage",
            "memory_weights_gib", "memory_gradients_gib", "memory_optimizer_gib", "memory_activations_gib",
            "memory_buffers_gib", "exposed_comm_s", "bubble_s", "overflow", "error", "point"]
@@ -35,7 +35,7 @@ EXPERT_COLUMNS = ["ep", "etp", "edp"]
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
          **{c: "int" for c in EXPERT_COLUMNS},
          "micro_batch": "int", "recompute": "str", "offload": "int", "distributed_optimizer": "bool", "sharding": "str",
-         "status": "str",
+         "status": "str", "across_domains": "str",
          "step_s": "float", "vs_best": "float", "tie": "bool", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
          "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
          "point": "str", **{c: "float" for c in COLUMNS if c.startswith("memory_") and c.endswith("_gib")}}

@@ -134,7 +134,7 @@ class Candidate:
             "micro_batch": lay.micro_batch, "recompute": lay.recompute, **({"offload": lay.offload} if lay.offload else {}),
             "distributed_optimizer": lay.distributed_optimizer,
             **({"sharding": lay.sharding} if lay.sharding is not None else {}), "status": self.status.value,
-            "step_s": self.step_s, "bound_s": self.bound_s,
+            "step_s": self.step_s, "bound_s": self.bound_s, "across_domains": None if step is None else step.across_domains,
             "tflops_per_gpu": None if step is None else step.tflops_per_gpu, "mfu": None if step is None else step.mfu,
             "memory_gib": self.memory.total / GIB, "memory_reserve_gib": self.reserve.total / GIB,
             "memory_usable_gib": usable_bytes / GIB, "memory_stage": self.memory.stage,
