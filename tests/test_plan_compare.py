@@ -42,6 +42,7 @@ def test_each_value_against_the_first(two_gpus):
     rows = comparison_rows(two_gpus)
     first, second = (best_step(found) for _, found in two_gpus)
     assert rows[0]["step_vs_first"] == 1.0 and rows[0]["gpu_hours_vs_first"] == 1.0
+    assert rows[0]["bias_vs_first"] is None and rows[0]["tie_with_first"] is None   # the reference itself
     assert rows[1]["step_s"] == second.step_time_s
     assert rows[1]["step_vs_first"] == pytest.approx(second.step_time_s / first.step_time_s)
     # GPU-hours per million tokens from the throughput: the same GPUs, so the step's ratio

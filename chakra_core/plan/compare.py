@@ -47,6 +47,7 @@ def comparison_rows(summary: list[tuple[str | None, Plan]]) -> list[JsonObject]:
         step = best.training
         gpu_hours = 1e6 / (step.tokens_per_s_per_gpu * SECONDS_PER_HOUR)   # per million tokens
         band = step.error_band
+        reference = first is None
         if first is None:
             first = (step.step_time_s, gpu_hours, band)
         first_step, first_hours, first_band = first
@@ -58,7 +59,8 @@ def comparison_rows(summary: list[tuple[str | None, Plan]]) -> list[JsonObject]:
                     "error_band_scope": None if band is None else band.scope,
                     "error_band_geomean": None if band is None else band.geomean_error,
                     "error_band_signed": None if band is None else band.mean_signed_error,
-                    **_versus(step.step_time_s / first_step, band, first_band)})
+                    **({"bias_vs_first": None, "tie_with_first": None} if reference
+                       else _versus(step.step_time_s / first_step, band, first_band))})
         rows.append(row)
     return rows
 
@@ -73,7 +75,8 @@ def _versus(ratio: float, band: ErrorBand | None, first: ErrorBand | None) -> Js
 def comparison_files(rows: list[JsonObject]) -> dict[str, str | bytes]:
     """comparison.csv and comparison.json, written beside the values' folders."""
     return {"comparison.csv": table_csv(COLUMNS, rows, KINDS),
-            "comparison.json": json.dumps({"reference": rows[0]["value"] if rows else None, "rows": rows},
+            "comparison.json": json.dumps({"reference": next((row["value"] for row in rows if "step_s" in row), None),
+                                           "rows": rows},
                                           indent=1, allow_nan=False) + "\n"}
 
 
