@@ -7,8 +7,8 @@ as a ratio, and what the model's error on published runs like each one (`ErrorBa
 docs/training-accuracy.md) means for that ratio:
 
 - `bias`: if each value's class of runs keeps its mean signed error, the predicted ratio is off
-  by (1 + signed error of this value) / (1 + signed error of the first) - 1 (negative: this value
-  predicted the faster for it). Zero when both come from one class.
+  by (1 + signed error of this value) / (1 + signed error of the first) - 1 (negative: the
+  model favours this value more than the published runs do). Zero when both come from one class.
 - `across_domains`: the best layout's communicator roles (tp, cp, ep, dp, pp, ...) whose groups
   span NVLink domains (nodes, or a rack's domain) and so use the network.
 - `tie`: the steps differ by less than the larger of the two classes' geomean errors, the rule
@@ -35,13 +35,13 @@ KINDS = {c: "str" if c in TEXT else "int" if c == "gpus" else "bool" if c == "ti
 
 def comparison_rows(summary: list[tuple[str | None, Plan]]) -> list[JsonObject]:
     """One row per --vary value (COLUMNS), the first value's best as the reference; a value with
-    no simulated layout has its value and profile only."""
+    no simulated layout (or a step of no time) has its value and profile only."""
     rows: list[JsonObject] = []
     first: tuple[float, float, ErrorBand | None] | None = None
     for label, found in summary:
         row: JsonObject = {"value": label, "profile": found.profile}
         best = next((c for c in found.ranked() if c.status == SIMULATED and c.training is not None), None)
-        if best is None or best.training is None:
+        if best is None or best.training is None or best.training.tokens_per_s_per_gpu <= 0:
             rows.append(row)
             continue
         step = best.training
