@@ -374,10 +374,11 @@ def _gpu_ratios(runs: list[dict[str, Any]], results: dict[tuple[str, str | None]
                         f"{predicted / published - 1:+.1%} |")
     if not rows:
         return []
+    geo, signed, _ = _stats(ratios)
     return ["", "## The same model on different GPUs", "",
             "Tokens per second per GPU of one model and container release on another GPU over H100's, published and "
             "predicted (each run in its own published layout and precision recipe): geomean error "
-            f"{_stats(ratios)[0]:.1%} over {len(ratios)} pairs, mean signed {_stats(ratios)[1]:+.1%} (positive: the "
+            f"{geo:.1%} over {len(ratios)} pairs, mean signed {signed:+.1%} (positive: the "
             "other GPU predicted the faster against H100 than published).", "",
             "| model, release | GPUs | recipes | published ratio | predicted ratio | error |",
             "|---|---|---|---:|---:|---:|", *rows]
