@@ -34,7 +34,7 @@ gpu:
   memory_bandwidth_gbps: {value: 8000, source: "NVIDIA DGX B200 datasheet"}
 """
 INHERITED = {"gpu.achievable.matmul_tflops.bf16", "gpu.achievable.matmul_tflops.fp16",
-             "gpu.achievable.matmul_tflops.fp8", "gpu.achievable.hbm_gbps", "gpu.usable_memory_gib",
+             "gpu.achievable.matmul_tflops.fp8", "gpu.achievable.hbm_gbps", "gpu.usable_memory_gib", "gpu.power_w",
              *(f"gpu.achievable.attention.{d}.{p}" for d in ("bf16", "fp16") for p in ("forward", "forward_causal",
                                                                                        "backward")),
              "gpu.achievable.attention.fp8.forward",
@@ -140,11 +140,13 @@ def test_the_docs_example_restates_every_rate(tmp_path):
     achievable = profile.section("gpu.achievable", AchievableSpec)
     assert achievable is not None and achievable.matmul_tflops["bf16"].value == 1745.0
     # the same file without its rates keeps 28 achievable ones (12 of them other attention libraries'
-    # curves) and the usable memory
-    del data["gpu"]["achievable"], data["gpu"]["usable_memory_gib"]
+    # curves), the usable memory and the H100's power
+    del data["gpu"]["achievable"], data["gpu"]["usable_memory_gib"], data["gpu"]["power_w"]
     (tmp_path / "bare.yaml").write_text(yaml.safe_dump(data))
     kept = load_profile(tmp_path / "bare.yaml")
-    assert len(kept.inherited("gpu.achievable.")) == 28 and len(kept.inherited_rates) == 29
+    assert len(kept.inherited("gpu.achievable.")) == 28 and len(kept.inherited_rates) == 30
+    power = next(r for r in kept.inherited_rates if r.key == "gpu.power_w")
+    assert power.value == 700 and "gpu.model changed" in power.message()
     assert any(r.key == "gpu.achievable.sm_count" and "gpu.model changed" in r.message() for r in kept.inherited_rates)
 
 
@@ -169,7 +171,7 @@ def test_a_rate_restated_up_the_chain_or_a_change_undone_is_not_inherited(tmp_pa
     bf16 = {"gpu.achievable.matmul_tflops.bf16",
             *(f"gpu.achievable.{curves}.bf16.{p}" for p in ("forward", "forward_causal", "backward")
               for curves in ("attention", "attention_kernels.flash2", "attention_kernels.cudnn"))}
-    assert back == INHERITED - bf16
+    assert back == INHERITED - bf16 - {"gpu.power_w"}     # the power follows the part's model and bf16 peak
     # restating a rate with the parent's number and a source of its own is a statement that it holds
     (tmp_path / "kept.yaml").write_text(WHAT_IF + '  usable_memory_gib: {value: 79.2, source: "kept knowingly"}\n')
     assert "gpu.usable_memory_gib" not in {r.key for r in load_profile(tmp_path / "kept.yaml").inherited_rates}

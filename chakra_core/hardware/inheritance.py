@@ -1,6 +1,7 @@
 """Rates a profile inherits although what they depend on changed (issue 31; docs/hardware.md).
 
 A rate measured on one GPU holds for that GPU: the memory a program can allocate for its memory,
+the maximum power for its part and clocks (its model and bf16 peak),
 and in a plugin's section what its plugin says (`rates` of chakra_core.contract.profile_sections:
 the `achievable` compute model's matmul rate (MAMF) for the GPU's peak, its STREAM bandwidth for
 the HBM, its SM count for the GPU's model). A profile that `extends` another and changes one of
@@ -84,6 +85,8 @@ def dependents(data: Mapping[str, Any], sections: ProfileSections) -> dict[str, 
     found: dict[str, tuple[str, ...]] = {}
     if isinstance(gpu, Mapping) and isinstance(gpu.get("usable_memory_gib"), Mapping):
         found["gpu.usable_memory_gib"] = ("gpu.memory_gib",)
+    if isinstance(gpu, Mapping) and isinstance(gpu.get("power_w"), Mapping):
+        found["gpu.power_w"] = ("gpu.model", "gpu.peak_tflops.bf16")     # another part, or other clocks
     for section in sections.entries:
         raw = _node(data, section.key)
         if section.rates is not None and isinstance(raw, Mapping):

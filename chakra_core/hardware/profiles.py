@@ -51,11 +51,12 @@ class GpuSpec(_Strict):
         ..., description="dense peak per data type (TFLOP/s; TOP/s for int8), without sparsity")
     memory_bandwidth_gbps: Sourced = Field(..., description="HBM bandwidth, GB/s (10^9 B/s)")
     memory_gib: Sourced
-    usable_memory_gib: Sourced | None = Field(
-        None, description="memory a program can allocate per GPU, GiB: the device's total as CUDA reports it "
-                          "(the memory less what the driver reserves); default memory_gib")
+    usable_memory_gib: Sourced | None = Field(None, description="memory a program can allocate per GPU, GiB: the "
+                                                "device's total as CUDA reports it (less the driver's); default memory_gib")
     nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
     nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
+    power_w: Sourced | None = Field(None, description="the GPU's maximum power, W (vendor's maximum TDP, TGP or "
+                                                      "per-GPU power): what a step draws at most, the GPU alone")
 
     @field_validator("peak_tflops")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from chakra_core.config.manifest import validation_problems
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.jobs.spec import Cluster
 from chakra_core.json_types import JsonObject, JsonValue
-from chakra_core.plan.compare import comparison_files, comparison_rows, describe_versus
+from chakra_core.plan.compare import comparison_files, comparison_rows, price_for
+from chakra_core.plan.compare_table import print_comparison, print_costs
 from chakra_core.plan.layouts import SHARDINGS
 from chakra_core.plan.marks import describe, mark_rows, parse_mark
 from chakra_core.plan.report import plan_files
@@ -62,6 +64,9 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 @click.option("--vary", "vary", multiple=True, metavar="KEY=V1,V2,...",
               help="plan again for each value of a manifest key (e.g. job.cluster.profile=h100-hgx-ndr400,"
                    "h200-hgx-ndr400; network.generator.bandwidth_gbps=1x,2x,4x multiplies the job's value)")
+@click.option("--price", "price_texts", multiple=True, metavar="[VALUE=]USD",
+              help="what a GPU-hour costs, USD, for the cost per million tokens: one price for every --vary value, "
+                   "or VALUE=USD per value (e.g. --price h100-hgx-ndr400=2.5 --price gb200-nvl72-ndr400=6)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="output folder  [default: the job's output.dir, else results/plan-<job name>]")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
@@ -84,7 +89,7 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
 def plan_command(job_file: str, cluster_file: str | None, executor: str, workers: int | None, address: str | None,
                  top: int, batch: int, micro_batches: str, eps: str | None, etps: str, shardings: str | None,
                  marks: tuple[str, ...],
-                 vary: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
+                 vary: tuple[str, ...], price_texts: tuple[str, ...], out_dir: str | None, timeout: float | None, force: bool,
                  headroom_gib: float | None, check_memory: bool, offload: bool, keep_traces: bool, quiet: bool,
                  debug: bool) -> None:
     """Find the fastest parallel layout of a training job that fits in memory.
@@ -119,6 +124,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
         folder = output.get("dir") if isinstance(output, dict) and isinstance(output.get("dir"), str) else None
         out = Path(out_dir) if out_dir else base_dir / (folder or f"results/plan-{name}")
         cases = varied(manifest, vary)
+        prices = _prices(price_texts, [label for label, _ in cases])
         settings: JsonObject = {"top": top, "batch": batch, "micro_batches": sizes, "vary": list(vary),
                     "check_memory": check_memory, "headroom_gib": headroom_gib}
         search: dict[str, Any] = {"micro_batches": sizes}
@@ -153,6 +159,7 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
             prepare_output_dir(where)
             written, warnings = write_run_files(where, plan_files(found, {**settings, "case": label}))
             _print(found, label, top, quiet, time.perf_counter() - started)
+            print_costs(found, price_for(prices, label))
             for row in mark_rows(found):
                 out_console().print(describe(row), highlight=False, markup=False, soft_wrap=True)
             warn(found.warnings + warnings)
@@ -160,8 +167,8 @@ def plan_command(job_file: str, cluster_file: str | None, executor: str, workers
                 out_console().print(f"wrote {file}", highlight=False)
             summary.append((label, found))
         if len(summary) > 1:
-            rows = comparison_rows(summary)
-            _print_vary(rows)
+            rows = comparison_rows(summary, prices)
+            print_comparison(rows)
             for file in write_run_files(out, comparison_files(rows))[0]:
                 out_console().print(f"wrote {file}", highlight=False)
         if unfit:
@@ -242,6 +249,26 @@ def _value(manifest: JsonObject, path: tuple[str | int, ...], text: str, spec: s
         return node * factor
     raise ManifestError([(f"--vary {spec}", f"{text.strip()} multiplies a number, but the manifest has "
                           f"{node!r} there")])
+
+
+def _prices(texts: tuple[str, ...], labels: list[str | None]) -> dict[str, float]:
+    """--price: USD per GPU-hour by --vary value (the label or its value), "" for every value."""
+    prices: dict[str, float] = {}
+    known = {key for label in labels if label is not None for key in (label, label.partition("=")[2])}
+    for text in texts:
+        value, sep, amount = text.rpartition("=")
+        if sep and value.strip() not in known:
+            raise ManifestError([(f"--price {text}", f"{value.strip()!r} is not a --vary value"
+                                  + (f"; the values are {', '.join(sorted(known))}" if known else
+                                     " (no --vary given: --price USD prices the plan)"))])
+        try:
+            price = float(amount)
+        except ValueError:
+            price = math.nan
+        if not math.isfinite(price) or price <= 0:
+            raise ManifestError([(f"--price {text}", "expected [VALUE=]USD, a positive price per GPU-hour")])
+        prices[value.strip()] = price
+    return prices
 
 
 def _sizes(text: str, option: str = "--micro-batches") -> list[int]:
@@ -332,39 +359,3 @@ def _print(found: Plan, label: str | None, top: int, quiet: bool, wall_s: float)
                   f"{found.reused:,} from an earlier plan; {counts['failed']:,} failed), {counts['pruned']:,} "
                   f"pruned by their bound, {counts['does not fit']:,} too big; {found.rounds} round(s), "
                   f"{wall_s:.1f} s", highlight=False)
-
-
-def _print_vary(rows: list[JsonObject]) -> None:
-    keys = {str(row["value"]).partition("=")[0] for row in rows}
-    key = keys.pop() if len(keys) == 1 else None     # one --vary: its key in the title, its values in the rows
-
-    def shown(value: object) -> str:
-        return escape(str(value).partition("=")[2] if key is not None else str(value))
-
-    table = Table(title=f"the best layout per value{'' if key is None else f' of {escape(key)}'}",
-                  title_justify="left")
-    columns = ("value", "GPUs", "best layout", "across domains", "step s", "vs first", "tokens/s/GPU",
-               "GPU-h per M tokens", "TFLOP/s/GPU", "memory GiB", "error band")
-    for column in columns:   # the value and layout whole: the numbers' headers fold first
-        table.add_column(column, justify="left" if column in ("value", "best layout", "across domains", "error band")
-                         else "right",
-                         no_wrap=column in ("value", "best layout"))
-    for row in rows:
-        if row.get("step_s") is None:
-            table.add_row(shown(row["value"]), "", "none simulated", *[""] * 8)
-            continue
-        geomean, signed = row["error_band_geomean"], row["error_band_signed"]
-        band = "none" if not isinstance(geomean, float) or not isinstance(signed, float) else \
-            f"±{100 * geomean:.0f}%, {100 * signed:+.0f}% signed"
-        table.add_row(shown(row["value"]), str(row["gpus"]), escape(str(row["best_layout"])),
-                      escape(str(row["across_domains"]) or "none"),
-                      f"{row['step_s']:.3f}", f"{row['step_vs_first']:.2f}x", f"{row['tokens_per_s_per_gpu']:,.0f}",
-                      f"{row['gpu_hours_per_million_tokens']:.4g}", f"{row['tflops_per_gpu']:.0f}",
-                      f"{row['memory_gib']:.1f}", band)
-    console = out_console()
-    console.print(table)
-    first = next((row for row in rows if row.get("step_s") is not None), None)
-    for row in rows:
-        sentence = None if first is None else describe_versus(row, first)
-        if sentence is not None:
-            console.print(sentence, highlight=False, markup=False, soft_wrap=True)

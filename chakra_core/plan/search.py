@@ -120,14 +120,11 @@ class Candidate:
     @property
     def memory_check(self) -> float | None:
         """The memory layer's simulated peak over the predicted one, minus 1."""
-        if self.simulated_memory is None:
-            return None
-        return self.simulated_memory / self.memory.total - 1
+        return None if self.simulated_memory is None else self.simulated_memory / self.memory.total - 1
 
     def row(self, rank: int | None, usable_bytes: int) -> JsonObject:
         """Its line of the plan's table (`usable_bytes`: the memory a program can use per GPU)."""
-        step = self.training
-        lay = self.layout
+        step, lay = self.training, self.layout
         return {
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, **({"ep": lay.ep, "etp": lay.etp, "edp": lay.edp} if lay.moe else {}),
@@ -165,6 +162,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     marked: tuple[Layout, ...] = ()
     """Layouts the plan was asked to rank whatever their bound (PlanOptions.include; chakra_core.plan.marks)."""
+    power_w: float | None = None
+    """The GPU's maximum power (the profile's gpu.power_w; None: it gives none)."""
 
     def ranked(self) -> list[Candidate]:
         order = {SIMULATED: 0, FAILED: 1, PRUNED: 2, TOO_BIG: 3}
@@ -279,8 +278,9 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
             if offload:   # again with the fewest layers offloaded that make it fit, right after it
                 add_offload_variant(enumeration, index, dict(job), headroom, profile.gpu.architecture)
         candidates.append(candidate)
-    result = Plan(candidates, enumeration, headroom, profile.name, marked=include)
-    result.warnings.extend(headroom.warnings)
+    result = Plan(candidates, enumeration, headroom, profile.name, marked=include,
+                  power_w=None if profile.gpu.power_w is None else profile.gpu.power_w.value)
+    result.warnings.extend([*headroom.warnings, *(r.message() for r in profile.inherited("gpu.power_w"))])
     say = options.progress or (lambda line: None)
     fit = sum(c.status != TOO_BIG for c in candidates)
     say(f"{len(candidates):,} layouts, {fit:,} fit in {headroom.usable / GIB:.1f} GiB per GPU; "
