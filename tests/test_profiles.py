@@ -296,7 +296,7 @@ def test_cli_list_as_json():
     listing = json.loads(result.output)
     assert [line["name"] for line in listing] == SHIPPED
     p5 = next(line for line in listing if line["name"] == "h100-aws-p5-efa")
-    assert p5["fabric"] == "AWS EFA (SRD, Ethernet)" and p5["bf16_tflops"] == 989.5
+    assert p5["fabric"] == "AWS EFA (SRD, Ethernet)" and p5["bf16_tflops"] == 989.5 and p5["power_w"] == 700
 
 
 def test_cli_shows_a_profile_with_its_sources():

@@ -38,7 +38,7 @@ def fabric(profile: Profile) -> str:
 
 @dataclass(frozen=True)
 class ProfileLine:
-    """One line of the listing: name, GPU, GPUs per node, fabric, bf16 peak, HBM bandwidth."""
+    """One line of the listing: name, GPU, GPUs per node, fabric, bf16 peak, HBM bandwidth, GPU power."""
 
     name: str
     gpu: str
@@ -46,17 +46,21 @@ class ProfileLine:
     fabric: str
     bf16_tflops: float | None
     hbm_gbps: float
+    power_w: float | None
     description: str
 
     def to_json(self) -> JsonObject:
         return {"name": self.name, "gpu": self.gpu, "gpus_per_node": self.gpus_per_node, "fabric": self.fabric,
-                "bf16_tflops": self.bf16_tflops, "hbm_gbps": self.hbm_gbps, "description": self.description}
+                "bf16_tflops": self.bf16_tflops, "hbm_gbps": self.hbm_gbps, "power_w": self.power_w,
+                "description": self.description}
 
 
 def summary(profile: Profile) -> ProfileLine:
     bf16 = profile.gpu.peak_tflops.get("bf16")
+    power = profile.gpu.power_w
     return ProfileLine(profile.name, profile.gpu.model, profile.gpus_per_node, fabric(profile),
-                       bf16.value if bf16 else None, profile.gpu.memory_bandwidth_gbps.value, profile.description)
+                       bf16.value if bf16 else None, profile.gpu.memory_bandwidth_gbps.value,
+                       None if power is None else power.value, profile.description)
 
 
 def rows(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any, Sourced | None]]:
@@ -86,13 +90,14 @@ def _listing_table() -> Table:
     table = Table(title="chakra-sim hardware profiles", title_justify="left")
     columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("name", "left"), ("GPU", "left"), ("GPUs/node", "right"), ("fabric", "left"),
-        ("bf16 TFLOP/s", "right"), ("HBM GB/s", "right"))
+        ("bf16 TFLOP/s", "right"), ("HBM GB/s", "right"), ("GPU W", "right"))
     for header, justify in columns:
         table.add_column(header, justify=justify)
     for name in builtin_profiles():
         line = summary(load_profile(name))
         table.add_row(escape(line.name), escape(line.gpu), str(line.gpus_per_node), escape(line.fabric),
-                      "-" if line.bf16_tflops is None else _number(line.bf16_tflops), _number(line.hbm_gbps))
+                      "-" if line.bf16_tflops is None else _number(line.bf16_tflops), _number(line.hbm_gbps),
+                      "-" if line.power_w is None else _number(line.power_w))
     return table
 
 
