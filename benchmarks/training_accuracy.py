@@ -15,13 +15,16 @@ precision) plus the settings its `settings` list gives in benchmarks/data/traini
 Predictions are spec-only: the hardware profiles' public constants, nothing fitted to these step
 times. Error = |predicted / measured - 1|; geomean error = exp(mean |ln(predicted / measured)|) - 1;
 mean signed error = exp(mean ln(predicted / measured)) - 1. Results are cached per run, variant
-and source digest (--cache), so a re-render after an interrupted or partial run reuses them.
+and the simulator's data files (--cache), so a re-render after an interrupted or partial run reuses
+them; a cached result holds while every simulator module its process had imported is unchanged, so
+a change to a module no run imports (the planner, the CLI) keeps the cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import math
 import re
@@ -104,24 +107,63 @@ def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, An
 
 
 @lru_cache(maxsize=1)
-def _source_digest() -> str:
-    """What a cached result depends on besides its run: the simulator's code and profiles."""
+def _data_digest() -> str:
+    """The simulator's data files (profiles, presets, tables: every file under chakra_core and the
+    plugins but Python sources, bytecode and tests), which any run may read."""
     digest = hashlib.sha256()
     for folder in (ROOT / "chakra_core", ROOT / "plugins"):
         for path in sorted(folder.rglob("*")):
-            if path.suffix in (".py", ".yaml") and "tests" not in path.parts:
-                digest.update(path.read_bytes())
+            parts = set(path.relative_to(ROOT).parts)
+            if path.is_file() and path.suffix not in (".py", ".pyc") and not parts & {"tests", "__pycache__"} \
+                    and not any(part.endswith(".egg-info") for part in parts):
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def _file_hash(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _imported_sources() -> dict[str, str | None]:
+    """The simulator's modules (chakra_core, the chakra_sim_* plugins) this process has imported,
+    by name, with their source's hash: what the runs it simulated depended on."""
+    found: dict[str, str | None] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and (name.split(".")[0] == "chakra_core" or name.startswith("chakra_sim_")):
+            found[name] = _file_hash(file)
+    return found
+
+
+def _still_holds(record: dict[str, Any]) -> bool:
+    """Whether every module the cached run's process had imported is as it was."""
+    sources = record.get("sources")
+    if not isinstance(sources, dict):
+        return False
+    for name, digest in sources.items():
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return False
+        if spec is None or not spec.origin or _file_hash(spec.origin) != digest:
+            return False
+    return True
 
 
 def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]:
     """One run (one variant) in this process; its step, split and wall time."""
     run, off, cache = task
     job = job_of(run)
-    key = hashlib.sha256(json.dumps([run["id"], job, off, _source_digest()], sort_keys=True).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps([run["id"], job, off, _data_digest()], sort_keys=True).encode()).hexdigest()[:20]
     path = Path(cache) / f"{run['id']}--{off or 'model'}--{key}.json"
     if path.exists():
-        return json.loads(path.read_text())
+        cached = json.loads(path.read_text())
+        if _still_holds(cached):
+            return {key: value for key, value in cached.items() if key != "sources"}
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         prepared = runner.prepare(runner.load(manifest_of(job, Path(tmp), off), base_dir=Path(tmp), name=job["name"]))
@@ -135,8 +177,9 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
     same = hashlib.sha256(json.dumps([result.document["ranks"], training], sort_keys=True).encode()).hexdigest()
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
               "wall": wall, "results_digest": same, "moe_split": split}
+    cached_record = {**record, "sources": _imported_sources()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(record))
+    atomic_write_text(path, json.dumps(cached_record))
     return record
 
 
