@@ -24,6 +24,10 @@ CLOUD = {
     "oci-bm-gpu4-8": ("A100 SXM4 40GB", 8, 16, 100, 1600, "gpudirect", "a100-sxm-hgx"),
     "aws-p5-48xlarge": ("H100 SXM5 80GB", 8, 32, 100, 3200, "gpudirect", "h100-aws-p5-efa"),
     "aws-p4de-24xlarge": ("A100 SXM4 80GB", 8, 4, 100, 400, "gpudirect", "a100-aws-p4de-efa"),
+    "gcp-a4": ("B200 SXM 180GB", 8, 8, 400, 3200, "gpudirect", "b200-sxm-hgx"),
+    # NVL72 racks: the node is the 72-GPU NVLink domain (18 VMs of 4 GPUs), one NIC per GPU
+    "azure-nd-gb200-v6": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72-ndr400"),
+    "azure-nd-gb300-v6": ("B300 (GB300 NVL72) 279GB", 72, 72, 800, 57600, "gpudirect", "gb300-nvl72-xdr800"),
 }
 ALIASES = {"aws-p5-48xlarge": "h100-aws-p5-efa", "aws-p4de-24xlarge": "a100-aws-p4de-efa"}
 
@@ -109,7 +113,8 @@ def test_google_plugins_report_no_latency_and_restrict_protocols():
 
 
 def test_native_nccl_fabrics_set_no_plugin_values():
-    for name in ("azure-nd-h100-v5", "oci-bm-gpu-h100-8", "oci-bm-gpu4-8"):
+    for name in ("azure-nd-h100-v5", "oci-bm-gpu-h100-8", "oci-bm-gpu4-8", "azure-nd-gb200-v6", "azure-nd-gb300-v6",
+                 "gcp-a4"):
         network = load_profile(name).network
         assert network is not None
         assert network.extra_latency_us is None and network.reported_latency_us is None
