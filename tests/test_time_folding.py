@@ -239,6 +239,58 @@ def test_a_straggler_that_never_repeats_falls_back_to_every_micro_batch(tmp_path
     same_step(folded, whole)
 
 
+def test_a_pipeline_that_repeats_every_six_periods_folds_on_another_try(tmp_path):
+    """Llama 3.1 405B's width over 6 layers on PP 8, CP 2, TP 8 (its H100 layout without
+    interleaving): the stages take turns to wait and the step repeats every 6 micro-batches, which
+    4 steady periods cannot show. The run starts over with 16 (it sees the cycle, but the 38
+    periods left out are not a multiple of it), then with 36 left out, and folds: the same step
+    as every micro-batch simulated."""
+    data = {"name": "six", "model": {"layers": 6, "hidden": 16384, "ffn_hidden": 53248, "heads": 128, "kv_heads": 8,
+                                     "vocab": 128256, "max_seq": 8192},
+            "parallel": {"tp": 8, "pp": 8, "cp": 2, "tp_comm_overlap": True, "account_for_embedding_and_loss": True},
+            "training": {"seq": 8192, "global_batch": 64, "precision": "fp8", "fp8_recipe": "current",
+                         "fp8_param_gather": True, "grad_reduce_dtype": "bf16"},
+            "cluster": {"gpus": 128, "profile": PROFILE}}
+    folded, whole = simulate(tmp_path, data, "auto"), simulate(tmp_path, data, "off")
+    time = folded["folding"]["time"]
+    assert time["folded"] and time["cycle_periods"] == 6 and time["periods"] == 36
+    assert time["microbatches_simulated"] == 28 and time["microbatches"] == 64
+    same_step(folded, whole)
+    tries = [w for w in folded["warnings"] if "started over" in w]
+    assert any("16 steady periods are kept" in w for w in tries)
+    assert any("it repeats every 6 periods, so 36 periods are left out" in w for w in tries)
+
+
+def test_another_try_at_folding_is_made_only_where_it_can_help():
+    from chakra_core.contract.time_folding import TimeFolding
+    from chakra_core.engine.time_folding import retry_folding
+    from chakra_core.jobs.time_fold import RETRY_STEADY_PERIODS, STEADY_PERIODS
+
+    asked: list[tuple[int, int]] = []
+
+    def retry(steady: int, cycle: int) -> tuple[TimeFolding, list[str]] | None:
+        asked.append((steady, cycle))
+        return None
+
+    first = TimeFolding(40, 64, 24, 1, {}, None, STEADY_PERIODS, retry)
+    retry_folding(first, 0)            # no cycle seen: more steady periods, to see a longer one
+    retry_folding(first, 6)            # a cycle seen: the periods left out a multiple of it
+    longer = TimeFolding(38, 64, 26, 1, {}, None, RETRY_STEADY_PERIODS, retry)
+    assert retry_folding(longer, 0) is None      # already long: nothing to try but the whole step
+    retry_folding(longer, 6)
+    assert asked == [(RETRY_STEADY_PERIODS, 2), (STEADY_PERIODS, 6), (RETRY_STEADY_PERIODS, 6)]
+    assert retry_folding(TimeFolding(40, 64, 24, 1, {}, None, STEADY_PERIODS), 6) is None   # no retry given
+
+
+@pytest.mark.parametrize("steady,multiple", [(4, 2), (16, 2), (16, 6), (16, 5)])
+def test_the_periods_left_out_are_a_multiple_of_the_cycle_asked(steady, multiple):
+    spec = JobSpec.model_validate(job(pp=8, gpus=8, microbatches=200))
+    kept, note = simulated_microbatches(spec, steady, multiple)
+    left_out = spec.microbatches - kept
+    assert note == "" and left_out % multiple == 0 and left_out > 0
+    assert kept >= (steady + 2) + 7      # the steady periods and the pipeline's fill and drain
+
+
 def test_fold_time_is_checked(tmp_path):
     from chakra_core.errors import ManifestError
 

@@ -13,8 +13,12 @@ unfinished, ready and in-flight nodes (with their start times) and every pending
 by `nodes` ids and by t2 - t1 ns. From t2 on, the run then repeats what followed t1, so a step
 with one more period takes t2 - t1 ns longer and adds to every counter what [t1, t2) added; by
 induction, `periods` more add `periods` times as much. The result equals the unfolded run's to
-the nanosecond, not approximately. When no such instant comes (a straggler, a layer whose state
-is not periodic), the run starts over on the whole step's traces.
+the nanosecond, not approximately. A run may settle into a cycle of several periods (a pipeline's
+stages taking turns to wait): the instants are then `cycle` periods apart, and `periods` must be a
+multiple of it. When no such instant comes, the run starts over on traces that keep more
+periods in steady state (`retry`: to see a longer cycle, or with the periods left out a multiple
+of the cycle it saw), and when that cannot help (a straggler, a layer whose state is not
+periodic), on the whole step's traces.
 
 What a layer must guarantee to take part (`LayerModel.time_fold_safe`): its state at an instant
 is a function of the operations in flight on the simulated ranks (their nodes, when they started,
@@ -58,6 +62,12 @@ class TimeFolding:
     full_traces: Callable[[], list[str]] | None = None
     """Writes the whole step's traces (when the run cannot fold in time) and returns the trace
     file of every rank, as RunSpec.trace_files lists them."""
+    steady_periods: int = 0
+    """Periods every simulated rank spends inside its repeating nodes at once in these traces."""
+    retry: Callable[[int, int], "tuple[TimeFolding, list[str]] | None"] | None = None
+    """retry(steady, cycle): the same step folded with `steady` steady periods and the periods left
+    out a multiple of `cycle`, with its traces (written) as RunSpec.trace_files lists them; None
+    where that would simulate too much of the step to be worth trying before the whole of it."""
 
     def describe(self) -> str:
         return (f"{self.microbatches_simulated} of {self.microbatches} micro-batches simulated, "

@@ -46,7 +46,8 @@ from chakra_core.contract.network import NetworkModel
 from chakra_core.engine.driver import Interval, RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
-from chakra_core.engine.time_folding import PeriodWatch, TimeUnfold, time_fold_refusal, time_fold_result
+from chakra_core.engine.time_folding import (PeriodWatch, TimeUnfold, retried_reason, retry_folding,
+                                             time_fold_refusal, time_fold_result)
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
@@ -167,13 +168,24 @@ class Simulation:
             if refusal:
                 self._unfold_time(refusal)
             else:
-                self.watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()),
-                                         lambda reason: self.context.request_restart(reason, TimeUnfold(reason)))
+                self.watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()), self._no_period)
 
-    def _unfold_time(self, reason: str) -> None:
-        """Simulate the whole step's traces from now on (written now, when they are not yet)."""
+    def _no_period(self, reason: str) -> None:
+        """No instant repeated an earlier one: start over, on traces that may fold (retry_folding)."""
+        assert self.watch is not None
+        self.context.request_restart(reason, TimeUnfold(reason, self.watch.unfit_cycle, retry=True))
+
+    def _unfold_time(self, reason: str, hint: TimeUnfold | None = None) -> None:
+        """Simulate the whole step's traces from now on (written now, when they are not yet), or
+        with `hint`, first the traces of another try at folding if there is one worth trying."""
         folding = self.spec.time_folding
         assert folding is not None and folding.full_traces is not None
+        again = retry_folding(folding, hint.cycle) if hint is not None and hint.retry else None
+        if again is not None and hint is not None:
+            retried, traces = again
+            self.spec = dataclasses.replace(self.spec, trace_files=[Path(p) for p in traces], time_folding=retried)
+            self.restarts[-1] = retried_reason(reason, retried, hint)
+            return
         self.spec = dataclasses.replace(self.spec, trace_files=[Path(p) for p in folding.full_traces()],
                                         time_folding=None)
         self.time_fold_note = reason
@@ -307,7 +319,7 @@ class Simulation:
                 if self.intervals is not None:
                     self.intervals.clear()
                 if isinstance(restart.hint, TimeUnfold):
-                    self._unfold_time(restart.reason)
+                    self._unfold_time(restart.reason, restart.hint)
                 # classes known by construction stay (only representatives' traces exist)
                 self._setup(hints, self.folding if self.spec.folding is not None else None)
                 self._open_feeders()

@@ -122,7 +122,10 @@ class PeriodWatch:
         repeats)."""
         self.cycle = 1
         """Periods between the two instants found alike: the run repeats every `cycle` periods (a
-        pipeline's stages can settle into a pattern two micro-batches long)."""
+        pipeline's stages can settle into a pattern several micro-batches long)."""
+        self.unfit_cycle = 0
+        """The shortest cycle seen that the periods left out are not a multiple of (0: none): a
+        retry whose traces leave out a multiple of it folds."""
 
     def driver(self, rank: int, *args: Any) -> PeriodicDriver:
         """The driver of simulated rank `rank` (the first one is the clock)."""
@@ -170,8 +173,11 @@ class PeriodWatch:
         earlier = self._seen.get(digest)
         inside = all(high < span.end for high, span in zip(highest, spans))
         cycle = 0 if earlier is None else (lows[0] - earlier.lows[0]) // spans[0].nodes
-        if earlier is not None and inside and cycle > 0 and self.folding.periods % cycle == 0 and all(
-                low - before == cycle * span.nodes for low, before, span in zip(lows, earlier.lows, spans)):
+        repeats = earlier is not None and inside and cycle > 0 and all(
+            low - before == cycle * span.nodes for low, before, span in zip(lows, earlier.lows, spans))
+        if repeats and self.folding.periods % cycle:
+            self.unfit_cycle = self.unfit_cycle or cycle
+        elif repeats and earlier is not None:
             self.found = (earlier, self._snapshot(now, lows))
             self.cycle = cycle
             self._seen.clear()
@@ -288,12 +294,38 @@ class _View:
 
 @dataclass
 class TimeUnfold:
-    """Restart hint: simulate the whole step's traces (no period was found)."""
+    """Restart hint: simulate the whole step's traces (no period was found), or with `retry`, first
+    traces that may fold (retry_folding)."""
 
     reason: str
+    cycle: int = 0
+    """The cycle the run repeated with, which the periods left out were not a multiple of (0: none)."""
+    retry: bool = False
 
     def __str__(self) -> str:
         return self.reason
+
+
+def retry_folding(folding: TimeFolding, cycle: int) -> tuple[TimeFolding, list[str]] | None:
+    """Another try at folding after no instant repeated: the periods left out a multiple of the
+    cycle the run repeated with, or, when it showed none, more steady periods to see a longer one;
+    None when neither applies or it would simulate more than half the step."""
+    from chakra_core.jobs.time_fold import RETRY_STEADY_PERIODS
+
+    if folding.retry is None:
+        return None
+    if cycle:
+        return folding.retry(folding.steady_periods, cycle)
+    if folding.steady_periods < RETRY_STEADY_PERIODS:
+        return folding.retry(RETRY_STEADY_PERIODS, 2)
+    return None
+
+
+def retried_reason(reason: str, retried: TimeFolding, hint: TimeUnfold) -> str:
+    """What a restart into another try at folding says (not "simulating every micro-batch")."""
+    how = (f"it repeats every {hint.cycle} periods, so {retried.periods} periods are left out (a multiple of it)"
+           if hint.cycle else f"{retried.steady_periods} steady periods are kept to see a longer cycle")
+    return f"{reason.removesuffix(SIMULATING)}; folding again: {how}"
 
 
 def time_fold_result(watch: PeriodWatch | None, note: str) -> TimeFoldResult | None:

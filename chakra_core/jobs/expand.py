@@ -35,7 +35,8 @@ from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
+from chakra_core.jobs.time_fold import (STEADY_PERIODS, period_microbatches, rank_periods, reduced_job,
+                                        simulated_microbatches)
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
 from chakra_core.jobs.overflow import overflow
 from chakra_core.jobs.spec import JobSpec
@@ -184,21 +185,35 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         kept, note = job.microbatches, time_fold_refusal or "a timeline records every node"
     if fold_time == "off":
         kept, note = job.microbatches, ""
+    def time_folded(kept: int, steady: int) -> tuple[TimeFolding | None, list[Path], bool]:
+        """The step's traces with `kept` micro-batches, and where each rank's repeats (None: a
+        rank's pairs do not repeat node for node)."""
+        periods: dict[int, RankPeriods | None] = {}
+        traces, reused = _generate(reduced_job(job, kept), placement, folder / "traces" / "time-folded", ranks,
+                                   progress, periods)
+        if not all(periods.get(rank) is not None for rank in ranks):
+            return None, traces, reused
+        per_period = period_microbatches(job)
+        return TimeFolding((job.microbatches - kept) // per_period, job.microbatches, kept, per_period,
+                           {rank: span for rank, span in periods.items() if span is not None}, whole_step,
+                           steady, retry), traces, reused
+
+    def retry(steady: int, cycle: int) -> tuple[TimeFolding, list[str]] | None:
+        # worth trying before the whole step while it keeps at most half of its micro-batches
+        again, _ = simulated_microbatches(job, steady, cycle)
+        if again > job.microbatches // 2:
+            return None
+        found, traces, _ = time_folded(again, steady)
+        return None if found is None else (found, [str(path) for path in traces_of(traces)])
+
     time_folding = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = OutputLock(folder)   # before the traces: another run's would replace them under it
         lock.acquire()
         if kept < job.microbatches:
-            periods: dict[int, RankPeriods | None] = {}
-            reduced = reduced_job(job, kept)
-            traces, reused = _generate(reduced, placement, folder / "traces" / "time-folded", ranks, progress, periods)
-            if all(periods.get(rank) is not None for rank in ranks):
-                per_period = period_microbatches(job)
-                time_folding = TimeFolding((job.microbatches - kept) // per_period, job.microbatches, kept, per_period,
-                                           {rank: span for rank, span in periods.items() if span is not None},
-                                           whole_step)
-            else:
+            time_folding, traces, reused = time_folded(kept, STEADY_PERIODS)
+            if time_folding is None:
                 note = "a rank's forward/backward pairs do not repeat node for node"
         if time_folding is None:
             traces, reused = _generate(job, placement, folder / "traces", ranks, progress)

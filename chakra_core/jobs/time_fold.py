@@ -20,6 +20,10 @@ from chakra_core.jobs.spec import JobSpec
 STEADY_PERIODS = 4
 """Periods every rank spends inside its repeating nodes at the same time, in the traces kept: the
 engine needs two instants a period apart there, each with its nodes in flight inside too."""
+RETRY_STEADY_PERIODS = 16
+"""The steady periods of a second attempt when the first saw no instant repeat: room for a cycle
+of up to about a dozen periods (a pipeline whose stages take turns to wait: Llama 3.1 405B on
+H100 with PP 8 and CP 2 repeats every 6 micro-batches)."""
 
 
 def period_microbatches(job: JobSpec) -> int:
@@ -27,21 +31,23 @@ def period_microbatches(job: JobSpec) -> int:
     return 1 if job.vp == 1 else job.parallel.pp
 
 
-def simulated_microbatches(job: JobSpec) -> tuple[int, str]:
+def simulated_microbatches(job: JobSpec, steady: int = STEADY_PERIODS, multiple: int = 2) -> tuple[int, str]:
     """The micro-batches a folded-in-time step's traces keep (the job's own when nothing would be
-    left out), and why not fewer ("" when fewer)."""
+    left out), with `steady` periods in steady state and the periods left out a multiple of
+    `multiple` (the cycle the engine may find: 2 by default, a pipeline that repeats every two
+    periods folding too), and why not fewer ("" when fewer)."""
     if job.parallel.overlap_moe_expert_parallel_comm:
         return job.microbatches, "the combined 1F1B schedule of overlap_moe_expert_parallel_comm is not folded in time"
     if job.parallel.schedule != "1f1b":
         return job.microbatches, f"the {job.parallel.schedule} schedule is not folded in time"
     period, pp, vp = period_microbatches(job), job.parallel.pp, job.vp
     # the pipeline fills and drains in about 2 pp pairs, besides the first and last periods
-    floor = (STEADY_PERIODS + 2) * period + (pp - 1 if vp == 1 else 2 * pp)
+    floor = (steady + 2) * period + (pp - 1 if vp == 1 else 2 * pp)
     periods = (job.microbatches - floor) // period
-    if periods < 2:
+    if periods < max(2, multiple):
         return job.microbatches, (f"{job.microbatches} micro-batch(es): too few to repeat (time folding keeps "
-                                  f"{floor} and folds from 2 periods of {period} left out)")
-    periods -= periods % 2   # even: a pipeline that repeats every two periods folds too (engine/time_folding.py)
+                                  f"{floor} and folds from {max(2, multiple)} periods of {period} left out)")
+    periods -= periods % multiple
     return job.microbatches - periods * period, ""
 
 
