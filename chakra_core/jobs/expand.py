@@ -199,7 +199,10 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                            steady, retry), traces, reused
 
     def retry(steady: int, cycle: int) -> tuple[TimeFolding, list[str]] | None:
-        # worth trying before the whole step while it keeps at most half of its micro-batches
+        # room for a cycle as long as the pipeline (observed: pp - 2 periods for Llama 3.1 405B on
+        # H100 with PP 8 and 16, CP 2, no interleaving); worth trying before the whole step while
+        # it keeps at most half of its micro-batches
+        steady = max(steady, job.parallel.pp + 2)
         again, _ = simulated_microbatches(job, steady, cycle)
         if again > job.microbatches // 2:
             return None
