@@ -261,25 +261,32 @@ def test_a_pipeline_that_repeats_every_six_periods_folds_on_another_try(tmp_path
     assert any("it repeats every 6 periods, so 36 periods are left out" in w for w in tries)
 
 
-def test_another_try_at_folding_is_made_only_where_it_can_help():
-    from chakra_core.contract.time_folding import TimeFolding
-    from chakra_core.engine.time_folding import retry_folding
+def test_another_try_at_folding_is_made_only_where_it_can_help(tmp_path):
+    """The first try's traces (4 steady periods) offer a longer one, then one whose periods left
+    out are a multiple of the cycle seen; a longer try offers no longer one; a step whose retry
+    would simulate more than half its micro-batches offers none."""
+    from chakra_core.jobs.expand import expand_job
     from chakra_core.jobs.time_fold import RETRY_STEADY_PERIODS, STEADY_PERIODS
 
-    asked: list[tuple[int, int]] = []
-
-    def retry(steady: int, cycle: int) -> tuple[TimeFolding, list[str]] | None:
-        asked.append((steady, cycle))
-        return None
-
-    first = TimeFolding(40, 64, 24, 1, {}, None, STEADY_PERIODS, retry)
-    retry_folding(first, 0)            # no cycle seen: more steady periods, to see a longer one
-    retry_folding(first, 6)            # a cycle seen: the periods left out a multiple of it
-    longer = TimeFolding(38, 64, 26, 1, {}, None, RETRY_STEADY_PERIODS, retry)
-    assert retry_folding(longer, 0) is None      # already long: nothing to try but the whole step
-    retry_folding(longer, 6)
-    assert asked == [(RETRY_STEADY_PERIODS, 2), (STEADY_PERIODS, 6), (RETRY_STEADY_PERIODS, 6)]
-    assert retry_folding(TimeFolding(40, 64, 24, 1, {}, None, STEADY_PERIODS), 6) is None   # no retry given
+    data = job(pp=2, gpus=4, microbatches=200)
+    expanded = expand_job({"job": data}, tmp_path, "job.yaml", str(tmp_path / "out"))
+    first = expanded.time_folding
+    assert first is not None and first.steady_periods == STEADY_PERIODS and first.retry is not None
+    longer = first.retry(0)
+    assert longer is not None and longer[0].steady_periods == RETRY_STEADY_PERIODS
+    assert longer[0].periods % 2 == 0 and longer[0].microbatches_simulated > first.microbatches_simulated
+    assert len(longer[1]) == 4 and all(Path(path).exists() for path in longer[1])
+    sixes = longer[0].retry(6) if longer[0].retry else None
+    assert sixes is not None and sixes[0].periods % 6 == 0 and sixes[0].steady_periods == RETRY_STEADY_PERIODS
+    assert longer[0].retry is not None and longer[0].retry(0) is None
+    assert expanded.lock is not None
+    expanded.lock.release()
+    few = expand_job({"job": job(pp=2, gpus=4, microbatches=36)}, tmp_path / "few", "job.yaml",
+                     str(tmp_path / "few" / "out"))
+    assert few.time_folding is not None and few.time_folding.retry is not None
+    assert few.time_folding.retry(0) is None      # 16 steady periods would keep 20, more than half of 36
+    assert few.lock is not None
+    few.lock.release()
 
 
 @pytest.mark.parametrize("steady,multiple", [(4, 2), (16, 2), (16, 6), (16, 5)])

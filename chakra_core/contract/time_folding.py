@@ -64,10 +64,12 @@ class TimeFolding:
     file of every rank, as RunSpec.trace_files lists them."""
     steady_periods: int = 0
     """Periods every simulated rank spends inside its repeating nodes at once in these traces."""
-    retry: Callable[[int, int], "tuple[TimeFolding, list[str]] | None"] | None = None
-    """retry(steady, cycle): the same step folded with `steady` steady periods and the periods left
-    out a multiple of `cycle`, with its traces (written) as RunSpec.trace_files lists them; None
-    where that would simulate too much of the step to be worth trying before the whole of it."""
+    retry: Callable[[int], "tuple[TimeFolding, list[str]] | None"] | None = None
+    """retry(cycle), when no instant repeated: the same step folded again, with the periods left
+    out a multiple of `cycle` (the cycle the run repeated with, which they were not), or for
+    cycle 0 with more steady periods (to see a longer cycle), and its traces (written) as
+    RunSpec.trace_files lists them; None where no other try can help or it would simulate too
+    much of the step to be worth making before the whole of it."""
 
     def describe(self) -> str:
         return (f"{self.microbatches_simulated} of {self.microbatches} micro-batches simulated, "

@@ -307,18 +307,8 @@ class TimeUnfold:
 
 
 def retry_folding(folding: TimeFolding, cycle: int) -> tuple[TimeFolding, list[str]] | None:
-    """Another try at folding after no instant repeated: the periods left out a multiple of the
-    cycle the run repeated with, or, when it showed none, more steady periods to see a longer one;
-    None when neither applies or it would simulate more than half the step."""
-    from chakra_core.jobs.time_fold import RETRY_STEADY_PERIODS
-
-    if folding.retry is None:
-        return None
-    if cycle:
-        return folding.retry(folding.steady_periods, cycle)
-    if folding.steady_periods < RETRY_STEADY_PERIODS:
-        return folding.retry(RETRY_STEADY_PERIODS, 2)
-    return None
+    """Another try at folding after no instant repeated (TimeFolding.retry), None without one."""
+    return None if folding.retry is None else folding.retry(cycle)
 
 
 def retried_reason(reason: str, retried: TimeFolding, hint: TimeUnfold) -> str:

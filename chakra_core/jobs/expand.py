@@ -35,8 +35,8 @@ from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.time_fold import (STEADY_PERIODS, period_microbatches, rank_periods, reduced_job,
-                                        simulated_microbatches)
+from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, STEADY_PERIODS, period_microbatches, rank_periods,
+                                        reduced_job, simulated_microbatches)
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
 from chakra_core.jobs.overflow import overflow
 from chakra_core.jobs.spec import JobSpec
@@ -185,6 +185,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         kept, note = job.microbatches, time_fold_refusal or "a timeline records every node"
     if fold_time == "off":
         kept, note = job.microbatches, ""
+
     def time_folded(kept: int, steady: int) -> tuple[TimeFolding | None, list[Path], bool]:
         """The step's traces with `kept` micro-batches, and where each rank's repeats (None: a
         rank's pairs do not repeat node for node)."""
@@ -196,13 +197,18 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         per_period = period_microbatches(job)
         return TimeFolding((job.microbatches - kept) // per_period, job.microbatches, kept, per_period,
                            {rank: span for rank, span in periods.items() if span is not None}, whole_step,
-                           steady, retry), traces, reused
+                           steady, lambda cycle: retry(steady, cycle)), traces, reused
 
     def retry(steady: int, cycle: int) -> tuple[TimeFolding, list[str]] | None:
-        # room for a cycle as long as the pipeline (observed: pp - 2 periods for Llama 3.1 405B on
-        # H100 with PP 8 and 16, CP 2, no interleaving); worth trying before the whole step while
-        # it keeps at most half of its micro-batches
-        steady = max(steady, job.parallel.pp + 2)
+        """After `steady` steady periods showed no instant repeat: the same steady periods with a
+        multiple of the cycle they showed left out, or more of them to see a longer cycle (room for
+        one as long as the pipeline: Llama 3.1 405B on H100 without interleaving, CP 2, repeats
+        every pp - 2 micro-batches with PP 8 and 16); worth trying before the whole step while it
+        keeps at most half of its micro-batches."""
+        if not cycle:
+            if steady >= RETRY_STEADY_PERIODS:
+                return None
+            steady, cycle = max(RETRY_STEADY_PERIODS, job.parallel.pp + 2), 2
         again, _ = simulated_microbatches(job, steady, cycle)
         if again > job.microbatches // 2:
             return None

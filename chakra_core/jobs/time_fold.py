@@ -21,7 +21,7 @@ STEADY_PERIODS = 4
 """Periods every rank spends inside its repeating nodes at the same time, in the traces kept: the
 engine needs two instants a period apart there, each with its nodes in flight inside too."""
 RETRY_STEADY_PERIODS = 16
-"""The steady periods of a second attempt when the first saw no instant repeat (at least pp + 2:
+"""The steady periods of a second try when the first saw no instant repeat (at least pp + 2:
 jobs/expand.py): room for a cycle of about a dozen periods (a pipeline whose stages take turns
 to wait: Llama 3.1 405B on H100 with PP 8 and CP 2 repeats every 6 micro-batches)."""
 
