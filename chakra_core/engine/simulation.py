@@ -46,8 +46,7 @@ from chakra_core.contract.network import NetworkModel
 from chakra_core.engine.driver import Interval, RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
-from chakra_core.engine.time_folding import (PeriodWatch, TimeUnfold, retried_reason, retry_folding,
-                                             time_fold_refusal, time_fold_result)
+from chakra_core.engine.time_folding import PeriodWatch, TimeUnfold, time_fold_refusal, time_fold_result, traces_after
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
 from chakra_core.feeder import open_feeder
 from chakra_core.feeder.library import TraceLibrary
@@ -110,8 +109,7 @@ class Simulation:
         self.node_observer: Callable[..., None] | None = self.observers.node_observer()
         self.drivers: list[RankDriver] = []
         self.driver_of: dict[int, RankDriver] = {}
-        self.finished = 0
-        self.wall_s = 0.0
+        self.finished, self.wall_s = 0, 0.0
         self.watch: PeriodWatch | None = None
         self.time_fold_note = spec.time_fold_note
         """Why a generated job was not folded in time ("" when it was, or nothing to say)."""
@@ -168,27 +166,18 @@ class Simulation:
             if refusal:
                 self._unfold_time(refusal)
             else:
-                self.watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()), self._no_period)
-
-    def _no_period(self, reason: str) -> None:
-        """No instant repeated an earlier one: start over, on traces that may fold (retry_folding)."""
-        assert self.watch is not None
-        self.context.request_restart(reason, TimeUnfold(reason, self.watch.unfit_cycle, retry=True))
+                watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()), lambda reason: (
+                    self.context.request_restart(reason, TimeUnfold(reason, watch.unfit_cycle, retry=True))))
+                self.watch = watch
 
     def _unfold_time(self, reason: str, hint: TimeUnfold | None = None) -> None:
-        """Simulate the whole step's traces from now on (written now, when they are not yet), or
-        with `hint`, first the traces of another try at folding if there is one worth trying."""
-        folding = self.spec.time_folding
-        assert folding is not None and folding.full_traces is not None
-        again = retry_folding(folding, hint.cycle) if hint is not None and hint.retry else None
-        if again is not None and hint is not None:
-            retried, traces = again
-            self.spec = dataclasses.replace(self.spec, trace_files=[Path(p) for p in traces], time_folding=retried)
-            self.restarts[-1] = retried_reason(reason, retried, hint)
-            return
-        self.spec = dataclasses.replace(self.spec, trace_files=[Path(p) for p in folding.full_traces()],
-                                        time_folding=None)
-        self.time_fold_note = reason
+        """Start over on another try at folding (`hint`: no instant repeated) or on the whole step's traces."""
+        assert self.spec.time_folding is not None
+        traces, folding, said = traces_after(self.spec.time_folding, reason, hint)
+        self.spec = dataclasses.replace(self.spec, trace_files=traces, time_folding=folding)
+        if folding is not None:   # another try: its restart says what it does
+            self.restarts[-1] = said
+        self.time_fold_note = reason if folding is None else ""
 
     def _check_foldable(self) -> None:
         """Why equivalent ranks cannot be folded whatever the traces say ("" when they can)."""

@@ -17,6 +17,7 @@ counters' snapshots at t1 and t2 give what a period adds.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -295,7 +296,7 @@ class _View:
 @dataclass
 class TimeUnfold:
     """Restart hint: simulate the whole step's traces (no period was found), or with `retry`, first
-    traces that may fold (retry_folding)."""
+    traces that may fold (traces_after)."""
 
     reason: str
     cycle: int = 0
@@ -306,16 +307,18 @@ class TimeUnfold:
         return self.reason
 
 
-def retry_folding(folding: TimeFolding, cycle: int) -> tuple[TimeFolding, list[str]] | None:
-    """Another try at folding after no instant repeated (TimeFolding.retry), None without one."""
-    return None if folding.retry is None else folding.retry(cycle)
-
-
-def retried_reason(reason: str, retried: TimeFolding, hint: TimeUnfold) -> str:
-    """What a restart into another try at folding says (not "simulating every micro-batch")."""
-    how = (f"it repeats every {hint.cycle} periods, so {retried.periods} periods are left out (a multiple of it)"
-           if hint.cycle else f"{retried.steady_periods} steady periods are kept to see a longer cycle")
-    return f"{reason.removesuffix(SIMULATING)}; folding again: {how}"
+def traces_after(folding: TimeFolding, reason: str, hint: TimeUnfold | None) -> tuple[list[Path], TimeFolding | None, str]:
+    """What a run that cannot fold starts over on: after no instant repeated (`hint`), another try's
+    traces and folding (TimeFolding.retry) with what the restart says; else the whole step's
+    traces (written now, when they are not yet), no folding, and `reason`."""
+    again = folding.retry(hint.cycle) if hint is not None and hint.retry and folding.retry is not None else None
+    if again is not None and hint is not None:
+        retried, traces = again
+        how = (f"it repeats every {hint.cycle} periods, so {retried.periods} periods are left out (a multiple of "
+               "it)" if hint.cycle else f"{retried.steady_periods} steady periods are kept to see a longer cycle")
+        return [Path(p) for p in traces], retried, f"{reason.removesuffix(SIMULATING)}; folding again: {how}"
+    assert folding.full_traces is not None
+    return [Path(p) for p in folding.full_traces()], None, reason
 
 
 def time_fold_result(watch: PeriodWatch | None, note: str) -> TimeFoldResult | None:
