@@ -1,9 +1,10 @@
 """How long a training step takes to simulate: Llama 3 70B on 1,024 H100, Llama 3.1 405B on
 16,384 H100 (the layout Meta reports for Llama 3 405B pre-training: TP 8, CP 1, PP 16, DP 128,
 16M tokens per step; "The Llama 3 Herd of Models", sec. 3.3, as quoted from Balaji's SC'24 talk
-at https://glennklockwood.com/garden/llama-3.1), the same with interleaving (VP 8), and SC'21's
-1T GPT on 3,072 A100 exactly as the training accuracy table describes it (64 stages, 512
-micro-batches).
+at https://glennklockwood.com/garden/llama-3.1), the same with interleaving (VP 8), Llama 3.1
+405B on 256 H100 in a layout of docs/plan.md's plan without interleaving (768 micro-batches
+that repeat every 6: time folding's retry), and SC'21's 1T GPT on 3,072 A100 exactly as the
+training accuracy table describes it (64 stages, 512 micro-batches).
 
     python benchmarks/training_speed.py              # every job, folded in time and not: both steps
     python benchmarks/training_speed.py --fold-time auto   # folded in time only
@@ -44,6 +45,13 @@ JOBS: dict[str, dict[str, Any]] = {
         "model": "llama3.1-405b", "parallel": {"tp": 8, "pp": 16, "vp": 8, "account_for_embedding_and_loss": True},
         "training": {"seq": 8192, "global_batch": 2048},
         "cluster": {"gpus": 16384, "profile": "h100-hgx-roce400"}},
+    # docs/plan.md's 405B H100 plan, a layout without interleaving: it repeats only every 6 micro-batches
+    "llama3.1-405b on 256 H100 (TP 8, PP 8, CP 2, DP 2, GBS 1536, FP8 current; a plan layout)": {
+        "model": "llama3.1-405b",
+        "parallel": {"tp": 8, "pp": 8, "cp": 2, "tp_comm_overlap": True, "account_for_embedding_and_loss": True},
+        "training": {"seq": 8192, "global_batch": 1536, "precision": "fp8", "fp8_recipe": "current",
+                     "fp8_param_gather": True, "grad_reduce_dtype": "bf16"},
+        "cluster": {"gpus": 256, "profile": "h100-hgx-ndr400"}},
 }
 SC21_1T = "SC'21 1T GPT on 3,072 A100 (TP 8, PP 64, DP 6, GBS 3072; accuracy table row)"
 
