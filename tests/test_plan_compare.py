@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from chakra_core.cli import main
 from chakra_core.jobs.bands import ErrorBand
 from chakra_core.hardware.profiles import builtin_profiles, load_profile
-from chakra_core.plan.compare import comparison_rows, describe_versus, per_million_tokens, price_for
+from chakra_core.plan.compare import best_simulated, comparison_rows, describe_versus, per_million_tokens, price_for
 from chakra_core.plan.search import SIMULATED, PlanOptions, plan
 from chakra_core.sweep.run import Execution
 from tests.test_plan import SEARCH, manifest
@@ -97,8 +97,8 @@ def test_energy_and_cost_per_million_tokens(two_gpus):
     unpowered = dataclasses.replace(a, power_w=None)
     rows = comparison_rows([(label_a, unpowered), (label_b, b)])
     assert rows[0]["kwh_per_million_tokens"] is None and rows[1]["energy_vs_first"] is None
-    assert per_million_tokens(unpowered, 1.0)["usd_per_million_tokens"] == pytest.approx(
-        rows[0]["gpu_hours_per_million_tokens"])
+    assert per_million_tokens(best_simulated(unpowered)[1], unpowered.power_w, 1.0)["usd_per_million_tokens"] == \
+        pytest.approx(rows[0]["gpu_hours_per_million_tokens"])
 
 
 def test_a_price_is_given_per_label_per_value_or_for_all():
@@ -168,10 +168,13 @@ def test_one_plan_prints_its_cost_and_energy(tmp_path):
 
 def test_a_power_inherited_for_another_gpu_is_warned_of_and_used(tmp_path):
     # another part's name, nothing restated: its rates are warned of, the H100's 700 W too
-    (tmp_path / "renamed.yaml").write_text("extends: h100-hgx-ndr400\ndescription: renamed\ngpu:\n  model: H100 (what-if)\n")
+    (tmp_path / "renamed.yaml").write_text("extends: h100-hgx-ndr400\ndescription: renamed\n"
+                                           "gpu:\n  model: H100 (what-if)\n")
     job = manifest()
     job["job"]["cluster"]["profile"] = str(tmp_path / "renamed.yaml")
     found = plan(job, tmp_path, tmp_path / "p", PlanOptions(top=1, batch=2, search=TIGHT), Execution(workers=1))
     assert any(w.startswith("gpu.power_w = 700 inherited from h100-hgx-ndr400") and "gpu.model changed" in w
                for w in found.warnings)
-    assert found.power_w == 700 and per_million_tokens(found)["kwh_per_million_tokens"] is not None
+    best = best_simulated(found)
+    assert found.power_w == 700 and best is not None
+    assert per_million_tokens(best[1], found.power_w)["kwh_per_million_tokens"] is not None

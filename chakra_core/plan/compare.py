@@ -28,7 +28,8 @@ from typing import Mapping
 
 from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
-from chakra_core.plan.search import GIB, SIMULATED, Plan
+from chakra_core.jobs.step import TrainingStep
+from chakra_core.plan.search import GIB, SIMULATED, Candidate, Plan
 from chakra_core.sweep.table import table_csv
 
 SECONDS_PER_HOUR = 3600.0
@@ -42,21 +43,27 @@ KINDS = {c: "str" if c in TEXT else "int" if c == "gpus" else "bool" if c == "ti
          for c in COLUMNS}
 
 
-def per_million_tokens(found: Plan, usd_per_gpu_hour: float | None = None) -> JsonObject | None:
-    """The best simulated layout's GPU-hours, energy at the GPUs' maximum power (kWh; None when
-    the profile gives no power) and cost (USD; None without a price) per million tokens; None
-    when no layout was simulated (or its step took no time)."""
+def best_simulated(found: Plan) -> tuple[Candidate, TrainingStep] | None:
+    """The fastest simulated layout and its step; None when none was simulated or its step took
+    no time (nothing per token to say)."""
     best = next((c for c in found.ranked() if c.status == SIMULATED and c.training is not None), None)
     if best is None or best.training is None or best.training.tokens_per_s_per_gpu <= 0:
         return None
-    gpu_hours = 1e6 / (best.training.tokens_per_s_per_gpu * SECONDS_PER_HOUR)
-    return {"gpu_hours_per_million_tokens": gpu_hours, "gpu_power_w": found.power_w,
-            "kwh_per_million_tokens": None if found.power_w is None else gpu_hours * found.power_w / 1000,
+    return best, best.training
+
+
+def per_million_tokens(step: TrainingStep, power_w: float | None, usd_per_gpu_hour: float | None = None) -> JsonObject:
+    """A step's GPU-hours, energy at the GPUs' maximum power `power_w` (kWh; None without it) and
+    cost (USD; None without a price) per million tokens."""
+    gpu_hours = 1e6 / (step.tokens_per_s_per_gpu * SECONDS_PER_HOUR)
+    return {"gpu_hours_per_million_tokens": gpu_hours, "gpu_power_w": power_w,
+            "kwh_per_million_tokens": None if power_w is None else gpu_hours * power_w / 1000,
             "usd_per_gpu_hour": usd_per_gpu_hour,
             "usd_per_million_tokens": None if usd_per_gpu_hour is None else gpu_hours * usd_per_gpu_hour}
 
 
-def comparison_rows(summary: list[tuple[str | None, Plan]], prices: Mapping[str, float] | None = None) -> list[JsonObject]:
+def comparison_rows(summary: list[tuple[str | None, Plan]],
+                    prices: Mapping[str, float] | None = None) -> list[JsonObject]:
     """One row per --vary value (COLUMNS), the first value's best as the reference; a value with
     no simulated layout (or a step of no time) has its value and profile only. `prices`: --price's
     USD per GPU-hour (`price_for`)."""
@@ -64,12 +71,12 @@ def comparison_rows(summary: list[tuple[str | None, Plan]], prices: Mapping[str,
     first: tuple[float, JsonObject, ErrorBand | None] | None = None
     for label, found in summary:
         row: JsonObject = {"value": label, "profile": found.profile}
-        best = next((c for c in found.ranked() if c.status == SIMULATED and c.training is not None), None)
-        costs = per_million_tokens(found, price_for(prices or {}, label))
-        if best is None or best.training is None or costs is None:
+        found_best = best_simulated(found)
+        if found_best is None:
             rows.append(row)
             continue
-        step = best.training
+        best, step = found_best
+        costs = per_million_tokens(step, found.power_w, price_for(prices or {}, label))
         band = step.error_band
         reference = first is None
         if first is None:

@@ -9,15 +9,16 @@ from rich.table import Table
 
 from chakra_core.cli.output import out_console
 from chakra_core.json_types import JsonObject
-from chakra_core.plan.compare import describe_versus, per_million_tokens
+from chakra_core.plan.compare import best_simulated, describe_versus, per_million_tokens
 from chakra_core.plan.search import Plan
 
 
 def print_costs(found: Plan, usd_per_gpu_hour: float | None) -> None:
     """Per million tokens, the best layout's GPU-hours, energy at the GPUs' maximum power and cost."""
-    costs = per_million_tokens(found, usd_per_gpu_hour)
-    if costs is None:
+    best = best_simulated(found)
+    if best is None:
         return
+    costs = per_million_tokens(best[1], found.power_w, usd_per_gpu_hour)
     parts = [f"{costs['gpu_hours_per_million_tokens']:.4g} GPU-hours"]
     if isinstance(costs["kwh_per_million_tokens"], float):
         parts.append(f"{costs['kwh_per_million_tokens']:.4g} kWh with every GPU at its maximum power "
