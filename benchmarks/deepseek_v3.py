@@ -18,7 +18,8 @@ up-projections and the dense MLPs (recompute_modules mla_up_proj, mlp), not mode
 the step each by their FLOPs); DeepSeek-V3's group-limited routing sends a token to at most 4 of
 the 8 nodes of an EP group, the flex dispatcher's bytes assume a uniform top-8 (5.3 nodes).
 
-    python benchmarks/deepseek_v3.py [--precision bf16] [--no-overlap] [--alltoall] [--profile FILE]
+    python benchmarks/deepseek_v3.py [--precision bf16] [--no-overlap] [--alltoall] [--fold-time off]
+                                     [--profile FILE]
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ def main() -> None:
     parser.add_argument("--precision", default="fp8", choices=["fp8", "bf16"])
     parser.add_argument("--no-overlap", action="store_true", help="every EP all-to-all exposed (no moe_a2a_overlap)")
     parser.add_argument("--alltoall", action="store_true", help="Megatron's alltoall dispatcher instead of DeepEP")
+    parser.add_argument("--fold-time", default="auto", choices=["auto", "off"],
+                        help="workload.fold_time: off simulates every micro-batch (the same step to the ns)")
     parser.add_argument("--profile", type=Path, help="write cProfile statistics of the run to FILE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         manifest = {"job": job(args.precision, not args.no_overlap, "alltoall" if args.alltoall else "flex"),
-                    "output": {"dir": tmp},
+                    "output": {"dir": tmp}, "workload": {"fold_time": args.fold_time},
                     "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
         profiler = cProfile.Profile() if args.profile else None
         started, cpu = time.perf_counter(), time.process_time()
@@ -75,7 +78,10 @@ def main() -> None:
     assert training is not None
     print(f"wall {wall:.1f} s (process CPU {cpu:.1f} s), {result.document['folding']['simulated_ranks']} "
           "simulated ranks")
-    print(f"step {training.step_time_s:.2f} s, {training.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
+    folded = result.document["folding"].get("time", {})
+    print("folded in time: " + (f"{folded['microbatches_simulated']} of {folded['microbatches']} micro-batches "
+                                f"simulated" if folded.get("folded") else folded.get("reason", "off")))
+    print(f"step {result.document['finish_ns']:,} ns = {training.step_time_s:.2f} s, {training.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
           f"{training.tflops_per_gpu:.0f} TFLOP/s/GPU (published {PUBLISHED['tokens_per_s_per_gpu']:,}, "
           f"{PUBLISHED['tflops_per_gpu']})")
     for part, seconds in training.breakdown_s.items():

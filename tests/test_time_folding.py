@@ -112,6 +112,38 @@ def test_a_longer_step_is_the_kept_one_with_whole_periods_inserted(pp, vp, tp, e
                                                                                        span.first)
 
 
+@settings(max_examples=8, deadline=None)
+@given(pp=st.sampled_from([1, 2, 4]), extra=st.integers(0, 2), precision=st.sampled_from(["bf16", "fp8"]),
+       recompute=st.sampled_from(["none", "selective"]))
+def test_the_combined_schedule_repeats_node_for_node(pp, extra, precision, recompute):
+    """The same for a mixture of experts under the combined 1F1B schedule
+    (overlap_moe_expert_parallel_comm, delayed weight gradients), whose steady state is one merged
+    forward-and-backward step per pair and whose warm-up has one forward more."""
+    vp = 1 if pp == 1 else 2
+    c = 1 if vp == 1 else pp
+    data = job(pp=pp, vp=vp, gpus=pp * 4, microbatches=64 * c, precision=precision, recompute=recompute)
+    data["model"] = dict(MOE)
+    data["parallel"] |= {"ep": 2, "overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}
+    base = JobSpec.model_validate(data)
+    kept, why = simulated_microbatches(base)
+    assert not why and kept < base.microbatches
+    kept += c * extra
+    short, long = reduced_job(base, kept), reduced_job(base, kept + period_microbatches(base))
+    placement = Placement(short, 8)
+    for rank in placement.representatives:
+        program = rank_program(short, placement, rank)
+        nodes = program.build()
+        span = rank_periods(short, program.stage, program.step_starts)
+        assert span is not None
+        longer = rank_program(long, Placement(long, 8), rank).build()
+        assert len(longer) == len(nodes) + span.nodes
+        assert [n.SerializeToString(deterministic=True) for n in longer[:span.end]] == \
+            [n.SerializeToString(deterministic=True) for n in nodes[:span.end]]
+        for i in range(span.end, len(nodes) + span.nodes):   # the period inserted, then the rest a period on
+            assert _canonical(longer[i], 0, 0, span.first) == _canonical(nodes[i - span.nodes], span.nodes,
+                                                                         2 * vp * c, span.first)
+
+
 # The run ---------------------------------------------------------------------------------------------
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pp=st.sampled_from([1, 2, 4]), vp=st.sampled_from([1, 2]), tp=st.sampled_from([1, 2]),
@@ -135,6 +167,8 @@ KINDS = {
     "context parallel": ({"cp": 2}, {}, None),
     "sequence parallel and TP overlap": ({"tp": 2, "tp_comm_overlap": True}, {}, None),
     "mixture of experts, EP 2, skewed routing": ({"ep": 2}, {"routing": {"zipf": 1.0}}, MOE),
+    "mixture of experts, combined 1F1B schedule": ({"vp": 2, "ep": 2, "overlap_moe_expert_parallel_comm": True,
+                                                    "delay_wgrad_compute": True}, {"precision": "fp8"}, MOE),
     "Megatron-FSDP (ZeRO-3)": ({"pp": 1}, {"use_megatron_fsdp": True,
                                            "data_parallel_sharding_strategy": "optim_grads_params"}, None),
 }

@@ -115,6 +115,7 @@ class CombinedSchedule(LayerKernels):
 
     _first_forward: bool
     _last_backward: bool
+    step_starts: list[int]
 
     if TYPE_CHECKING:   # provided by program.RankProgram
         def _begin_forward(self, chunk: int) -> None:
@@ -269,6 +270,7 @@ class CombinedSchedule(LayerKernels):
     def combined_step(self, forward: Pass | None, backward: Pass | None) -> None:
         """combined_forward_backward_step and TransformerModelChunkSchedulePlan.run (see the module
         docstring): `forward`'s chunk and `backward`'s, either alone when the other is None."""
+        self.step_starts.append(len(self.stream.nodes))
         self._comp = self._comm = list(self.stream.frontier)
         # both receives are posted at once (send_forward_backward_recv_forward_backward, or the
         # prefetch of overlap_p2p_comm); pre_forward and pre_backward make the compute stream wait
