@@ -81,7 +81,8 @@ def main() -> None:
     folded = result.document["folding"].get("time", {})
     print("folded in time: " + (f"{folded['microbatches_simulated']} of {folded['microbatches']} micro-batches "
                                 f"simulated" if folded.get("folded") else folded.get("reason", "off")))
-    print(f"step {result.document['finish_ns']:,} ns = {training.step_time_s:.2f} s, {training.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
+    print(f"step {result.document['finish_ns']:,} ns = {training.step_time_s:.2f} s, "
+          f"{training.tokens_per_s_per_gpu:.0f} tokens/s/GPU, "
           f"{training.tflops_per_gpu:.0f} TFLOP/s/GPU (published {PUBLISHED['tokens_per_s_per_gpu']:,}, "
           f"{PUBLISHED['tflops_per_gpu']})")
     for part, seconds in training.breakdown_s.items():
