@@ -419,3 +419,24 @@ def test_the_plot_gives_units_and_shows_one_element_lists_as_their_value(tmp_pat
     assert [key_unit(k) for k in ("network.bandwidth[0]", "system.local-mem-bw", "network.latency[1]",
                                   "system.preferred-dataset-splits", "compute.peak_tflops")] == [
         "GB/s", "GB/s", "ns", None, "TFLOP/s"]
+
+
+def test_a_long_legend_title_goes_beside_the_axes_a_key_per_line(tmp_path):
+    """Series keys that would make a legend wider than the axes (plan's nine) go beside them, one
+    key per line, rather than collapsing the axes (matplotlib's constrained layout warns)."""
+    import warnings
+
+    from chakra_core.sweep.table import plot_figure, plot_png
+
+    sweep = build_sweep({"base": INLINE_BASE,
+                         "grid": {"network.bandwidth[0]": [10, 20], "system.preferred-dataset-splits": [1, 4],
+                                  "system.local-mem-bw": [50], "system.endpoint-delay": [10]}},
+                        tmp_path, "s.yaml", name="wide")
+    assert len(", ".join(sweep.plot.series)) > 60 and len(sweep.points) == 4
+    rows = [{"status": "ok", "finish_ns": 40_000 + 1000 * i, **p.overrides} for i, p in enumerate(sweep.points)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_png(sweep, rows)
+    figure = plot_figure(sweep, rows)
+    assert figure.axes[0].get_legend() is None and len(figure.legends) == 1
+    assert figure.legends[0].get_title().get_text().count("\n") == len(sweep.plot.series) - 1

@@ -159,6 +159,10 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+LEGEND_TITLE_CHARS = 60
+"""The longest legend title kept on one line inside the axes."""
+
+
 def plot_png(sweep: Sweep, rows: list[JsonObject]) -> bytes | None:
     """The PNG of plot_figure; None when no point has a value to draw."""
     figure = plot_figure(sweep, rows)
@@ -237,9 +241,13 @@ def plot_figure(sweep: Sweep, rows: list[JsonObject]) -> Figure | None:
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
     if spec.series:
-        legend = {"title": (",\n" if len(lines) > 4 else ", ").join(_with_unit(key) for key in spec.series),
+        keys = [_with_unit(key) for key in spec.series]
+        # beside the axes, a key per line, when it would hide data or be wider than the axes (a
+        # plan's nine keys in one line collapse them)
+        beside = len(lines) > 4 or len(", ".join(keys)) > LEGEND_TITLE_CHARS
+        legend = {"title": (",\n" if beside else ", ").join(keys),
                   "fontsize": "small", "title_fontsize": "small", "ncols": 1 if len(lines) <= 16 else 2}
-        if len(lines) > 4:   # beside the axes: a long legend would hide data
+        if beside:
             figure.legend(loc="outside right upper", **legend)
         else:
             axes.legend(**legend)
