@@ -14,10 +14,11 @@ precision) plus the settings its `settings` list gives in benchmarks/data/traini
 (each with why: the source's launcher or config, or the default taken where it is silent).
 Predictions are spec-only: the hardware profiles' public constants, nothing fitted to these step
 times. Error = |predicted / measured - 1|; geomean error = exp(mean |ln(predicted / measured)|) - 1;
-mean signed error = exp(mean ln(predicted / measured)) - 1. Results are cached per run, variant
-and the simulator's data files (--cache), so a re-render after an interrupted or partial run reuses
-them; a cached result holds while every simulator module its process had imported is unchanged, so
-a change to a module no run imports (the planner, the CLI) keeps the cache.
+mean signed error = exp(mean ln(predicted / measured)) - 1. Results are cached per run, variant,
+the simulator's data files and the run's profile chain (--cache), so a re-render after an
+interrupted or partial run reuses them; a cached result holds while every simulator module its
+process had imported is unchanged, so a change to a module no run imports (the planner, the CLI)
+keeps the cache, as does a change to another GPU's profile.
 """
 
 from __future__ import annotations
@@ -106,18 +107,42 @@ def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, An
     return {"job": job, "output": {"dir": str(out)}, "compute": compute, "system": {"plugin": "nccl"}, **memory}
 
 
+PROFILE_DIR = ROOT / "chakra_core" / "hardware" / "profiles"
+
+
 @lru_cache(maxsize=1)
-def _data_digest() -> str:
-    """The simulator's data files (profiles, presets, tables: every file under chakra_core and the
-    plugins but Python sources, bytecode and tests), which any run may read."""
+def _shared_data_digest() -> str:
+    """The simulator's data files any run may read (presets, tables: every file under chakra_core
+    and the plugins but Python sources, bytecode, tests and the hardware profiles, which a run reads
+    only along its own profile's `extends` chain: _profile_digest)."""
     digest = hashlib.sha256()
     for folder in (ROOT / "chakra_core", ROOT / "plugins"):
         for path in sorted(folder.rglob("*")):
             parts = set(path.relative_to(ROOT).parts)
-            if path.is_file() and path.suffix not in (".py", ".pyc") and not parts & {"tests", "__pycache__"} \
-                    and not any(part.endswith(".egg-info") for part in parts):
+            if path.is_file() and path.suffix not in (".py", ".pyc") and path.parent != PROFILE_DIR \
+                    and not parts & {"tests", "__pycache__"} and not any(part.endswith(".egg-info") for part in parts):
                 digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=None)
+def _profile_digest(name: str) -> str:
+    """A shipped profile's file and those of its `extends` chain: editing or adding another profile
+    keeps this run's cached result."""
+    digest, seen = hashlib.sha256(), set()
+    while name and name not in seen:
+        seen.add(name)
+        path = PROFILE_DIR / f"{name}.yaml"
+        text = path.read_bytes()
+        digest.update(name.encode() + b"\0" + text)
+        parent = (yaml.safe_load(text) or {}).get("extends")
+        name = parent if isinstance(parent, str) else ""
+    return digest.hexdigest()[:16]
+
+
+def _cache_key(run_id: str, job: dict[str, Any], off: str | None) -> str:
+    data = [_shared_data_digest(), _profile_digest(job["cluster"]["profile"])]
+    return hashlib.sha256(json.dumps([run_id, job, off, data], sort_keys=True).encode()).hexdigest()[:20]
 
 
 @lru_cache(maxsize=None)
@@ -158,8 +183,7 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
     """One run (one variant) in this process; its step, split and wall time."""
     run, off, cache = task
     job = job_of(run)
-    key = hashlib.sha256(json.dumps([run["id"], job, off, _data_digest()], sort_keys=True).encode()).hexdigest()[:20]
-    path = Path(cache) / f"{run['id']}--{off or 'model'}--{key}.json"
+    path = Path(cache) / f"{run['id']}--{off or 'model'}--{_cache_key(run['id'], job, off)}.json"
     if path.exists():
         cached = json.loads(path.read_text())
         if _still_holds(cached):
