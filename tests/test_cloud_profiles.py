@@ -25,9 +25,11 @@ CLOUD = {
     "aws-p5-48xlarge": ("H100 SXM5 80GB", 8, 32, 100, 3200, "gpudirect", "h100-aws-p5-efa"),
     "aws-p4de-24xlarge": ("A100 SXM4 80GB", 8, 4, 100, 400, "gpudirect", "a100-aws-p4de-efa"),
     "gcp-a4": ("B200 SXM 180GB", 8, 8, 400, 3200, "gpudirect", "b200-sxm-hgx"),
+    "aws-p6-b200-48xlarge": ("B200 SXM 180GB", 8, 8, 400, 3200, "gpudirect", "b200-sxm-hgx"),
     # NVL72 racks: the node is the 72-GPU NVLink domain (18 VMs of 4 GPUs), one NIC per GPU
     "azure-nd-gb200-v6": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72-ndr400"),
     "azure-nd-gb300-v6": ("B300 (GB300 NVL72) 279GB", 72, 72, 800, 57600, "gpudirect", "gb300-nvl72-xdr800"),
+    "gcp-a4x": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72"),
 }
 ALIASES = {"aws-p5-48xlarge": "h100-aws-p5-efa", "aws-p4de-24xlarge": "a100-aws-p4de-efa"}
 
@@ -112,9 +114,21 @@ def test_google_plugins_report_no_latency_and_restrict_protocols():
     assert high.protocols == ["Simple"] and mega.protocols == ["LL128", "Simple"]
 
 
+def test_efa_profiles_take_aws_plugin_values_per_platform():
+    """aws-ofi-nccl steers NCCL with a per-platform latency and its tuner model counts its own per
+    step: P5's 75 and 20 us, P6-B200's (grouped with P5en) 35 and P5en's 18 us."""
+    p5, p6 = load_profile("aws-p5-48xlarge").network, load_profile("aws-p6-b200-48xlarge").network
+    assert p5 is not None and p6 is not None
+    assert (p5.reported_latency_us.value, p5.extra_latency_us.value) == (75, 20)   # type: ignore[union-attr]
+    assert (p6.reported_latency_us.value, p6.extra_latency_us.value) == (35, 18)   # type: ignore[union-attr]
+    assert "P5en" in (p6.extra_latency_us.derived or "")                              # type: ignore[union-attr]
+    assert p6.nccl_devices_per_node is not None and p6.nccl_devices_per_node.value == 8
+    assert not p6.gdr_flush
+
+
 def test_native_nccl_fabrics_set_no_plugin_values():
     for name in ("azure-nd-h100-v5", "oci-bm-gpu-h100-8", "oci-bm-gpu4-8", "azure-nd-gb200-v6", "azure-nd-gb300-v6",
-                 "gcp-a4"):
+                 "gcp-a4", "gcp-a4x"):
         network = load_profile(name).network
         assert network is not None
         assert network.extra_latency_us is None and network.reported_latency_us is None
