@@ -114,12 +114,14 @@ PROFILE_DIR = ROOT / "chakra_core" / "hardware" / "profiles"
 def _shared_data_digest() -> str:
     """The simulator's data files any run may read (presets, tables: every file under chakra_core
     and the plugins but Python sources, bytecode, tests and the hardware profiles, which a run reads
-    only along its own profile's `extends` chain: _profile_digest)."""
+    only along its own profile's `extends` chain: _profile_digest), less the error bands this
+    script writes, which label a run's results without changing its step (_results_digest)."""
     digest = hashlib.sha256()
     for folder in (ROOT / "chakra_core", ROOT / "plugins"):
         for path in sorted(folder.rglob("*")):
             parts = set(path.relative_to(ROOT).parts)
             if path.is_file() and path.suffix not in (".py", ".pyc") and path.parent != PROFILE_DIR \
+                    and path.name != RUNS_FILE.name \
                     and not parts & {"tests", "__pycache__"} and not any(part.endswith(".egg-info") for part in parts):
                 digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
@@ -179,6 +181,13 @@ def _still_holds(record: dict[str, Any]) -> bool:
     return True
 
 
+def _results_digest(ranks: Any, training: dict[str, Any]) -> str:
+    """What a run computed (every rank's row, the step and its split), for the folded and unfolded
+    runs' comparison; not the error band the results carry, which this script's last run wrote."""
+    computed = {key: value for key, value in training.items() if key != "error_band"}
+    return hashlib.sha256(json.dumps([ranks, computed], sort_keys=True).encode()).hexdigest()
+
+
 def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]:
     """One run (one variant) in this process; its step, split and wall time."""
     run, off, cache = task
@@ -198,7 +207,7 @@ def simulate_one(task: tuple[dict[str, Any], str | None, str]) -> dict[str, Any]
         split = moe_split(Path(tmp) / "traces", job["name"], spec.parallel.pp, spec.cluster.gpus,
                           prepared.simulation.layers["compute"], training["breakdown_by_stage_s"],
                           prepared.simulation.spec.time_folding) if spec.shape.moe and off is None else None
-    same = hashlib.sha256(json.dumps([result.document["ranks"], training], sort_keys=True).encode()).hexdigest()
+    same = _results_digest(result.document["ranks"], training)
     record = {"id": run["id"], "off": off, "step": training["step_time_s"], "breakdown": training["breakdown_s"],
               "wall": wall, "results_digest": same, "moe_split": split}
     cached_record = {**record, "sources": _imported_sources()}

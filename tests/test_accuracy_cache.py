@@ -24,6 +24,7 @@ def accuracy(tmp_path, monkeypatch):
     profiles = tmp_path / "chakra_core" / "hardware" / "profiles"
     profiles.mkdir(parents=True)
     (tmp_path / "chakra_core" / "presets.json").write_text("{}")
+    (tmp_path / "chakra_core" / "accuracy-runs.json").write_text("{}")   # the bands the script writes
     (tmp_path / "plugins").mkdir()
     (profiles / "a.yaml").write_text("name: a\n")
     (profiles / "b.yaml").write_text("extends: a\n")
@@ -57,3 +58,10 @@ def test_a_shared_data_file_rekeys_every_run(accuracy):
     (root / "chakra_core" / "presets.json").write_text('{"changed": 1}')
     after = {name: _key(module, name) for name in "abc"}
     assert all(after[name] != before[name] for name in "abc")
+
+
+def test_the_error_bands_the_script_writes_rekey_nothing(accuracy):
+    module, root = accuracy
+    before = {name: _key(module, name) for name in "abc"}
+    (root / "chakra_core" / "accuracy-runs.json").write_text('{"runs": []}')
+    assert {name: _key(module, name) for name in "abc"} == before
