@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Sequence
 from chakra_core.jobs.kernels import LayerKernels
 from chakra_core.jobs.moe import Tokens
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.schedule import stage_schedule, warmup_steps
+from chakra_core.jobs.schedule import COMBINED_EXTRA_WARMUP, stage_schedule, warmup_steps
 from chakra_core.jobs.spec import JobSpec
 
 Pass = tuple[int, int]
@@ -65,8 +65,8 @@ Phase = tuple[Pass | None, Pass | None]
 def combined_phases(stage: int, pp: int, vp: int, microbatches: int) -> list[Phase]:
     """The steps of a stage with the combined schedule: warm-up forwards alone, each steady-state
     forward merged with the backward after it, cool-down backwards alone."""
-    steps = stage_schedule(stage, pp, vp, microbatches, extra_warmup=1)
-    warmup = warmup_steps(stage, pp, vp, microbatches, 1)
+    steps = stage_schedule(stage, pp, vp, microbatches, extra_warmup=COMBINED_EXTRA_WARMUP)
+    warmup = warmup_steps(stage, pp, vp, microbatches, COMBINED_EXTRA_WARMUP)
     phases: list[Phase] = [((mb, chunk), None) for _, mb, chunk in steps[:warmup]]
     steady = len(steps) - 2 * warmup   # (forward, backward) pairs after the warm-up
     for i in range(warmup, warmup + steady, 2):

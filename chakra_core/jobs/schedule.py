@@ -32,6 +32,16 @@ ZB_SOURCE = ("sail-sg/zero-bubble-pipeline-parallelism at 39f2c186a27580b7051eb5
 """The zero-bubble authors' Megatron-LM: when it splits the backward (else it runs the plain schedule)."""
 
 
+COMBINED_EXTRA_WARMUP = 1
+"""Forward steps the combined 1F1B schedule of --overlap-moe-expert-parallel-comm runs before the
+first backward beyond 1F1B's (get_pp_rank_microbatches: "one extra micro-batch forward step")."""
+
+
+def extra_warmup(job: JobSpec) -> int:
+    """The job's warm-up forwards beyond 1F1B's: COMBINED_EXTRA_WARMUP with the combined schedule."""
+    return COMBINED_EXTRA_WARMUP if job.parallel.overlap_moe_expert_parallel_comm else 0
+
+
 def warmup_steps(stage: int, pp: int, vp: int, microbatches: int, extra: int = 0) -> int:
     """Forward steps before the first backward; `extra` more with --overlap-moe-expert-parallel-comm
     (get_pp_rank_microbatches: "one extra micro-batch forward step before the 1f1b stages"; without

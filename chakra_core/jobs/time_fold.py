@@ -3,19 +3,19 @@
 trace repeats.
 
 Once a pipeline is full, Megatron's 1F1B schedule runs forward/backward pairs whose work repeats
-every micro-batch; interleaved, every `pp` micro-batches (the model chunks come round after pp x
-vp pairs: schedule.py); so does the combined 1F1B schedule of overlap_moe_expert_parallel_comm,
-whose pairs are single merged steps (moe_overlap.py). A rank's repeating nodes are its pairs but the first and last period's
-(the first forwards launch parameter gathers and cast fp8 weights, the last backward reduces
-gradients). The traces keep enough micro-batches for every rank to be inside its repeating
-nodes for a few periods at once; a step with more micro-batches differs from them only by whole
-periods inserted before the cool-down, which the engine adds back.
+every micro-batch; interleaved, every `pp` micro-batches (the model chunks come round after pp x vp
+pairs: schedule.py); so does the combined 1F1B schedule of overlap_moe_expert_parallel_comm, whose
+pairs are single merged steps (moe_overlap.py). A rank's repeating nodes are its pairs but the
+first and last period's (the first forwards launch parameter gathers and cast fp8 weights, the last
+backward reduces gradients). The traces keep enough micro-batches for every rank to be inside its
+repeating nodes for a few periods at once; a step with more micro-batches differs from them only by
+whole periods inserted before the cool-down, which the engine adds back.
 """
 
 from __future__ import annotations
 
 from chakra_core.contract.time_folding import RankPeriods
-from chakra_core.jobs.schedule import warmup_steps
+from chakra_core.jobs.schedule import extra_warmup, warmup_steps
 from chakra_core.jobs.spec import JobSpec
 
 STEADY_PERIODS = 4
@@ -42,7 +42,7 @@ def simulated_microbatches(job: JobSpec, steady: int = STEADY_PERIODS, multiple:
     period, pp, vp = period_microbatches(job), job.parallel.pp, job.vp
     # the pipeline fills and drains in about 2 pp pairs, besides the first and last periods (and
     # the combined schedule's extra warm-up forward)
-    floor = (steady + 2) * period + (pp - 1 if vp == 1 else 2 * pp) + _extra_warmup(job)
+    floor = (steady + 2) * period + (pp - 1 if vp == 1 else 2 * pp) + extra_warmup(job)
     periods = (job.microbatches - floor) // period
     if periods < max(2, multiple):
         return job.microbatches, (f"{job.microbatches} micro-batch(es): too few to repeat (time folding keeps "
@@ -57,19 +57,14 @@ def reduced_job(job: JobSpec, microbatches: int) -> JobSpec:
     return job.model_copy(update={"training": training})
 
 
-def _extra_warmup(job: JobSpec) -> int:
-    """The combined 1F1B schedule's one forward more before the first backward (moe_overlap.py)."""
-    return 1 if job.parallel.overlap_moe_expert_parallel_comm else 0
-
-
 def rank_periods(job: JobSpec, stage: int, step_starts: list[int]) -> RankPeriods | None:
     """Where a rank's trace repeats, from the node count before each of its schedule's steps
     (RankProgram.step_starts: a forward or a backward, or with the combined schedule a merged
     forward and backward, which is one step); None when its pairs are too few or not alike."""
-    pp, vp, microbatches, extra = job.parallel.pp, job.vp, job.microbatches, _extra_warmup(job)
+    pp, vp, microbatches, extra = job.parallel.pp, job.vp, job.microbatches, extra_warmup(job)
     warmup = warmup_steps(stage, pp, vp, microbatches, extra)
     pairs = microbatches * vp - warmup
-    steps_per_pair = 1 if extra else 2
+    steps_per_pair = 1 if job.parallel.overlap_moe_expert_parallel_comm else 2   # merged, or F and B
     if len(step_starts) != 2 * warmup + steps_per_pair * pairs:
         return None
     per_period = period_microbatches(job) * vp       # pairs per period
