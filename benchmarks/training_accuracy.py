@@ -108,6 +108,8 @@ def manifest_of(job: dict[str, Any], out: Path, off: str | None) -> dict[str, An
 
 
 PROFILE_DIR = ROOT / "chakra_core" / "hardware" / "profiles"
+BANDS_FILE = RUNS_FILE.relative_to(ROOT)
+"""The error bands this script writes, relative to the tree (not keyed: _shared_data_digest)."""
 
 
 @lru_cache(maxsize=1)
@@ -119,11 +121,12 @@ def _shared_data_digest() -> str:
     digest = hashlib.sha256()
     for folder in (ROOT / "chakra_core", ROOT / "plugins"):
         for path in sorted(folder.rglob("*")):
-            parts = set(path.relative_to(ROOT).parts)
+            relative = path.relative_to(ROOT)
+            parts = set(relative.parts)
             if path.is_file() and path.suffix not in (".py", ".pyc") and path.parent != PROFILE_DIR \
-                    and path.name != RUNS_FILE.name \
+                    and relative != BANDS_FILE \
                     and not parts & {"tests", "__pycache__"} and not any(part.endswith(".egg-info") for part in parts):
-                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+                digest.update(str(relative).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -24,7 +24,10 @@ def accuracy(tmp_path, monkeypatch):
     profiles = tmp_path / "chakra_core" / "hardware" / "profiles"
     profiles.mkdir(parents=True)
     (tmp_path / "chakra_core" / "presets.json").write_text("{}")
-    (tmp_path / "chakra_core" / "accuracy-runs.json").write_text("{}")   # the bands the script writes
+    bands = tmp_path / module.BANDS_FILE   # the error bands the script writes
+    bands.parent.mkdir(parents=True)
+    bands.write_text("{}")
+    (tmp_path / "chakra_core" / "jobs" / "presets" / "models.yaml").write_text("{}")   # beside them, keyed
     (tmp_path / "plugins").mkdir()
     (profiles / "a.yaml").write_text("name: a\n")
     (profiles / "b.yaml").write_text("extends: a\n")
@@ -63,5 +66,7 @@ def test_a_shared_data_file_rekeys_every_run(accuracy):
 def test_the_error_bands_the_script_writes_rekey_nothing(accuracy):
     module, root = accuracy
     before = {name: _key(module, name) for name in "abc"}
-    (root / "chakra_core" / "accuracy-runs.json").write_text('{"runs": []}')
+    (root / module.BANDS_FILE).write_text('{"runs": []}')
     assert {name: _key(module, name) for name in "abc"} == before
+    (root / "chakra_core" / "jobs" / "presets" / "models.yaml").write_text('{"changed": 1}')
+    assert all(_key(module, name) != before[name] for name in "abc")
