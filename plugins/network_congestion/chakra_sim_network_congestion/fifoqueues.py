@@ -22,6 +22,22 @@ Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
 """Messages' next events (ns) and, with cut-through, where their first and last bytes are then."""
 
 
+def stable_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.argsort(keys, kind="stable") of keys in 0..bound-1, and the keys in that order. Sorts
+    each (key, position) packed into one integer: numpy sorts those with SIMD, several times
+    faster than a stable argsort (measured: 250 k keys, 1.6 ms against 6.9 ms)."""
+    count = len(keys)
+    shift = max(count - 1, 1).bit_length()
+    packed_type = np.uint32 if (bound - 1).bit_length() + shift <= 32 else np.uint64
+    packed = keys.astype(packed_type)
+    packed <<= packed_type(shift)
+    packed |= np.arange(count, dtype=packed_type)
+    packed.sort()
+    order = (packed & packed_type((1 << shift) - 1)).astype(np.intp)
+    packed >>= packed_type(shift)
+    return order, packed
+
+
 class StepQueues:
     """The step's links (renumbered 0..U-1): their FIFO state and statistics while it runs."""
 
@@ -38,9 +54,7 @@ class StepQueues:
         self.transfer = transfer
         self.whole_transfer = transfer.astype(np.int64)                    # int(size / bw)
         self.whole_arrival = (self.latency + transfer).astype(np.int64)    # int(lat + size / bw)
-        # local link numbers, -1 for none; read unsigned (-1 last) they sort by radix
-        self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32
-        self.sort_key = np.uint16 if self.link_type == np.int16 else np.uint32
+        self.link_type = np.int16 if len(used) < (1 << 15) - 1 else np.int32    # local link numbers, -1: none
 
     def entries(self, times: np.ndarray, coarse: np.ndarray, sender: Callable[[np.ndarray], np.ndarray],
                 into: np.ndarray, out_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -48,24 +62,25 @@ class StepQueues:
         `out_of` and enter `into` (local links, -1: none). Counts the peaks and checks the order
         is known. Returns (the local links where it is not, or where an event would come before
         traffic timed earlier; the events entering a link and those links, by link, in the order
-        the events run)."""
+        the events run; links numbered from 1)."""
         both = np.empty(2 * len(times), dtype=self.link_type)
         both[0::2], both[1::2] = out_of, into        # an event leaves a link, then enters the next
-        order = np.argsort(both.view(self.sort_key), kind="stable")    # -1 (none) sorts last
-        order = order[:np.count_nonzero(both >= 0)]
-        link = both[order]
+        both += 1          # links from 1 (and so on to serve): none is 0 and sorts first
+        order, link = stable_order(both, len(self.used) + 1)
+        none = np.count_nonzero(both == 0)
+        order, link = order[none:], link[none:]
         event = order >> 1
         entering = (order & 1).astype(bool)
         same = link[1:] == link[:-1]
         starts = np.flatnonzero(np.r_[True, ~same])
         ends = np.r_[starts[1:], len(link)] - 1
-        links = link[starts]
+        links = link[starts].astype(np.intp) - 1
         early = times[event[starts]] <= self.until[links]     # a link's first event here is its earliest
         rank = coarse[event]          # equal only for events in one ns, ordered by what is unknown
         tie = np.flatnonzero(same & (rank[1:] == rank[:-1]))
         blind = tie[sender(event[tie]) != sender(event[tie + 1])]
         if early.any() or len(blind):
-            return np.unique(np.concatenate([links[early], link[blind]])), event[:0], link[:0]
+            return np.unique(np.concatenate([links[early], link[blind].astype(np.intp) - 1])), event[:0], link[:0]
         # messages on a link after each event: its count before the window, plus the window's
         # entries less its leaves (a running sum over all links, less the sum before the link's first)
         delta = entering.view(np.int8) * np.int8(2) - np.int8(1)
@@ -79,15 +94,15 @@ class StepQueues:
         return np.empty(0, dtype=np.int64), event[entered], link[entered]
 
     def serve(self, events: np.ndarray, link: np.ndarray, times: np.ndarray, into: np.ndarray, final: np.ndarray,
-              moved: np.ndarray, bytes_at: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> Next:
-        """The window's `events` (by link, in the order they run) reach `link` (at times[event]),
-        with cut-through their first and last bytes where `bytes_at` says (head, tail, and the
-        window's order of them: event i's are head[order[i]]): serve each link's in order, the
-        k-th of every link at once. Returns `moved`'s next events (`moved`)."""
+              moved: np.ndarray, bytes_at: tuple[np.ndarray, np.ndarray] | None) -> Next:
+        """The window's `events` (by link, in the order they run) reach `link` (numbered from 1)
+        at times[event], with cut-through their first and last bytes where `bytes_at` says
+        (head[event], tail[event]): serve each link's in order, the k-th of every link at once.
+        Returns `moved`'s next events (`moved`: those entering a link, in the order they run)."""
         begins = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
         lengths = np.diff(np.r_[begins, len(link)])
         longest_first = np.argsort(-lengths, kind="stable")
-        links = link[begins[longest_first]]
+        links = link[begins[longest_first]].astype(np.intp) - 1
         width = np.searchsorted(-lengths[longest_first], -np.arange(int(lengths.max())), side="left")
         # The k-th event of the r-th longest link sits at row k, column r, rows laid end to end and
         # each as long as the links with a k-th event (a prefix, longest first): contiguous slices,
@@ -99,15 +114,20 @@ class StepQueues:
         np.cumsum(width, out=rows[1:])
         cell = rows[np.arange(len(link)) - np.repeat(begins, lengths)]
         cell += np.repeat(rank, lengths)
-        self.crossings += np.bincount(link, minlength=len(self.used))
+        self.crossings += np.bincount(link, minlength=len(self.used) + 1)[1:]
         free, busy = self.free[links], self.busy[links]
         size = len(link)
+        # each cell's event and each event's cell, then gathers: fewer scattered accesses than
+        # moving every array between the two orders (those accesses are most of the time here)
+        event_at = np.empty(size, dtype=np.intp)
+        event_at[cell] = events
+        cell_of = np.empty(len(times), dtype=np.intp)
+        cell_of[events] = cell
+        back = cell_of[moved]
         if self.steps.cut_through:
             assert bytes_at is not None
             transfer = self.transfer[links]
-            head, tail = np.empty(size), np.empty(size)
-            batch_at = bytes_at[2][events]
-            head[cell], tail[cell] = bytes_at[0][batch_at], bytes_at[1][batch_at]
+            head, tail = bytes_at[0][event_at], bytes_at[1][event_at]
             began, ended = np.empty(size), np.empty(size)
             for w, lo in zip(width.tolist(), rows.tolist()):
                 row = slice(lo, lo + w)
@@ -117,15 +137,9 @@ class StepQueues:
                 busy[:w] += stop - start
                 began[row], ended[row] = start, stop
             self.free[links], self.busy[links] = free, busy
-            # `events` are `moved` (those entering a link) by link: back to their own order
-            slot = np.empty(len(times), dtype=np.int64)
-            slot[moved] = np.arange(len(moved))
-            back = np.empty(len(moved), dtype=np.int64)
-            back[slot[events]] = cell
             return self.moved((began[back], ended[back]), into[moved], final)
         whole = self.whole_transfer[links]
-        arriving = np.empty(size, dtype=np.int64)
-        arriving[cell] = times[events]
+        arriving = times[event_at]
         began = np.empty(size, dtype=np.int64)
         for w, lo in zip(width.tolist(), rows.tolist()):
             row = slice(lo, lo + w)
@@ -135,9 +149,7 @@ class StepQueues:
             busy[:w] += stop_whole - start_whole
             began[row] = start_whole
         self.free[links], self.busy[links] = free, busy
-        begin_whole = np.empty(len(times), dtype=np.int64)
-        begin_whole[events] = began[cell]
-        return self.moved((begin_whole[moved], None), into[moved], final)
+        return self.moved((began[back], None), into[moved], final)
 
     def moved(self, served: tuple[np.ndarray, np.ndarray | None], link: np.ndarray, final: np.ndarray) -> Next:
         """Messages were served on `link` (when their first byte started, and with cut-through
@@ -150,14 +162,22 @@ class StepQueues:
         head, tail = begin + latency, end + latency
         return np.where(final, tail, head).astype(np.int64), head, tail
 
-    def sent_together(self, link: np.ndarray, time: int, origin: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+    def sent_together(self, link: np.ndarray, time: int,
+                      origin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
         """A step's messages all sent at `time`, in order, over first links `link`: when each link
         is one member's, and free of earlier steps' traffic by then, its messages go back to back,
-        in closed form (the sums added in the same order as one by one). Returns when each
-        started, and with cut-through when its last byte left (None: time them as events)."""
-        order = np.argsort(link.view(self.sort_key), kind="stable")
-        sorted_link = link[order]
-        starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
+        in closed form (the sums added in the same order as one by one). Returns the messages
+        (their positions in `link`) by their place on their link, the first of every link, then
+        the second, and so on (so nearly by time: the windows take them in slices; a member's
+        stay in the order it sent them, all the order a step's sends have among themselves),
+        when each started, and with cut-through when its last byte left (None: time them as
+        events)."""
+        runs = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
+        if np.bincount(link[runs], minlength=len(self.used)).max() == 1:    # each link's sends in one run
+            order, sorted_link, starts = np.arange(len(link)), link, runs
+        else:
+            order, sorted_link = stable_order(link, len(self.used))
+            starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
         links = sorted_link[starts]
         lengths = np.diff(np.r_[starts, len(link)])
         widest = int(lengths.max())
@@ -168,30 +188,32 @@ class StepQueues:
             return None        # two members' sends in one ns on one link: order unknown
         cut_through = self.steps.cut_through
         step = self.transfer[links] if cut_through else self.whole_transfer[links]
-        chain = np.empty((len(links), widest + 1), dtype=np.float64 if cut_through else np.int64)
-        chain[:, 0] = np.maximum(self.free[links], time)
-        chain[:, 1:] = step[:, None]
-        np.add.accumulate(chain, axis=1, out=chain)     # each start: the previous end
-        busy = np.empty((len(links), widest + 1), dtype=np.float64)
-        busy[:, 0] = self.busy[links]
-        busy[:, 1:] = chain[:, 1:] - chain[:, :-1]
-        np.add.accumulate(busy, axis=1, out=busy)
+        # chain[k, g]: when link g's k-th message starts (and its (k-1)-th ends), row by row
+        chain = np.empty((widest + 1, len(links)), dtype=np.float64 if cut_through else np.int64)
+        chain[0] = np.maximum(self.free[links], time)
+        chain[1:] = step
+        np.add.accumulate(chain, axis=0, out=chain)     # each start: the previous end
+        busy = np.empty((widest + 1, len(links)), dtype=np.float64)
+        busy[0] = self.busy[links]
+        np.subtract(chain[1:], chain[:-1], out=busy[1:])
+        np.add.accumulate(busy, axis=0, out=busy)
         every = np.arange(len(links))
-        self.free[links] = chain[every, lengths]
-        self.busy[links] = busy[every, lengths]
+        self.free[links] = chain[lengths, every]
+        self.busy[links] = busy[lengths, every]
         self.crossings[links] += lengths
         self.queued[links] += lengths
         self.peak[links] = np.maximum(self.peak[links], self.queued[links])
         self.until[links] = time
-        # the k-th message of link g started at chain[g, k] and ended at chain[g, k + 1]
-        at = np.repeat(np.arange(0, len(links) * (widest + 1), widest + 1) - starts, lengths)
-        at += np.arange(len(link))
+        if (lengths == widest).all():     # as many on every link: the rows in turn
+            index = order.reshape(len(links), widest).T.ravel()
+            return index, chain[:-1].ravel(), chain[1:].ravel() if cut_through else None
+        place = np.arange(len(link)) - np.repeat(starts, lengths)
+        by_place = stable_order(place, widest)[0]
+        at = np.repeat(np.arange(len(links)), lengths)
+        at += place * len(links)
+        at = at[by_place]
         flat = chain.ravel()
-        begin, end = np.empty(len(link), dtype=chain.dtype), np.empty(len(link), dtype=chain.dtype)
-        begin[order] = flat[at]
-        at += 1
-        end[order] = flat[at]
-        return begin, end if cut_through else None
+        return order[by_place], flat[at], flat[at + len(links)] if cut_through else None
 
     def keep(self) -> None:
         """The step is timed: its links' state is theirs."""

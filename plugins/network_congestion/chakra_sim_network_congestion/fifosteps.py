@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from chakra_sim_network_congestion.fifoqueues import StepQueues
+from chakra_sim_network_congestion.fifoqueues import StepQueues, stable_order
 
 if TYPE_CHECKING:
     from chakra_sim_network_congestion.links import FifoLinks
@@ -133,7 +133,8 @@ class FifoSteps:
         coarse_base = 0
         width = hops.shape[1]     # message m's links start at m * width in the routes laid end to end
         at = moving * width       # each message's first link
-        sent = queue.sent_together(route[at], base, origin[pick]) if base == int(sending.max()) else None
+        on = route[at]
+        sent = queue.sent_together(on, base, origin[pick]) if base == int(sending.max()) else None
         if sent is None:
             first = np.argsort(sending, kind="stable")
             times = sending[first]
@@ -142,17 +143,19 @@ class FifoSteps:
                                              np.full(len(times), _NO_LINK, dtype=route.dtype), route[at[first]]),
                     (times - base) // window, 0)
         else:      # the sends' events are timed: on to their next ones (one coarse rank, 0: sends in one ns)
-            on, then = route[at], route[at + 1]
-            nxt_time, head, tail = queue.moved(sent, on, then < 0)
+            index, begin, end = sent
+            on, then, at = on[index], route[at + 1][index], at[index]
+            nxt_time, head, tail = queue.moved((begin, end), on, then < 0)
             coarse_base = 1
             _bucket(buckets, pending, _Batch(nxt_time, ((at + 1) << 32) | 1, head, tail, on, then),
                     (nxt_time - base) // window, 1)
         while pending:
             w = heapq.heappop(pending)
             batch = _Batch.joined(buckets.pop(w))
-            offset = batch.time - (base + w * window)     # radix sort: within a window, 0..window-1
-            order = np.argsort(offset.astype(np.uint16) if window <= 1 << 16 else offset, kind="stable")
+            offset = batch.time - (base + w * window)     # within a window: 0..window-1
+            order = stable_order(offset, window)[0]
             times, place = batch.time[order], batch.place[order]
+            bytes_at = None if batch.head is None or batch.tail is None else (batch.head[order], batch.tail[order])
             out_of, into = batch.out_of[order], batch.into[order]
             at, parent = place >> 32, place & _LOW
             sends = out_of < 0
@@ -175,7 +178,6 @@ class FifoSteps:
             arrival[at[done] // width] = times[done]
             if not len(entering):
                 continue
-            bytes_at = None if batch.head is None or batch.tail is None else (batch.head, batch.tail, order)
             at_moved = at[moved]
             then = route[at_moved + 1]
             nxt_time, head, tail = queue.serve(entering, link, times, into, then < 0, moved, bytes_at)
@@ -240,6 +242,10 @@ def _bucket(buckets: dict[int, list[_Batch]], pending: list[int], batch: _Batch,
     low, high = int(relative.min()), int(relative.max())
     if low == high:
         parts = [(lowest + low, batch)]
+    elif not (relative[1:] < relative[:-1]).any():     # in order (a step's sends, often): slices
+        cuts = np.flatnonzero(relative[1:] != relative[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(relative)]
+        parts = [(lowest + int(relative[lo]), batch.pick(slice(lo, hi))) for lo, hi in zip(bounds, bounds[1:])]
     elif high - low < 4:     # most batches span two windows: picks by position beat a sort
         parts = []
         for r in range(low, high + 1):
@@ -247,7 +253,7 @@ def _bucket(buckets: dict[int, list[_Batch]], pending: list[int], batch: _Batch,
             if len(index):
                 parts.append((lowest + r, batch.pick(index)))
     else:
-        order = np.argsort(relative.astype(np.uint16) if high < 1 << 16 else relative, kind="stable")
+        order = stable_order(relative, high + 1)[0]
         batch, windows = batch.pick(order), windows[order]
         cuts = np.flatnonzero(np.r_[True, windows[1:] != windows[:-1]])
         parts = [(int(windows[lo]), batch.pick(slice(lo, hi)))
