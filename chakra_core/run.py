@@ -32,6 +32,7 @@ from chakra_core.config.spec import RunConfig
 from chakra_core.contract.layers import LayerModel, SystemLayer
 from chakra_core.plugins import PluginHost, make_plugin_host
 from chakra_core.engine.driver import Interval
+from chakra_core.engine.collector import lenient_gc
 from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import ChakraSimError
 from chakra_core.hardware.devices import device_mismatch
@@ -115,14 +116,15 @@ class PreparedRun:
         """Run to the end; the results document with every layer's statistics and the observers'
         additions. Raises what a run raises (SimulationError, DeadlockError, PluginError)."""
         sim = self.simulation
-        finished = sim.run(progress)
-        with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
-            results = build_results(finished)
-        if finished.spec.training is not None:
-            results = replace(results, training=training_section(finished))
-        plugins = sim.observe_end(results.to_json())
-        if plugins is not None:
-            results = replace(results, plugins=plugins)
+        with lenient_gc():
+            finished = sim.run(progress)
+            with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
+                results = build_results(finished)
+            if finished.spec.training is not None:
+                results = replace(results, training=training_section(finished))
+            plugins = sim.observe_end(results.to_json())
+            if plugins is not None:
+                results = replace(results, plugins=plugins)
         return RunResult(results, finished.intervals, finished.wall_s, finished.restarts)
 
 

@@ -28,7 +28,6 @@ run ends.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from chakra_core.plugins import PluginHost
 from chakra_core.contract.inputs import LayerContext, RestartRequest, RunInputs, Unfold
 from chakra_core.contract.layers import ComputeModel, LayerModel, MemoryModel, SystemLayer
 from chakra_core.contract.network import NetworkModel
+from chakra_core.engine.collector import lenient_gc
 from chakra_core.engine.driver import Interval, RankDriver, slot_table
 from chakra_core.engine.events import EventQueue
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
@@ -233,7 +233,7 @@ class Simulation:
         library = (TraceLibrary(spec.cache_nodes, spec.missing_parents, spec.dependencies)
                    if spec.feeder == "streaming" else None)
         simulated = (range(self.num_ranks) if self.folding is None else self.folding.representatives)
-        with _lenient_gc():     # thousands of feeders and drivers, no cycles among them
+        with lenient_gc():     # thousands of feeders and drivers, no cycles among them
             for rank in simulated:
                 path = spec.trace_files[rank]
                 if library is not None:
@@ -326,7 +326,7 @@ class Simulation:
     def _simulate(self, progress: Callable[[int], None] | None) -> RestartRequest | None:
         """The event loop, to the end of the run or to a restart request (returned)."""
         context = self.context
-        with _lenient_gc() as collect_now:
+        with lenient_gc() as collect_now:
             for driver in self.drivers:
                 driver.start()
                 if context.restart is not None:
@@ -402,20 +402,3 @@ class Simulation:
         return {"manifest": self.spec.manifest, "num_ranks": self.num_ranks,
                 "layers": dict(self.layers), "version": __version__}
 
-
-@contextmanager
-def _lenient_gc() -> Iterator[Callable[[], int]]:
-    """Pause the cyclic garbage collector during the event loop; yields a `collect_now` function.
-
-    A run keeps millions of live objects (queued messages, node caches) and
-    creates few reference cycles; CPython's collector would rescan the live
-    ones over and over (measured: 45% of a 1,024-NPU all-to-all). The loop
-    calls `collect_now` every few million events to bound cyclic garbage.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield lambda: gc.collect(1)
-    finally:
-        if enabled:
-            gc.enable()

@@ -50,6 +50,7 @@ class StepQueues:
         self.crossings = np.zeros(len(used), dtype=np.int64)
         self.queued = np.zeros(len(used), dtype=np.int64)
         self.latency = steps.lat[used]
+        self.one_latency = float(self.latency[0]) if len(used) and (self.latency == self.latency[0]).all() else None
         transfer = size / steps.bw[used]
         self.transfer = transfer
         self.whole_transfer = transfer.astype(np.int64)                    # int(size / bw)
@@ -158,9 +159,13 @@ class StepQueues:
         begin, end = served
         if end is None:
             return begin + self.whole_arrival[link], None, None
-        latency = self.latency[link]
+        # one latency for every link (a generated fabric's, often): added as a number, no gather
+        latency = self.one_latency if self.one_latency is not None else self.latency[link]
         head, tail = begin + latency, end + latency
-        return np.where(final, tail, head).astype(np.int64), head, tail
+        nxt = head.astype(np.int64)
+        delivered = np.flatnonzero(final)
+        nxt[delivered] = tail[delivered]        # (truncated as astype does)
+        return nxt, head, tail
 
     def sent_together(self, link: np.ndarray, time: int,
                       origin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
@@ -173,8 +178,9 @@ class StepQueues:
         when each started, and with cut-through when its last byte left (None: time them as
         events)."""
         runs = np.flatnonzero(np.r_[True, link[1:] != link[:-1]])
-        if np.bincount(link[runs], minlength=len(self.used)).max() == 1:    # each link's sends in one run
-            order, sorted_link, starts = np.arange(len(link)), link, runs
+        in_runs = np.bincount(link[runs], minlength=len(self.used)).max() == 1    # each link's sends in one run
+        if in_runs:
+            order, sorted_link, starts = None, link, runs
         else:
             order, sorted_link = stable_order(link, len(self.used))
             starts = np.flatnonzero(np.r_[True, sorted_link[1:] != sorted_link[:-1]])
@@ -183,7 +189,7 @@ class StepQueues:
         widest = int(lengths.max())
         if len(links) * (widest + 1) > 4 * len(link) + 1024 or (self.until[links] >= time).any():
             return None
-        by_link = origin[order]
+        by_link = origin if order is None else origin[order]
         if (by_link[1:] != by_link[:-1])[sorted_link[1:] == sorted_link[:-1]].any():
             return None        # two members' sends in one ns on one link: order unknown
         cut_through = self.steps.cut_through
@@ -205,7 +211,10 @@ class StepQueues:
         self.peak[links] = np.maximum(self.peak[links], self.queued[links])
         self.until[links] = time
         if (lengths == widest).all():     # as many on every link: the rows in turn
-            index = order.reshape(len(links), widest).T.ravel()
+            if order is None:
+                index = (np.arange(widest)[:, None] + starts).ravel()
+            else:
+                index = order.reshape(len(links), widest).T.ravel()
             return index, chain[:-1].ravel(), chain[1:].ravel() if cut_through else None
         place = np.arange(len(link)) - np.repeat(starts, lengths)
         by_place = stable_order(place, widest)[0]
@@ -213,7 +222,8 @@ class StepQueues:
         at += place * len(links)
         at = at[by_place]
         flat = chain.ravel()
-        return order[by_place], flat[at], flat[at + len(links)] if cut_through else None
+        index = by_place if order is None else order[by_place]
+        return index, flat[at], flat[at + len(links)] if cut_through else None
 
     def keep(self) -> None:
         """The step is timed: its links' state is theirs."""

@@ -149,11 +149,32 @@ class FifoSteps:
             coarse_base = 1
             _bucket(buckets, pending, _Batch(nxt_time, ((at + 1) << 32) | 1, head, tail, on, then),
                     (nxt_time - base) // window, 1)
-        while pending:
-            w = heapq.heappop(pending)
-            batch = _Batch.joined(buckets.pop(w))
-            offset = batch.time - (base + w * window)     # within a window: 0..window-1
-            order = stable_order(offset, window)[0]
+        # The last window's next events, not yet filed under their windows: nearly all come in the
+        # next one (measured: 98% on a fat-tree all-to-all), so they join it whole, and those that
+        # come later are filed then, still after everything filed before them
+        follow: _Batch | None = None
+        while pending or follow is not None:
+            follow_at = -1 if follow is None else int(follow.time.min() - base) // window
+            w = min(pending[0], follow_at) if pending and follow is not None else (pending[0] if pending else follow_at)
+            parts = buckets.pop(w) if pending and pending[0] == w else []
+            if parts:
+                heapq.heappop(pending)
+            joining = follow is not None and follow_at == w
+            if joining:
+                assert follow is not None
+                parts.append(follow)
+                follow = None
+            batch = _Batch.joined(parts)
+            offset = batch.time - (base + w * window)     # within a window: 0..window-1; later: more
+            if joining:
+                order, keys = stable_order(np.minimum(offset, window), window + 1)
+                within = int(np.searchsorted(keys, window))
+                if within < len(order):       # (in the order they were scheduled: equal keys)
+                    later = batch.pick(order[within:])
+                    _bucket(buckets, pending, later, (later.time - base) // window, w + 1)
+                    order = order[:within]
+            else:
+                order = stable_order(offset, window)[0]
             times, place = batch.time[order], batch.place[order]
             bytes_at = None if batch.head is None or batch.tail is None else (batch.head[order], batch.tail[order])
             out_of, into = batch.out_of[order], batch.into[order]
@@ -181,8 +202,9 @@ class FifoSteps:
             at_moved = at[moved]
             then = route[at_moved + 1]
             nxt_time, head, tail = queue.serve(entering, link, times, into, then < 0, moved, bytes_at)
-            _bucket(buckets, pending, _Batch(nxt_time, ((at_moved + 1) << 32) | (coarse[moved] + 1),
-                                             head, tail, into[moved], then), (nxt_time - base) // window, w + 1)
+            if follow is not None:       # not joined yet (an earlier window came first): filed now
+                _bucket(buckets, pending, follow, (follow.time - base) // window, w + 1)
+            follow = _Batch(nxt_time, ((at_moved + 1) << 32) | (coarse[moved] + 1), head, tail, into[moved], then)
         queue.keep()
         return arrival, np.empty(0, dtype=np.int64)
 
