@@ -155,7 +155,7 @@ class FifoSteps:
         follow: _Batch | None = None
         while pending or follow is not None:
             follow_at = -1 if follow is None else int(follow.time.min() - base) // window
-            w = min(pending[0], follow_at) if pending and follow is not None else (pending[0] if pending else follow_at)
+            w = min(([pending[0]] if pending else []) + ([follow_at] if follow is not None else []))
             parts = buckets.pop(w) if pending and pending[0] == w else []
             if parts:
                 heapq.heappop(pending)
