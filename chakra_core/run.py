@@ -116,7 +116,7 @@ class PreparedRun:
         """Run to the end; the results document with every layer's statistics and the observers'
         additions. Raises what a run raises (SimulationError, DeadlockError, PluginError)."""
         sim = self.simulation
-        with lenient_gc():
+        with lenient_gc():     # one pause from opening the traces to the results document
             finished = sim.run(progress)
             with sim.blaming():   # layers' summary(), rank_summary() and terminal_tables() run here
                 results = build_results(finished)

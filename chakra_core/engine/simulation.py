@@ -233,20 +233,19 @@ class Simulation:
         library = (TraceLibrary(spec.cache_nodes, spec.missing_parents, spec.dependencies)
                    if spec.feeder == "streaming" else None)
         simulated = (range(self.num_ranks) if self.folding is None else self.folding.representatives)
-        with lenient_gc():     # thousands of feeders and drivers, no cycles among them
-            for rank in simulated:
-                path = spec.trace_files[rank]
-                if library is not None:
-                    feeder = library.open(path)
-                else:
-                    feeder = open_feeder(path, spec.feeder, spec.cache_nodes, spec.missing_parents,
-                                         spec.dependencies)
-                for warning in getattr(feeder, "warnings", []):
-                    self.context.warn(warning)
-                if self.watch is not None:
-                    self.drivers.append(self.watch.driver(rank, feeder, self, capacities, slots))
-                else:
-                    self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
+        for rank in simulated:
+            path = spec.trace_files[rank]
+            if library is not None:
+                feeder = library.open(path)
+            else:
+                feeder = open_feeder(path, spec.feeder, spec.cache_nodes, spec.missing_parents,
+                                     spec.dependencies)
+            for warning in getattr(feeder, "warnings", []):
+                self.context.warn(warning)
+            if self.watch is not None:
+                self.drivers.append(self.watch.driver(rank, feeder, self, capacities, slots))
+            else:
+                self.drivers.append(RankDriver(rank, feeder, self, capacities, slots))
         drivers = self.driver_of = {driver.rank: driver for driver in self.drivers}
         self.context.comm_state = lambda rank, node_id, waiting: drivers[rank].comm_waiting(node_id, waiting)
 
