@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         SimulationError as SimulationError, TraceFormatError as TraceFormatError, TraceGraphError as TraceGraphError,
     )
     from chakra_core.et.attrs import NodeView as NodeView
+    from chakra_core.et.attr_cache import AttributeCache as AttributeCache
     from chakra_core.et.io import read_trace as read_trace, write_trace as write_trace, iter_trace as iter_trace
     from chakra_core.feeder import GraphFeeder as GraphFeeder, open_feeder as open_feeder
     from chakra_core.run import (
@@ -116,7 +117,7 @@ _EXPORTS = {
     "CollectiveCall": "chakra_core.comm.collectives", "collective_name": "chakra_core.comm.collectives",
     "replay_time_ns": "chakra_core.et.duration",
     # traces
-    "NodeView": "chakra_core.et.attrs", "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
+    "NodeView": "chakra_core.et.attrs", "AttributeCache": "chakra_core.et.attr_cache", "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
     "GraphFeeder": "chakra_core.feeder", "open_feeder": "chakra_core.feeder", "pb": "chakra_core.schema",
     "OpenCollective": "chakra_core.comm.matcher", "collective_wait": "chakra_core.comm.collectives",
     "NO_LOAD": "chakra_core.contract.inputs",

@@ -119,6 +119,20 @@ def test_frame_reader_matches_iter_frames_for_any_chunk_size(chunk_size):
     assert [frame for frame, _ in expected] == frame_offsets(META, NODES)
 
 
+@pytest.mark.parametrize("chunk_size", [1, 3, 1 << 20])
+def test_frame_reader_reads_prefixes_of_every_length(chunk_size):
+    """Bodies of 1- to 3-byte length prefixes (127, 128, 16,383 and 16,384 bytes are the edges) and
+    a non-minimal 2-byte prefix (protobuf reads it: et/io.py): the bytes as iter_frames finds them."""
+    nodes = [make_node(i, name="n" * size) for i, size in enumerate([1, 121, 122, 16_376, 16_377], 1)]
+    data = b"".join(encode_message(m) for m in [META, *nodes])
+    body = nodes[0].SerializeToString()
+    data += bytes([len(body) | 0x80, 0x00]) + body      # the same length, written in two bytes
+    found = list(FrameReader(io.BytesIO(data), "<mem>", chunk_size=chunk_size))
+    assert found == [(frame, data[start:end]) for frame, start, end in iter_frames(data)]
+    assert {len(encode_varint(len(b))) for _, b in found} == {1, 2, 3}
+    assert found[-1][1] == body
+
+
 # Broken files -----------------------------------------------------------------------------------
 def assert_format_error(excinfo, path, offset, *words):
     err = excinfo.value

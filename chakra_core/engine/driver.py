@@ -64,15 +64,11 @@ With RunSpec.step_parts, each breakdown category is split by the step part of th
 active node's part in this order."""
 _PART_INDEX = {name: index for index, name in enumerate(STEP_PARTS)}
 _OTHER_PART = len(STEP_PARTS) - 1
-_PART_MEMO = object()
 
 
-def _part_of(node: NodeView) -> int:
-    memo = node.memo
-    part = memo.get(_PART_MEMO)
-    if part is None:
-        part = memo[_PART_MEMO] = _PART_INDEX.get(node.str("step_part", "other"), _OTHER_PART)
-    return int(part)
+def step_part(node: NodeView) -> int:
+    """The node's step part (STEP_PARTS index)."""
+    return _PART_INDEX.get(node.str("step_part", "other"), _OTHER_PART)
 
 
 _SKIPPED_TYPES = {pb.INVALID_NODE, pb.STORAGE_NODE, pb.BATCH_NODE, pb.CHECKPOINT_NODE}
@@ -106,7 +102,7 @@ class RankDriver:
                  "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
                  "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
                  "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
-                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time", "_max_ns")
+                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time", "_max_ns", "_part_of")
 
     def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
                  capacities: list[int | None], slots: dict[int, int]):
@@ -143,6 +139,7 @@ class RankDriver:
         self.comm_bytes: dict[str, int] = {}
         self.replayed_host_collectives = 0
         self._parts_on = sim.spec.step_parts
+        self._part_of = sim.part_of
         self._part_active = [[0] * len(STEP_PARTS) for _ in range(6)]   # per category, per part
         self._part_time = [[0] * len(STEP_PARTS) for _ in range(6)]
 
@@ -217,7 +214,7 @@ class RankDriver:
             self._active[category] += 1
             self.inflight[node_id] = (entry[0], category, entry[2])
             if self._parts_on:
-                part = _part_of(self.feeder.lookup_node(node_id))
+                part = self._part_of(self.feeder.lookup_node(node_id))
                 self._part_active[entry[1]][part] -= 1
                 self._part_active[category][part] += 1
 
@@ -265,7 +262,7 @@ class RankDriver:
             # The engine itself completes compute nodes: their bookkeeping rides on the event
             # instead of the in-flight table that layers' completions go through.
             if self._parts_on:
-                part = _part_of(node)
+                part = self._part_of(node)
                 self._part_active[category][part] += 1
                 self.queue.schedule(duration, self._computed_part, (node_id, slot, category, now, part))
             else:
@@ -314,7 +311,7 @@ class RankDriver:
                 self._account()
             self._active[category] += 1
             if self._parts_on:
-                self._part_active[category][_part_of(self.feeder.lookup_node(node_id))] += 1
+                self._part_active[category][self._part_of(self.feeder.lookup_node(node_id))] += 1
         self.inflight[node_id] = (slot, category, now)
 
     # Completion -------------------------------------------------------------------------------
@@ -328,7 +325,7 @@ class RankDriver:
         if self._parts_on and category:
             if self.queue.now != self._last:
                 self._account()
-            self._part_active[category][_part_of(self.feeder.lookup_node(node_id))] -= 1
+            self._part_active[category][self._part_of(self.feeder.lookup_node(node_id))] -= 1
         self._computed((node_id, slot, category, start))
 
     def _computed_part(self, arg: tuple[int, int, int, int, int]) -> None:

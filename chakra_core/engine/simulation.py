@@ -43,7 +43,8 @@ from chakra_core.contract.inputs import LayerContext, RestartRequest, RunInputs,
 from chakra_core.contract.layers import ComputeModel, LayerModel, MemoryModel, SystemLayer
 from chakra_core.contract.network import NetworkModel
 from chakra_core.engine.collector import lenient_gc
-from chakra_core.engine.driver import Interval, RankDriver, slot_table
+from chakra_core.engine.driver import Interval, RankDriver, slot_table, step_part
+from chakra_core.et.attr_cache import AttributeCache
 from chakra_core.engine.events import EventQueue
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
 from chakra_core.engine.time_folding import PeriodWatch, TimeUnfold, time_fold_refusal, time_fold_result, traces_after
@@ -101,6 +102,8 @@ class Simulation:
         self.host = host
         self.intervals: list[Interval] | None = [] if record_intervals else None
         """With record_intervals: one per finished node, in completion order (for timelines)."""
+        self.part_of = AttributeCache(step_part)
+        """A node's step part, by its attributes, for every rank's driver."""
         # `ranks`: layers built for a job's ranks without its traces (run.build_layers)
         self.num_ranks = len(spec.trace_files) if ranks is None else ranks
         self.restarts: list[str] = []

@@ -95,6 +95,45 @@ def _as_str(attr: pb.AttributeProto, node_id: int, name: str) -> str:
         f"node {node_id}: attribute '{name}' must be a string, found {which or 'no value'}")
 
 
+_ATTR_TAG = 0x52
+"""Node.attr's field tag (field 10, length-delimited) on the wire."""
+
+
+def _first_attr(body: bytes) -> int:
+    """Where a Node's first attribute starts in its wire form (0, the whole node, for a form this
+    reader does not walk: tags of two bytes, groups)."""
+    at, end = 0, len(body)
+    while at < end:
+        tag = body[at]
+        if tag == _ATTR_TAG:
+            return at
+        if tag & 0x80:
+            return 0
+        at += 1
+        wire = tag & 7
+        if wire == 0:        # varint
+            while body[at] & 0x80:
+                at += 1
+            at += 1
+        elif wire == 2:      # length-delimited: a varint length, then that many bytes
+            length = shift = 0
+            while True:
+                byte = body[at]
+                at += 1
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            at += length
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        else:
+            return 0
+    return end
+
+
 class NodeView:
     """A Chakra node with typed, cached attribute access.
 
@@ -102,12 +141,15 @@ class NodeView:
     on first use. Layers receive NodeViews, never raw protobuf messages.
     """
 
-    __slots__ = ("pb", "_attrs", "_memo")
+    __slots__ = ("pb", "_attrs", "_memo", "_body", "_key")
 
-    def __init__(self, node: pb.Node):
+    def __init__(self, node: pb.Node, body: bytes | None = None):
+        """`body`: the bytes `node` was parsed from, when the caller has them (attrs_key reads them)."""
         self.pb = node
         self._attrs: dict[str, pb.AttributeProto] | None = None
         self._memo: dict[Any, Any] | None = None
+        self._body = body
+        self._key: bytes | None = None
 
     @property
     def memo(self) -> dict[Any, Any]:
@@ -143,6 +185,17 @@ class NodeView:
         return self.pb.duration_micros
 
     # Attributes -------------------------------------------------------------------
+    def attrs_key(self) -> bytes:
+        """The node's attributes as bytes, for keying what is derived from them alone: two nodes
+        whose keys are equal have equal attributes. The node's wire form from its first attribute
+        on (what follows the attributes, nothing in Chakra's writers, is kept too): about 2 us,
+        where serializing each attribute takes about 1.5 us an attribute."""
+        key = self._key
+        if key is None:
+            body = self._body if self._body is not None else self.pb.SerializeToString()
+            key = self._key = body[_first_attr(body):]
+        return key
+
     def _index(self) -> dict[str, pb.AttributeProto]:
         if self._attrs is None:
             self._attrs = attr_map(self.pb)

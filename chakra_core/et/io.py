@@ -177,25 +177,42 @@ class FrameReader:
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         """Yield (frame offset, message bytes)."""
+        buf = self._buf
+        at = 0        # the next frame's index in buf; what precedes it is dropped only to read more
+        most = self._most
         while True:
-            self._fill(_MAX_VARINT_BYTES)
-            if not self._buf:
+            if len(buf) - at < _MAX_VARINT_BYTES and not self._eof:
+                del buf[:at]
+                self._pos += at
+                at = 0
+                self._fill(_MAX_VARINT_BYTES)
+            if at >= len(buf):
                 return
-            frame = self._pos
-            try:
-                length, body_start = decode_varint(self._buf, 0, self._path, self._most)
-            except TraceFormatError as exc:
-                raise TraceFormatError(self._path, frame, exc.reason) from None
-            self._fill(body_start + length)
-            if len(self._buf) < body_start + length:
-                raise TraceFormatError(
-                    self._path, frame,
-                    f"message of {length} bytes runs past the end of the file "
-                    f"({len(self._buf) - body_start} bytes left; truncated file)")
-            body = bytes(self._buf[body_start:body_start + length])
-            self.body_offset = frame + body_start
-            del self._buf[:body_start + length]
-            self._pos += body_start + length
+            frame = self._pos + at
+            first = buf[at]
+            if first < 0x80 and first <= most:     # one- and two-byte prefixes: nearly every node's
+                length, body_start = first, at + 1
+            elif len(buf) - at > 1 and buf[at + 1] < 0x80 and (first & 0x7F) | buf[at + 1] << 7 <= most:
+                length, body_start = (first & 0x7F) | buf[at + 1] << 7, at + 2
+            else:
+                try:
+                    length, body_start = decode_varint(buf, at, self._path, most)
+                except TraceFormatError as exc:
+                    raise TraceFormatError(self._path, frame, exc.reason) from None
+            body_end = body_start + length
+            if len(buf) < body_end:
+                del buf[:at]
+                self._pos += at
+                body_start, body_end, at = body_start - at, body_end - at, 0
+                self._fill(body_end)
+                if len(buf) < body_end:
+                    raise TraceFormatError(
+                        self._path, frame,
+                        f"message of {length} bytes runs past the end of the file "
+                        f"({len(buf) - body_start} bytes left; truncated file)")
+            body = bytes(buf[body_start:body_end])
+            self.body_offset = self._pos + body_start
+            at = body_end
             yield frame, body
 
 

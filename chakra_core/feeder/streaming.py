@@ -38,6 +38,9 @@ from chakra_core.schema import pb
 
 DEFAULT_CACHE_NODES = 4096
 
+READ_BLOCK = 32 << 10
+"""Bytes of a trace read at once for the nodes' bodies (a rank's trace keeps one block)."""
+
 
 class TraceIndex:
     """What a trace file says, indexed once and shared by every rank that reads the same bytes."""
@@ -104,13 +107,17 @@ class TraceIndex:
                 # the body follows its prefix, which may be non-minimal (et/io.py: protobuf's rule)
                 offsets.append(reader.body_offset)
                 lengths.append(len(body))
-                kinds.append(node_kind(node))
-                data = set(node.data_deps)   # a set: `in` on the repeated field is linear
-                for parent in parents_of(node, self._use_ctrl, self.path, most_parents):
-                    if parent != node_id:
-                        edge_parent.append(parent)
-                        edge_child.append(position)
-                        edge_is_ctrl.append(parent not in data)
+                kinds.append(node_kind(node, body))
+                parents = parents_of(node, self._use_ctrl, self.path, most_parents)
+                if node_id in parents:      # self-dependencies are ignored
+                    parents = [parent for parent in parents if parent != node_id]
+                edge_parent.extend(parents)
+                edge_child.extend([position] * len(parents))
+                if self._use_ctrl and node.ctrl_deps:
+                    data = set(node.data_deps)   # a set: `in` on the repeated field is linear
+                    edge_is_ctrl.extend([parent not in data for parent in parents])
+                else:
+                    edge_is_ctrl.extend(bytes(len(parents)))
 
         count = len(ids)
         self._ids, self._offsets, self._lengths, self._kinds = ids, offsets, lengths, kinds
@@ -137,6 +144,8 @@ class TraceIndex:
         self.roots = sorted(ids[p] for p in range(count) if remaining[p] == 0)
         """Ids of the nodes with no parent, smallest first (a valid heap)."""
         self._file = open(source, "rb")
+        self._block: tuple[int, bytes] = (0, b"")
+        """The bytes last read (_load), from that offset."""
 
     def _build_id_map(self, ids: array[int]) -> None:
         """id -> position: a dense array when ids are (nearly) contiguous, else a dict.
@@ -232,13 +241,23 @@ class TraceIndex:
     def _load(self, position: int) -> NodeView:
         start = self._offsets[position]
         if self._file is not None:
-            # pread, not mmap: pages of a huge trace do not pile up in the process's memory.
-            data = os.pread(self._file.fileno(), self._lengths[position], start)
+            # pread, not mmap: pages of a huge trace do not pile up in the process's memory. A
+            # block of the nodes that follow comes with it (nodes are issued nearly in file
+            # order): one read per block rather than per node, about 8 us each
+            length = self._lengths[position]
+            block_start, block = self._block
+            if not block_start <= start <= start + length <= block_start + len(block):
+                block_start, block = start, os.pread(self._file.fileno(), max(length, READ_BLOCK), start)
+                self._block = block_start, block
+            data = block[start - block_start:start - block_start + length]
+            if len(data) != length:
+                raise TraceFormatError(self.path, start, f"node of {length} bytes runs past the end of the file "
+                                                         "(the file shrank after it was indexed)")
         else:  # during indexing (cycle report) the file is not open yet
             with open(self._source_path(), "rb") as handle:
                 handle.seek(start)
                 data = handle.read(self._lengths[position])
-        return NodeView(parse_node(data, self.path, start))
+        return NodeView(parse_node(data, self.path, start), data)
 
     def _source_path(self) -> str:
         return os.path.join(self._tmp_dir, "trace.et") if self._tmp_dir else self.path

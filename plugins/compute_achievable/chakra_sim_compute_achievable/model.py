@@ -20,7 +20,7 @@ import re
 from typing import Any, Hashable
 
 from chakra_core import (
-    ComputeModel, FoldView, GpuLoad, JsonObject, LayerContext, NodeView, SimulationError, ValidationInputs,
+    AttributeCache, ComputeModel, FoldView, GpuLoad, JsonObject, LayerContext, NodeView, SimulationError, ValidationInputs,
     device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
 )
 from chakra_sim_compute_achievable.config import AchievableConfig
@@ -125,7 +125,8 @@ class AchievableCompute(ComputeModel):
         # this GPU's kernels with another GPU's measurement: say so (docs/hardware.md)
         for rate in profile.inherited("gpu.achievable."):
             self._warn(f"inherited:{rate.key}", f"profile '{profile.name}': {rate.message()}")
-        self._by_attrs: dict[bytes, _Work] = {}
+        self._by_attrs = AttributeCache(lambda node: self._work(node) if node.has("kernel") else None)
+        self._by_name: dict[bytes, _Work] = {}
         self._device_checked = False
         self._weights = context.inputs.rank_weights
         # per kind: [nodes, ns, FLOPs], weighted by the ranks each simulated rank stands for
@@ -240,12 +241,10 @@ class AchievableCompute(ComputeModel):
         for every micro-batch); not when measured times are matched by node name."""
         if self._times is not None and self._times.patterns:
             return self._work(node)
-        key = b"".join([attr.SerializeToString() for attr in node.pb.attr])
-        if not node.has("kernel"):   # matmuls are then recognised by name
-            key += node.name.encode()
-        work = self._by_attrs.get(key)
-        if work is None:
-            work = self._by_attrs[key] = self._work(node)
+        work = self._by_attrs(node)
+        if work is None:      # no `kernel` attribute: matmuls are recognised by name
+            key = node.attrs_key() + node.name.encode()
+            work = self._by_name.get(key) or self._by_name.setdefault(key, self._work(node))
         return work
 
     def _work(self, node: NodeView) -> _Work:
