@@ -150,6 +150,8 @@ class Stream:
 
 
 def _unique(ids: Iterable[int]) -> list[int]:
+    if isinstance(ids, (list, tuple)) and len(ids) < 2:    # most nodes': one parent or none
+        return list(ids)
     seen: set[int] = set()
     out = []
     for value in ids:
