@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chakra_core.errors import TraceGraphError
+from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.io import read_trace
 from chakra_core.feeder import CPU_FLAG, FEEDER_KINDS, StreamingFeeder, open_feeder
 from chakra_core.schema import pb
@@ -320,6 +320,35 @@ def test_streaming_cache_is_bounded(tmp_path):
         assert high == cache == feeder.cached_nodes
         last = feeder.lookup_node(count - 1)
         assert feeder.lookup_node(count - 1) is last      # a cache hit returns the same view
+    finally:
+        feeder.close()
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "strided"])
+def test_streaming_bodies_read_in_blocks_are_the_nodes(tmp_path, order):
+    """Bodies come from blocks of the file (streaming.READ_BLOCK): any order of lookups, nodes
+    straddling a block's end, and bodies longer than a block read as the file holds them."""
+    nodes = [make_node(i, name=("n" * (40_000 if i % 97 == 5 else i % 300)), attrs={"k": i})
+             for i in range(1, 700)]
+    path = write_et(tmp_path / "t.et", nodes)
+    ids = [n.id for n in nodes]
+    ids = {"forward": ids, "backward": ids[::-1], "strided": ids[::7] + ids[3::7] + ids[1::7]}[order]
+    feeder = StreamingFeeder(path, cache_nodes=1)
+    try:
+        by_id = {n.id: n for n in read_trace(path).nodes}
+        assert all(feeder.lookup_node(i).pb == by_id[i] for i in ids)
+    finally:
+        feeder.close()
+
+
+def test_streaming_names_a_trace_that_shrank_after_indexing(tmp_path):
+    path = write_et(tmp_path / "t.et", [make_node(i, name="n" * 100) for i in range(1, 50)])
+    feeder = StreamingFeeder(path, cache_nodes=1)
+    try:
+        with open(path, "r+b") as handle:
+            handle.truncate(path.stat().st_size - 50)
+        with pytest.raises(TraceFormatError, match="shrank"):
+            feeder.lookup_node(49)
     finally:
         feeder.close()
 
