@@ -35,8 +35,8 @@ from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, STEADY_PERIODS, period_microbatches, rank_periods,
-                                        reduced_job, simulated_microbatches)
+from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, period_microbatches, rank_periods, reduced_job,
+                                        simulated_microbatches, steady_periods)
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
 from chakra_core.jobs.overflow import overflow
 from chakra_core.jobs.spec import JobSpec
@@ -221,7 +221,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         lock = OutputLock(folder)   # before the traces: another run's would replace them under it
         lock.acquire()
         if kept < job.microbatches:
-            time_folding, traces, reused = time_folded(kept, STEADY_PERIODS)
+            time_folding, traces, reused = time_folded(kept, steady_periods(job))
             if time_folding is None:
                 note = "a rank's forward/backward pairs do not repeat node for node"
         if time_folding is None:
