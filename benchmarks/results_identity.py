@@ -95,13 +95,6 @@ NeMo 24.03/24.07 runs with FlashAttention-2): geomean 6.85% -> 6.24%, mean signe
 +5.17%, worst 27.5% -> 19.0%; nothing else in it changed (compared field by field with the code
 before; the example is an H100 job with attention_kernel auto), and the other 370 outputs stayed
 byte-identical.
-Recorded again (issue 37, steady periods of interleaved schedules): a first fold of a schedule
-that repeats every pp micro-batches keeps 2 steady periods instead of 4
-(jobs/time_fold.STEADY_PERIODS_INTERLEAVED), so the llama3-70b example (PP 4, VP 5) simulates 24 of its 64
-micro-batches instead of 32 and adds 10 periods of 4 instead of 8:
-only its `folding.time` section changed (compared field by field with the code before: step,
-ranks, events, layers' statistics and error band identical), and the other 370 outputs stayed
-byte-identical.
 """
 
 from __future__ import annotations

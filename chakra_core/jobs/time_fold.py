@@ -19,26 +19,26 @@ from chakra_core.jobs.schedule import extra_warmup, warmup_steps
 from chakra_core.jobs.spec import JobSpec
 
 STEADY_PERIODS = 4
-"""Periods every rank spends inside its repeating nodes at the same time, in the traces kept, when
-a period is one micro-batch: the engine needs two instants a period apart there, each with its
-nodes in flight inside too, and what is in flight (a pipeline send, a collective) can reach over a
-period that short."""
-STEADY_PERIODS_INTERLEAVED = 2
-"""The same when a period is a pipeline's worth of micro-batches (interleaved: pp of them, pp x vp
-pairs), longer than anything in flight in steady state: two are enough (measured: SC'21's 530B GPT
-with PP 35 and 280 micro-batches folds keeping 210 instead of running all 280, DeepSeek-V3 on
-1,024 H100 keeps 64 of 128 instead of 80, Llama 3 70B on 1,024 H100 with VP 5 keeps 48 of 64
-instead of 64; each the same step to the ns). A try that sees no repeat starts over with more
-(RETRY_STEADY_PERIODS), as with one-micro-batch periods."""
-
-
-def steady_periods(job: JobSpec) -> int:
-    """The steady periods a first try keeps (STEADY_PERIODS, STEADY_PERIODS_INTERLEAVED)."""
-    return STEADY_PERIODS if period_microbatches(job) == 1 else STEADY_PERIODS_INTERLEAVED
+"""Periods every rank spends inside its repeating nodes at the same time, in the traces kept: the
+engine needs two instants a period apart there, each with its nodes in flight inside too."""
+FEWEST_STEADY_PERIODS = 2
+"""What a first try keeps instead where STEADY_PERIODS would leave no period out, and so the whole
+step be simulated: two are often enough (measured: SC'21's 530B GPT, PP 35 interleaved, 280
+micro-batches, folds keeping 210; Llama 3 70B on 1,024 H100 with VP 5 keeps 48 of 64; each the same
+step to the ns), not always (Megatron-Bridge's Qwen3-235B-A22B on 256 H100, PP 8, VP 4: three
+stages had not settled after 2 periods of 8 micro-batches, where 4 fold), hence not the default."""
 RETRY_STEADY_PERIODS = 16
 """The steady periods of a second try when the first saw no instant repeat (at least pp + 2:
 jobs/expand.py): room for a cycle of about a dozen periods (a pipeline whose stages take turns
 to wait: Llama 3.1 405B on H100 with PP 8 and CP 2 repeats every 6 micro-batches)."""
+
+
+def steady_periods(job: JobSpec) -> int:
+    """The steady periods a first try keeps: STEADY_PERIODS, or FEWEST_STEADY_PERIODS where those
+    would leave nothing out (the alternative is then the whole step, not a fold keeping more)."""
+    if simulated_microbatches(job, STEADY_PERIODS)[1] and not simulated_microbatches(job, FEWEST_STEADY_PERIODS)[1]:
+        return FEWEST_STEADY_PERIODS
+    return STEADY_PERIODS
 
 
 def period_microbatches(job: JobSpec) -> int:
