@@ -17,7 +17,8 @@ from chakra_core.contract import ComputeRegistry
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
-from chakra_core.jobs.time_fold import period_microbatches, rank_periods, reduced_job, simulated_microbatches
+from chakra_core.jobs.time_fold import (FEWEST_STEADY_PERIODS, STEADY_PERIODS, period_microbatches, rank_periods,
+                                        reduced_job, simulated_microbatches, steady_periods)
 from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_sim_compute_achievable.model import AchievableCompute
@@ -147,6 +148,19 @@ def test_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, vp, tp,
     same_step(folded, whole)
     assert "time" not in whole["folding"]
     assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+
+
+def test_two_steady_periods_where_four_would_fold_nothing(tmp_path):
+    """Interleaved over 2 stages, a period is 2 micro-batches: with 16 of them, 4 steady periods
+    leave none out and 2 leave 2 out, and that fold is exact; with 40, the first try keeps 4."""
+    data = job(pp=2, vp=2, gpus=4, microbatches=16)
+    spec = JobSpec.model_validate(data)
+    assert simulated_microbatches(spec, STEADY_PERIODS)[1] and steady_periods(spec) == FEWEST_STEADY_PERIODS
+    assert simulated_microbatches(spec) == (12, "")
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST), simulate(tmp_path, data, "off", **NO_HOST)
+    same_step(folded, whole)
+    assert folded["folding"]["time"]["microbatches_simulated"] == 12, folded["folding"]["time"]
+    assert steady_periods(JobSpec.model_validate(job(pp=2, vp=2, gpus=4, microbatches=40))) == STEADY_PERIODS
 
 
 KINDS = {
