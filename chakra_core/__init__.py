@@ -117,7 +117,8 @@ _EXPORTS = {
     "CollectiveCall": "chakra_core.comm.collectives", "collective_name": "chakra_core.comm.collectives",
     "replay_time_ns": "chakra_core.et.duration",
     # traces
-    "NodeView": "chakra_core.et.attrs", "AttributeCache": "chakra_core.et.attr_cache", "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
+    "NodeView": "chakra_core.et.attrs", "AttributeCache": "chakra_core.et.attr_cache",
+    "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
     "GraphFeeder": "chakra_core.feeder", "open_feeder": "chakra_core.feeder", "pb": "chakra_core.schema",
     "OpenCollective": "chakra_core.comm.matcher", "collective_wait": "chakra_core.comm.collectives",
     "NO_LOAD": "chakra_core.contract.inputs",

@@ -188,8 +188,8 @@ class NodeView:
     def attrs_key(self) -> bytes:
         """The node's attributes as bytes, for keying what is derived from them alone: two nodes
         whose keys are equal have equal attributes. The node's wire form from its first attribute
-        on (what follows the attributes, nothing in Chakra's writers, is kept too): about 2 us,
-        where serializing each attribute takes about 1.5 us an attribute."""
+        on (what follows the attributes, nothing in Chakra's writers, is kept too): about 2 µs,
+        where serializing each attribute takes about 1.5 µs."""
         key = self._key
         if key is None:
             body = self._body if self._body is not None else self.pb.SerializeToString()

@@ -52,7 +52,7 @@ def node_kind(node: pb.Node, body: bytes | None = None) -> int:
 
     Reads the flag as `NodeView.is_cpu_op` does: the last attribute of that name wins, and a
     string is true only for "true"/"1" (so the kind and the node body never disagree).
-    `body`, the node's bytes, answers most nodes without walking their attributes (about 6 us a
+    `body`, the node's bytes, answers most nodes without walking their attributes (about 6 µs a
     node): with the name nowhere in it, or once and as a whole `is_cpu_op: false` attribute,
     the node is no CPU operation.
     """

@@ -243,7 +243,7 @@ class TraceIndex:
         if self._file is not None:
             # pread, not mmap: pages of a huge trace do not pile up in the process's memory. A
             # block of the nodes that follow comes with it (nodes are issued nearly in file
-            # order): one read per block rather than per node, about 8 us each
+            # order): one read per block rather than per node, about 8 µs each
             length = self._lengths[position]
             block_start, block = self._block
             if not block_start <= start <= start + length <= block_start + len(block):

@@ -20,8 +20,8 @@ import re
 from typing import Any, Hashable
 
 from chakra_core import (
-    AttributeCache, ComputeModel, FoldView, GpuLoad, JsonObject, LayerContext, NodeView, SimulationError, ValidationInputs,
-    device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
+    AttributeCache, ComputeModel, FoldView, GpuLoad, JsonObject, LayerContext, NodeView, SimulationError,
+    ValidationInputs, device_mismatch, load_profile, node_dtype, profile_problems, replay_time_ns,
 )
 from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionLibraries,
