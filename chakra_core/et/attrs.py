@@ -14,6 +14,7 @@ import builtins
 from typing import Any, Callable, TypeVar, overload
 
 from chakra_core.errors import AttributeTypeError
+from chakra_core.et.io import decode_varint
 from chakra_core.schema import pb
 
 _MISSING = object()
@@ -116,14 +117,7 @@ def _first_attr(body: bytes) -> int:
                 at += 1
             at += 1
         elif wire == 2:      # length-delimited: a varint length, then that many bytes
-            length = shift = 0
-            while True:
-                byte = body[at]
-                at += 1
-                length |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
+            length, at = decode_varint(body, at)
             at += length
         elif wire == 1:
             at += 8

@@ -190,10 +190,11 @@ class FrameReader:
                 return
             frame = self._pos + at
             first = buf[at]
+            second = buf[at + 1] if len(buf) - at > 1 else 0x80
             if first < 0x80 and first <= most:     # one- and two-byte prefixes: nearly every node's
                 length, body_start = first, at + 1
-            elif len(buf) - at > 1 and buf[at + 1] < 0x80 and (first & 0x7F) | buf[at + 1] << 7 <= most:
-                length, body_start = (first & 0x7F) | buf[at + 1] << 7, at + 2
+            elif second < 0x80 and (first & 0x7F) | second << 7 <= most:
+                length, body_start = (first & 0x7F) | second << 7, at + 2
             else:
                 try:
                     length, body_start = decode_varint(buf, at, self._path, most)

@@ -179,9 +179,7 @@ class AchievableCompute(ComputeModel):
 
     # Per node -------------------------------------------------------------------------------------
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
-        work = node.memo.get(self)
-        if work is None:
-            work = node.memo[self] = self._cached_work(node)
+        work = self._cached_work(node)
         if work.kind == _REPLAYED and not self._device_checked:
             self._check_device(rank)
         duration = work.ns
@@ -214,9 +212,7 @@ class AchievableCompute(ComputeModel):
 
     def alone_time_ns(self, node: NodeView) -> int | None:
         """With the GPU to itself and the host ahead: the kernel's own time (nothing counted)."""
-        work = node.memo.get(self)
-        if work is None:
-            work = node.memo[self] = self._cached_work(node)
+        work = self._cached_work(node)
         return work.ns
 
     def _beside(self, work: _Work, load: GpuLoad, alone: int) -> int:
@@ -238,9 +234,12 @@ class AchievableCompute(ComputeModel):
 
     def _cached_work(self, node: NodeView) -> _Work:
         """`_work`, shared by nodes with the same attributes (a training step repeats each kernel
-        for every micro-batch); not when measured times are matched by node name."""
+        for every micro-batch); kept with the node itself when measured times are matched by name."""
         if self._times is not None and self._times.patterns:
-            return self._work(node)
+            work = node.memo.get(self)
+            if work is None:
+                work = node.memo[self] = self._work(node)
+            return work
         work = self._by_attrs(node)
         if work is None:      # no `kernel` attribute: matmuls are recognised by name
             key = node.attrs_key() + node.name.encode()
