@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from pydantic import ValidationError
 
 from chakra_core import run
@@ -157,10 +157,16 @@ def test_a_schedule_other_than_1f1b_is_not_folded_in_time():
 @given(pp=st.sampled_from([2, 4]), microbatches=st.integers(1, 8), tp=st.sampled_from([1, 2]),
        precision=st.sampled_from(["bf16", "fp8"]), recompute=st.sampled_from(["none", "full"]),
        vp=st.sampled_from([1, 2]))
+# found by hypothesis: stage 0 idles 1.6 us longer under zb-h1 (888.860 against 887.238 us), while
+# the split backward exposes 1.2-1.4 ms more TP communication on each stage
+@example(pp=2, microbatches=7, tp=2, precision="bf16", recompute="full", vp=2)
 def test_zero_bubble_never_leaves_a_larger_bubble_than_1f1b(tmp_path_factory, pp, microbatches, tp, precision,
                                                             recompute, vp):
     """On the same job, every pipeline stage of zb-h1 is idle (waiting for a neighbour or with
-    nothing in flight) no longer than under 1F1B, interleaved or not."""
+    nothing in flight) no longer than under 1F1B, interleaved or not, but for the TP communication
+    the split backward exposes: B waits for the input gradient's all-reduce or reduce-scatter with
+    no weight gradient left to run beside it (zero_bubble.py), which can delay the gradients a
+    neighbour waits for by up to that much. Without TP there is none, and the bound is strict."""
     tmp = tmp_path_factory.mktemp("zb")
     settings_ = {"precision": precision, "recompute": recompute}
     layout = {"vp": vp} if vp > 1 else {}
@@ -168,8 +174,12 @@ def test_zero_bubble_never_leaves_a_larger_bubble_than_1f1b(tmp_path_factory, pp
     zb = simulate(tmp / "zb", job(pp=pp, tp=tp, microbatches=microbatches, parallel=layout, **settings_))["training"]
     plain = simulate(tmp / "1f1b", job("1f1b", pp=pp, tp=tp, microbatches=microbatches, parallel=layout,
                                        **settings_))["training"]
-    for stage, split in zb["breakdown_by_stage_s"].items():
-        assert split["bubble"] <= plain["breakdown_by_stage_s"][stage]["bubble"] + 1e-12, stage
+    stages, plain_stages = zb["breakdown_by_stage_s"], plain["breakdown_by_stage_s"]
+    exposed = max(max(0.0, stages[s]["exposed_tp"] - plain_stages[s]["exposed_tp"]) for s in stages)
+    if tp == 1:
+        assert exposed == 0
+    for stage, split in stages.items():
+        assert split["bubble"] <= plain_stages[stage]["bubble"] + exposed + 1e-12, stage
 
 
 def test_zero_bubble_shortens_a_pipeline_step(tmp_path):
