@@ -8,9 +8,11 @@ import io
 import pytest
 
 from chakra_core.errors import TraceFormatError
+import chakra_core.et.io as io_module
 from chakra_core.et.io import (FrameReader, encode_message, encode_varint, iter_frames, iter_trace,
                                read_trace, write_trace)
 from chakra_core.feeder import StreamingFeeder
+from chakra_core.schema import pb
 from tests.helpers import frame_offsets, make_metadata, make_node, ref_et_params, write_et
 
 META = make_metadata(attrs={"schema": "test"})
@@ -70,6 +72,23 @@ def test_write_encoding_is_varint_length_delimited(tmp_path):
                                             (2**64 - 1, b"\xff" * 9 + b"\x01")])
 def test_encode_varint(value, encoded):
     assert encode_varint(value) == encoded
+
+
+@pytest.mark.parametrize("size", [0, 1, 126, 127, 128, 129, 0x3FFF - 3, 0x3FFF, 0x4000, 0x4001, 3 << 14, 1 << 21])
+def test_encode_message_prefixes_its_body_with_its_varint_length(size):
+    """The one- and two-byte prefixes written without the loop are encode_varint's."""
+    message = pb.Node(name="x" * size)
+    body = message.SerializeToString()
+    assert encode_message(message) == encode_varint(len(body)) + body
+
+
+def test_write_trace_writes_every_node_across_blocks(tmp_path, monkeypatch):
+    """Nodes are encoded and written in blocks: a trace of several blocks and a partial one is the
+    frames of its nodes in order."""
+    monkeypatch.setattr(io_module, "WRITE_BLOCK_NODES", 3)
+    nodes = [pb.Node(id=i, name=f"n{i}") for i in range(8)]
+    path = write_et(tmp_path / "blocks.et", nodes, META)
+    assert path.read_bytes() == b"".join(encode_message(m) for m in [META, *nodes])
 
 
 def test_metadata_only_trace(tmp_path):

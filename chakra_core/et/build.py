@@ -105,16 +105,24 @@ class Stream:
 
     # Raw nodes --------------------------------------------------------------------------
     def add(self, node_type: pb.NodeType, name: str, deps: Iterable[int] = (), ctrl: Iterable[int] = (),
-            duration_micros: int = 0, attrs: Iterable[pb.AttributeProto] = ()) -> int:
+            duration_micros: int = 0, attrs: Iterable[pb.AttributeProto] = (), attr_blob: bytes = b"") -> int:
+        """A node; `attr_blob`: more attributes, after `attrs`, as the wire bytes of a Node holding
+        only them (`attributes_blob`): parsing them costs a tenth of copying the messages."""
         node_id = len(self.nodes)
         node = pb.Node(id=node_id, name=name, type=node_type, duration_micros=duration_micros)
+        # (each extend skipped when empty: a call costs more than most nodes' deps)
         data = _unique(deps)
-        node.data_deps.extend(data)
-        control = _unique(ctrl)
+        if data:
+            node.data_deps.extend(data)
+        control = _unique(ctrl) if ctrl else []
         if not data and not control and self.root_deps and node_type != pb.METADATA_NODE:
             control = list(self.root_deps)
-        node.ctrl_deps.extend(control)
-        node.attr.extend(attrs)
+        if control:
+            node.ctrl_deps.extend(control)
+        if attrs:
+            node.attr.extend(attrs)
+        if attr_blob:
+            node.MergeFromString(attr_blob)
         self.nodes.append(node)
         return node_id
 
@@ -129,24 +137,31 @@ class Stream:
 
     # Stream operations -------------------------------------------------------------------
     def step(self, node_type: pb.NodeType, name: str, duration_micros: int = 0,
-             attrs: Iterable[pb.AttributeProto] = ()) -> int:
+             attrs: Iterable[pb.AttributeProto] = (), attr_blob: bytes = b"") -> int:
         """An operation of the stream: it waits for the frontier and becomes the frontier."""
         node_id = self.add(node_type, name, deps=self.frontier, duration_micros=duration_micros,
-                           attrs=attrs)
+                           attrs=attrs, attr_blob=attr_blob)
         self.frontier = [node_id]
         return node_id
 
     def launch(self, node_type: pb.NodeType, name: str, duration_micros: int = 0,
-               attrs: Iterable[pb.AttributeProto] = (), after: Sequence[int] | None = None) -> int:
+               attrs: Iterable[pb.AttributeProto] = (), after: Sequence[int] | None = None,
+               attr_blob: bytes = b"") -> int:
         """An asynchronous operation started after the frontier (or `after`); the frontier stays."""
         deps = self.frontier if after is None else after
-        return self.add(node_type, name, deps=deps, duration_micros=duration_micros, attrs=attrs)
+        return self.add(node_type, name, deps=deps, duration_micros=duration_micros, attrs=attrs,
+                        attr_blob=attr_blob)
 
     def wait(self, *node_ids: int | None) -> None:
         """The next stream operation also waits for these (None: nothing to wait for)."""
         for node_id in node_ids:
             if node_id is not None and node_id not in self.frontier:
                 self.frontier.append(node_id)
+
+
+def attributes_blob(attrs: Iterable[pb.AttributeProto]) -> bytes:
+    """The wire bytes of a Node holding only `attrs`, for Stream.add's `attr_blob`."""
+    return pb.Node(attr=attrs).SerializeToString()
 
 
 def _unique(ids: Iterable[int]) -> list[int]:

@@ -33,6 +33,8 @@ from chakra_core.limits import MESSAGE_BYTES, check_length
 from chakra_core.schema import pb
 
 GZIP_MAGIC = b"\x1f\x8b"
+WRITE_BLOCK_NODES = 4096
+"""Nodes encoded before each write of write_trace."""
 _MAX_VARINT_BYTES = 10
 _UINT64 = (1 << 64) - 1
 
@@ -248,7 +250,12 @@ def iter_trace(path: str | os.PathLike[str]) -> tuple[pb.GlobalMetadata, Iterato
 
 def encode_message(message: Message) -> bytes:
     body = message.SerializeToString()
-    return encode_varint(len(body)) + body
+    size = len(body)
+    if size < 0x80:          # a node's prefix is nearly always 1 or 2 bytes: no loop for those
+        return bytes((size,)) + body
+    if size < 0x4000:
+        return bytes((size & 0x7F | 0x80, size >> 7)) + body
+    return encode_varint(size) + body
 
 
 def write_trace(path: str | os.PathLike[str], metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node],
@@ -258,7 +265,12 @@ def write_trace(path: str | os.PathLike[str], metadata: pb.GlobalMetadata, nodes
         # mtime=0 keeps compressed output deterministic.
         sink = gzip.GzipFile(fileobj=handle, mode="wb", mtime=0) if compress else handle
         sink.write(encode_message(metadata))
-        for node in nodes:
-            sink.write(encode_message(node))
+        pending: list[bytes] = []
+        for node in nodes:    # written in blocks: a write call per node cost more than encoding it
+            pending.append(encode_message(node))
+            if len(pending) == WRITE_BLOCK_NODES:
+                sink.write(b"".join(pending))
+                pending.clear()
+        sink.write(b"".join(pending))
         if compress:
             sink.close()

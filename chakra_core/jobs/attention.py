@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chakra_core.et.build import bool_attr, str_attr, uint_attr
 from chakra_core.jobs.attention_variants import windowed_flops
-from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.primitives import Attr, KernelPrimitives
 from chakra_core.schema import pb
 
 
@@ -141,21 +140,21 @@ class SelfAttention(KernelPrimitives):
         kv_heads = self.g * heads // self.a
         causal_half = 2 if causal else 1
         qkvo = b * (heads * seq_q + kv_heads * seq_kv) * (dqk + dv) * self.act_bytes
-        attrs = [uint_attr("attn_batch", b * heads), uint_attr("attn_seq_q", seq_q), uint_attr("attn_seq_kv", seq_kv),
-                 uint_attr("attn_head_dim", dqk), bool_attr("attn_causal", causal),
-                 str_attr("attn_pass", "backward" if backward else "forward"), uint_attr("attn_kv_heads", kv_heads)]
+        attrs: list[Attr] = [("uint", "attn_batch", b * heads), ("uint", "attn_seq_q", seq_q),
+                             ("uint", "attn_seq_kv", seq_kv), ("uint", "attn_head_dim", dqk), ("bool", "attn_causal", causal),
+                             ("str", "attn_pass", "backward" if backward else "forward"), ("uint", "attn_kv_heads", kv_heads)]
         if self.job.training.attention_kernel != "auto":   # else the compute layer's own curves
-            attrs.append(str_attr("attn_kernel", self.job.training.attention_kernel))
+            attrs.append(("str", "attn_kernel", self.job.training.attention_kernel))
         if dqk == dv:
             flops = 4 * b * heads * seq_q * seq_kv * dqk // causal_half
             window = self.attention_window(seq_kv, causal)
             if window is not None:   # the keys in the band, and the band for the compute layer (attention_variants)
                 flops = windowed_flops(b * heads, seq_q, seq_kv, dqk, window)
-                attrs.append(uint_attr("attn_window", window))
+                attrs.append(("uint", "attn_window", window))
             # FlashAttention's backward: 5 matmuls to the forward's 2 (it recomputes the scores)
             ops = flops * 5 // 2 if backward else flops
         else:   # latent attention: 3 of the backward's matmuls over dqk, 2 over dv (no window: refused)
-            attrs.append(uint_attr("attn_head_dim_v", dv))
+            attrs.append(("uint", "attn_head_dim_v", dv))
             pairs = b * heads * seq_q * seq_kv
             ops = 2 * pairs * ((3 * dqk + 2 * dv) if backward else (dqk + dv)) // causal_half
         nbytes = 2 * qkvo if backward else qkvo

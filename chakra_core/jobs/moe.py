@@ -34,10 +34,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
-from chakra_core.et.build import uint_attr, uint_list_attr
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
 from chakra_core.jobs.fp8 import quantized_bytes
-from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.primitives import Attr, KernelPrimitives
 from chakra_core.jobs.routing import ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
@@ -172,14 +171,14 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
             self.quantize(name, sum(a * b for a, b in zip(ms, ks)))
-        shape = [uint_attr("gemm_m", max(ms)), uint_attr("gemm_n", n), uint_attr("gemm_k", max(ks)),
-                 uint_attr("gemm_batch", experts)]
+        shape: list[Attr] = [("uint", "gemm_m", max(ms)), ("uint", "gemm_n", n), ("uint", "gemm_k", max(ks)),
+                             ("uint", "gemm_batch", experts)]
         for what, sizes in (("gemm_m_list", ms), ("gemm_k_list", ks)):
             if len(set(sizes)) > 1:
-                shape.append(uint_list_attr(what, sizes))
+                shape.append(("uints", what, tuple(sizes)))
         out = 2 * self.grad_bytes if accumulate else self.act_bytes
         if accumulate:
-            shape.append(uint_attr("gemm_c_bytes", out))
+            shape.append(("uint", "gemm_c_bytes", out))
         if fp8:
             operands = sum(quantized_bytes(a * b, self.gemm_dtype) + quantized_bytes(b * n, self.gemm_dtype)
                            for a, b in zip(ms, ks))

@@ -14,7 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from chakra_core.et.build import Stream
-from chakra_core.schema import pb
+
+Attr = tuple[str, str, "int | str | bool | tuple[int, ...]"]
+"""A node attribute as (kind: uint, uints, bool or str; name; value), hashable: kernels.kernel_blob
+serializes a kernel's attributes once per distinct kernel."""
 
 if TYPE_CHECKING:
     from chakra_core.jobs.spec import JobSpec
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
         part: str              # step_part of the nodes being written
 
         def _kernel(self, name: str, kind: str, ops: int, nbytes: int, dtype: str,
-                    extra: Iterable[pb.AttributeProto] = ()) -> int:
+                    extra: Iterable[Attr] = ()) -> int:
             raise NotImplementedError
 
         def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
