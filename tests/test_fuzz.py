@@ -252,7 +252,8 @@ _NUMBERS = st.one_of(st.integers(-10**20, 10**20), st.floats(allow_nan=True, all
                     st.sampled_from([10**18, 10**18 + 1, 1e18, 1.0000000000000002e18, 999, 1000, 1001]))
 _DOCUMENTS = st.recursive(_NUMBERS | st.text(max_size=25) | st.booleans() | st.none(),
                           lambda inner: st.lists(inner, max_size=4)
-                          | st.dictionaries(st.sampled_from(["a", "finish_ns", "x_ns", "utilization", "7"]), inner,
+                          | st.dictionaries(st.sampled_from(["a", "finish_ns", "x_ns", "utilization", "7", "_ns",
+                                                           'q"_ns', 'x_ns": 1', "flops"]), inner,
                                             max_size=4), max_leaves=20)
 
 
@@ -267,6 +268,15 @@ def test_the_quick_numbers_check_never_passes_what_the_exact_walk_refuses(docume
         _walk_numbers(document, max_ns)
     except SimulationError:
         assert not quick
+
+
+def test_a_large_number_that_is_not_a_time_passes_the_quick_check() -> None:
+    """A 16,384-GPU job's total FLOPs (4e+19) is no time: the exact walk is not needed."""
+    from chakra_core.report.results import _holdable
+
+    assert _holdable({"layers": {"compute": {"flops": 4.064e19, "count": 10**19}}, "finish_ns": 12}, 10**18)
+    assert not _holdable({"layers": {"compute": {"busy_ns": 4.064e19}}}, 10**18)
+    assert not _holdable({"ranks": [{"finish_ns": 10**18 + 1}]}, 10**18)
 
 
 def test_results_refuse_non_finite_numbers_and_absurd_times_naming_the_key() -> None:

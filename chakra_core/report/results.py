@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from functools import lru_cache
 from typing import Any
 
 from chakra_core._version import __version__
@@ -103,16 +105,21 @@ def _holdable(document: JsonObject, max_ns: int) -> bool:
     """Whether every number is surely finite and every time at most max_ns, read at C speed from
     the document's strict JSON text: the encoder refuses NaN and infinity, and a number above
     max_ns is written with at least as many digits as max_ns, or with a positive exponent (floats
-    from 1e16 on). False (then the exact walk decides) for any such run of digits, wherever it is."""
+    from 1e16 on). Only a key ending in `_ns` holds a time (`_walk_numbers`), and in this text
+    `_ns": ` can only end such a key (a quote inside a string is escaped), so a long number
+    elsewhere (a 16,384-GPU job's total FLOPs, 4e+19) does not send every value through the walk.
+    False (then the exact walk decides) for any such number after such a key."""
     try:
         text = json.dumps(document, allow_nan=False).encode()   # ASCII: non-ASCII characters are escaped
     except (ValueError, TypeError):
         return False
-    return b"e+" not in text and b"1" * len(str(max_ns)) not in text.translate(_DIGITS)
+    return _long_time(len(str(max_ns))).search(text) is None
 
 
-_DIGITS = bytes(49 if 48 <= byte <= 57 else 48 for byte in range(256))
-"""bytes.translate table: digits to b"1", every other byte to b"0" (a run of digits is a run of 1s)."""
+@lru_cache(maxsize=4)
+def _long_time(digits: int) -> re.Pattern[bytes]:
+    """A time value of at least `digits` digits or with a positive exponent."""
+    return re.compile(rb'_ns": -?(?:[0-9]{%d,}|[0-9.]+e\+)' % digits)
 
 
 def _folding(run: FinishedRun) -> FoldingResult:
