@@ -141,8 +141,9 @@ class SelfAttention(KernelPrimitives):
         causal_half = 2 if causal else 1
         qkvo = b * (heads * seq_q + kv_heads * seq_kv) * (dqk + dv) * self.act_bytes
         attrs: list[Attr] = [("uint", "attn_batch", b * heads), ("uint", "attn_seq_q", seq_q),
-                             ("uint", "attn_seq_kv", seq_kv), ("uint", "attn_head_dim", dqk), ("bool", "attn_causal", causal),
-                             ("str", "attn_pass", "backward" if backward else "forward"), ("uint", "attn_kv_heads", kv_heads)]
+                             ("uint", "attn_seq_kv", seq_kv), ("uint", "attn_head_dim", dqk),
+                             ("bool", "attn_causal", causal), ("str", "attn_pass", "backward" if backward else "forward"),
+                             ("uint", "attn_kv_heads", kv_heads)]
         if self.job.training.attention_kernel != "auto":   # else the compute layer's own curves
             attrs.append(("str", "attn_kernel", self.job.training.attention_kernel))
         if dqk == dv:
