@@ -69,6 +69,7 @@ def test_write_encoding_is_varint_length_delimited(tmp_path):
 
 @pytest.mark.parametrize("value, encoded", [(0, b"\x00"), (1, b"\x01"), (127, b"\x7f"),
                                             (128, b"\x80\x01"), (300, b"\xac\x02"),
+                                            (16383, b"\xff\x7f"), (16384, b"\x80\x80\x01"),
                                             (2**64 - 1, b"\xff" * 9 + b"\x01")])
 def test_encode_varint(value, encoded):
     assert encode_varint(value) == encoded

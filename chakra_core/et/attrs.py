@@ -115,8 +115,9 @@ def _first_attr(body: bytes) -> int:
             while body[at] & 0x80:
                 at += 1
             at += 1
-        elif wire == 2:      # length-delimited: a varint length, then that many bytes (not
-            length = shift = 0   # et.io.decode_varint: its message-size check per field tripled the cost)
+        elif wire == 2:      # length-delimited: a varint length, then that many bytes
+            # (read here, not by et.io.decode_varint: its message-size check per field tripled the cost)
+            length = shift = 0
             while True:
                 byte = body[at]
                 at += 1

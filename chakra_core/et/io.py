@@ -41,6 +41,10 @@ _UINT64 = (1 << 64) - 1
 
 def encode_varint(value: int) -> bytes:
     """Base-128 varint, as protobuf's `_VarintBytes` writes a length prefix."""
+    if value < 0x80:          # a node's prefix is nearly always 1 or 2 bytes: no loop for those
+        return bytes((value,))
+    if value < 0x4000:
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -250,12 +254,7 @@ def iter_trace(path: str | os.PathLike[str]) -> tuple[pb.GlobalMetadata, Iterato
 
 def encode_message(message: Message) -> bytes:
     body = message.SerializeToString()
-    size = len(body)
-    if size < 0x80:          # a node's prefix is nearly always 1 or 2 bytes: no loop for those
-        return bytes((size,)) + body
-    if size < 0x4000:
-        return bytes((size & 0x7F | 0x80, size >> 7)) + body
-    return encode_varint(size) + body
+    return encode_varint(len(body)) + body
 
 
 def write_trace(path: str | os.PathLike[str], metadata: pb.GlobalMetadata, nodes: Iterable[pb.Node],
