@@ -199,6 +199,11 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
                               {}),
     "gpt-oss-clamped-swiglu-biases-flex": ({"mlp": "clamped-swiglu", "bias": True, "attention_sinks": True},
                                            {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "flex"}, {}),
+    # the allgather dispatcher keeps its local experts' columns of the gathered map (t x etp x E bools)
+    "allgather-tp2-ep4-etp2": ({"shared_expert_ffn": 512}, {"tp": 2, "pp": 2, "ep": 4, "moe_token_dispatcher": "allgather"},
+                               {}),
+    "allgather-zipf-etp1-fp8": ({}, {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "allgather"},
+                                {"routing": {"zipf": 1.0}, "precision": "fp8"}),
     # Megatron-FSDP: expert buckets sharded, gathered and reduce-scattered over the expert data-parallel group
     "fsdp-zero3-tp2-ep4-etp1": ({}, {"tp": 2, "ep": 4, "etp": 1}, {"use_megatron_fsdp": True}),
     "fsdp-zero2-shared-experts-layer-unit": ({"shared_expert_ffn": 512, "dense_layers_first": 1}, {"ep": 2},
@@ -211,7 +216,7 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
 def test_the_hbm_layers_peak_is_the_prediction(tmp_path, case):
     """The memory layer following the generated traces' tensors peaks at the predicted bytes, exactly:
     balanced and skewed routing, Qwen3's QK norms, selective recomputation of the MoE modules, the
-    overlaps, the flex dispatcher, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP."""
+    overlaps, the flex and allgather dispatchers, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP."""
     model, parallel, training = MEMORY_CASES[case]
     data = {**job({**MOE, **model}, 16, parallel=parallel, **{"global_batch": 32, **training}), "tensors": True}
     predicted = predict_memory(JobSpec.model_validate(data)).total
@@ -245,7 +250,7 @@ def test_the_bounds_are_never_above_the_simulated_step(tmp_path, index, topk, sh
 
 
 @pytest.mark.parametrize("parallel", [{"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True},
-                                      {"moe_token_dispatcher": "flex"}])
+                                      {"moe_token_dispatcher": "flex"}, {"moe_token_dispatcher": "allgather"}])
 def test_the_bounds_stay_below_the_step_with_the_ep_overlap_and_deepep(tmp_path, parallel):
     """With the EP all-to-all overlap the dispatch and combine may hide behind another micro-batch's
     compute, so the compute-model bound counts them 0 (it would pass the step at EP 16 otherwise)."""

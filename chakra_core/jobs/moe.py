@@ -22,18 +22,21 @@ hottest EP rank's expert tokens and all-to-all buffers.
 The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
 micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
 experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's
-fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher).
+fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher); with
+`allgather` (Megatron-Core's default) gathers and reduce-scatters over etp x ep do
+(allgather_dispatcher).
 
 Not modelled: the routing-map all-gather over tp x ep (a few bytes per layer; token_dispatcher.py
 preprocess) and the host's wait for its counts (`d2h_event.synchronize()`, once per layer in each
 forward with ep or tp > 1 unless drop-and-pad: the host loses its lead over the GPU there), the
-auxiliary load-balancing loss, HybridEP and the all-gather dispatcher.
+auxiliary load-balancing loss and HybridEP.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
+from chakra_core.jobs.allgather_dispatcher import AllGatherDispatcher
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
 from chakra_core.jobs.fp8 import quantized_bytes
 from chakra_core.jobs.primitives import Attr, KernelPrimitives
@@ -61,7 +64,7 @@ class _BlockSizes(NamedTuple):
     ffn: int           # the expert FFN's width, expert TP share
 
 
-class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
+class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher, KernelPrimitives):
     """The MoE block of a layer (see the module docstring)."""
 
     grad_bytes: int
@@ -230,7 +233,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side = self.shared_overlap
+        side, a2a = self.shared_overlap, not self.flex and not self.allgather
         if self.job.training.recomputes("layernorm"):   # the pre-MLP norm's output: router's and shared experts' input
             self._dropped = ("moe_x", "fc1_in")
         if not side:
@@ -241,16 +244,19 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         self._keep(router, "moe_x", t * h, b, output=False)
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
-        self._keep(scores, "moe_map", t * experts, 1)
+        if not self.allgather:   # which keeps its local experts' columns instead
+            self._keep(scores, "moe_map", t * experts, 1)
         if side:
             self.shared_gather(p)
-        if not self.flex:   # flex: DeepEP's dispatch reads the tokens where they are
+        if a2a:   # flex: DeepEP's dispatch reads the tokens where they are; allgather permutes after
             self.elementwise(p + "moe.permute", routed * h, (t + routed) * h * b)
         yield "pre_dispatch"
         permuted = list(self.stream.frontier)
         if self.flex:
             self.deepep_layout(p + "moe.dispatch")
             self.deepep(p + "moe.dispatch", dispatch=True, weights=True)
+        elif self.allgather:
+            self.allgather_dispatch(p, received, local)
         else:
             self._ep_all_to_all(p + "moe.dispatch", probs=not side)
         if side:   # token_dispatch: tokens all-to-all, shared fc1, probabilities all-to-all
@@ -260,9 +266,9 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         yield "dispatch"
         if self.flex:
             self.flex_permute(p + "moe.permute", received, probs=True)
-        else:
+        elif a2a:
             self._etp_all_gather(p + "moe.dispatch", True)
-        if local > 1 and not self.flex:   # sort_chunks_by_idxs: the received chunks grouped by local expert
+        if local > 1 and a2a:   # sort_chunks_by_idxs: the received chunks grouped by local expert
             self.elementwise(p + "moe.sort_chunks", received * h, 2 * received * h * b)
         fc1 = self.grouped_gemm(p + "moe.fc1", per_expert, h, up, cast=True)
         self._keep(fc1, "moe_in", received * h, 1 if self.fp8 else b, output=False)
@@ -272,19 +278,21 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         self.expert_bias_forward(p, received, local)
         if self.flex:
             self.flex_unpermute(p + "moe.unpermute", received, probs=False)
-        elif local > 1:
+        elif local > 1 and a2a:
             self.elementwise(p + "moe.unsort_chunks", received * h, 2 * received * h * b)
-        if not self.flex:
+        if a2a:
             self._etp_reduce_scatter(p + "moe.combine", False)
         yield "mlp"
         computed = list(self.stream.frontier)
         if self.flex:   # DeepEP's combine adds the ranks' sums in the kernel
             self.deepep(p + "moe.combine", dispatch=False, weights=False)
+        elif self.allgather:
+            self.allgather_combine(p, received)
         else:
             self._ep_all_to_all(p + "moe.combine", False)
         if side:   # token_combine: the shared fc2 and its reduce-scatter beside the all-to-all
             self.shared_fc2(p, computed)
-        if not self.flex:
+        if a2a:
             self.elementwise(p + "moe.unpermute", routed * h, (routed + t) * h * b + routed * b, 2)
         if m.shared_ffn:
             if side:
@@ -298,12 +306,14 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         Yields the end of combine, mlp and dispatch (see moe_forward)."""
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side = self.shared_overlap
+        side, a2a = self.shared_overlap, not self.flex and not self.allgather
         self._recompute_pre_mlp_norm(p)
         if side:
             self.shared_fc2_backward(p)
         if self.flex:   # FusedCombine.backward: a dispatch on the cached handle, tokens only
             self.deepep(p + "moe.combine.bwd", dispatch=True, weights=False)
+        elif self.allgather:
+            self.allgather_combine_backward(p, received)
         else:
             self._read(self.elementwise(p + "moe.unpermute.bwd", routed * h, (routed + t) * h * b + routed * b, 2),
                        "moe_probs", "moe_map")
@@ -311,9 +321,9 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         yield "combine"
         if self.flex:
             self._read(self.flex_unpermute(p + "moe.unpermute.bwd", received, probs=False), "moe_map")
-        else:
+        elif a2a:
             self._etp_all_gather(p + "moe.combine.bwd", False)
-        if local > 1 and not self.flex:
+        if local > 1 and a2a:
             self.elementwise(p + "moe.unsort_chunks.bwd", received * h, 2 * received * h * b)
         self.expert_bias_backward(p, received, local)
         self.expert_activation_recompute(p, received, up, ffn)
@@ -324,7 +334,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         self._read(self.grouped_gemm(p + "moe.fc1.wgrad", up, per_expert, h, accumulate=True), "moe_in")
         if self.flex:   # the probabilities' gradients gathered beside the tokens'
             self.flex_permute(p + "moe.permute.bwd", received, probs=True)
-        else:
+        elif a2a:
             if local > 1:
                 self.elementwise(p + "moe.sort_chunks.bwd", received * h, 2 * received * h * b)
             self._etp_reduce_scatter(p + "moe.dispatch.bwd", True)
@@ -332,12 +342,14 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, KernelPrimitives):
         routed_fc1 = list(self.stream.frontier)
         if self.flex:   # FusedDispatch.backward: a combine carrying the top-k weights' gradients
             self.deepep(p + "moe.dispatch.bwd", dispatch=False, weights=True)
+        elif self.allgather:
+            self._read(self.allgather_dispatch_backward(p, received, local), "moe_map")
         else:
             self._ep_all_to_all(p + "moe.dispatch.bwd", True)
         if side:   # launched after the routed experts' fc1 backward (shared_experts.py _BackwardStreamWait)
             self.shared_fc1_backward(p, routed_fc1)
         yield "dispatch"
-        if not self.flex:
+        if a2a:
             self.elementwise(p + "moe.permute.bwd", routed * h, (t + routed) * h * b, 1)
         self._read(self.elementwise(p + "moe.topk.bwd", t * experts, t * experts * (3 * b + 1), 4), "moe_probs")
         self.linear_fp8 = False

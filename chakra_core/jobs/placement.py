@@ -121,7 +121,8 @@ class Placement:
         expert_decoder_rank_generator, cp=1, pp last as in the dense order), independently of how
         attention splits them. etp: an expert's tensor-parallel shards (the dispatcher's all-gather
         and reduce-scatter); ep: ranks holding different experts (the token all-to-alls); edp: ranks
-        holding the same expert shard (its gradients' reduction, its optimizer shards)."""
+        holding the same expert shard (its gradients' reduction, its optimizer shards); tp_ep: the etp x ep
+        ranks of the allgather dispatcher."""
         stage = self.tp * self.cp * self.dp
         base = stage * (rank // stage)
         i = rank - base
@@ -137,6 +138,9 @@ class Placement:
                 j = i % ep   # DeepEP's rdma_rank j // 8 and nvl_rank j % 8 (flex_dispatcher)
                 out["ep_rdma"] = self._group("ep_rdma", start + j % NVL_PEERS, start + ep, NVL_PEERS)
                 out["ep_nvl"] = self._group("ep_nvl", start + j - j % NVL_PEERS, start + j - j % NVL_PEERS + NVL_PEERS)
+        if etp * ep > 1 and self.job.parallel.moe_token_dispatcher == "allgather":   # parallel_state.py 'tp-ep'
+            start = base + i - i % (etp * ep)
+            out["tp_ep"] = self._group("tp_ep", start, start + etp * ep)
         if stage // (etp * ep) > 1:
             start = base + i % (etp * ep)
             out["edp"] = self._group("edp", start, base + stage, etp * ep)

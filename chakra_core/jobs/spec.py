@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
     field_validator, model_serializer, model_validator
 
 from chakra_core.jobs import layout as pipeline_layout
+from chakra_core.jobs.allgather_dispatcher import allgather_problems
 from chakra_core.jobs.attention_variants import attention_variant_problems
 from chakra_core.jobs.context_parallel import hierarchical_problems
 from chakra_core.jobs.flex_dispatcher import flex_problems
@@ -72,9 +73,9 @@ class Parallel(_Strict):
     moe_shared_expert_overlap: bool = Field(
         False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
                            "(--moe-shared-expert-overlap)")
-    moe_token_dispatcher: Literal["alltoall", "flex"] = Field(
-        "alltoall", description="MoE token dispatcher (--moe-token-dispatcher-type): 'alltoall' NCCL all-to-alls "
-                                "over ep; 'flex' fused dispatch and combine kernels of moe_flex_backend")
+    moe_token_dispatcher: Literal["alltoall", "flex", "allgather"] = Field(
+        "alltoall", description="--moe-token-dispatcher-type: 'alltoall' all-to-alls over ep (Megatron-Bridge's MoE "
+                                "models); 'flex' moe_flex_backend's kernels; 'allgather' (Megatron-Core's default)")
     moe_flex_backend: Literal["deepep"] = Field(
         "deepep", description="the flex dispatcher's backend (--moe-flex-dispatcher-backend): 'deepep', DeepEP's "
                               "normal kernels (NVLink within 8 GPUs, RDMA once per node beyond)")
@@ -99,9 +100,10 @@ class Parallel(_Strict):
                     data.pop(key)
             if data.get("schedule") == "1f1b":   # the default: the echo as before schedules were a setting
                 data.pop("schedule")
-            if data.get("moe_token_dispatcher") == "alltoall":   # the default: the echo as before flex
-                data.pop("moe_token_dispatcher")
+            if data.get("moe_token_dispatcher") != "flex":   # the default, alltoall, echoes as before flex
                 data.pop("moe_flex_backend", None)
+                if data.get("moe_token_dispatcher") == "alltoall":
+                    data.pop("moe_token_dispatcher")
         return data
 
     @property
@@ -368,8 +370,8 @@ def _moe_problems(job: JobSpec) -> list[str]:
         return [f"parallel.{key} {getattr(p, key)} needs a mixture of experts (model.num_experts)"
                 for key in ("ep", "etp") if (getattr(p, key) or 1) > 1] + \
             [f"parallel.{key} needs a mixture of experts (model.num_experts)" for key in OVERLAPS if getattr(p, key)] \
-            + (["parallel.moe_token_dispatcher flex needs a mixture of experts (model.num_experts)"]
-               if p.moe_token_dispatcher == "flex" else []) + routing_problems(job)
+            + ([f"parallel.moe_token_dispatcher {p.moe_token_dispatcher} needs a mixture of experts "
+                "(model.num_experts)"] if p.moe_token_dispatcher != "alltoall" else []) + routing_problems(job)
     out = routing_problems(job)
     experts, ep, etp = m.num_experts or 0, p.ep, p.expert_tp
     if experts % ep:   # "Number of experts should be a multiple of expert model parallel_size."
@@ -388,7 +390,7 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
-    return out + _overlap_problems(job) + flex_problems(job)
+    return out + _overlap_problems(job) + flex_problems(job) + allgather_problems(job)
 
 
 def _overlap_problems(job: JobSpec) -> list[str]:

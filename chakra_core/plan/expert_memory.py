@@ -23,7 +23,9 @@ tokens of the residual stream here, the sequence-parallel share; k = topk; E exp
 - router: its input, t h bf16 (moe_utils.py RouterGatingLinearFunction saves `inp`); the
   probabilities, t E bf16, and the routing map, t E bool, which the dispatcher keeps from
   dispatch to combine (token_dispatcher.py MoEAlltoAllTokenDispatcher: self.routing_map,
-  self.probs);
+  self.probs); the allgather dispatcher keeps its local experts' columns of the gathered map
+  instead, t etp E bools (MoEAllGatherTokenDispatcher.local_map: etp ep times the tokens, 1 / ep
+  of the experts);
 - the second norm's input, 2 B per element as a dense layer's; the norm feeds the router and the
   dispatcher in bf16 (no fp8 LayerNormLinear), so no fc1 input is kept beside it;
 - shared experts (if any): a dense MLP's terms at shared_expert_ffn (fc1's input, fc1's output,
@@ -120,7 +122,8 @@ def moe_block_activations(job: JobSpec) -> BlockActivations:
     layernorm, moe_act = t.recomputes("layernorm"), t.recomputes("moe_act")
     shared_in = (gemm_in * h if m.shared_ffn else 0) * (not layernorm)
     gathered = p.moe_shared_expert_overlap and m.shared_ffn > 0
-    whole = ACT_BYTES * h * (not layernorm) + (ACT_BYTES + MAP_BYTES) * experts + shared_in * (not gathered)
+    kept_map = MAP_BYTES * experts * (p.expert_tp if p.moe_token_dispatcher == "allgather" else 1)
+    whole = ACT_BYTES * h * (not layernorm) + ACT_BYTES * experts + kept_map + shared_in * (not gathered)
     split = ACT_BYTES * up * m.shared_ffn + gemm_in * m.shared_ffn
     ffn = m.expert_ffn // p.expert_tp
     clamped = ACT_BYTES * up * ffn if m.mlp == "clamped-swiglu" else 0
