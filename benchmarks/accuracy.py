@@ -71,6 +71,7 @@ class Dataset:
     note: str = ""
     table: tuple[str, int] | None = None   # a bus-bandwidth table: (collective, ranks)
     launch: LaunchInfo | None = None       # how a table was run, from the script that made it (no header)
+    algorithms: tuple[str, ...] = ()       # NCCL_ALGO as the run forced it (empty: NCCL's choice)
 
     def log(self, folder: Path = LOGS) -> NcclTestsLog:
         if self.table is not None:   # a results page: its "NCCL Bandwidth" section's table
@@ -113,15 +114,19 @@ EXTRA = (
             "h100-sxm-hgx", note="one process drives 8 GPUs (-g 8)"),
     Dataset("8 x H100, all-reduce (Azure ND H100 v5, busbw table)",
             "h100_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "azure-nd-h100-v5", table=("all_reduce", 8),
-            launch=AZURE_LAUNCH, note="NVLS forced (the page says), one process drives 8 GPUs (-g 8)"),
+            launch=AZURE_LAUNCH, algorithms=("nvls",),
+            note="NVLS forced (the page says; simulated with NCCL_ALGO=nvls), one process drives 8 GPUs (-g 8)"),
     Dataset("8 x H200, all-reduce (Azure ND H200 v5, busbw table)",
             "h200_azure-ndv5_1node_8gpu_allreduce_busbw-table.txt", "h200-sxm-hgx", table=("all_reduce", 8),
-            launch=AZURE_LAUNCH, note="NVLS forced (the page says), one process drives 8 GPUs (-g 8)"),
-    Dataset("8 x A100, all-reduce (Azure ND A100 v4, busbw table)",
-            "a100_azure-ndv4_1node_8gpu_allreduce_busbw-table.txt", "a100-sxm-hgx", goal=0.15,
-            table=("all_reduce", 8), launch=AZURE_LAUNCH,
-            note="Tree or Ring forced, the page does not say which (it names NVLS, which A100 cannot run); "
-                 "one process drives 8 GPUs (-g 8)"),
+            launch=AZURE_LAUNCH, algorithms=("nvls",),
+            note="NVLS forced (the page says; simulated with NCCL_ALGO=nvls), one process drives 8 GPUs (-g 8)"),
+    *(Dataset(f"8 x A100, all-reduce (Azure ND A100 v4, busbw table), if {name} was forced",
+              "a100_azure-ndv4_1node_8gpu_allreduce_busbw-table.txt", "a100-sxm-hgx", goal=0.15,
+              table=("all_reduce", 8), launch=AZURE_LAUNCH, algorithms=(algorithm,),
+              note="the page's script forces Tree, Ring, NVLS and NVLSTree in turn and keeps one column without "
+                   "saying which (it names NVLS, which A100 cannot run): both readings shown; one process drives "
+                   "8 GPUs (-g 8)")
+      for name, algorithm in (("Ring", "ring"), ("Tree", "tree"))),
     Dataset("72 x GB200, all-reduce, one NVL72 rack (CoreWeave)", "gb200_coreweave_nvl72_72gpu_allreduce.txt",
             "gb200-nvl72", max_bytes=16 * 2**30,
             note="512 MiB - 8 GiB only; launch not stated (one process per GPU assumed)"),
@@ -175,10 +180,11 @@ def evaluate(host: PluginHost, dataset: Dataset, folder: Path, work: Path, nativ
     profile = load_profile(dataset.profile)
     in_place = dataset.table is not None   # busbw tables give the in-place column only
     plan = acc.plan_log(log, profile, dataset.profile, in_place=in_place, min_bytes=dataset.min_bytes,
-                        max_bytes=dataset.max_bytes)
+                        max_bytes=dataset.max_bytes, algorithms=dataset.algorithms)
     result = acc.evaluate(plan, profile, host)
     launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version)
+    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version,
+                           plan.algorithms)
     tuner = [model.tuner_estimate_us(plan.collective, plan.model_bytes(s), plan.ranks, plan.nodes)
              for s in plan.sizes]
     points = cal.observations([log], plan.gpus_per_node, in_place, dataset.min_bytes, dataset.max_bytes)

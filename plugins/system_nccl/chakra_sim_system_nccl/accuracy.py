@@ -81,6 +81,8 @@ class Plan:
     in_place: bool
     sizes: tuple[Size, ...]
     nccl_version: tuple[int, int, int] | None = None   # the log's NCCL release (its tuner chooses)
+    algorithms: tuple[str, ...] = ()   # NCCL_ALGO as the run set it (empty: NCCL chooses among all)
+    protocols: tuple[str, ...] = ()    # NCCL_PROTO
 
     @property
     def launch_config(self) -> dict[str, Any]:
@@ -95,6 +97,10 @@ class Plan:
                   "launch": self.launch_config}
         if self.nccl_version is not None:
             system["nccl_version"] = ".".join(map(str, self.nccl_version))
+        if self.algorithms:
+            system["algorithms"] = list(self.algorithms)
+        if self.protocols:
+            system["protocols"] = list(self.protocols)
         return system
 
     def comm_size(self, size: Size) -> int:
@@ -148,9 +154,11 @@ def _first_line(log: NcclTestsLog) -> int | None:
 
 
 def plan_log(log: NcclTestsLog, profile: Profile, profile_name: str, *, in_place: bool = False,
-             min_bytes: int = 1024, max_bytes: int | None = None) -> Plan:
+             min_bytes: int = 1024, max_bytes: int | None = None, algorithms: Sequence[str] = (),
+             protocols: Sequence[str] = ()) -> Plan:
     """The runs `log` describes, to simulate on `profile` (named `profile_name` in the system
-    config). ManifestError at `path:line` when the log cannot be simulated as it is."""
+    config); `algorithms` and `protocols`: NCCL_ALGO and NCCL_PROTO as the run set them (logs do
+    not print them). ManifestError at `path:line` when the log cannot be simulated as it is."""
     first = _first_line(log)
     if log.launch is None and log.columns_line is None and not log.times_from_busbw:
         raise ManifestError([(_location(log, first), "no nccl-tests header: neither the column titles "
@@ -202,7 +210,7 @@ def plan_log(log: NcclTestsLog, profile: Profile, profile_name: str, *, in_place
         raise ManifestError([(log.path, f"no {placement} size from {min_bytes:,} B{upper} with a measured time "
                               "(check --min-bytes, --max-bytes, --in-place)")])
     return Plan(log.path, log.collective, collective, ranks, nodes, gpus_per_node, profile_name, launch,
-                in_place, tuple(sizes), log.nccl_version)
+                in_place, tuple(sizes), log.nccl_version, tuple(algorithms), tuple(protocols))
 
 
 # --------------------------------------------------------------------------- simulating
@@ -243,7 +251,8 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
 def nccl_choices(plan: Plan, profile: Profile) -> list[nccl.Choice]:
     """NCCL's algorithm, protocol and channels for each size (chakra_sim_system_nccl.model)."""
     launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version)
+    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version,
+                           plan.algorithms, plan.protocols)
     return [model.time_us(plan.collective, plan.model_bytes(size), plan.ranks, plan.nodes) for size in plan.sizes]
 
 

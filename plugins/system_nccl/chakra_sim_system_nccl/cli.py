@@ -132,15 +132,20 @@ def _one_line(exc: ManifestError) -> str:
 @click.option("--min-bytes", type=click.IntRange(min=1), default=1024, show_default=True,
               help="ignore smaller sizes")
 @click.option("--max-bytes", type=click.IntRange(min=1), help="ignore larger sizes")
+@click.option("--nccl-algo", "algorithms", multiple=True, type=click.Choice(["ring", "tree", "nvls", "nvls_tree"]),
+              help="the algorithm the run forced (NCCL_ALGO; repeat for several): NCCL chooses among these only")
+@click.option("--nccl-proto", "protocols", multiple=True, type=click.Choice(["LL", "LL128", "Simple"]),
+              help="the protocol the run forced (NCCL_PROTO; repeat for several)")
 def accuracy(logs: tuple[Path, ...], profile_name: str, as_json: bool, plot: Path | None, in_place: bool,
-             min_bytes: int, max_bytes: int | None) -> None:
+             min_bytes: int, max_bytes: int | None, algorithms: tuple[str, ...], protocols: tuple[str, ...]) -> None:
     """Simulate the runs nccl-tests logs describe and compare with what they measured.
 
     LOG... are outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf,
     alltoall_perf, broadcast_perf or reduce_perf as printed (header included). Each size is
     simulated through the `nccl` system layer on the profile, with the log's ranks, its nodes
     (the hosts of its device list, else ranks / the profile's GPUs per node) and the launch
-    its header states (GPUs per thread, CUDA graph). Prints per log the measured and
+    its header states (GPUs per thread, CUDA graph); nccl-tests does not print NCCL_ALGO or
+    NCCL_PROTO, so give them when the run set them. Prints per log the measured and
     predicted times, NCCL's algorithm, protocol and channels, and the geometric-mean error
     exp(mean |ln(predicted / measured)|) - 1, also per size band.
     """
@@ -152,8 +157,8 @@ def accuracy(logs: tuple[Path, ...], profile_name: str, as_json: bool, plot: Pat
         except ManifestError as exc:
             raise CliError(f"--profile {_one_line(exc)}") from exc
         try:
-            plans = [acc.plan_log(load(path), profile, profile_name, in_place=in_place,
-                                  min_bytes=min_bytes, max_bytes=max_bytes) for path in logs]
+            plans = [acc.plan_log(load(path), profile, profile_name, in_place=in_place, min_bytes=min_bytes,
+                                  max_bytes=max_bytes, algorithms=algorithms, protocols=protocols) for path in logs]
         except ManifestError as exc:
             raise CliError(_one_line(exc)) from exc
         notes = []

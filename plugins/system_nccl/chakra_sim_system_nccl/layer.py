@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Hashable, NamedTuple, Sequence
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
 from chakra_core import (
     FoldView, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
@@ -47,6 +47,7 @@ from chakra_sim_system_nccl.p2p_timing import P2PTiming, apart as _apart, ns as 
 from chakra_sim_system_nccl.section import NCCL_KEY, NcclSpec, communicator_bytes, nccl_of
 from chakra_sim_system_nccl.sharing import NIC, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
+from chakra_sim_system_nccl.tuning import AlgorithmName, ProtocolName
 
 # A collective is one operation of one communicator group: 8 data-parallel groups each
 # all-reducing once are 8 operations of one trace node. Said wherever the counts are shown.
@@ -79,11 +80,26 @@ class NcclSystemConfig(PluginConfig):
     gpus_per_node: PositiveInt | None = Field(
         None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
     launch: LaunchConfig = Field(default_factory=LaunchConfig, description="how the host launches collectives")
+    algorithms: list[AlgorithmName] | None = Field(
+        None, min_length=1, description="NCCL_ALGO: the algorithms NCCL may choose among (ring, tree, nvls, nvls_tree); "
+                          "default: all it supports. A collective left with none is an error, as in NCCL")
+    protocols: list[ProtocolName] | None = Field(
+        None, min_length=1, description="NCCL_PROTO: the protocols NCCL may choose among (LL, LL128, Simple); default: all")
     nccl_version: str | None = Field(
         None, pattern=r"^\d+\.\d+(\.\d+)?$",
         description="the NCCL release whose tuner chooses algorithms and protocols (its tables differ by "
                     "release, e.g. 2.24.3); default: the newest modelled. The time is what the hardware "
                     "executes, whichever release chose")
+
+    @model_serializer(mode="wrap")
+    def _echo(self, handler: SerializerFunctionWrapHandler) -> object:
+        # unforced, the echo (results.json's manifest) is as before NCCL_ALGO / NCCL_PROTO were settings
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("algorithms", "protocols"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
 
     def version(self) -> tuple[int, int, int] | None:
         """`nccl_version` as (major, minor, patch)."""
@@ -138,7 +154,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         super().__init__(config, context)
         self.profile = load_profile(config.profile, context.base_dir)
         self.model = nccl.NcclModel(self.profile, config.launch.gpus_per_thread, config.launch.cuda_graph,
-                                    config.version())
+                                    config.version(), config.algorithms, config.protocols)
         self.gpus_per_node = config.gpus_per_node or self.profile.gpus_per_node
         n = context.num_ranks
         if n > self.gpus_per_node and self.profile.network is None:

@@ -34,10 +34,11 @@ cost) with values `chakra-sim calibrate` fitted to a user's nccl-tests logs.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 
-from chakra_core import Profile
+from chakra_core import Profile, SimulationError
 from chakra_sim_system_nccl import execution, tuning
 from chakra_sim_system_nccl.section import calibration_of, nccl_of
 from chakra_sim_system_nccl.tuning import (
@@ -77,8 +78,11 @@ class NcclModel:
     """NCCL's algorithm and protocol choice and time for one hardware profile."""
 
     def __init__(self, profile: Profile, gpus_per_thread: int = 1, cuda_graph: bool = False,
-                 nccl_version: tuple[int, int, int] | None = None) -> None:
+                 nccl_version: tuple[int, int, int] | None = None, algorithms: Collection[str] | None = None,
+                 protocols: Collection[str] | None = None) -> None:
         self.profile = profile
+        self.allowed = (frozenset(algorithms) if algorithms else None, frozenset(protocols) if protocols else None)
+        """NCCL_ALGO and NCCL_PROTO: the algorithms and protocols NCCL may choose among (None: all)."""
         self.tuner = tuning.tuner_for(nccl_version)
         """The tables NCCL chooses with (its release's; chakra_sim_system_nccl.tuning.TUNERS)."""
         calibration = self.calibration = calibration_of(profile)
@@ -126,12 +130,22 @@ class NcclModel:
         with the network as the hardware runs it: the newest's for the execution (its per-hop
         figures are the latest NCCL publishes), the release's own for its estimate."""
         best: tuple[float, Pair] | None = None
+        algorithms, protocols = self.allowed
         for pair in self.pairs(collective, nranks, nodes, nic_share=nic_share):
+            if (algorithms is not None and pair.algorithm not in algorithms) or \
+                    (protocols is not None and pair.protocol not in protocols):
+                continue
             latency, bw = self._latency_bandwidth(pair, collective, nbytes, nranks, nodes)
             estimate = latency + nbytes / (1000 * bw)
             if best is None or estimate < best[0]:
                 best = (estimate, pair)
-        assert best is not None
+        if best is None:   # NCCL fails the call: "no algorithm/protocol available"
+            offered = sorted({f"{p.algorithm}/{p.protocol}" for p in self.pairs(collective, nranks, nodes,
+                                                                              nic_share=nic_share)})
+            forced = " and ".join(f"{name}={','.join(sorted(values))}" for name, values
+                                  in (("NCCL_ALGO", algorithms), ("NCCL_PROTO", protocols)) if values is not None)
+            raise SimulationError(f"{forced} leaves NCCL no algorithm for {collective} on {nranks} GPUs over "
+                                  f"{nodes} node(s); it considers {', '.join(offered)} there")
         pair = best[1]
         priced = self.profile.network is not None and nodes > 1   # priced as the hardware runs it
         if priced or tuner != self.tuner:
