@@ -200,8 +200,8 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
     "gpt-oss-clamped-swiglu-biases-flex": ({"mlp": "clamped-swiglu", "bias": True, "attention_sinks": True},
                                            {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "flex"}, {}),
     # the allgather dispatcher keeps its local experts' columns of the gathered map (t x etp x E bools)
-    "allgather-tp2-ep4-etp2": ({"shared_expert_ffn": 512}, {"tp": 2, "pp": 2, "ep": 4, "moe_token_dispatcher": "allgather"},
-                               {}),
+    "allgather-tp2-ep4-etp2": ({"shared_expert_ffn": 512},
+                               {"tp": 2, "pp": 2, "ep": 4, "moe_token_dispatcher": "allgather"}, {}),
     "allgather-zipf-etp1-fp8": ({}, {"tp": 2, "pp": 2, "ep": 4, "etp": 1, "moe_token_dispatcher": "allgather"},
                                 {"routing": {"zipf": 1.0}, "precision": "fp8"}),
     # Megatron-FSDP: expert buckets sharded, gathered and reduce-scattered over the expert data-parallel group

@@ -81,10 +81,12 @@ class NcclSystemConfig(PluginConfig):
         None, alias="gpus-per-node", description="ranks per node; default: the profile's GPUs per node")
     launch: LaunchConfig = Field(default_factory=LaunchConfig, description="how the host launches collectives")
     algorithms: list[AlgorithmName] | None = Field(
-        None, min_length=1, description="NCCL_ALGO: the algorithms NCCL may choose among (ring, tree, nvls, nvls_tree); "
-                          "default: all it supports. A collective left with none is an error, as in NCCL")
+        None, min_length=1, description="NCCL_ALGO: the algorithms NCCL may choose among (ring, tree, nvls, "
+                                        "nvls_tree); default: all it supports. A collective left with none is an "
+                                        "error, as in NCCL")
     protocols: list[ProtocolName] | None = Field(
-        None, min_length=1, description="NCCL_PROTO: the protocols NCCL may choose among (LL, LL128, Simple); default: all")
+        None, min_length=1, description="NCCL_PROTO: the protocols NCCL may choose among (LL, LL128, Simple); "
+                                        "default: all")
     nccl_version: str | None = Field(
         None, pattern=r"^\d+\.\d+(\.\d+)?$",
         description="the NCCL release whose tuner chooses algorithms and protocols (its tables differ by "
