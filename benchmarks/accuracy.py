@@ -187,7 +187,8 @@ def evaluate(host: PluginHost, dataset: Dataset, folder: Path, work: Path, nativ
                            plan.algorithms)
     tuner = [model.tuner_estimate_us(plan.collective, plan.model_bytes(s), plan.ranks, plan.nodes)
              for s in plan.sizes]
-    points = cal.observations([log], plan.gpus_per_node, in_place, dataset.min_bytes, dataset.max_bytes)
+    points = cal.observations([log], plan.gpus_per_node, in_place, dataset.min_bytes, dataset.max_bytes,
+                              dataset.algorithms)
     return Evaluated(dataset, profile, result, points, tuner, native_times(host, plan, work) if native else {})
 
 

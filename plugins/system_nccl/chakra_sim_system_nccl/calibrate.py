@@ -92,11 +92,15 @@ class Observation:
     gpus_per_thread: int = 1
     cuda_graph: bool = False
     nccl_version: tuple[int, int, int] | None = None   # the release whose tuner chose (the log's)
+    algorithms: tuple[str, ...] = ()   # NCCL_ALGO as the run forced it (empty: NCCL chose among all)
+    protocols: tuple[str, ...] = ()    # NCCL_PROTO
 
 
 def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: bool = False,
-                 min_bytes: int = 1, max_bytes: int | None = None) -> list[Observation]:
-    """The sizes of every log within [min_bytes, max_bytes] with a positive time."""
+                 min_bytes: int = 1, max_bytes: int | None = None, algorithms: Sequence[str] = (),
+                 protocols: Sequence[str] = ()) -> list[Observation]:
+    """The sizes of every log within [min_bytes, max_bytes] with a positive time; `algorithms` and
+    `protocols`: NCCL_ALGO and NCCL_PROTO as the runs forced them (logs do not print them)."""
     out = []
     for log in logs:
         collective = COLLECTIVE_OF_TEST.get(log.collective)
@@ -112,7 +116,7 @@ def observations(logs: Iterable[NcclTestsLog], gpus_per_node: int, in_place: boo
         for size, time_us in sorted(log.times(in_place).items()):
             if size >= min_bytes and (max_bytes is None or size <= max_bytes) and time_us > 0:
                 out.append(Observation(collective, size, log.ranks, nodes, time_us, log.path, per_thread, graph,
-                                       getattr(log, "nccl_version", None)))
+                                       getattr(log, "nccl_version", None), tuple(algorithms), tuple(protocols)))
     return out
 
 
@@ -128,10 +132,10 @@ def split_odd_powers(points: Sequence[Observation]) -> tuple[list[Observation], 
 
 
 def predict(profile: Profile, points: Sequence[Observation]) -> list[nccl.Choice]:
-    models: dict[tuple[int, bool, tuple[int, int, int] | None], nccl.NcclModel] = {}
+    models: dict[tuple[int, bool, tuple[int, int, int] | None, tuple[str, ...], tuple[str, ...]], nccl.NcclModel] = {}
     out = []
     for p in points:
-        key = (p.gpus_per_thread, p.cuda_graph, p.nccl_version)
+        key = (p.gpus_per_thread, p.cuda_graph, p.nccl_version, p.algorithms, p.protocols)
         model = models.get(key)
         if model is None:
             model = models[key] = nccl.NcclModel(profile, *key)

@@ -28,6 +28,15 @@ def _pct(error: float) -> str:
     return f"{100 * (math.exp(error) - 1):+.1f}%"
 
 
+NCCL_ALGO = click.option(
+    "--nccl-algo", "algorithms", multiple=True, type=click.Choice(["ring", "tree", "nvls", "nvls_tree"]),
+    help="the algorithm the runs forced (NCCL_ALGO; repeat for several): NCCL chooses among these only")
+NCCL_PROTO = click.option(
+    "--nccl-proto", "protocols", multiple=True, type=click.Choice(["LL", "LL128", "Simple"]),
+    help="the protocol the runs forced (NCCL_PROTO; repeat for several)")
+"""nccl-tests prints neither variable: the user says what the runs set."""
+
+
 @click.command()
 @click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--profile", "base", required=True, help="profile to start from: a shipped name "
@@ -42,8 +51,11 @@ def _pct(error: float) -> str:
 @click.option("--holdout", type=click.Choice(["none", "odd-powers"]), default="none", show_default=True,
               help="odd-powers: fit on sizes 4^k only and report the error on the other powers of two, "
                    "to see how well the fit predicts sizes it has not seen")
+@NCCL_ALGO
+@NCCL_PROTO
 def calibrate(logs: tuple[Path, ...], base: str, out: Path | None, name: str | None, in_place: bool,
-              min_bytes: int, max_bytes: int | None, holdout: str) -> None:
+              min_bytes: int, max_bytes: int | None, holdout: str, algorithms: tuple[str, ...],
+              protocols: tuple[str, ...]) -> None:
     """Fit a profile's physical NCCL parameters to nccl-tests output.
 
     LOG... are outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf or
@@ -56,7 +68,8 @@ def calibrate(logs: tuple[Path, ...], base: str, out: Path | None, name: str | N
         profile = load_profile(base)
         parsed = [load(path) for path in logs]
         try:
-            points = cal.observations(parsed, profile.gpus_per_node, in_place, min_bytes, max_bytes)
+            points = cal.observations(parsed, profile.gpus_per_node, in_place, min_bytes, max_bytes, algorithms,
+                                      protocols)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
         if holdout == "odd-powers":
@@ -132,10 +145,8 @@ def _one_line(exc: ManifestError) -> str:
 @click.option("--min-bytes", type=click.IntRange(min=1), default=1024, show_default=True,
               help="ignore smaller sizes")
 @click.option("--max-bytes", type=click.IntRange(min=1), help="ignore larger sizes")
-@click.option("--nccl-algo", "algorithms", multiple=True, type=click.Choice(["ring", "tree", "nvls", "nvls_tree"]),
-              help="the algorithm the run forced (NCCL_ALGO; repeat for several): NCCL chooses among these only")
-@click.option("--nccl-proto", "protocols", multiple=True, type=click.Choice(["LL", "LL128", "Simple"]),
-              help="the protocol the run forced (NCCL_PROTO; repeat for several)")
+@NCCL_ALGO
+@NCCL_PROTO
 def accuracy(logs: tuple[Path, ...], profile_name: str, as_json: bool, plot: Path | None, in_place: bool,
              min_bytes: int, max_bytes: int | None, algorithms: tuple[str, ...], protocols: tuple[str, ...]) -> None:
     """Simulate the runs nccl-tests logs describe and compare with what they measured.

@@ -1,7 +1,7 @@
 """NCCL_ALGO and NCCL_PROTO (`algorithms`, `protocols` of the nccl layer; `chakra-sim accuracy
 --nccl-algo / --nccl-proto`): NCCL chooses among the forced pairs only, forcing its own free choice
 (or every pair) changes nothing, a collective left with no pair is an error naming what NCCL
-considers, and a log's runs carry the forcing into the system layer."""
+considers, and a log's runs carry the forcing into the system layer and into calibration."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from chakra_core.cli import main
 from chakra_core.hardware.profiles import load_profile
 from chakra_core.testing import collective, simulate, write_ranks
 from chakra_sim_system_nccl import accuracy as acc
+from chakra_sim_system_nccl import calibrate as cal
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.nccl_tests import load
 
@@ -75,3 +76,12 @@ def test_a_logs_runs_carry_the_forcing_and_the_cli_takes_it():
                                     "--nccl-proto", "Simple", "--max-bytes", "65536", "--json"])
     assert out.exit_code == 0, out.output
     assert '"algorithms": [\n' in out.output and '"ring"' in out.output and '"nvls"' not in out.output
+
+
+def test_calibration_fits_the_forced_runs():
+    """calibrate --nccl-algo: the observations carry the forcing, so predictions and the fit use it."""
+    points = cal.observations([load(DGX)], 8, algorithms=["ring"], protocols=["Simple"])
+    assert {(c.algorithm, c.protocol) for c in cal.predict(load_profile(H100), points)} == {("ring", "Simple")}
+    out = CliRunner().invoke(main, ["calibrate", str(DGX), "--profile", H100, "--nccl-algo", "nvls",
+                                    "--nccl-proto", "LL"])
+    assert out.exit_code != 0 and "NCCL_ALGO=nvls and NCCL_PROTO=LL leaves NCCL no algorithm" in out.output
