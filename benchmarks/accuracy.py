@@ -40,7 +40,6 @@ sys.path.insert(0, str(ROOT))
 
 from chakra_sim_system_nccl import accuracy as acc  # noqa: E402
 from chakra_sim_system_nccl import calibrate as cal  # noqa: E402
-from chakra_sim_system_nccl import model as nccl  # noqa: E402
 from chakra_sim_system_nccl.launch import LaunchInfo  # noqa: E402
 from chakra_sim_system_nccl.nccl_tests import NcclTestsLog, load, parse_busbw_table  # noqa: E402
 from chakra_sim_system_nccl.section import calibration_of  # noqa: E402
@@ -182,9 +181,7 @@ def evaluate(host: PluginHost, dataset: Dataset, folder: Path, work: Path, nativ
     plan = acc.plan_log(log, profile, dataset.profile, in_place=in_place, min_bytes=dataset.min_bytes,
                         max_bytes=dataset.max_bytes, algorithms=dataset.algorithms)
     result = acc.evaluate(plan, profile, host)
-    launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version,
-                           plan.algorithms)
+    model = acc.nccl_model(plan, profile)   # the forcing whole: NCCL_PROTO too
     tuner = [model.tuner_estimate_us(plan.collective, plan.model_bytes(s), plan.ranks, plan.nodes)
              for s in plan.sizes]
     points = cal.observations([log], plan.gpus_per_node, in_place, dataset.min_bytes, dataset.max_bytes,

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from chakra_core import PluginHost
 
 __all__ = ["COLLECTIVE_OF_TEST", "BANDS", "Size", "Plan", "SizeResult", "LogResult", "plan_log",
-           "simulate_plan", "nccl_choices", "evaluate", "geomean_error", "band_errors", "report_json",
-           "plot_png", "size_label"]
+           "simulate_plan", "nccl_model", "nccl_choices", "evaluate", "geomean_error", "band_errors",
+           "report_json", "plot_png", "size_label"]
 
 _KIB, _MIB = 1 << 10, 1 << 20
 BANDS: tuple[tuple[str, int, float], ...] = (
@@ -248,11 +248,16 @@ def simulate_plan(plan: Plan, host: PluginHost | None = None, base_dir: Path | N
     return times
 
 
+def nccl_model(plan: Plan, profile: Profile) -> nccl.NcclModel:
+    """NCCL's cost model as the plan's runs used it: their launch, NCCL release and forcing."""
+    launch = plan.launch_config
+    return nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version,
+                          plan.algorithms, plan.protocols)
+
+
 def nccl_choices(plan: Plan, profile: Profile) -> list[nccl.Choice]:
     """NCCL's algorithm, protocol and channels for each size (chakra_sim_system_nccl.model)."""
-    launch = plan.launch_config
-    model = nccl.NcclModel(profile, launch["gpus_per_thread"], launch["cuda_graph"], plan.nccl_version,
-                           plan.algorithms, plan.protocols)
+    model = nccl_model(plan, profile)
     return [model.time_us(plan.collective, plan.model_bytes(size), plan.ranks, plan.nodes) for size in plan.sizes]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import get_args
 
 import click
 import yaml
@@ -22,6 +23,7 @@ from chakra_core import (
 from chakra_sim_system_nccl import accuracy as acc
 from chakra_sim_system_nccl import calibrate as cal
 from chakra_sim_system_nccl.nccl_tests import load
+from chakra_sim_system_nccl.tuning import PROTOCOLS, AlgorithmName
 
 
 def _pct(error: float) -> str:
@@ -29,10 +31,10 @@ def _pct(error: float) -> str:
 
 
 NCCL_ALGO = click.option(
-    "--nccl-algo", "algorithms", multiple=True, type=click.Choice(["ring", "tree", "nvls", "nvls_tree"]),
+    "--nccl-algo", "algorithms", multiple=True, type=click.Choice(get_args(AlgorithmName)),
     help="the algorithm the runs forced (NCCL_ALGO; repeat for several): NCCL chooses among these only")
 NCCL_PROTO = click.option(
-    "--nccl-proto", "protocols", multiple=True, type=click.Choice(["LL", "LL128", "Simple"]),
+    "--nccl-proto", "protocols", multiple=True, type=click.Choice(PROTOCOLS),
     help="the protocol the runs forced (NCCL_PROTO; repeat for several)")
 """nccl-tests prints neither variable: the user says what the runs set."""
 
