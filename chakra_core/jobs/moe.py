@@ -233,7 +233,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side, a2a = self.shared_overlap, not self.flex and not self.allgather
+        side, a2a = self.shared_overlap, self.job.parallel.moe_token_dispatcher == "alltoall"
         if self.job.training.recomputes("layernorm"):   # the pre-MLP norm's output: router's and shared experts' input
             self._dropped = ("moe_x", "fc1_in")
         if not side:
@@ -306,7 +306,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         Yields the end of combine, mlp and dispatch (see moe_forward)."""
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side, a2a = self.shared_overlap, not self.flex and not self.allgather
+        side, a2a = self.shared_overlap, self.job.parallel.moe_token_dispatcher == "alltoall"
         self._recompute_pre_mlp_norm(p)
         if side:
             self.shared_fc2_backward(p)
