@@ -23,9 +23,16 @@ Next = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
 
 
 def stable_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.argsort(keys, kind="stable") of keys in 0..bound-1, and the keys in that order. Sorts
-    each (key, position) packed into one integer: numpy sorts those with SIMD, several times
-    faster than a stable argsort (measured: 250 k keys, 1.6 ms against 6.9 ms)."""
+    """np.argsort(keys, kind="stable") of keys in 0..bound-1, and the keys in that order.
+
+    Keys of 16 bits are sorted by numpy's stable argsort, a radix sort at that width (measured:
+    260 k keys, 2.5 ms against 6.8 ms packed). Wider keys are sorted as (key, position) packed
+    into one integer: numpy sorts those with SIMD, several times faster than its stable argsort
+    of wide keys, a merge sort (measured: 250 k keys, 1.6 ms against 6.9 ms)."""
+    if bound <= 1 << 16:
+        narrow = keys.astype(np.uint16)
+        order = np.argsort(narrow, kind="stable")
+        return order, narrow[order]
     count = len(keys)
     shift = max(count - 1, 1).bit_length()
     packed_type = np.uint32 if (bound - 1).bit_length() + shift <= 32 else np.uint64
