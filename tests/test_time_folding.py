@@ -188,6 +188,43 @@ def test_other_jobs_fold_in_time_exactly(tmp_path, kind):
     assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
 
 
+@pytest.mark.parametrize("lifetime", ["trace", "issued"])
+def test_memory_followed_tensor_by_tensor_folds_in_time_exactly(tmp_path, lifetime):
+    """The hbm model following every storage: peaks, allocations and the bytes-in-use series
+    (bounded to 64 points, so it coarsens over the whole step) equal the whole step's."""
+    data = job(pp=2, vp=2, gpus=8, microbatches=24, precision="fp8") | {"tensors": True}
+    memory = {"memory": {"plugin": "hbm", "lifetime": lifetime, "series_points": 64}}
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
+    assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"]
+    summary = whole["layers"]["memory"]["summary"]
+    assert summary["peak_memory_bytes"] > 0 and summary["storage_allocations"] > 0
+    assert all(2 < len(series) <= 64 for series in summary["memory_series"].values())
+
+
+def test_activation_offload_through_the_memory_layer_folds_in_time_exactly(tmp_path):
+    """Offload's copies are memory accesses the hbm model times: instants with one in flight
+    match no other, and the step still folds between them."""
+    data = job(pp=1, gpus=2, microbatches=24, cpu_offloading_num_layers=1) | {"tensors": True}
+    memory = {"memory": {"plugin": "hbm"}}
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
+    assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"]
+    assert whole["layers"]["memory"]["summary"]["accesses"] > 0
+
+
+def test_running_out_of_memory_after_the_period_began_gets_the_whole_step(tmp_path):
+    """The warning names a time of the run that was simulated: the run is simulated whole."""
+    data = job(pp=2, gpus=4, microbatches=24) | {"tensors": True}
+    memory = {"memory": {"plugin": "hbm", "capacity_gib": 0.5, "oom": "warn"}}
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
+    assert not folded["folding"]["time"]["folded"] and "ran out of memory" in folded["folding"]["time"]["reason"]
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"] and whole["layers"]["memory"]["summary"]["oom_ranks"]
+
+
 def test_a_pipeline_folds_in_time_and_says_so(tmp_path):
     """Llama 3 8B with every compute effect on, the host's launches included: the host falls so
     far behind that it can no longer hold a kernel back, and the step repeats from there."""

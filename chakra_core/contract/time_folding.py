@@ -117,3 +117,8 @@ class FoldView(Protocol):
     def relabel(self, rank: int, node_id: int) -> int:
         """The node's id counted from the rank's lowest unfinished node (equal for a node and its
         counterpart a period on)."""
+
+    def part(self, rank: int, node_id: int) -> str:
+        """Where the node lies in the rank's trace: "before" its repeating nodes (the warm-up),
+        among them ("repeats"), or "after" them (the cool-down, the optimizer). A node outside
+        the repeats is the same node at every instant, where `relabel` would number it anew."""

@@ -288,9 +288,14 @@ class _View:
 
     def __init__(self, watch: PeriodWatch):
         self._low = {d.rank: d.low for d in watch.drivers}
+        self._spans = watch.folding.ranks
 
     def relabel(self, rank: int, node_id: int) -> int:
         return node_id - self._low.get(rank, 0)
+
+    def part(self, rank: int, node_id: int) -> str:
+        span = self._spans[rank]
+        return "before" if node_id < span.first else "repeats" if node_id < span.end else "after"
 
 
 @dataclass

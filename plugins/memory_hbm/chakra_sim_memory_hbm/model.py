@@ -21,7 +21,7 @@ Folding. Local HBM and a per-NPU expansion keep only per-rank state (a rank's ba
 tensors), so a run with `NO_MEMORY_EXPANSION` or `PER_NPU_MEMORY_EXPANSION` may simulate one rank
 per class of equivalent ranks (`fold_safe`); its run totals then count each simulated rank once
 per rank it stands for. A per-node expansion and the pool simulate every rank: they are shared
-by ranks that trace equivalence knows nothing about.
+by ranks that trace equivalence knows nothing about. The same models fold in time (time_fold.py).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 from chakra_core import AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, SimulationError, pb
 from chakra_core import JsonObject
+from chakra_sim_memory_hbm.time_fold import SeriesLog, TimeFolded
 from chakra_sim_memory_hbm.config import GIB, LOCATION_ATTR, NO_EXPANSION, PER_NODE, PER_NPU, POOL, HBMConfig
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import RankTensors, TensorTracker
@@ -48,7 +49,7 @@ class _Access:
         self.weight = weight        # ranks the issuing rank stands for (1 unless folded)
 
 
-class HBMMemory(MemoryModel):
+class HBMMemory(TimeFolded, MemoryModel):
     name = "hbm"
     fidelity = ("latency + size/bandwidth per access; concurrent accesses share a rank's HBM bandwidth "
                 "(processor sharing over channels); ASTRA-sim remote memory (per-NPU, per-node/pool FIFO) "
@@ -59,6 +60,7 @@ class HBMMemory(MemoryModel):
     astra_sim = AstraEquivalent("remote-memory", {"local-mem-bw": "bandwidth_gbps"})
 
     config: HBMConfig
+    time_fold_safe = True      # per instance as fold_safe: shared remote memory is not (TimeFolded)
 
     def __init__(self, config: HBMConfig, context: LayerContext) -> None:
         super().__init__(config, context)
@@ -67,7 +69,7 @@ class HBMMemory(MemoryModel):
         # per-node expansion or the pool is shared by ranks chosen by rank number (rank //
         # num-npus-per-node) and serves them in arrival order: a representative's timing depends on
         # ranks it does not stand for, so every rank is simulated.
-        self.fold_safe = config.memory_type in (NO_EXPANSION, PER_NPU)
+        self.fold_safe = self.time_fold_safe = config.memory_type in (NO_EXPANSION, PER_NPU)
         folding = context.inputs.folding
         # folded runs: simulated rank -> ranks it stands for (empty when not folded)
         self._weights = context.inputs.rank_weights
@@ -107,6 +109,9 @@ class HBMMemory(MemoryModel):
         self.capacity_bytes = (None if config.capacity_gib is None
                                else int(exact(config.capacity_gib, "capacity_gib") * GIB))
         self.oom_ranks: list[int] = []
+        self._last_oom_ns = -1
+        self._in_flight = 0            # accesses issued and not yet done (time folding's state)
+        self._series_log = SeriesLog()
         self.tensors: TensorTracker | None = None
         # The engine reads `tracks_tensors` once per run and then calls node_issued /
         # node_completed for every node: bind them straight to the tracker's methods.
@@ -156,6 +161,7 @@ class HBMMemory(MemoryModel):
             self._loaded[rank] += size
         weight = self._weights.get(rank, 1) if self._weights else 1
         scheduler = self._scheduler
+        self._in_flight += 1
         if not remote:
             self.local_accesses += weight
             link = self._local[rank]
@@ -187,7 +193,7 @@ class HBMMemory(MemoryModel):
                 self.queueing_delay_ns += start - now
                 self.queued_accesses += 1
                 delay += start - now
-        scheduler.schedule(delay, done, node.id)
+        scheduler.schedule(delay, self._done, (done, node.id))
 
     def _shared(self, access: _Access, latency_whole: int) -> None:
         if latency_whole:
@@ -201,7 +207,7 @@ class HBMMemory(MemoryModel):
     def _transferred(self, access: _Access, leftover: Fraction) -> None:
         delay = int(leftover + access.latency_frac)     # the latency's fraction of a ns, rounded once
         scheduler = self._scheduler
-        scheduler.schedule(delay, access.done, access.node_id)
+        scheduler.schedule(delay, self._done, (access.done, access.node_id))
         extra = (scheduler.now + delay - access.issued - access.alone_ns) * access.weight
         if access.remote:
             self.remote_sharing_delay_ns += extra
@@ -246,6 +252,7 @@ class HBMMemory(MemoryModel):
         return None
 
     def _out_of_memory(self, rank: int, node: NodeView, short: int, in_use: int) -> None:
+        self._last_oom_ns = self._scheduler.now
         weight = self._weights.get(rank, 1) if self._weights else 1
         # folded: the simulated rank's equivalent ranks run out of memory at the same point
         who = f"rank {rank}" + (f" (and the {weight - 1} rank(s) equivalent to it)" if weight > 1 else "")

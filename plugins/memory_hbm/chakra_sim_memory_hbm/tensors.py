@@ -168,7 +168,8 @@ def node_filter(kind: str) -> Callable[[NodeView], bool] | None:
 
 def reference_counts(path: str | Path, count_host: bool = False,
                      keep: Callable[[NodeView], bool] | None = None) -> dict[int, list[int]]:
-    """Pre-pass over one rank's trace: storage id -> [nodes referencing it, largest size seen].
+    """Pre-pass over one rank's trace: storage id -> [nodes referencing it, largest size seen,
+    the last of those nodes' ids] (that node's completion frees it; folding in time reads it).
 
     `keep(node)` selects the nodes that count (default: all).
     """
@@ -183,11 +184,13 @@ def reference_counts(path: str | Path, count_host: bool = False,
             for storage, size in parser.node(view):
                 entry = plan.get(storage)
                 if entry is None:
-                    plan[storage] = [1, size]
+                    plan[storage] = [1, size, view.id]
                 else:
                     entry[0] += 1
                     if size > entry[1]:
                         entry[1] = size
+                    if view.id > entry[2]:
+                        entry[2] = view.id
     finally:
         close = getattr(nodes, "close", None)
         if close is not None:
@@ -207,7 +210,7 @@ class MemorySeries:
     its last point is the final level, and at width 1 ns it is exact.
     """
 
-    __slots__ = ("max_points", "width", "points", "level", "last_time", "ns_max")
+    __slots__ = ("max_points", "width", "points", "level", "last_time", "ns_max", "log")
 
     def __init__(self, max_points: int):
         if max_points < 4:
@@ -218,9 +221,13 @@ class MemorySeries:
         self.level = 0                      # bytes in use now
         self.last_time = -1                 # time of the last change
         self.ns_max = 0                     # the most bytes in use during that ns
+        self.log: list[tuple[int, int]] | None = None
+        """Every change once set to a list (a folded-in-time run: time_fold.py replays them)."""
 
     def change(self, time: int, value: int) -> None:
         """Bytes in use become `value` at `time` (times never decrease)."""
+        if self.log is not None:
+            self.log.append((time, value))
         ns_max = value if time != self.last_time or value > self.ns_max else self.ns_max
         self._record(time, value)
         self.level, self.last_time, self.ns_max = value, time, ns_max
@@ -260,6 +267,13 @@ class MemorySeries:
                 self.last_time = time
         self.level, self.last_time, self.ns_max = state
 
+    def copy(self) -> MemorySeries:
+        """The series as it stands (without its log)."""
+        twin = MemorySeries(self.max_points)
+        twin.width, twin.level, twin.last_time, twin.ns_max = self.width, self.level, self.last_time, self.ns_max
+        twin.points = [list(point) for point in self.points]
+        return twin
+
     def export(self) -> list[list[int]]:
         """The points, consecutive equal values merged, ending at the current level."""
         out: list[list[int]] = []
@@ -279,7 +293,10 @@ class RankTensors:
 
     def __init__(self, rank: int, series_points: int):
         self.rank = rank
-        self.live: dict[int, list[int]] = {}     # storage -> [bytes, nodes still to complete]
+        # storage -> [bytes, nodes still to complete, 1 when those are the issued ones (no plan),
+        # the last node referencing it (-1: unknown), the node that allocated it, nodes that
+        # reference it in all]
+        self.live: dict[int, list[int]] = {}
         self.pending: dict[int, tuple[tuple[int, int], ...]] = {}   # node id -> its storages, issued
         self.plan: dict[int, list[int]] | None = None
         self.planned = False
@@ -341,9 +358,9 @@ class TensorTracker:
             if entry is None:
                 planned = plan.pop(storage, None) if plan is not None else None
                 if planned is not None:          # lives until all its referencing nodes complete
-                    entry = [max(planned[1], size), planned[0], 0]
+                    entry = [max(planned[1], size), planned[0], 0, planned[2], node.id, planned[0]]
                 else:                            # lives while issued nodes that reference it run
-                    entry = [size, 1, 1]
+                    entry = [size, 1, 1, -1, node.id, 1]
                 live[storage] = entry
                 grown += entry[0]
                 state.allocations += 1

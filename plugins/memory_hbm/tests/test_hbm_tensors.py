@@ -137,8 +137,9 @@ def test_storages_of_dedupes_takes_the_furthest_byte_and_skips_host_and_empty():
 def test_reference_counts_pre_pass(tmp_path):
     prefix = write_ranks(tmp_path, [model_trace()])
     plan = reference_counts(prefix + ".0.et")
-    assert plan == {200: [1, 2 * MiB], 100: [3, 4 * MiB], 201: [1, MiB], 101: [2, 6 * MiB],
-                    102: [2, 6 * MiB], 103: [1, 4]}
+    # [nodes referencing it, largest size, the last of those nodes]
+    assert plan == {200: [1, 2 * MiB, 1], 100: [3, 4 * MiB, 4], 201: [1, MiB, 2], 101: [2, 6 * MiB, 3],
+                    102: [2, 6 * MiB, 4], 103: [1, 4, 4]}
 
 
 # Memory series -------------------------------------------------------------------------------------
@@ -419,7 +420,7 @@ def test_peak_memory_of_a_converted_pytorch_trace(tmp_path):
     data = manifest(str(REF)[: -len(".0.et")], uniform_network(1), memory={"plugin": "hbm"}, dependencies="data")
     results = simulate(data, base_dir=tmp_path)
     row = results["ranks"][0]
-    all_storages = sum(size for _, size in reference_counts(REF).values())
+    all_storages = sum(size for _, size, _ in reference_counts(REF).values())
     assert all_storages == 3_499_664_344
     assert 0 < row["hbm"]["peak_memory_bytes"] <= all_storages
     series = results["layers"]["memory"]["summary"]["memory_series"]["0"]
