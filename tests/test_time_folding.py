@@ -203,6 +203,23 @@ def test_memory_followed_tensor_by_tensor_folds_in_time_exactly(tmp_path, lifeti
     assert all(2 < len(series) <= 64 for series in summary["memory_series"].values())
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pp=st.sampled_from([2, 4, 8]), vp=st.sampled_from([1, 2]), microbatches=st.integers(10, 30),
+       recompute=st.sampled_from(["none", "full"]), lifetime=st.sampled_from(["trace", "issued"]))
+def test_memory_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, vp, microbatches, recompute,
+                                                                  lifetime):
+    """Whatever the pipeline (warm-up activations outliving the steady periods kept included: PP 8
+    with `lifetime: trace` does not fold), the hbm model's results folded in time are the whole
+    step's, or the step is not folded."""
+    vp = 1 if pp == 8 else vp      # 8 layers
+    c = 1 if vp == 1 else pp
+    data = job(pp=pp, vp=vp, gpus=pp * 2, microbatches=c * (microbatches // c + 4), recompute=recompute) | {"tensors": True}
+    memory = {"memory": {"plugin": "hbm", "lifetime": lifetime, "series_points": 48}}
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"]
+
+
 def test_activation_offload_through_the_memory_layer_folds_in_time_exactly(tmp_path):
     """Offload's copies are memory accesses the hbm model times: instants with one in flight
     match no other, and the step still folds between them."""

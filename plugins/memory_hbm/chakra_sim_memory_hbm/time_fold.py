@@ -14,6 +14,13 @@ counts fewer references to a weight, and frees the last periods' activations in 
   the repeats (a weight, a gradient buffer: the optimizer frees it, in the whole step too);
 - `lifetime: issued`: by the issued nodes still referencing it (relabeled).
 
+A warm-up activation whose backward the fewer micro-batches push into the cool-down looks like a
+weight (allocated before the repeats, referenced after them), though the whole step frees it among
+the repeats. No two instants match while one is alive: backwards free activations in the order
+their forwards allocated them, so until it is freed the activations allocated among the repeats
+only accumulate, and their descriptions differ from one instant to the next (randomized jobs in
+tests/test_time_folding.py check folded against whole).
+
 An instant with a memory access in flight is never taken for another (a transfer's progress
 through a shared bandwidth is not part of the state): a job with memory nodes folds at the
 instants between them, or not at all.
