@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.routing import MAP_BYTES
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 GROUP = "tp_ep"
 """The dispatcher's process group (placement.expert_groups)."""
 PART = "ep"   # moe.EP_PART: the split shows it as exposed_ep
-MAP_BYTES = 1   # torch.bool
 
 
 def allgather_problems(job: "JobSpec") -> list[str]:

@@ -35,7 +35,8 @@ from chakra_core.schema import pb
 @lru_cache(maxsize=None)
 def _attr(kind: str, name: str, value: int | str | bool | tuple[int, ...]) -> pb.AttributeProto:
     """One attribute message per distinct (kind, name, value), for the blobs below."""
-    if isinstance(value, tuple):     # kind "uints"
+    if kind == "uints":
+        assert isinstance(value, tuple), (name, value)
         return uint_list_attr(name, value)
     if kind == "uint":
         return uint_attr(name, int(value))

@@ -40,7 +40,7 @@ from chakra_core.jobs.allgather_dispatcher import AllGatherDispatcher
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
 from chakra_core.jobs.fp8 import quantized_bytes
 from chakra_core.jobs.primitives import Attr, KernelPrimitives
-from chakra_core.jobs.routing import ExpertLoad, expert_load
+from chakra_core.jobs.routing import MAP_BYTES, ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
 
@@ -245,7 +245,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         scores = self.elementwise(p + "moe.topk", t * experts, t * experts * (2 * b + 1), 4)
         self._keep(scores, "moe_probs", t * experts, b)
         if not self.allgather:   # which keeps its local experts' columns instead
-            self._keep(scores, "moe_map", t * experts, 1)
+            self._keep(scores, "moe_map", t * experts, MAP_BYTES)
         if side:
             self.shared_gather(p)
         if a2a:   # flex: DeepEP's dispatch reads the tokens where they are; allgather permutes after

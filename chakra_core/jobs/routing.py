@@ -80,6 +80,9 @@ if TYPE_CHECKING:
 
 BALANCED: Literal["balanced"] = "balanced"
 
+MAP_BYTES = 1
+"""A routing-map element (torch.bool): the dispatchers keep the map for the backward."""
+
 
 class Routing(BaseModel):
     """`training.routing` when not balanced: a distribution with its parameter, or a histogram."""

@@ -47,15 +47,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from chakra_core.jobs.fp8 import QUANTIZED
-from chakra_core.jobs.routing import expert_load
+from chakra_core.jobs.routing import MAP_BYTES, expert_load
 from chakra_core.jobs.spec import JobSpec
 
 ACT_BYTES = 2
 """bf16 activations (as chakra_core.plan.memory)."""
 FP8_BYTES = 1
 """An fp8 element: what a Transformer Engine GEMM saves of its input under fp8."""
-MAP_BYTES = 1
-"""A routing-map element (torch.bool)."""
 
 
 class LayerParams(NamedTuple):
