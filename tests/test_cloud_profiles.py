@@ -30,6 +30,7 @@ CLOUD = {
     "azure-nd-gb200-v6": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72-ndr400"),
     "azure-nd-gb300-v6": ("B300 (GB300 NVL72) 279GB", 72, 72, 800, 57600, "gpudirect", "gb300-nvl72-xdr800"),
     "gcp-a4x": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72"),
+    "aws-u-p6e-gb200x72": ("B200 (GB200 NVL72) 186GB", 72, 72, 400, 28800, "gpudirect", "gb200-nvl72"),
 }
 ALIASES = {"aws-p5-48xlarge": "h100-aws-p5-efa", "aws-p4de-24xlarge": "a100-aws-p4de-efa"}
 

@@ -24,7 +24,7 @@ SCALE_OUT = {"h100-hgx-ndr400": "h100-sxm-hgx", "h200-hgx-ndr400": "h200-sxm-hgx
              "b200-hgx-ndr400": "b200-sxm-hgx", "gb200-nvl72-ndr400": "gb200-nvl72",
              "gb300-nvl72-xdr800": "gb300-nvl72"}
 NVLINK_DOMAIN = {"gb200-nvl72": 72, "gb200-nvl72-ndr400": 72, "gb300-nvl72": 72, "gb300-nvl72-xdr800": 72,
-                 "azure-nd-gb200-v6": 72, "azure-nd-gb300-v6": 72, "gcp-a4x": 72}
+                 "azure-nd-gb200-v6": 72, "azure-nd-gb300-v6": 72, "gcp-a4x": 72, "aws-u-p6e-gb200x72": 72}
 """Rack-scale profiles: the node is the 72-GPU NVLink domain (tests/test_blackwell_profiles.py)."""
 NCCL_LINK_GBPS = {"ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
 """NCCL's per-NVLink bandwidth (src/graph/topo.h SM80/SM90/SM100_NVLINK_BW)."""
@@ -70,7 +70,8 @@ nccl:
 def test_the_expected_profiles_ship():
     cloud = {"gcp-a3-highgpu-8g", "gcp-a3-megagpu-8g", "azure-nd-h100-v5", "oci-bm-gpu4-8",
              "oci-bm-gpu-h100-8", "aws-p5-48xlarge", "aws-p4de-24xlarge", "azure-nd-gb200-v6",
-             "azure-nd-gb300-v6", "gcp-a4", "gcp-a4x", "aws-p6-b200-48xlarge"}   # tests/test_cloud_profiles.py
+             "azure-nd-gb300-v6", "gcp-a4", "gcp-a4x", "aws-p6-b200-48xlarge",
+             "aws-u-p6e-gb200x72"}   # tests/test_cloud_profiles.py
     assert set(SHIPPED) == NODES | set(SCALE_OUT) | cloud
     assert all((BUILTIN_DIR / f"{name}.yaml").is_file() for name in SHIPPED)
 
