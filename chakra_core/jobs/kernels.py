@@ -38,6 +38,7 @@ def _attr(kind: str, name: str, value: int | str | bool | tuple[int, ...]) -> pb
     if kind == "uints":
         assert isinstance(value, tuple), (name, value)
         return uint_list_attr(name, value)
+    assert not isinstance(value, tuple), (kind, name, value)
     if kind == "uint":
         return uint_attr(name, int(value))
     if kind == "bool":

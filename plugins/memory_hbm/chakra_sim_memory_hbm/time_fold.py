@@ -93,7 +93,7 @@ def _rank_state(tensors: RankTensors, view: FoldView) -> Hashable:
         else:
             freed_by = ("early", storage, references - left)
         live.append((size, freed_by))
-    return tensors.in_use, tuple(sorted(live, key=repr))
+    return tensors.in_use, tuple(sorted(live, key=repr))     # (a canonical order: the entries mix types)
 
 
 class SeriesLog:
