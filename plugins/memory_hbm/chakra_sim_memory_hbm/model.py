@@ -32,10 +32,10 @@ from typing import Callable, Sequence
 
 from chakra_core import AstraEquivalent, AttributeTypeError, LayerContext, MemoryModel, NodeView, SimulationError, pb
 from chakra_core import JsonObject
-from chakra_sim_memory_hbm.time_fold import SeriesLog, TimeFolded
 from chakra_sim_memory_hbm.config import GIB, LOCATION_ATTR, NO_EXPANSION, PER_NODE, PER_NPU, POOL, HBMConfig
 from chakra_sim_memory_hbm.sharing import SharedBandwidth, exact
 from chakra_sim_memory_hbm.tensors import RankTensors, TensorTracker
+from chakra_sim_memory_hbm.time_fold import SeriesLog, TimeFolded
 
 class _Access:
     """A memory node going through a shared bandwidth (latency, then its transfer)."""
