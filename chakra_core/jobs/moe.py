@@ -107,6 +107,11 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
     def etp(self) -> int:
         return self.job.parallel.expert_tp
 
+    @property
+    def alltoall(self) -> bool:
+        """The alltoall dispatcher (beside flex_dispatcher's `flex` and allgather_dispatcher's `allgather`)."""
+        return self.job.parallel.moe_token_dispatcher == "alltoall"
+
     def expert_load(self) -> ExpertLoad | None:
         """Skewed routing's token counts (routing.py); None when balanced."""
         return expert_load(self.job, self.local_tokens)
@@ -233,7 +238,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         m = self.job.shape
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side, a2a = self.shared_overlap, self.job.parallel.moe_token_dispatcher == "alltoall"
+        side, a2a = self.shared_overlap, self.alltoall
         if self.job.training.recomputes("layernorm"):   # the pre-MLP norm's output: router's and shared experts' input
             self._dropped = ("moe_x", "fc1_in")
         if not side:
@@ -261,7 +266,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
             self._ep_all_to_all(p + "moe.dispatch", probs=not side)
         if side:   # token_dispatch: tokens all-to-all, shared fc1, probabilities all-to-all
             self.shared_fc1(p, permuted)
-            if not self.flex:
+            if a2a:
                 self._ep_all_to_all(p + "moe.dispatch", probs=True, tokens=False)
         yield "dispatch"
         if self.flex:
@@ -306,7 +311,7 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         Yields the end of combine, mlp and dispatch (see moe_forward)."""
         h, t, b = self.h, self.local_tokens, self.act_bytes
         experts, routed, per_expert, local, received, up, ffn = self._block_sizes()
-        side, a2a = self.shared_overlap, self.job.parallel.moe_token_dispatcher == "alltoall"
+        side, a2a = self.shared_overlap, self.alltoall
         self._recompute_pre_mlp_norm(p)
         if side:
             self.shared_fc2_backward(p)
