@@ -103,16 +103,23 @@ def test_tokens_are_conserved_through_dispatch_experts_and_combine(layout):
 def test_balanced_all_to_all_bytes_equal_the_closed_form(layout):
     """Per MoE layer and micro-batch: four token all-to-alls (dispatch, combine and their
     backwards) of t x topk x h bf16 and two of the probabilities (t x topk bf16), t the rank's
-    sequence-parallel tokens; with etp > 1 the same buffers all-gathered and reduce-scattered."""
+    sequence-parallel tokens; with etp > 1 the same buffers all-gathered and reduce-scattered; the
+    forward's token counts gathered once."""
     spec = _layout_job(layout)
     if spec is None:
         return
     views = collectives(nodes_of(spec, 0), "ep")
     sizes: Counter[int] = Counter()
+    counts = 0
     for v in views:
-        sizes[v.int("comm_type")] += v.int("comm_size")
+        if v.name.endswith(".counts_all_gather"):
+            counts += v.int("comm_size")
+        else:
+            sizes[v.int("comm_type")] += v.int("comm_size")
     per = spec.microbatches * moe_layers_here(spec, 0)
     h, r, ep, etp = spec.shape.hidden, routed(spec), spec.parallel.ep, spec.parallel.expert_tp
+    # the forward's token counts (int64 per expert), gathered over expert TP x EP before the all-to-all
+    assert counts == (per * spec.shape.num_experts * 8 if ep * etp > 1 else 0)
     assert sizes[pb.ALL_TO_ALL] == (per * (4 * r * h * 2 + 2 * r * 2) if ep > 1 else 0)
     assert sizes[pb.ALL_GATHER] == (per * (2 * r * h * 2 + r * 2) if etp > 1 else 0)
     assert sizes[pb.REDUCE_SCATTER] == (per * etp * (2 * r * h * 2 + r * 2) if etp > 1 else 0)

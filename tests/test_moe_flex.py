@@ -136,7 +136,7 @@ def test_a_folded_run_equals_every_rank_simulated(tmp_path, layout):
      "NVLink domains of 8 ranks must each lie in a node"),
     ({"parallel": {"moe_token_dispatcher": "flex", "ep": 2}, "model": {**MOE, "capacity_factor": 1.0}},
      "capacity_factor with parallel.moe_token_dispatcher flex is not modelled"),
-    ({"parallel": {"moe_token_dispatcher": "flex", "ep": 2, "moe_flex_backend": "hybridep"}}, "moe_flex_backend"),
+    ({"parallel": {"moe_token_dispatcher": "flex", "ep": 2, "moe_flex_backend": "nccl_ep"}}, "moe_flex_backend"),
 ])
 def test_validation_names_the_key(changes, message):
     data: dict[str, Any] = {"name": "flex", "model": MOE, "parallel": {},

@@ -26,7 +26,7 @@ from chakra_core.jobs.spec import JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.expert_memory import moe_layer_params, routed_copies
 from chakra_core.plan.headroom import communicators
-from chakra_core.plan.layouts import (EP_NOT_DIVIDING, NOT_FOLDING, Layout, enumerate_layouts, job_with,
+from chakra_core.plan.layouts import (EP_NOT_DIVIDING, HYBRIDEP_DOMAINS, NOT_FOLDING, Layout, enumerate_layouts, job_with,
                                       lower_bound_s)
 from chakra_core.plan.marks import job_layout, parse_mark
 from chakra_core.plan.memory import layer_activations, memory_by_stage, predict_memory
@@ -80,6 +80,18 @@ def test_ep_and_etp_follow_megatrons_moe_folding():
                                 max_cp=2, ep=(2, 3), etp=(None,))
     assert {lay.ep for lay in limited.layouts} == {2} and all(lay.etp == lay.tp for lay in limited.layouts)
     assert limited.rejected[EP_NOT_DIVIDING] > 0 and len(limited.layouts) + sum(limited.rejected.values()) == limited.tried
+
+
+def test_hybridep_layouts_whose_ep_does_not_split_into_nvlink_domains_are_rejected_not_simulated():
+    """HybridEP lays an EP group over NVLink domains of min(ep, GPUs per node) ranks; a layout whose
+    ep is not a multiple of the domain would fail at expansion, so the search counts it rejected."""
+    data = job({**MOE, "num_experts": 24}, gpus=24, global_batch=48,
+               parallel={"moe_token_dispatcher": "flex", "moe_flex_backend": "hybridep"})
+    found = enumerate_layouts(data, 8, micro_batches=(1,), recompute=("none",), distributed_optimizer=(True,),
+                              max_cp=1, ep=(3, 6, 8, 12, 24), etp=(1,))
+    assert {lay.ep for lay in found.layouts} == {3, 6, 8, 24}
+    assert found.rejected[HYBRIDEP_DOMAINS] > 0
+    assert len(found.layouts) + sum(found.rejected.values()) == found.tried
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

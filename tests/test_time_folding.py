@@ -260,6 +260,21 @@ def test_a_pipeline_folds_in_time_and_says_so(tmp_path):
         assert abs(figures["flops"] - other["flops"]) <= 1e-9 * other["flops"]   # float sums, in another order
 
 
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_a_host_that_waits_for_its_gpu_in_every_moe_layer_folds_in_time(tmp_path, dispatcher):
+    """Dropless routing syncs the host with its GPU in every MoE layer (host_sync) and the experts'
+    per-expert launches hold kernels back after it: the host's lead is then exact and repeats, so
+    the step folds, to the nanosecond, with the host's launches on."""
+    data = job(pp=2, gpus=8, microbatches=48, precision="fp8", fp8_recipe="current")
+    data["model"] = dict(MOE)
+    data["parallel"] |= {"ep": 4, "moe_token_dispatcher": dispatcher}
+    folded, whole = simulate(tmp_path, data, "auto"), simulate(tmp_path, data, "off")
+    assert folded["folding"]["time"]["folded"], folded["folding"]["time"]
+    same_step(folded, whole)
+    without = simulate(tmp_path, data, "off", compute={"plugin": "achievable", "effects": {"host_launch": False}})
+    assert whole["finish_ns"] > without["finish_ns"]   # the syncs and launches cost time
+
+
 def test_too_few_micro_batches_simulate_every_one_and_say_so(tmp_path):
     document = simulate(tmp_path, job(pp=4, gpus=8, microbatches=8), "auto")
     assert document["folding"]["time"] == {"folded": False, "reason": "8 micro-batch(es): too few to repeat (time "

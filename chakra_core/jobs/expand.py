@@ -30,6 +30,7 @@ from chakra_core.plugins import PluginHost
 from chakra_core.hardware.profiles import Profile, load_profile
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.fp8 import gemm_dtype, precision_problems
+from chakra_core.jobs.hybrid_ep import hybridep_problem
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
@@ -151,6 +152,9 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         raise ManifestError([(f"{source}: job.cluster.gpus", f"{job.cluster.gpus} GPUs, but profile '{profile.name}' "
                               f"describes one node of {gpn} GPUs and no network between nodes: choose a "
                               "scale-out profile (chakra-sim profiles lists them), or give a network layer")])
+    domains = hybridep_problem(job, gpn)
+    if domains:
+        raise ManifestError([(f"{source}: job.parallel.ep", domains)])
     placement = Placement(job, gpn, profile.gpu.architecture)
     output = dict(data.get("output") or {})
     if out_dir is not None:

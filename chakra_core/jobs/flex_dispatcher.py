@@ -31,9 +31,11 @@ token's top-k is a uniformly random k-subset): a rank holding L of E experts rec
 with probability 1 - C(E-L, k) / C(E, k), a domain of D ranks with 1 - C(E-D*L, k) / C(E, k); each
 rank sends that share of its t tokens to every peer, rounded up.
 
-Not modelled: the host's wait for the received counts in a non-cached dispatch (fused_a2a.py: "the
-CPU will wait for GPU's signal"), the notify kernels' few bytes, flex with etp > 1 (the TPxEP group),
-a capacity factor, HybridEP and the fp8 dispatch Megatron does not use with DeepEP.
+The host waits for the received counts in a non-cached dispatch (fused_a2a.py: "the CPU will wait
+for GPU's signal"): a host sync at the layout kernel's end (`deepep_layout`). Not modelled: the ranks'
+exchange of those counts (the notify kernels' few bytes and their latency, which the host's wait
+also covers), flex with etp > 1 (the TPxEP group), a capacity factor and the fp8 dispatch Megatron
+does not use with DeepEP. The HybridEP backend: hybrid_ep.py.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from fractions import Fraction
 from math import ceil, comb
 from typing import TYPE_CHECKING, NamedTuple
 
+from chakra_core.jobs.hybrid_ep import HybridEP
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
@@ -57,15 +60,19 @@ PART = "ep"      # moe.EP_PART: the split shows it as exposed_ep
 def flex_problems(job: "JobSpec") -> list[str]:
     """What Megatron and DeepEP refuse of the flex dispatcher, and what is not modelled."""
     p, m = job.parallel, job.shape
-    if p.moe_token_dispatcher != "flex" or not m.moe:
-        return []
     out = []
+    if p.moe_hybridep_num_sms is not None and (p.moe_token_dispatcher, p.moe_flex_backend) != ("flex", "hybridep"):
+        out.append("parallel.moe_hybridep_num_sms sizes HybridEP's kernels: it needs parallel.moe_token_dispatcher "
+                   "flex with parallel.moe_flex_backend hybridep")
+    if p.moe_token_dispatcher != "flex" or not m.moe:
+        return out
     if p.ep * p.expert_tp == 1:   # token_dispatcher.py: "DeepEP dispatcher requires TPxEP > 1"
         out.append("parallel.moe_token_dispatcher flex (deepep) needs parallel.ep x parallel.etp > 1")
     if p.expert_tp > 1:
         out.append(f"parallel.moe_token_dispatcher flex with parallel.etp {p.expert_tp} is not modelled "
                    "(DeepEP over the TPxEP group); use etp 1")
-    if p.ep > NVL_PEERS and (p.ep % NVL_PEERS or p.ep > NVL_PEERS * RDMA_PEERS):
+    hybridep = p.moe_flex_backend == "hybridep"   # its domains: hybrid_ep.hybridep_problem, with the profile's
+    if not hybridep and p.ep > NVL_PEERS and (p.ep % NVL_PEERS or p.ep > NVL_PEERS * RDMA_PEERS):
         # deep_ep.cpp Buffer: num_ranks < NUM_MAX_NVL_PEERS or num_ranks % NUM_MAX_NVL_PEERS == 0
         out.append(f"parallel.ep {p.ep}: DeepEP needs at most 8 ranks or a multiple of 8 up to 160")
     if m.capacity_factor is not None:
@@ -73,7 +80,7 @@ def flex_problems(job: "JobSpec") -> list[str]:
     if job.training.routing != "balanced":   # its bytes follow from a uniform top-k subset (hit_share)
         out.append("training.routing other than balanced with parallel.moe_token_dispatcher flex is not modelled")
     gpn = job.cluster.gpus_per_node
-    if gpn is not None and gpn % min(p.ep, NVL_PEERS):
+    if not hybridep and gpn is not None and gpn % min(p.ep, NVL_PEERS):
         out.append(f"parallel.ep {p.ep}: DeepEP's NVLink domains of {min(p.ep, NVL_PEERS)} ranks must each lie "
                    f"in a node of cluster.gpus_per_node {gpn}")
     return out
@@ -113,8 +120,22 @@ def deepep_bytes(tokens: int, hidden_bytes: int, experts: int, topk: int, ep: in
     return DeepepBytes(NVL_PEERS * domains * per_rank * token, domains * per_domain * token)
 
 
-class FlexDispatcher(KernelPrimitives):
-    """DeepEP's dispatch and combine and the expert side's permutations (see the module docstring)."""
+def hybridep_bytes(tokens: int, hidden_bytes: int, experts: int, topk: int, ep: int, domain: int,
+                   row: int) -> DeepepBytes:
+    """Bytes a rank of t tokens sends per HybridEP dispatch or combine (hybrid_ep.py): each token,
+    with `row` bytes of probabilities, once over RDMA per domain holding one of its experts and over
+    NVLink to each rank that holds one; no alignment, no metadata per token."""
+    local, token = experts // ep, hidden_bytes + row
+    nvl = ep * _ceil(tokens * hit_share(experts, topk, local)) * token
+    if ep <= domain:
+        return DeepepBytes(nvl, 0)
+    per_domain = _ceil(tokens * hit_share(experts, topk, domain * local))
+    return DeepepBytes(nvl, ep // domain * per_domain * token)
+
+
+class FlexDispatcher(HybridEP, KernelPrimitives):
+    """The flex dispatcher's kernels (DeepEP's, or HybridEP's: hybrid_ep.py) and the expert side's
+    permutations (see the module docstring)."""
 
     names: dict[str, str]
 
@@ -130,26 +151,35 @@ class FlexDispatcher(KernelPrimitives):
         return ep * _ceil(self.local_tokens * share)
 
     def deepep_bytes(self, dispatch: bool, weights: bool) -> DeepepBytes:
-        m = self.job.shape
+        m, ep = self.job.shape, self.job.parallel.ep
+        if self.hybridep:
+            return hybridep_bytes(self.local_tokens, self.h * self.act_bytes, m.num_experts or 1, m.router_topk, ep,
+                                  self.flex_domain, self.hybridep_row(weights))
         return deepep_bytes(self.local_tokens, self.h * self.act_bytes, m.num_experts or 1, m.router_topk,
-                            self.job.parallel.ep, dispatch, weights)
+                            ep, dispatch, weights)
 
     def deepep(self, name: str, dispatch: bool, weights: bool) -> None:
-        """A DeepEP kernel: the stream waits for it (FusedDispatch/FusedCombine end with
-        current_stream_wait)."""
+        """The backend's kernel: the stream waits for it (FusedDispatch/FusedCombine end with
+        current_stream_wait, HybridEPDispatch/HybridEPCombine return on the stream)."""
         sent, a2a = self.deepep_bytes(dispatch, weights), pb.ALL_TO_ALL
+        kind, sms = ("hybridep", self.hybridep_sms) if self.hybridep else ("deepep", DEEPEP_SMS)
         if not sent.rdma:
-            self.stream.wait(self.collective(name + ".deepep", "ep", a2a, sent.nvl, PART, ctas=DEEPEP_SMS))
+            self.stream.wait(self.collective(f"{name}.{kind}", "ep", a2a, sent.nvl, PART, ctas=sms))
             return
-        rdma = self.collective(name + ".deepep_rdma", "ep_rdma", a2a, sent.rdma, PART, ctas=DEEPEP_SMS // 2)
-        nvl = self.collective(name + ".deepep_nvl", "ep_nvl", a2a, sent.nvl, PART, ctas=DEEPEP_SMS // 2)
+        rdma = self.collective(f"{name}.{kind}_rdma", "ep_rdma", a2a, sent.rdma, PART, ctas=sms // 2)
+        nvl = self.collective(f"{name}.{kind}_nvl", "ep_nvl", a2a, sent.nvl, PART, ctas=sms - sms // 2)
         self.stream.wait(rdma, nvl)
 
     def deepep_layout(self, name: str) -> None:
         """layout.cu get_dispatch_layout: the top-k indices read, per-rank and per-expert counts and
-        is_token_in_rank written (before a non-cached dispatch)."""
+        is_token_in_rank written (before a non-cached dispatch). The host then waits for the counts
+        to size the receive buffers (DeepEP's dispatch returns num_recv_tokens_per_expert_list to the
+        host; Megatron-Core fused_a2a.py): a host sync, here at the layout's end, the ranks'
+        exchange of counts (notify_dispatch) not included."""
+        if self.hybridep:
+            return self.hybridep_prepare(name)
         t, k, ep = self.local_tokens, self.job.shape.router_topk, self.job.parallel.ep
-        self.elementwise(name + ".layout", t * k, t * k * 8 + t * ep)
+        self._kernel(name + ".layout", "elementwise", t * k, t * k * 8 + t * ep, "bf16", (("bool", "host_sync", True),))
 
     def flex_permute(self, name: str, received: int, probs: bool) -> int:
         """The received tokens spread over their local experts' copies (_DeepepManager.

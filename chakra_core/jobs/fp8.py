@@ -12,7 +12,8 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   get_amax_reduction_group) and updates the scales: once per forward and once per backward of a
   model chunk.
 - current scaling (Float8CurrentScalingQuantizer::quantize_impl, quantizer.cpp): every quantized
-  tensor first gets its own amax pass (a full read), then its scale (a tiny kernel), then the cast;
+  tensor first gets its own amax pass (a full read, after a one-thread kernel zeroing the amax:
+  common/recipe/current_scaling.cu launch_amax_kernel), then its scale (a tiny kernel), then the cast;
   a sequence-parallel column-parallel input (forward) and a row-parallel layer's output gradient
   (backward) all-reduce that amax over TP first (linear.py: amax reduction group). Norms write bf16
   and their amax (FUSED_NORM_AMAX_FP8) and are quantized after.
@@ -38,6 +39,11 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553:
   sequence-parallel gathers move FP4 shards (tensor_parallel.py). Not modelled: scale swizzles,
   Megatron-Bridge's fp4 parameters (fp4_param_gather, from v0.4.2), and the saved fp8/fp4 inputs'
   true size (a byte per element is counted).
+- a grouped linear (a mixture of experts' local experts) quantizes its input per expert
+  (split_quantize, cast.cpp multi_tensor_quantize_impl at 5671fd36): one fused kernel for all of
+  them under delayed scaling (nvte_multi_cast_transpose), and NVFP4's fused split kernel; under
+  current scaling and MXFP8 each expert's quantizer runs its own kernels, which the host launches
+  one by one (the nodes' `launches`).
 - weights are quantized once per step (Megatron passes is_first_microbatch; with MXFP8 primary
   weights, once per step after the parameter all-gather).
 - the transposed copy (delayed and current scaling) exists only where cuBLAS runs fp8 GEMMs in the
@@ -150,22 +156,32 @@ class Fp8Quantization(KernelPrimitives):
         scaling, MXFP8, NVFP4), rather than fused into the norm (delayed scaling)."""
         return not self.delayed_scaling
 
-    def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+    def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False,
+                 splits: int = 1) -> None:
         """Quantize a bf16 tensor to fp8 and its transpose before a GEMM reads it; `tp_amax`: its
         amax is all-reduced over TP first (current scaling); `amax_done`: a fused kernel (a norm)
-        already took it."""
+        already took it; `splits`: a grouped linear's input, quantized per expert (split_quantize)."""
         if not self.fp8_on:
             return
+        each = 1 if self.delayed_scaling or self.fp4 else splits   # their fused multi-tensor kernels
         if self.current_scaling or self.fp4:
             if not amax_done or self.fp4:     # NVFP4's quantizer takes its own amax, the norm's unused
-                self.elementwise(name + ".amax", elements, elements * self.act_bytes)
+                zeroed = 2 if self.current_scaling else 1   # zero_amax_kernel, then the amax kernel
+                self._launched(name + ".amax", elements, elements * self.act_bytes, zeroed * each)
             if tp_amax and "tp" in self.groups:
                 self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 8 if self.fp4 else 4, "tp")
             if self.current_scaling:
-                self.elementwise(name + ".scale", 1, 8, dtype="fp32")
+                self._launched(name + ".scale", each, 8 * each, each, dtype="fp32")
         # reads bf16, writes the quantized copies (block-scaled ones with their scales)
-        self.elementwise(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
-                         elements * self.act_bytes + self.quantized_copies * quantized_bytes(elements, self.gemm_dtype))
+        self._launched(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
+                       elements * self.act_bytes + self.quantized_copies * quantized_bytes(elements, self.gemm_dtype),
+                       each)
+
+    def _launched(self, name: str, elements: int, nbytes: int, launches: int, dtype: str = "bf16") -> int:
+        """An elementwise node the host launches as `launches` kernels (compute layer: `launches`)."""
+        if launches == 1:
+            return self.elementwise(name, elements, nbytes, dtype=dtype)
+        return self._kernel(name, "elementwise", elements, nbytes, dtype, (("uint", "launches", launches),))
 
     @property
     def quantized_copies(self) -> int:

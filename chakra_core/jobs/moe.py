@@ -21,15 +21,15 @@ hottest EP rank's expert tokens and all-to-all buffers.
 
 The dispatcher's all-to-alls block the block's compute; moe_overlap runs them beside another
 micro-batch's compute (--overlap-moe-expert-parallel-comm), shared_expert_overlap the shared
-experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's
-fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher); with
+experts beside them (--moe-shared-expert-overlap). With `moe_token_dispatcher: flex` DeepEP's or
+HybridEP's fused kernels replace the all-to-alls and the source-side permutations (flex_dispatcher); with
 `allgather` (Megatron-Core's default) gathers and reduce-scatters over etp x ep do
 (allgather_dispatcher).
 
-Not modelled: the routing-map all-gather over tp x ep (a few bytes per layer; token_dispatcher.py
-preprocess) and the host's wait for its counts (`d2h_event.synchronize()`, once per layer in each
-forward with ep or tp > 1 unless drop-and-pad: the host loses its lead over the GPU there), the
-auxiliary load-balancing loss and HybridEP.
+Dropless routing makes the host wait for the GPU in every MoE layer's forward: it needs the token
+counts to size the all-to-all (`token_counts`), the allgather dispatcher's experts (`.cpu()`) or
+DeepEP's and HybridEP's receive buffers (`host_sync`: the host loses its lead over the GPU there).
+Not modelled: the auxiliary load-balancing loss.
 """
 
 from __future__ import annotations
@@ -169,8 +169,10 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
                      accumulate: bool = False) -> int:
         """TE's GroupedLinear over the local experts: one [m,k] x [k,n] product per expert (its own
         weight and tokens), timed by the compute layer as `gemm_batch` products of the expert's own
-        shape (a batch of 1 is exactly the dense `gemm`). Skewed routing gives each expert its own
-        m (or k, weight gradients): `gemm_m_list` / `gemm_k_list`, gemm_m / gemm_k the largest."""
+        shape (a batch of 1 is exactly the dense `gemm`), launched by the host as one cuBLAS call per
+        expert (`launches`; cublaslt_gemm.cu multi_stream_cublas_gemm at TransformerEngine 5671fd36).
+        Skewed routing gives each expert its own m (or k, weight gradients): `gemm_m_list` /
+        `gemm_k_list`, gemm_m / gemm_k the largest."""
         experts = self.experts_here
         ms = m if isinstance(m, tuple) else (m,) * experts
         ks = k if isinstance(k, tuple) else (k,) * experts
@@ -178,9 +180,9 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
             return self.gemm(name, ms[0], ks[0], n, cast=cast, accumulate=accumulate)
         fp8 = self.fp8 and self.linear_fp8
         if fp8 and cast:
-            self.quantize(name, sum(a * b for a, b in zip(ms, ks)))
+            self.quantize(name, sum(a * b for a, b in zip(ms, ks)), splits=experts)
         shape: list[Attr] = [("uint", "gemm_m", max(ms)), ("uint", "gemm_n", n), ("uint", "gemm_k", max(ks)),
-                             ("uint", "gemm_batch", experts)]
+                             ("uint", "gemm_batch", experts), ("uint", "launches", experts)]
         for what, sizes in (("gemm_m_list", ms), ("gemm_k_list", ks)):
             if len(set(sizes)) > 1:
                 shape.append(("uints", what, tuple(sizes)))
@@ -195,6 +197,22 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         return self._kernel(name, "gemm", 2 * n * sum(a * b for a, b in zip(ms, ks)),
                             operands + sum(a * n * out for a, b in zip(ms, ks)),
                             self.gemm_dtype if fp8 else self.act_dtype, shape)
+
+    def token_counts(self, name: str) -> None:
+        """The all-to-all dispatcher's preprocess: the tokens per expert counted (with this rank's
+        send splits), gathered over expert TP x EP, summed into the splits and copied to the host,
+        which waits for them before the all-to-all in every forward (token_dispatcher.py preprocess,
+        _maybe_dtoh_and_synchronize at d98e8a64: cuda_sync_point before_ep_alltoall, or before_finish
+        without EP; no sync only with drop-and-pad, which is not modelled)."""
+        t, experts, ep = self.local_tokens, self.job.shape.num_experts or 1, self.job.parallel.ep
+        counts = t * experts
+        self._kernel(name + ".counts", "elementwise", counts, counts * MAP_BYTES + 2 * experts * 8, "fp32",
+                     (("uint", "launches", 2),))
+        self.blocking(name + ".counts_all_gather", "tp_ep" if "tp_ep" in self.groups else "ep", pb.ALL_GATHER,
+                      experts * 8, EP_PART)
+        gathered = self.etp * ep * experts   # sliced to the local experts, summed three ways
+        self._kernel(name + ".splits", "elementwise", gathered, 2 * gathered * 8, "fp32",
+                     (("uint", "launches", 4), ("bool", "host_sync", True)))
 
     def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:
         """The tokens' (and the probabilities') all-to-all over EP: each rank's whole send buffer,
@@ -251,6 +269,8 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         self._keep(scores, "moe_probs", t * experts, b)
         if not self.allgather:   # which keeps its local experts' columns instead
             self._keep(scores, "moe_map", t * experts, MAP_BYTES)
+        if a2a:
+            self.token_counts(p + "moe")
         if side:
             self.shared_gather(p)
         if a2a:   # flex: DeepEP's dispatch reads the tokens where they are; allgather permutes after

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from chakra_core.jobs.flex_dispatcher import NVL_PEERS
+from chakra_core.jobs.hybrid_ep import hybridep_domain
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import PlacedGroup
 
@@ -40,6 +41,13 @@ class Placement:
         self.moe = job.shape.moe
         self.ep, self.etp = p.ep, p.expert_tp
         self._interned: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    @property
+    def flex_domain(self) -> int:
+        """Ranks per NVLink domain of the flex dispatcher's backend: DeepEP's 8, HybridEP's the job's domain."""
+        if self.job.parallel.moe_flex_backend == "hybridep":
+            return hybridep_domain(self.ep, self.gpus_per_node)
+        return NVL_PEERS
 
     def _group(self, role: str, start: int, stop: int, step: int = 1) -> tuple[int, ...]:
         """The group `range(start, stop, step)`, one tuple object per group: the ranks of a group
@@ -122,7 +130,7 @@ class Placement:
         attention splits them. etp: an expert's tensor-parallel shards (the dispatcher's all-gather
         and reduce-scatter); ep: ranks holding different experts (the token all-to-alls); edp: ranks
         holding the same expert shard (its gradients' reduction, its optimizer shards); tp_ep: the etp x ep
-        ranks of the allgather dispatcher."""
+        ranks of the allgather dispatcher (and of the alltoall dispatcher's token counts)."""
         stage = self.tp * self.cp * self.dp
         base = stage * (rank // stage)
         i = rank - base
@@ -134,11 +142,13 @@ class Placement:
         if ep > 1:
             start = base + i % etp + etp * ep * (i // (etp * ep))
             out["ep"] = self._group("ep", start, start + etp * ep, etp)
-            if self.job.parallel.moe_token_dispatcher == "flex" and ep > NVL_PEERS:   # etp 1 (flex_problems)
-                j = i % ep   # DeepEP's rdma_rank j // 8 and nvl_rank j % 8 (flex_dispatcher)
-                out["ep_rdma"] = self._group("ep_rdma", start + j % NVL_PEERS, start + ep, NVL_PEERS)
-                out["ep_nvl"] = self._group("ep_nvl", start + j - j % NVL_PEERS, start + j - j % NVL_PEERS + NVL_PEERS)
-        if etp * ep > 1 and self.job.parallel.moe_token_dispatcher == "allgather":   # parallel_state.py 'tp-ep'
+            domain = self.flex_domain
+            if self.job.parallel.moe_token_dispatcher == "flex" and ep > domain:   # etp 1 (flex_problems)
+                j = i % ep   # DeepEP's rdma_rank j // 8 and nvl_rank j % 8 (flex_dispatcher); HybridEP's alike
+                out["ep_rdma"] = self._group("ep_rdma", start + j % domain, start + ep, domain)
+                out["ep_nvl"] = self._group("ep_nvl", start + j - j % domain, start + j - j % domain + domain)
+        dispatcher = self.job.parallel.moe_token_dispatcher   # alltoall gathers its counts over it (ep alone: etp 1)
+        if etp * ep > 1 and (dispatcher == "allgather" or dispatcher == "alltoall" and etp > 1):   # 'tp-ep'
             start = base + i - i % (etp * ep)
             out["tp_ep"] = self._group("tp_ep", start, start + etp * ep)
         if stage // (etp * ep) > 1:

@@ -20,11 +20,13 @@ Attr = tuple[str, str, "int | str | bool | tuple[int, ...]"]
 serializes a kernel's attributes once per distinct kernel."""
 
 if TYPE_CHECKING:
+    from chakra_core.jobs.placement import Placement
     from chakra_core.jobs.spec import JobSpec
 
     class KernelPrimitives:
         # the rank's layer state LayerKernels sets up
         job: JobSpec
+        place: Placement
         stream: Stream
         groups: dict[str, tuple[int, ...]]   # role -> the ranks of this rank's group
         tp: int
@@ -96,7 +98,8 @@ if TYPE_CHECKING:
                              width: int | None = None, grad_kept: bool = False) -> tuple[int, int]:
             raise NotImplementedError
 
-        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False) -> None:
+        def quantize(self, name: str, elements: int, tp_amax: bool = False, amax_done: bool = False,
+                     splits: int = 1) -> None:
             raise NotImplementedError
 
         def weight_gradient(self, name: str, dgrad: int, grad_elements: int, make: Callable[[], int]) -> int:

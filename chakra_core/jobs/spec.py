@@ -66,19 +66,19 @@ class Parallel(_Strict):
         False, description="in the steady state of 1F1B one micro-batch's forward and another's backward run "
                            "together, layer by layer, each one's EP all-to-alls beside the other's compute "
                            "(--overlap-moe-expert-parallel-comm; Megatron-Bridge's moe_a2a_overlap)")
-    delay_wgrad_compute: bool = Field(
-        False, description="with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run "
-                           "after the data gradients, where the combined schedule places them "
-                           "(--delay-wgrad-compute)")
-    moe_shared_expert_overlap: bool = Field(
-        False, description="shared experts on a stream of their own beside the dispatcher's all-to-alls "
-                           "(--moe-shared-expert-overlap)")
+    delay_wgrad_compute: bool = Field(False, description=(
+        "with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run after the data gradients, "
+        "where the combined schedule places them (--delay-wgrad-compute)"))
+    moe_shared_expert_overlap: bool = Field(False, description=(
+        "shared experts on a stream of their own beside the dispatcher's all-to-alls (--moe-shared-expert-overlap)"))
     moe_token_dispatcher: Literal["alltoall", "flex", "allgather"] = Field(
         "alltoall", description="--moe-token-dispatcher-type: 'alltoall' all-to-alls over ep (Megatron-Bridge's MoE "
                                 "models); 'flex' moe_flex_backend's kernels; 'allgather' (Megatron-Core's default)")
-    moe_flex_backend: Literal["deepep"] = Field(
-        "deepep", description="the flex dispatcher's backend (--moe-flex-dispatcher-backend): 'deepep', DeepEP's "
-                              "normal kernels (NVLink within 8 GPUs, RDMA once per node beyond)")
+    moe_flex_backend: Literal["deepep", "hybridep"] = Field("deepep", description=(
+        "--moe-flex-dispatcher-backend: 'deepep' (NVLink within 8 GPUs, RDMA once per node beyond), 'hybridep' "
+        "(NVLink within the NVLink domain, RDMA once per domain beyond)"))
+    moe_hybridep_num_sms: PositiveInt | None = Field(None, description=(
+        "HybridEP's thread blocks (--moe-hybridep-num-sms): default 16, Megatron-Bridge's performance runs 32"))
     pipeline_layout: str | None = Field(None, description="each virtual stage's layers (--pipeline-model-parallel-"
                                         "layout), e.g. 'Et|(tt|)*30mL': E embedding, t layer, m MTP, L loss; vp follows")
     schedule: Literal["1f1b", "gpipe", "zb-h1"] = Field(
@@ -92,7 +92,7 @@ class Parallel(_Strict):
         if isinstance(data, dict):
             if data.get("ep") == 1:
                 data.pop("ep")
-            for key in ("etp", "pipeline_layout", "hierarchical_context_parallel_sizes"):
+            for key in ("etp", "pipeline_layout", "hierarchical_context_parallel_sizes", "moe_hybridep_num_sms"):
                 if data.get(key) is None:
                     data.pop(key, None)
             for key in OVERLAPS:   # off: the job's echo as before they were modelled

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from chakra_core.contract.layers import ComputeModel
 from chakra_core.hardware.profiles import Profile
 from chakra_core.jobs.fp8 import gemm_dtype
+from chakra_core.jobs.hybrid_ep import hybridep_problem
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.sharding import DEFAULT_STRATEGY
 from chakra_core.jobs.spec import Cluster, JobSpec
@@ -56,6 +57,7 @@ OUTSIDE_NODE = "tp beyond the NVLink domain"
 GPUS_NOT_DIVISIBLE = "GPUs not divisible by tp x pp x cp"
 EP_NOT_DIVIDING = "ep does not divide the experts"
 NOT_FOLDING = "ep x etp does not divide a stage's tp x cp x dp ranks"
+HYBRIDEP_DOMAINS = "ep does not split into HybridEP's NVLink domains"
 FSDP_PIPELINE = "Megatron-FSDP with pp > 1 (not modelled)"
 MEGATRON = "megatron"
 """Layout.sharding: Megatron's own data parallelism (DDP, with or without the distributed optimizer)."""
@@ -221,9 +223,14 @@ def enumerate_layouts(job: Mapping[str, Any], gpus_per_node: int, *, micro_batch
                                 rejected[FSDP_PIPELINE] += 1
                                 continue
                             try:
-                                specs[layout] = _spec(base, layout)
+                                spec = _spec(base, layout)
                             except ValidationError as exc:
                                 rejected[_reason(exc)] += 1
+                                continue
+                            if hybridep_problem(spec, gpus_per_node):   # expansion would refuse it
+                                rejected[HYBRIDEP_DOMAINS] += 1
+                            else:
+                                specs[layout] = spec
     return Enumeration(sorted(specs), tried, dict(sorted(rejected.items())), specs)
 
 

@@ -51,10 +51,14 @@ class _Work:
     """How one node is timed: its kind and FLOPs, its time alone on the GPU (ns, None to replay),
     and what a kernel beside communication needs to be timed again (`shape`)."""
 
-    __slots__ = ("ns", "kind", "flops", "shape", "margin")
+    __slots__ = ("ns", "kind", "flops", "shape", "margin", "launches", "sync", "gaps")
 
-    def __init__(self, ns: int | None, kind: int, flops: float, shape: tuple[Any, ...] = (), margin: int = 0):
+    def __init__(self, ns: int | None, kind: int, flops: float, shape: tuple[Any, ...] = (), margin: int = 0,
+                 launches: int = 1, sync: bool = False):
         self.ns, self.kind, self.flops, self.shape, self.margin = ns, kind, flops, shape, margin
+        self.launches, self.sync = launches, sync   # the host's kernels for the node; the host waits for it
+        # back-to-back gaps: a grouped GEMM's per-expert GEMMs run on 4 streams, beside each other's gaps
+        self.gaps = launches if shape and shape[0] != "gemm" else 1
 
 
 class AchievableCompute(ComputeModel):
@@ -189,7 +193,7 @@ class AchievableCompute(ComputeModel):
                 if load.ctas > work.margin or load.hbm_gbps:
                     duration = self._beside(work, load, duration)
             if self._host is not None:
-                duration = self._host.delayed(rank, self.context.scheduler.now, duration)
+                duration = self._host.delayed(rank, self.context.scheduler.now, duration, work.launches, work.sync)
         weight = self._weights.get(rank, 1) if self._weights else 1
         stats = self._stats[work.kind]
         stats[0] += weight
@@ -225,7 +229,7 @@ class AchievableCompute(ComputeModel):
         loaded = self._loaded.get(key)
         if loaded is None:
             bandwidth = max(self._hbm * _HBM_FLOOR, self._hbm - hbm * 1e9)
-            loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + self._gap,
+            loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + work.gaps * self._gap,
                                                   work.flops, None, None)
         shared = None if load.until_ns is None else load.until_ns - self.context.scheduler.now
         if shared is None or shared <= 0 or shared >= loaded:   # overdue: waiting for peers, still holding
@@ -272,8 +276,9 @@ class AchievableCompute(ComputeModel):
         """A modelled kernel's work: its time with the whole GPU, checked against its peak."""
         flops, peak = shape[1], shape[-1]
         margin = node.int("sm_margin", 0) if node.has("sm_margin") else 0
-        work = _Work(None, kind, flops, shape, margin if self.config.effects.comm_sms else 0)
-        work.ns = self._ns(self._seconds(work, 0, self._hbm) + self._gap, flops, peak, node)
+        launches, sync = max(1, node.int("launches", 1)), node.bool("host_sync", False)
+        work = _Work(None, kind, flops, shape, margin if self.config.effects.comm_sms else 0, launches, sync)
+        work.ns = self._ns(self._seconds(work, 0, self._hbm) + work.gaps * self._gap, flops, peak, node)
         self._fastest = max(self._fastest, flops / (work.ns * 1e-9))
         return work
 
@@ -302,14 +307,11 @@ class AchievableCompute(ComputeModel):
         """A measured time in seconds from kernel_times, or None."""
         if self._times is None:
             return None
+        micros = None
         if kernel in ("gemm", "bmm") and self._times.shapes:
-            dtype, _ = self._dtype(node, self._mamf, "matmul")
-            key = (kernel, node.int("gemm_m"), node.int("gemm_n"), node.int("gemm_k"),
-                   node.int("gemm_batch", 1), dtype)
-            micros = self._times.by_shape(key)
-            if micros is not None:
-                return micros * 1e-6
-        micros = self._times.by_name(node.name)
+            micros = self._times.by_shape((kernel, node.int("gemm_m"), node.int("gemm_n"), node.int("gemm_k"),
+                                           node.int("gemm_batch", 1), self._dtype(node, self._mamf, "matmul")[0]))
+        micros = self._times.by_name(node.name) if micros is None else micros
         return None if micros is None else micros * 1e-6
 
     def _gemm_shape(self, node: NodeView) -> tuple[Any, ...]:

@@ -35,7 +35,7 @@ def model(only: str | None = None, ranks: int = 1, loads: Loads | None = None, q
           profile: str = "h100-sxm-hgx") -> AchievableCompute:
     """The model with one effect on (None: all off)."""
     effects = {name: name == only for name in AchievableEffects.model_fields}
-    context = LayerContext(num_ranks=ranks, scheduler=queue or EventQueue(), inputs=RunInputs())
+    context = LayerContext(num_ranks=ranks, scheduler=EventQueue() if queue is None else queue, inputs=RunInputs())
     if loads is not None:
         context.gpu_load = loads
     return AchievableCompute(AchievableConfig(profile=profile, effects=effects), context)
@@ -153,6 +153,28 @@ def test_short_kernels_wait_for_the_host_and_long_ones_do_not():
     assert tiny == sorted(tiny) and tiny[-1] >= 10 * host_ns     # the tenth waits for ten launches
     long = model("host_launch", queue=EventQueue()).compute_time_ns(0, gemm(8192, 8192, 8192))
     assert long == model().compute_time_ns(0, gemm(8192, 8192, 8192)) + math.ceil(host_ns)
+
+
+def test_a_node_of_many_kernels_waits_for_each_launch_and_a_sync_restarts_the_host():
+    """`launches`: the last of a node's kernels starts after the host's last launch; `host_sync`:
+    the host waits for the node's end and launches the next kernel a launch after it."""
+    host_ns = ACH.host_launch_us.value * 1e3
+    gap_ns = ACH.kernel_gap_us.value * 1e3
+
+    def node(node_id: int, **extra) -> NodeView:
+        return NodeView(comp(node_id, 5, kernel="elementwise", num_ops=16, tensor_size=64, dtype="bf16", **extra))
+    one = model().compute_time_ns(0, node(1))
+    alone = model().compute_time_ns(0, node(1, launches=("uint64_val", 16)))
+    assert alone == pytest.approx(one + 15 * gap_ns, abs=1)   # 16 kernels, each with its gap
+    many = model("host_launch").compute_time_ns(0, node(1, launches=("uint64_val", 16)))
+    assert many == pytest.approx(16 * host_ns + alone / 16, abs=1)   # the last launched, then its share
+    queue = EventQueue()
+    compute = model("host_launch", queue=queue)
+    long = compute.compute_time_ns(0, gemm(8192, 8192, 8192, host_sync=True))
+    queue.now = long // 2     # a kernel that starts meanwhile was launched before the host waited
+    assert compute.compute_time_ns(0, node(2)) == one
+    queue.now = long + 10     # once the sync is over the host starts again from its end
+    assert compute.compute_time_ns(0, node(3)) == pytest.approx(host_ns - 10 + one, abs=1)
 
 
 def test_a_causal_backward_runs_at_the_causal_forwards_share():

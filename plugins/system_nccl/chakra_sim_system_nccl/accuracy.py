@@ -179,6 +179,7 @@ def plan_log(log: NcclTestsLog, profile: Profile, profile_name: str, *, in_place
         raise ManifestError([(_location(log, first), f"{ranks} rank: a collective needs at least 2")])
     launch = log.launch
     per_node_max = profile.gpus_per_node
+    host = profile.node.gpus_per_host   # an NVLink domain of several hosts (an NVL72 rack's trays)
     if launch is not None and launch.hosts:
         nodes = len(launch.hosts)
         where = _location(log, launch.line)
@@ -186,6 +187,9 @@ def plan_log(log: NcclTestsLog, profile: Profile, profile_name: str, *, in_place
             raise ManifestError([(where, f"the device lines spread {ranks} ranks over {nodes} hosts unevenly; "
                                   "the simulator numbers ranks node by node, the same number on each")])
         gpus_per_node = ranks // nodes
+        if host is not None and gpus_per_node == int(host.value) < per_node_max and \
+                (ranks <= per_node_max or ranks % per_node_max == 0):   # whole hosts fill the domains in order
+            nodes, gpus_per_node = max(1, ranks // per_node_max), min(ranks, per_node_max)
         if gpus_per_node > per_node_max:
             raise ManifestError([(where, f"the log runs {ranks} ranks on {nodes} host{'s' if nodes > 1 else ''} "
                                   f"({', '.join(launch.hosts)}): {gpus_per_node} GPUs per node, but profile "

@@ -152,6 +152,28 @@ def test_plan_nodes_from_hosts_and_from_the_profile():
     assert gather.comm_size(gather.sizes[0]) == gather.sizes[0].nbytes // 8   # per-rank share
 
 
+def test_the_hosts_of_a_rack_scale_nvlink_domain_are_one_node(tmp_path: Path):
+    """An NVL72 rack's trays are hosts of 4 GPUs in one NVLink domain (node.gpus_per_host): the 18
+    hosts of a 72-rank log are the profile's one node, 144 ranks on 36 hosts its two; hosts of
+    another size than the profile's trays keep the host rule."""
+    from chakra_core.hardware.profiles import load_profile
+
+    def log(ranks: int, per_host: int) -> Path:
+        text = synthetic_log(ranks, "all_reduce")
+        text = re.sub(r"on   testhost device (\s*\d+)", lambda m: f"on tray{int(m.group(1)) // per_host:03d} device "
+                      f"{int(m.group(1)) % per_host}", text)
+        path = tmp_path / f"nvl72_{ranks}_{per_host}_allreduce.txt"
+        path.write_text(text)
+        return path
+    profile = load_profile("gb200-nvl72-ndr400")
+    rack = acc.plan_log(load(log(72, 4)), profile, "gb200-nvl72-ndr400")
+    assert (rack.ranks, rack.nodes, rack.gpus_per_node) == (72, 1, 72)
+    two = acc.plan_log(load(log(144, 4)), profile, "gb200-nvl72-ndr400")
+    assert (two.nodes, two.gpus_per_node) == (2, 72)
+    hosts = acc.plan_log(load(log(16, 8)), profile, "gb200-nvl72-ndr400")   # 8-GPU hosts: not trays
+    assert (hosts.nodes, hosts.gpus_per_node) == (2, 8)
+
+
 # ----------------------------------------------------------------------------- errors
 
 def test_garbled_line_names_file_and_line(tmp_path: Path):
