@@ -26,8 +26,8 @@ from chakra_core.jobs.spec import JobSpec
 from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.expert_memory import moe_layer_params, routed_copies
 from chakra_core.plan.headroom import communicators
-from chakra_core.plan.layouts import (EP_NOT_DIVIDING, HYBRIDEP_DOMAINS, NOT_FOLDING, Layout, enumerate_layouts, job_with,
-                                      lower_bound_s)
+from chakra_core.plan.layouts import (EP_NOT_DIVIDING, HYBRIDEP_DOMAINS, NOT_FOLDING, Layout, enumerate_layouts,
+                                      job_with, lower_bound_s)
 from chakra_core.plan.marks import job_layout, parse_mark
 from chakra_core.plan.memory import layer_activations, memory_by_stage, predict_memory
 from chakra_core.plan.search import SIMULATED, PlanOptions, plan
