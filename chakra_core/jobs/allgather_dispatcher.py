@@ -85,8 +85,7 @@ class AllGatherDispatcher(KernelPrimitives):
         self._gather(p + "moe.dispatch.all_gather", h, b)
         columns = tokens * local
         # tokens_per_expert = local_map.sum(0).cpu(): the host waits for the counts (token_dispatcher.py)
-        kept = self._kernel(p + "moe.local_map", "elementwise", columns, 2 * columns * MAP_BYTES, "bf16",
-                            (("bool", "host_sync", True),))
+        kept = self.elementwise(p + "moe.local_map", columns, 2 * columns * MAP_BYTES, host_sync=True)
         self._keep(kept, "moe_map", columns, MAP_BYTES)
         self.elementwise(p + "moe.local_probs", columns, 2 * columns * b)
         # the tokens routed to the local experts, read once each, written once per copy

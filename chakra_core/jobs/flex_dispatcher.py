@@ -179,7 +179,7 @@ class FlexDispatcher(HybridEP, KernelPrimitives):
         if self.hybridep:
             return self.hybridep_prepare(name)
         t, k, ep = self.local_tokens, self.job.shape.router_topk, self.job.parallel.ep
-        self._kernel(name + ".layout", "elementwise", t * k, t * k * 8 + t * ep, "bf16", (("bool", "host_sync", True),))
+        self.elementwise(name + ".layout", t * k, t * k * 8 + t * ep, host_sync=True)
 
     def flex_permute(self, name: str, received: int, probs: bool) -> int:
         """The received tokens spread over their local experts' copies (_DeepepManager.

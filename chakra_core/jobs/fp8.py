@@ -167,21 +167,15 @@ class Fp8Quantization(KernelPrimitives):
         if self.current_scaling or self.fp4:
             if not amax_done or self.fp4:     # NVFP4's quantizer takes its own amax, the norm's unused
                 zeroed = 2 if self.current_scaling else 1   # zero_amax_kernel, then the amax kernel
-                self._launched(name + ".amax", elements, elements * self.act_bytes, zeroed * each)
+                self.elementwise(name + ".amax", elements, elements * self.act_bytes, launches=zeroed * each)
             if tp_amax and "tp" in self.groups:
                 self.blocking(name + ".amax_tp_all_reduce", "tp", pb.ALL_REDUCE, 8 if self.fp4 else 4, "tp")
             if self.current_scaling:
-                self._launched(name + ".scale", each, 8 * each, each, dtype="fp32")
+                self.elementwise(name + ".scale", each, 8 * each, dtype="fp32", launches=each)
         # reads bf16, writes the quantized copies (block-scaled ones with their scales)
-        self._launched(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
-                       elements * self.act_bytes + self.quantized_copies * quantized_bytes(elements, self.gemm_dtype),
-                       each)
-
-    def _launched(self, name: str, elements: int, nbytes: int, launches: int, dtype: str = "bf16") -> int:
-        """An elementwise node the host launches as `launches` kernels (compute layer: `launches`)."""
-        if launches == 1:
-            return self.elementwise(name, elements, nbytes, dtype=dtype)
-        return self._kernel(name, "elementwise", elements, nbytes, dtype, (("uint", "launches", launches),))
+        self.elementwise(name + (".cast_fp4" if self.fp4 else ".cast_fp8"), elements,
+                         elements * self.act_bytes + self.quantized_copies * quantized_bytes(elements, self.gemm_dtype),
+                         launches=each)
 
     @property
     def quantized_copies(self) -> int:

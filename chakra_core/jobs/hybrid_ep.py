@@ -107,8 +107,7 @@ class HybridEP(KernelPrimitives):
         experts = m.num_experts or 1
         self.blocking(name + ".map_all_gather", "ep", pb.ALL_GATHER, t * experts, PART)
         gathered = ep * t * experts
-        self._kernel(name + ".preprocess", "elementwise", gathered, 2 * gathered, "bf16",
-                     (("uint", "launches", 2), ("bool", "host_sync", True)))
+        self.elementwise(name + ".preprocess", gathered, 2 * gathered, launches=2, host_sync=True)
         if ep > self.flex_domain:
             copied = t * (self.h * self.act_bytes + PROB_BYTES * experts)
             self.elementwise(name + ".buffer_copy", copied, 2 * copied)

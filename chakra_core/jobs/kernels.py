@@ -117,8 +117,16 @@ class LayerKernels(SelfAttention, LatentAttention, MultiTokenPrediction, TensorP
         return self.stream.step(pb.COMP_NODE, name,
                                 attr_blob=kernel_blob(ops, nbytes, kind, dtype, self.part, tuple(extra)))
 
-    def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
-        return self._kernel(name, "elementwise", ops_per * elements, nbytes, dtype)
+    def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16",
+                    launches: int = 1, host_sync: bool = False) -> int:
+        """`launches`: kernels the host launches for the node (one per expert); `host_sync`: the host
+        waits for its end (the compute layer's host_launch effect)."""
+        extra: tuple[Attr, ...] = ()
+        if launches > 1:
+            extra += (("uint", "launches", launches),)
+        if host_sync:
+            extra += (("bool", "host_sync", True),)
+        return self._kernel(name, "elementwise", ops_per * elements, nbytes, dtype, extra)
 
     def bmm(self, name: str, batch: int, m: int, k: int, n: int) -> int:
         """`batch` independent [m,k] x [k,n] products (attention without FlashAttention), in the

@@ -206,13 +206,11 @@ class MixtureOfExperts(SharedExpertOverlap, FlexDispatcher, AllGatherDispatcher,
         without EP; no sync only with drop-and-pad, which is not modelled)."""
         t, experts, ep = self.local_tokens, self.job.shape.num_experts or 1, self.job.parallel.ep
         counts = t * experts
-        self._kernel(name + ".counts", "elementwise", counts, counts * MAP_BYTES + 2 * experts * 8, "fp32",
-                     (("uint", "launches", 2),))
+        self.elementwise(name + ".counts", counts, counts * MAP_BYTES + 2 * experts * 8, dtype="fp32", launches=2)
         self.blocking(name + ".counts_all_gather", "tp_ep" if "tp_ep" in self.groups else "ep", pb.ALL_GATHER,
                       experts * 8, EP_PART)
         gathered = self.etp * ep * experts   # sliced to the local experts, summed three ways
-        self._kernel(name + ".splits", "elementwise", gathered, 2 * gathered * 8, "fp32",
-                     (("uint", "launches", 4), ("bool", "host_sync", True)))
+        self.elementwise(name + ".splits", gathered, 2 * gathered * 8, dtype="fp32", launches=4, host_sync=True)
 
     def _ep_all_to_all(self, name: str, probs: bool, tokens: bool = True) -> None:
         """The tokens' (and the probabilities') all-to-all over EP: each rank's whole send buffer,

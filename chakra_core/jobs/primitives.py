@@ -44,7 +44,8 @@ if TYPE_CHECKING:
                     extra: Iterable[Attr] = ()) -> int:
             raise NotImplementedError
 
-        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16") -> int:
+        def elementwise(self, name: str, elements: int, nbytes: int, ops_per: int = 1, dtype: str = "bf16",
+                        launches: int = 1, host_sync: bool = False) -> int:
             raise NotImplementedError
 
         def bmm(self, name: str, batch: int, m: int, k: int, n: int) -> int:
