@@ -44,7 +44,7 @@ from fractions import Fraction
 from math import ceil, comb
 from typing import TYPE_CHECKING, NamedTuple
 
-from chakra_core.jobs.hybrid_ep import HybridEP
+from chakra_core.jobs.hybrid_ep import HybridEP, uses_hybridep
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
@@ -61,7 +61,7 @@ def flex_problems(job: "JobSpec") -> list[str]:
     """What Megatron and DeepEP refuse of the flex dispatcher, and what is not modelled."""
     p, m = job.parallel, job.shape
     out = []
-    if p.moe_hybridep_num_sms is not None and (p.moe_token_dispatcher, p.moe_flex_backend) != ("flex", "hybridep"):
+    if p.moe_hybridep_num_sms is not None and not uses_hybridep(p):
         out.append("parallel.moe_hybridep_num_sms sizes HybridEP's kernels: it needs parallel.moe_token_dispatcher "
                    "flex with parallel.moe_flex_backend hybridep")
     if p.moe_token_dispatcher != "flex" or not m.moe:
@@ -71,7 +71,7 @@ def flex_problems(job: "JobSpec") -> list[str]:
     if p.expert_tp > 1:
         out.append(f"parallel.moe_token_dispatcher flex with parallel.etp {p.expert_tp} is not modelled "
                    "(DeepEP over the TPxEP group); use etp 1")
-    hybridep = p.moe_flex_backend == "hybridep"   # its domains: hybrid_ep.hybridep_problem, with the profile's
+    hybridep = uses_hybridep(p)   # its domains: hybrid_ep.hybridep_problem, with the profile's
     if not hybridep and p.ep > NVL_PEERS and (p.ep % NVL_PEERS or p.ep > NVL_PEERS * RDMA_PEERS):
         # deep_ep.cpp Buffer: num_ranks < NUM_MAX_NVL_PEERS or num_ranks % NUM_MAX_NVL_PEERS == 0
         out.append(f"parallel.ep {p.ep}: DeepEP needs at most 8 ranks or a multiple of 8 up to 160")

@@ -49,12 +49,17 @@ from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
-    from chakra_core.jobs.spec import JobSpec
+    from chakra_core.jobs.spec import JobSpec, Parallel
 
 MAX_DOMAIN = 72   # csrc/hybrid_ep/config.cuh: at most 72 ranks per NVLink domain
 PROB_BYTES = 4    # the probabilities travel in fp32 (Megatron-Core casts them: _HybridEPManager.dispatch)
 PART = "ep"       # moe.EP_PART: the split shows it as exposed_ep
 DEFAULT_SMS = 16  # Megatron-Core's moe_hybridep_num_sms (transformer_config.py at d7288711)
+
+
+def uses_hybridep(p: "Parallel") -> bool:
+    """The job's tokens go through HybridEP's kernels."""
+    return p.moe_token_dispatcher == "flex" and p.moe_flex_backend == "hybridep"
 
 
 def hybridep_domain(ep: int, gpus_per_node: int) -> int:
@@ -65,7 +70,7 @@ def hybridep_domain(ep: int, gpus_per_node: int) -> int:
 def hybridep_problem(job: "JobSpec", gpus_per_node: int) -> str | None:
     """Why HybridEP cannot lay the job's EP groups over its NVLink domains (None when it can)."""
     p = job.parallel
-    if p.moe_token_dispatcher != "flex" or p.moe_flex_backend != "hybridep":
+    if not uses_hybridep(p):
         return None
     domain = hybridep_domain(p.ep, gpus_per_node)
     if p.ep % domain:
@@ -81,8 +86,7 @@ class HybridEP(KernelPrimitives):
 
     @property
     def hybridep(self) -> bool:
-        p = self.job.parallel
-        return p.moe_token_dispatcher == "flex" and p.moe_flex_backend == "hybridep"
+        return uses_hybridep(self.job.parallel)
 
     @property
     def hybridep_sms(self) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from chakra_core.jobs.flex_dispatcher import NVL_PEERS
-from chakra_core.jobs.hybrid_ep import hybridep_domain
+from chakra_core.jobs.hybrid_ep import hybridep_domain, uses_hybridep
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import PlacedGroup
 
@@ -45,7 +45,7 @@ class Placement:
     @property
     def flex_domain(self) -> int:
         """Ranks per NVLink domain of the flex dispatcher's backend: DeepEP's 8, HybridEP's the job's domain."""
-        if self.job.parallel.moe_flex_backend == "hybridep":
+        if uses_hybridep(self.job.parallel):
             return hybridep_domain(self.ep, self.gpus_per_node)
         return NVL_PEERS
 
