@@ -105,6 +105,12 @@ example's error band follows the accuracy table simulated again (current scaling
 kernels: the class's current-scaling runs 0.01-0.05% slower): geomean 6.2412% -> 6.2486%, mean signed +5.1706% -> +5.1779%;
 nothing else in it changed (compared field by field with the code before), and the other 370
 outputs stayed byte-identical.
+Recorded again (issue 31, NCCL trees on 2 nodes): the four AWS p4de all-reduces (1 KiB, 1 MiB, 64 MiB,
+1 GiB on 2 x 8 A100) and the accuracy tables changed: on 2 nodes NCCL's tree reads twice the NIC
+rate inside the node, so 64 MiB and 1 GiB now run as a tree (1 GiB: 40,635 -> 24,147 us against
+26,217 measured), and a Simple tree pays its pipeline's fill instead of NCCL's treeCorrectionFactor
+(1 KiB +0.6 us, 1 MiB +52 us). The other 366 outputs stayed byte-identical (every training job:
+the 170 runs of the accuracy table predict the same steps).
 """
 
 from __future__ import annotations

@@ -127,6 +127,18 @@ def tree_net_steps(chunks: int, nodes: int) -> float:
     return chunks * 4 * (nodes - 1) / nodes
 
 
+def tree_fill_us(chunk_bytes: int, local: int, nodes: int, nvlink_gbps: float, nic_gbps: float) -> float:
+    """Time before a Simple tree's pipeline is full: a step goes on only once it is written whole
+    (`src/device/prims_simple.h`, one flag per step; a tree's chunk is one step), so the first
+    chunk is stored and forwarded along the node's chain up and down (`src/graph/trees.cc`, local
+    GPUs chained) and over the tree of nodes up and down (2 log2 N network hops, as the tuner's
+    hops), one chunk time per hop at the channel's rate on that link."""
+    fill = 2 * (local - 1) * chunk_bytes / (1000 * nvlink_gbps)
+    if nodes > 1:
+        fill += 2 * (nodes.bit_length() - 1) * chunk_bytes / (1000 * nic_gbps)
+    return fill
+
+
 def plan(algorithm: str, collective: str, protocol: str, nbytes: int, nranks: int, nodes: int,
          channels: int) -> Plan:
     """The chunks and steps of one channel (calcCollChunking and the device code's loops)."""

@@ -122,7 +122,7 @@ class NcclModel:
         if collective == ALL_TO_ALL:
             return self._all_to_all(nbytes, nranks, nodes)
         return self._executed(self._chosen(collective, nbytes, nranks, nodes, nic_share), collective, nbytes,
-                              nranks, nodes)
+                              nranks, nodes, nic_share)
 
     def _chosen(self, collective: str, nbytes: int, nranks: int, nodes: int, nic_share: float,
                 tuner: tuning.Tuner = tuning.NEWEST) -> Pair:
@@ -164,7 +164,8 @@ class NcclModel:
             bw = min(bw, pair.channel_gbps * self._running_channels(pair, nbytes, nranks))
         return latency + nbytes / (1000 * bw)
 
-    def _executed(self, pair: Pair, collective: str, nbytes: int, nranks: int, nodes: int) -> Choice:
+    def _executed(self, pair: Pair, collective: str, nbytes: int, nranks: int, nodes: int,
+                  nic_share: float = 1.0) -> Choice:
         """The time of NCCL's choice as its kernels execute it (chakra_sim_system_nccl.execution)."""
         profile, calibration = self.profile, self.calibration
         intra_hw = "nvlink" if profile.gpu.nvlink_links.value > 0 else "pci"
@@ -176,6 +177,8 @@ class NcclModel:
         # NCCL's own corrections where this model does not count steps one by one: the tree's
         # pipeline at medium sizes (treeCorrectionFactor), the multi-node ring's latency plateau
         correction, plateau = self._corrections(pair, collective, nbytes, nranks, nodes)
+        if pair.algorithm == TREE and pair.protocol == SIMPLE:
+            correction = 1.0   # a Simple tree's pipeline is counted chunk by chunk (_tree_fill_us)
         latency = pair.base_us + hops * plateau
         channels = self._running_channels(pair, nbytes, nranks)
         plan = execution.plan(pair.algorithm, collective, pair.protocol, nbytes, nranks, nodes, channels)
@@ -201,6 +204,8 @@ class NcclModel:
             latency += plan.copy_hops * HW_LATENCY[intra_hw][RING][2] * hop_scale
         if plan.fill_chunks and math.isfinite(channel_gbps):
             latency += plan.fill_chunks * plan.chunk_bytes / (1000 * channel_gbps)
+        if pair.algorithm == TREE and pair.protocol == SIMPLE:
+            latency += self._tree_fill_us(plan.chunk_bytes, channels, nranks // nodes, nodes, nic_share)
         if nodes > 1 and profile.network is not None and plan.net_steps:
             # one proxy thread per GPU posts every network step of the channels it serves, one after
             # another (execution.proxy_us): small chunks across nodes wait for it, not for the NIC
@@ -212,6 +217,18 @@ class NcclModel:
         latency = max(latency, self.host_issue_us - transfer)
         return Choice(pair.algorithm, pair.protocol, latency + transfer, latency, bw, channels,
                       plan.chunk_bytes, plan.steps)
+
+    def _tree_fill_us(self, chunk_bytes: int, channels: int, local: int, nodes: int, nic_share: float) -> float:
+        """The first chunk's way through a Simple tree (execution.tree_fill_us): an NVLink hop at what
+        NCCL allows one channel of a tree (perChMaxTreeBw; the channels' chains start at different
+        GPUs, those nearest their NICs, so they do not all cross one GPU's NVLink at once), a
+        network hop at the channel's share of the node's NICs, which every channel crosses at once."""
+        network = self.profile.network
+        nvlink = tuning.PER_CH_MAX_TREE_BW[tuning.ARCH_INDEX[self.profile.gpu.architecture]][min(nodes, 3) - 1]
+        nic = math.inf
+        if nodes > 1 and network is not None:
+            nic = network.nics_per_node.value * network.nic_gbits.value / 8 * nic_share / channels
+        return execution.tree_fill_us(chunk_bytes, local, nodes, nvlink, nic)
 
     def _host_staging(self) -> tuple[float, float] | None:
         """For a host-staged network: (one GPU's PCIe bandwidth, GB/s; the node's PCIe bandwidth

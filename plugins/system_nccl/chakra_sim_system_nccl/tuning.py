@@ -46,7 +46,7 @@ HW_LATENCY = {
     "pci": {TREE: (1.0, 1.9, 4.0), RING: (1.0, 2.5, 5.7), NVLS: (0, 0, 0), NVLS_TREE: (0, 0, 0)},
     "net": {TREE: (5.0, 8.5, 14.0), RING: (2.7, 4.0, 14.0), NVLS: (0, 0, 18), NVLS_TREE: (0, 0, 20.9)},
 }
-_ARCH = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
+ARCH_INDEX = {"volta": 0, "ampere": 1, "hopper": 2, "blackwell": 3}
 CC = {"volta": 70, "ampere": 80, "hopper": 90, "blackwell": 100}
 """The compute capability NCCL compares against (ncclTuningGetCompCapIndex: >= 100 is Blackwell)."""
 # cost_model.cc tables, [architecture][1 node, 2 nodes, more]; llMaxBws' multi-node rows go by CPU vendor.
@@ -178,6 +178,10 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     nics = min(MAX_SEARCH_CHANNELS, max(1, math.ceil(reach - 1e-9)))
     bw = min(device_gbps * reach / nics, channels * bw_intra / nics)
     nics, bw = dup_channels(profile, nics, bw)
+    if algorithm == TREE:
+        # search.cc (v2.24.3-1) pass 2, "increase bwIntra for trees (2 nodes or collnet)": a tree's
+        # NVLink chain may run up to twice the NIC rate, which tuning.cc reads for 2 nodes
+        return nics, min(2 * bw, channels * bw_intra / nics), bw, latency
     return nics, bw, bw, latency
 
 
@@ -235,7 +239,7 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
     """Every (algorithm, protocol) NCCL considers, with `tuner`'s latency and bandwidth (default the
     newest modelled) and the fields the execution model reads."""
     tuner = tuner or NEWEST
-    arch = _ARCH[profile.gpu.architecture]
+    arch = ARCH_INDEX[profile.gpu.architecture]
     index2 = min(nodes, 3) - 1
     cpu = profile.node.cpu_vendor
     ll_max_bw = LL_MAX_BW[arch if nodes == 1 else (1 if cpu == "amd" else 0)][index2]
@@ -281,7 +285,7 @@ def build(profile: Profile, collective: str, nranks: int, nodes: int, priced: bo
                         overhead = NET_OVERHEAD_US.get(cpu, 1.0) * (3 if protocol == SIMPLE else 1)
                     hops = Hops((nsteps - inter_steps) * max(intra, overhead), inter_steps)
             elif algorithm == TREE:
-                bw = min(bw_inter, bw_intra)
+                bw = bw_intra if nodes <= 2 else bw_inter   # tuning.cc, as for rings
                 factor = {LL: 1 / 3.8, LL128: 7 / 9 if nodes == 1 else 120 / 128, SIMPLE: 1.0}[protocol]
                 bus = min(bw * graph_channels * .92, graph_channels * PER_CH_MAX_TREE_BW[arch][index2]) * factor
                 if protocol == LL:

@@ -17,7 +17,7 @@ def pairs(name: str, collective: str, ranks: int, nodes: int) -> dict[tuple[str,
 
 
 def test_blackwell_rows_of_nccls_tables():
-    arch = tuning._ARCH["blackwell"]
+    arch = tuning.ARCH_INDEX["blackwell"]
     assert tuning.LL_MAX_BW[arch] == (282.0, 90.0, 70.0)            # 2 x Hopper's
     assert tuning.PER_CH_MAX_RING_LL128_BW[arch] == (40.0, 40.0, 40.0)
     assert tuning.PER_CH_MAX_TREE_LL128_BW[arch] == (55.6, 31.67, 20.0)

@@ -49,7 +49,29 @@ def test_efa_chooses_with_the_reported_latency_and_prices_with_the_real_one():
     assert chosen[("tree", "Simple")].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + (14 + 2 * 75)))
     assert priced[("tree", "Simple")].latency_us == pytest.approx(8.4 + 2 * (7 * 4.0 + (14 + 2 * 20)))
     choice = p4de.time_us(nccl.ALL_REDUCE, 1024, 16, 2)
-    assert choice.latency_us == pytest.approx(priced[(choice.algorithm, choice.protocol)].latency_us)
+    assert (choice.algorithm, choice.protocol) == ("tree", "Simple")
+    # ... plus the first 1 KiB chunk stored and forwarded along 14 NVLink hops at NCCL's per-channel
+    # tree ceiling for 2 Ampere nodes (23.6 GB/s) and 2 network hops (50 GB/s of EFA, one channel)
+    fill = 14 * 1024 / (1000 * 23.6) + 2 * 1024 / (1000 * 50)
+    assert choice.latency_us == pytest.approx(priced[("tree", "Simple")].latency_us + fill)
+
+
+def test_two_node_tree_gets_twice_the_nic_rate_inside_the_node_and_pays_its_fill():
+    """search.cc lets a tree's NVLink chain run at twice the NIC rate and tuning.cc reads that rate
+    for 2 nodes, so NCCL's tree beats the ring on 2 p4de nodes at 2 GiB, as the measured 78 GB/s of
+    bus bandwidth (above the 50 GB/s a ring's crossing could carry) shows; a Simple tree fills its
+    pipeline one whole chunk per hop."""
+    p4de = nccl.NcclModel(load_profile("a100-aws-p4de-efa"))
+    pairs = {(p.algorithm, p.protocol): p for p in p4de.pairs(nccl.ALL_REDUCE, 16, 2)}
+    assert pairs[("tree", "Simple")].bandwidth_gbps > pairs[("ring", "Simple")].bandwidth_gbps
+    big = p4de.time_us(nccl.ALL_REDUCE, 2**31, 16, 2)
+    assert big.algorithm == "tree"
+    assert 2**31 / (1000 * big.time_us) <= 50.0     # never beyond a node's four 100 Gb/s NICs
+    # 8 MiB: one 512 KiB chunk per hop over 8 channels
+    mid = p4de.time_us(nccl.ALL_REDUCE, 2**23, 16, 2)
+    fill = 14 * 2**19 / (1000 * 23.6) + 2 * 2**19 / (1000 * 50 / 8)
+    assert mid.latency_us >= fill
+    assert mid.time_us >= fill + 2**23 / (1000 * 50)
 
 
 def test_choices_by_size_and_hardware():
