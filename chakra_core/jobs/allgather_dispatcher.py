@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.primitives import EP_PART, KernelPrimitives
 from chakra_core.jobs.routing import MAP_BYTES
 from chakra_core.schema import pb
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 GROUP = "tp_ep"
 """The dispatcher's process group (placement.expert_groups)."""
-PART = "ep"   # moe.EP_PART: the split shows it as exposed_ep
 
 
 def allgather_problems(job: "JobSpec") -> list[str]:
@@ -71,11 +70,11 @@ class AllGatherDispatcher(KernelPrimitives):
 
     def _gather(self, name: str, width: int, nbytes: int) -> None:
         """t rows of `width` elements of `nbytes` each, all-gathered over tp_ep (comm_size: this rank's input)."""
-        self.blocking(name, GROUP, pb.ALL_GATHER, self.local_tokens * width * nbytes, PART)
+        self.blocking(name, GROUP, pb.ALL_GATHER, self.local_tokens * width * nbytes, EP_PART)
 
     def _scatter(self, name: str, width: int) -> None:
         """T rows of `width` activations reduce-scattered over tp_ep (comm_size: the whole input)."""
-        self.blocking(name, GROUP, pb.REDUCE_SCATTER, self.group_tokens * width * self.act_bytes, PART)
+        self.blocking(name, GROUP, pb.REDUCE_SCATTER, self.group_tokens * width * self.act_bytes, EP_PART)
 
     def allgather_dispatch(self, p: str, received: int, local: int) -> None:
         """token_dispatch and dispatch_postprocess: the gathers, the local columns, the permutation."""

@@ -45,7 +45,7 @@ from math import ceil, comb
 from typing import TYPE_CHECKING, NamedTuple
 
 from chakra_core.jobs.hybrid_ep import HybridEP, uses_hybridep
-from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.primitives import EP_PART, KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 NVL_PEERS = 8    # csrc/kernels/configs.cuh NUM_MAX_NVL_PEERS
 RDMA_PEERS = 20  # NUM_MAX_RDMA_PEERS: deep_ep.cpp asserts num_ranks <= 8 x 20
 DEEPEP_SMS = 20  # token_dispatcher.py _DeepepManager: moe_flex_dispatcher_num_sms or 20
-PART = "ep"      # moe.EP_PART: the split shows it as exposed_ep
 
 
 def flex_problems(job: "JobSpec") -> list[str]:
@@ -164,10 +163,10 @@ class FlexDispatcher(HybridEP, KernelPrimitives):
         sent, a2a = self.deepep_bytes(dispatch, weights), pb.ALL_TO_ALL
         kind, sms = ("hybridep", self.hybridep_sms) if self.hybridep else ("deepep", DEEPEP_SMS)
         if not sent.rdma:
-            self.stream.wait(self.collective(f"{name}.{kind}", "ep", a2a, sent.nvl, PART, ctas=sms))
+            self.stream.wait(self.collective(f"{name}.{kind}", "ep", a2a, sent.nvl, EP_PART, ctas=sms))
             return
-        rdma = self.collective(f"{name}.{kind}_rdma", "ep_rdma", a2a, sent.rdma, PART, ctas=sms // 2)
-        nvl = self.collective(f"{name}.{kind}_nvl", "ep_nvl", a2a, sent.nvl, PART, ctas=sms - sms // 2)
+        rdma = self.collective(f"{name}.{kind}_rdma", "ep_rdma", a2a, sent.rdma, EP_PART, ctas=sms // 2)
+        nvl = self.collective(f"{name}.{kind}_nvl", "ep_nvl", a2a, sent.nvl, EP_PART, ctas=sms - sms // 2)
         self.stream.wait(rdma, nvl)
 
     def deepep_layout(self, name: str) -> None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chakra_core.jobs.primitives import KernelPrimitives
+from chakra_core.jobs.primitives import EP_PART, KernelPrimitives
 from chakra_core.schema import pb
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 MAX_DOMAIN = 72   # csrc/hybrid_ep/config.cuh: at most 72 ranks per NVLink domain
 PROB_BYTES = 4    # the probabilities travel in fp32 (Megatron-Core casts them: _HybridEPManager.dispatch)
-PART = "ep"       # moe.EP_PART: the split shows it as exposed_ep
 DEFAULT_SMS = 16  # Megatron-Core's moe_hybridep_num_sms (transformer_config.py at d7288711)
 
 
@@ -109,7 +108,7 @@ class HybridEP(KernelPrimitives):
         preprocessing the host waits for, and beyond one domain the copy into the registered buffer."""
         m, t, ep = self.job.shape, self.local_tokens, self.job.parallel.ep
         experts = m.num_experts or 1
-        self.blocking(name + ".map_all_gather", "ep", pb.ALL_GATHER, t * experts, PART)
+        self.blocking(name + ".map_all_gather", "ep", pb.ALL_GATHER, t * experts, EP_PART)
         gathered = ep * t * experts
         self.elementwise(name + ".preprocess", gathered, 2 * gathered, launches=2, host_sync=True)
         if ep > self.flex_domain:

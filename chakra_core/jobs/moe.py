@@ -39,14 +39,10 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 from chakra_core.jobs.allgather_dispatcher import AllGatherDispatcher
 from chakra_core.jobs.flex_dispatcher import FlexDispatcher
 from chakra_core.jobs.fp8 import quantized_bytes
-from chakra_core.jobs.primitives import Attr, KernelPrimitives
+from chakra_core.jobs.primitives import EP_PART, Attr, KernelPrimitives
 from chakra_core.jobs.routing import MAP_BYTES, ExpertLoad, expert_load
 from chakra_core.jobs.shared_expert_overlap import SharedExpertOverlap
 from chakra_core.schema import pb
-
-
-EP_PART = "ep"
-"""step_part of the dispatcher's communication: the step's split shows it as exposed_ep."""
 
 Tokens = int | tuple[int, ...]
 """Tokens of every local expert (balanced), or of each (skewed routing)."""

@@ -19,6 +19,9 @@ Attr = tuple[str, str, "int | str | bool | tuple[int, ...]"]
 """A node attribute as (kind: uint, uints, bool or str; name; value), hashable: kernels.kernel_blob
 serializes a kernel's attributes once per distinct kernel."""
 
+EP_PART = "ep"
+"""step_part of the MoE dispatchers' communication: the step's split shows it as exposed_ep."""
+
 if TYPE_CHECKING:
     from chakra_core.jobs.placement import Placement
     from chakra_core.jobs.spec import JobSpec

@@ -35,8 +35,8 @@ from chakra_core.contract.layers import ComputeModel, SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.expand import with_cluster_defaults
-from chakra_core.jobs.moe import EP_PART
 from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.primitives import EP_PART
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.plugins import PluginHost
