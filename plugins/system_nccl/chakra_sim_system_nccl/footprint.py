@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from chakra_core import NO_LOAD, GpuLoad, NodeView, Profile, pb
+from chakra_sim_system_nccl.tuning import node_nic_gbps
 
 P2P_CTAS = 2
 REDUCING = frozenset({pb.ALL_REDUCE, pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK, pb.REDUCE, pb.BARRIER})
@@ -34,9 +35,7 @@ def hbm_bytes_per_byte(comm_type: int) -> int:
 
 def link_gbps(profile: Profile, gpus_per_node: int) -> float:
     """What one GPU's links carry each way, GB/s: its NVLink and its share of the node's NICs."""
-    network = profile.network
-    nics = 0.0 if network is None else network.nics_per_node.value * network.nic_gbits.value / 8
-    return profile.gpu.nvlink_gbps.value + nics / gpus_per_node
+    return profile.gpu.nvlink_gbps.value + node_nic_gbps(profile) / gpus_per_node
 
 
 class GpuFootprint:

@@ -227,7 +227,7 @@ class NcclModel:
         nvlink = tuning.PER_CH_MAX_TREE_BW[tuning.ARCH_INDEX[self.profile.gpu.architecture]][min(nodes, 3) - 1]
         nic = math.inf
         if nodes > 1 and network is not None:
-            nic = network.nics_per_node.value * network.nic_gbits.value / 8 * nic_share / channels
+            nic = tuning.node_nic_gbps(self.profile) * nic_share / channels
         return execution.tree_fill_us(chunk_bytes, local, nodes, nvlink, nic)
 
     def _host_staging(self) -> tuple[float, float] | None:
@@ -237,7 +237,7 @@ class NcclModel:
         if network is None or network.transport != "host_staged":
             return None
         assert pcie is not None   # the profile's own check (Profile._staging_needs_pcie)
-        nic_total = network.nics_per_node.value * network.nic_gbits.value / 8
+        nic_total = tuning.node_nic_gbps(self.profile)
         return pcie.value, pcie.value * self.profile.gpus_per_node / nic_total
 
     def proxy_post_us(self) -> float:
@@ -294,8 +294,7 @@ class NcclModel:
         if same_node or profile.network is None:
             bw = self.nccl.graph_channels.value * self.nccl.channel_bw_gbps.value
             return bw * (calibration.nvlink_efficiency if calibration is not None else 1.0)
-        network = profile.network
-        bw = network.nics_per_node.value * network.nic_gbits.value / 8 / profile.gpus_per_node
+        bw = tuning.node_nic_gbps(profile) / profile.gpus_per_node
         return bw * (calibration.nic_efficiency if calibration is not None else 1.0)
 
     def p2p_latency_us(self, same_node: bool) -> float:

@@ -142,6 +142,12 @@ def log2i(n: int) -> int:
     return n.bit_length() - 1 if n > 0 else 0
 
 
+def node_nic_gbps(profile: Profile) -> float:
+    """What a node's NICs carry together each way, GB/s (0 without a network)."""
+    network = profile.network
+    return 0.0 if network is None else network.nics_per_node.value * network.nic_gbits.value / 8
+
+
 def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
           nic_share: float) -> tuple[int, float, float, float]:
     """(channels of the search graph, bwIntra, bwInter, inter-node latency) as NCCL's topology
@@ -166,14 +172,14 @@ def graph(profile: Profile, algorithm: str, nodes: int, priced: bool,
     latency = network.extra_latency_us.value if network.extra_latency_us else 0.0
     if not priced and network.reported_latency_us is not None:
         latency = network.reported_latency_us.value
-    nic_gbps = network.nic_gbits.value / 8
     if algorithm == NVLS_TREE:
+        nic_gbps = network.nic_gbits.value / 8   # the share before the NICs' total: the recorded results' rounding
         return channels, bw_intra, network.nics_per_node.value * nic_share * nic_gbps / channels, latency
     # one channel per NIC the communicator's GPUs drive (at least one, sharing its NIC with the other
     # rails' GPUs when the group has fewer GPUs on a node than the node has NICs), at the NIC's rate
     # capped by what NVLink gives that channel; search.cc ncclTopoDupChannels doubles fast channels
     devices = network.nccl_devices_per_node.value if network.nccl_devices_per_node else network.nics_per_node.value
-    device_gbps = network.nics_per_node.value * nic_gbps / devices
+    device_gbps = node_nic_gbps(profile) / devices
     reach = devices * nic_share
     nics = min(MAX_SEARCH_CHANNELS, max(1, math.ceil(reach - 1e-9)))
     bw = min(device_gbps * reach / nics, channels * bw_intra / nics)
