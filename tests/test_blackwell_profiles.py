@@ -77,6 +77,14 @@ def test_gb200_and_gb300_racks_are_their_sources():
     bf16_200, bf16_300 = achievable(gb200).matmul_tflops["bf16"], achievable(gb300).matmul_tflops["bf16"]
     assert bf16_200.value == 1822.0 and bf16_200.derived is None and "MAMF 1822.0 of 2500" in bf16_200.source
     assert bf16_300.value == pytest.approx(1769.0 / 2250 * 2500, abs=0.05) and "B300" in (bf16_300.derived or "")
+    # the Grace host launches at the x86 host's rate slowed by TransformerEngine issue #2053's Grace/Xeon ratio
+    x86 = achievable(load_profile("h100-sxm-hgx")).host_launch_us
+    assert x86 is not None
+    for rack in (gb200, gb300):
+        grace = achievable(rack).host_launch_us
+        assert grace is not None and grace.value == pytest.approx(x86.value * 37.08 / 13.48, abs=0.005)
+        assert "TransformerEngine/issues/2053" in grace.source and "37.08 us on GB200" in grace.source
+        assert "13.48 us on an H100 DGX" in grace.source and grace.derived
     nets = load_profile("gb200-nvl72-ndr400").network, load_profile("gb300-nvl72-xdr800").network
     assert nets[0] is not None and (nets[0].nics_per_node.value, nets[0].nic_gbits.value) == (72, 400)
     assert "4x NVIDIA ConnectX-7 single port 400G OSFP NIC" in nets[0].nics_per_node.source
