@@ -342,6 +342,43 @@ def test_a_straggler_that_never_repeats_falls_back_to_every_micro_batch(tmp_path
     same_step(folded, whole)
 
 
+class _Watched(_Heating):
+    """The straggler, recording the highest node of rank 0 each run (each try builds its own layer)."""
+
+    name = "watched"
+    highest: list[int] = []
+
+    def __init__(self, config: Any, context: Any):
+        super().__init__(config, context)
+        _Watched.highest.append(-1)
+
+    def compute_time_ns(self, rank, node):
+        if rank == 0:
+            _Watched.highest[-1] = max(_Watched.highest[-1], node.id)
+        return super().compute_time_ns(rank, node)
+
+
+class _WatchedPlugin:
+    @hookimpl
+    def chakra_sim_register_compute(self, registry: ComputeRegistry) -> None:
+        registry.add(_Watched)
+
+
+def test_a_try_that_cannot_fold_stops_at_its_last_instant_that_could_repeat(tmp_path):
+    """The look at the end of the clock rank's repeating nodes names its node `end` and is never
+    inside them: the try gives up at the look a period before, before the clock reaches `end`."""
+    _Watched.highest.clear()
+    host = make_plugin_host(extra_plugins=[("watched", _WatchedPlugin())])
+    data = job(pp=2, gpus=4, microbatches=24)
+    folded = simulate(tmp_path, data, "auto", host, compute={"plugin": "watched", "effects": {"host_launch": False}})
+    assert folded["folding"]["time"]["folded"] is False
+    spans = json.loads(next(tmp_path.glob("out-*/traces/time-folded/t.periods.json")).read_text())
+    first, end, nodes = spans["0"]
+    runs = [highest for highest in _Watched.highest if highest >= 0]   # (a layer built only to check it)
+    assert end - first >= 2 * nodes and len(runs) == 2   # the try, then the whole step
+    assert end - nodes <= runs[0] < end
+
+
 def test_a_pipeline_that_repeats_every_six_periods_folds_on_another_try(tmp_path):
     """Llama 3.1 405B's width over 6 layers on PP 8, CP 2, TP 8 (its H100 layout without
     interleaving): the stages take turns to wait and the step repeats every 6 micro-batches, which

@@ -141,7 +141,9 @@ class PeriodWatch:
     def marked(self, node_id: int) -> None:
         """The clock rank began a period: look at the state once this instant's events have run."""
         span = self.folding.ranks[self.drivers[0].rank]
-        self._last_look = self._last_look or node_id >= span.end
+        # the look at the last marker, `end`, names node `end` (just finished) and is never inside:
+        # the one a period before it is the last that can repeat an earlier instant
+        self._last_look = self._last_look or node_id + span.nodes >= span.end
         if not self._pending and self.found is None:
             self._pending = True
             self.queue.after_instant.append(self._look)
