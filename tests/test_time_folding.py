@@ -17,8 +17,8 @@ from chakra_core.contract import ComputeRegistry
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
-from chakra_core.jobs.time_fold import (FEWEST_STEADY_PERIODS, STEADY_PERIODS, period_microbatches, rank_periods,
-                                        reduced_job, simulated_microbatches, steady_periods)
+from chakra_core.jobs.time_fold import (FEWEST_STEADY_PERIODS, REACH_NODES, STEADY_PERIODS, period_microbatches,
+                                        rank_periods, reach, reduced_job, simulated_microbatches, steady_periods)
 from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_sim_compute_achievable.model import AchievableCompute
@@ -97,8 +97,12 @@ def assert_whole_periods_inserted(base: JobSpec, extra: int) -> None:
         assert span is not None
         longer = rank_program(long, Placement(long, 8), rank).build()
         assert len(longer) == len(nodes) + span.nodes
-        assert [n.SerializeToString(deterministic=True) for n in longer[:span.end]] == \
-            [n.SerializeToString(deterministic=True) for n in nodes[:span.end]]
+        # the same nodes up to where the kept trace stops repeating (reach: past `end` where the
+        # nodes after the repeating ones still do what those a period before them do)
+        alike = reach(nodes, span)
+        assert span.end <= alike <= span.end + min(span.nodes, REACH_NODES)
+        assert [n.SerializeToString(deterministic=True) for n in longer[:alike]] == \
+            [n.SerializeToString(deterministic=True) for n in nodes[:alike]]
         for i in range(span.end, len(nodes) + span.nodes):   # the period inserted, then the rest a period on
             assert _canonical(longer[i], 0, 0, span.first) == _canonical(nodes[i - span.nodes], span.nodes, tags,
                                                                          span.first)
@@ -365,18 +369,20 @@ class _WatchedPlugin:
 
 
 def test_a_try_that_cannot_fold_stops_at_its_last_instant_that_could_repeat(tmp_path):
-    """The look at the end of the clock rank's repeating nodes names its node `end` and is never
-    inside them: the try gives up at the look a period before, before the clock reaches `end`."""
+    """The try gives up at its last look that could repeat an earlier one, not a period later."""
     _Watched.highest.clear()
     host = make_plugin_host(extra_plugins=[("watched", _WatchedPlugin())])
     data = job(pp=2, gpus=4, microbatches=24)
     folded = simulate(tmp_path, data, "auto", host, compute={"plugin": "watched", "effects": {"host_launch": False}})
     assert folded["folding"]["time"]["folded"] is False
     spans = json.loads(next(tmp_path.glob("out-*/traces/time-folded/t.periods.json")).read_text())
-    first, end, nodes = spans["0"]
+    first, end, nodes, alike = spans["0"]
     runs = [highest for highest in _Watched.highest if highest >= 0]   # (a layer built only to check it)
     assert end - first >= 2 * nodes and len(runs) == 2   # the try, then the whole step
-    assert end - nodes <= runs[0] < end
+    # the last look that can repeat an earlier one: at `end` where the nodes after it are alike
+    # too, else a period before
+    last = end if alike > end else end - nodes
+    assert last <= runs[0] < last + nodes
 
 
 def test_a_pipeline_that_repeats_every_six_periods_folds_on_another_try(tmp_path):

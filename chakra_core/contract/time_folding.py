@@ -5,7 +5,9 @@ with interleaving) runs the nodes of the one before, with the same durations and
 contention. A generated job then writes the traces of a step with `periods` fewer repetitions
 (`microbatches_simulated` instead of `microbatches`) and says, per simulated rank, where its
 trace repeats: the nodes [first, end) are whole periods of `nodes` nodes each, node n + nodes
-doing what node n does (names and micro-batch numbers aside).
+doing what node n does (names and micro-batch numbers aside), and so do the nodes from `end` up to
+`reach` (found node for node: the generator compares each with the one a period before it), which
+a step with more periods holds unchanged.
 
 The engine (chakra_core.engine.time_folding) watches the run for an instant t2 at which the
 whole simulation is where it was at an earlier instant t1, one period on: every rank's
@@ -39,11 +41,18 @@ from chakra_core.json_types import JsonObject
 
 @dataclass(frozen=True)
 class RankPeriods:
-    """Where one simulated rank's trace repeats: node ids [first, end), `nodes` per period."""
+    """Where one simulated rank's trace repeats: node ids [first, end), `nodes` per period; up to
+    `reach` (default `end`), the nodes after them still do what the nodes a period before do."""
 
     first: int
     end: int
     nodes: int
+    reach: int | None = None
+
+    @property
+    def alike_below(self) -> int:
+        """Nodes below this id are the same in a step with more periods (end, or reach)."""
+        return self.end if self.reach is None else max(self.end, self.reach)
 
 
 @dataclass
@@ -120,5 +129,6 @@ class FoldView(Protocol):
 
     def part(self, rank: int, node_id: int) -> str:
         """Where the node lies in the rank's trace: "before" its repeating nodes (the warm-up),
-        among them ("repeats"), or "after" them (the cool-down, the optimizer). A node outside
-        the repeats is the same node at every instant, where `relabel` would number it anew."""
+        among them ("repeats": below RankPeriods.alike_below), or "after" them (the cool-down, the
+        optimizer). A node outside the repeats is the same node at every instant, where `relabel`
+        would number it anew."""

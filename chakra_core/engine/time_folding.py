@@ -141,9 +141,11 @@ class PeriodWatch:
     def marked(self, node_id: int) -> None:
         """The clock rank began a period: look at the state once this instant's events have run."""
         span = self.folding.ranks[self.drivers[0].rank]
-        # the look at the last marker, `end`, names node `end` (just finished) and is never inside:
-        # the one a period before it is the last that can repeat an earlier instant
-        self._last_look = self._last_look or node_id + span.nodes >= span.end
+        # the look at the last marker, `end`, names node `end` (just finished): it can repeat an
+        # earlier instant only where the nodes after `end` are alike too (reach), else the look a
+        # period before it is the last that can
+        last = span.end if span.alike_below > span.end else span.end - span.nodes
+        self._last_look = self._last_look or node_id >= last
         if not self._pending and self.found is None:
             self._pending = True
             self.queue.after_instant.append(self._look)
@@ -174,7 +176,7 @@ class PeriodWatch:
         state, highest, parts = self._state(now)
         digest = hashlib.blake2b(repr(state).encode()).digest()
         earlier = self._seen.get(digest)
-        inside = all(high < span.end for high, span in zip(highest, spans))
+        inside = all(high < span.alike_below for high, span in zip(highest, spans))
         cycle = 0 if earlier is None else (lows[0] - earlier.lows[0]) // spans[0].nodes
         repeats = earlier is not None and inside and cycle > 0 and all(
             low - before == cycle * span.nodes for low, before, span in zip(lows, earlier.lows, spans))
@@ -297,7 +299,7 @@ class _View:
 
     def part(self, rank: int, node_id: int) -> str:
         span = self._spans[rank]
-        return "before" if node_id < span.first else "repeats" if node_id < span.end else "after"
+        return "before" if node_id < span.first else "repeats" if node_id < span.alike_below else "after"
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -36,7 +36,7 @@ from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
-from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, period_microbatches, rank_periods, reduced_job,
+from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, period_microbatches, rank_periods, reach, reduced_job,
                                         simulated_microbatches, steady_periods)
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
 from chakra_core.jobs.overflow import overflow
@@ -284,11 +284,12 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
 
     def record_periods(rank: int, program: RankProgram) -> None:
         if periods is not None:
-            periods[rank] = rank_periods(job, program.stage, program.step_starts)
+            span = rank_periods(job, program.stage, program.step_starts)
+            periods[rank] = None if span is None else replace(span, reach=reach(program.stream.nodes, span))
 
     write_job(job, placement, folder / job.name, ranks, progress, on_program=record_periods)
     if periods is not None:
-        spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes]
+        spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes, span.reach]
                                      for rank, span in periods.items()}))
     stamp.write_text(digest)
     return paths, False

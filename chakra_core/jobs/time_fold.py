@@ -14,7 +14,10 @@ whole periods inserted before the cool-down, which the engine adds back.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from chakra_core.contract.time_folding import RankPeriods
+from chakra_core.schema import pb
 from chakra_core.jobs.schedule import extra_warmup, warmup_steps
 from chakra_core.jobs.spec import JobSpec
 
@@ -95,3 +98,63 @@ def rank_periods(job: JobSpec, stage: int, step_starts: list[int]) -> RankPeriod
     if nodes <= 0 or any(b - a != nodes for a, b in zip(starts, starts[1:])):
         return None
     return RankPeriods(starts[0], starts[-1], nodes)
+
+
+_COMPARED = ("type", "start_time_micros", "duration_micros", "inputs", "outputs", "storage")
+"""Node's fields compared as they are (the id, name, dependencies and attributes: _alike)."""
+assert set(pb.Node.DESCRIPTOR.fields_by_name) == {"id", "name", "data_deps", "ctrl_deps", "attr", *_COMPARED}, \
+    "a new Node field: say in _alike whether a node a period on may differ in it"
+
+
+REACH_NODES = 1024
+"""How far past the repeating nodes `reach` looks at most: a rank's state at an instant names its
+lowest unfinished node and the few above it in flight, ready or finished (a handful to a few
+hundred), so more would cost time at every generation and rarely let a look count."""
+_P2P = (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
+"""The nodes that carry a tag (et.build.p2p_attrs)."""
+
+
+def _alike(node: pb.Node, earlier: pb.Node, shift: int, first: int, tag_shift: Callable[[], int]) -> bool:
+    """`node` does what `earlier` does `shift` ids before it: every field equal but the name, the id
+    and the dependencies from `first` on moved by `shift`, and a p2p tag moved by `tag_shift()`."""
+    if node.id != earlier.id + shift or any(getattr(node, f) != getattr(earlier, f) for f in _COMPARED):
+        return False
+    if list(node.data_deps) != [d + shift if d >= first else d for d in earlier.data_deps] or \
+            list(node.ctrl_deps) != [d + shift if d >= first else d for d in earlier.ctrl_deps]:
+        return False
+    if node.attr == earlier.attr:
+        return node.type not in _P2P or _tag(node) is None or tag_shift() == 0
+    if len(node.attr) != len(earlier.attr):
+        return False
+    for mine, theirs in zip(node.attr, earlier.attr):
+        if mine.name == theirs.name == "comm_tag" and mine.WhichOneof("value") == theirs.WhichOneof("value") == "int64_val":
+            if mine.int64_val != theirs.int64_val + tag_shift():
+                return False
+        elif mine != theirs:
+            return False
+    return True
+
+
+def _tag(node: pb.Node) -> int | None:
+    return next((attr.int64_val for attr in node.attr if attr.name == "comm_tag"), None)
+
+
+def reach(nodes: list[pb.Node], span: RankPeriods) -> int:
+    """Where the trace stops repeating: `span.end`, or further (by a period and REACH_NODES at most)
+    where the nodes after the repeating ones still do what the nodes a period before them do
+    (their p2p tags moved as from the period before that). A longer step holds the same nodes
+    there (its next period), so two instants whose states name nodes below it may be compared
+    (chakra_core.engine.time_folding)."""
+    at, n = span.end, span.nodes
+    if span.end - span.first < 2 * n:
+        return at
+    def tag_shift() -> int:
+        """How far the tag moved from the period before `earlier` to it."""
+        tags = _tag(nodes[at - n]), _tag(nodes[at - 2 * n])
+        return 0 if tags[0] is None or tags[1] is None else tags[0] - tags[1]
+
+    while at < min(len(nodes), span.end + n, span.end + REACH_NODES):
+        if not _alike(nodes[at], nodes[at - n], n, span.first, tag_shift):
+            break
+        at += 1
+    return at
