@@ -110,6 +110,7 @@ REACH_NODES = 1024
 """How far past the repeating nodes `reach` looks at most: a rank's state at an instant names its
 lowest unfinished node and the few above it in flight, ready or finished (a handful to a few
 hundred), so more would cost time at every generation and rarely let a look count."""
+
 _P2P = (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 """The nodes that carry a tag (et.build.p2p_attrs)."""
 
@@ -148,8 +149,9 @@ def reach(nodes: list[pb.Node], span: RankPeriods) -> int:
     at, n = span.end, span.nodes
     if span.end - span.first < 2 * n:
         return at
+
     def tag_shift() -> int:
-        """How far the tag moved from the period before `earlier` to it."""
+        """How far the p2p tag of the node a period before `at` moved from the period before that."""
         tags = _tag(nodes[at - n]), _tag(nodes[at - 2 * n])
         return 0 if tags[0] is None or tags[1] is None else tags[0] - tags[1]
 
