@@ -17,8 +17,9 @@ from chakra_core.contract import ComputeRegistry
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
-from chakra_core.jobs.time_fold import (FEWEST_STEADY_PERIODS, REACH_NODES, STEADY_PERIODS, period_microbatches,
-                                        rank_periods, reach, reduced_job, simulated_microbatches, steady_periods)
+from chakra_core.jobs.time_fold import (COMPARED_FIELDS, FEWEST_STEADY_PERIODS, REACH_NODES, STEADY_PERIODS,
+                                        period_microbatches, rank_periods, reach, reduced_job, simulated_microbatches,
+                                        steady_periods)
 from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_sim_compute_achievable.model import AchievableCompute
@@ -106,6 +107,11 @@ def assert_whole_periods_inserted(base: JobSpec, extra: int) -> None:
         for i in range(span.end, len(nodes) + span.nodes):   # the period inserted, then the rest a period on
             assert _canonical(longer[i], 0, 0, span.first) == _canonical(nodes[i - span.nodes], span.nodes, tags,
                                                                          span.first)
+
+
+def test_reach_compares_every_field_of_a_node():
+    """A new Node field must be placed: compared as it is, or moved a period on (time_fold._alike)."""
+    assert set(pb.Node.DESCRIPTOR.fields_by_name) == {"id", "name", "data_deps", "ctrl_deps", "attr", *COMPARED_FIELDS}
 
 
 @settings(max_examples=20, deadline=None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable
 
 from chakra_core.contract.time_folding import RankPeriods
+from chakra_core.et.attrs import NodeView
 from chakra_core.schema import pb
 from chakra_core.jobs.schedule import extra_warmup, warmup_steps
 from chakra_core.jobs.spec import JobSpec
@@ -100,10 +101,9 @@ def rank_periods(job: JobSpec, stage: int, step_starts: list[int]) -> RankPeriod
     return RankPeriods(starts[0], starts[-1], nodes)
 
 
-_COMPARED = ("type", "start_time_micros", "duration_micros", "inputs", "outputs", "storage")
-"""Node's fields compared as they are (the id, name, dependencies and attributes: _alike)."""
-assert set(pb.Node.DESCRIPTOR.fields_by_name) == {"id", "name", "data_deps", "ctrl_deps", "attr", *_COMPARED}, \
-    "a new Node field: say in _alike whether a node a period on may differ in it"
+COMPARED_FIELDS = ("type", "start_time_micros", "duration_micros", "inputs", "outputs", "storage")
+"""Node's fields _alike compares as they are; with the id, name, dependencies and attributes, every
+field of the schema (a test holds the schema to it)."""
 
 
 REACH_NODES = 1024
@@ -118,26 +118,21 @@ _P2P = (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE)
 def _alike(node: pb.Node, earlier: pb.Node, shift: int, first: int, tag_shift: Callable[[], int]) -> bool:
     """`node` does what `earlier` does `shift` ids before it: every field equal but the name, the id
     and the dependencies from `first` on moved by `shift`, and a p2p tag moved by `tag_shift()`."""
-    if node.id != earlier.id + shift or any(getattr(node, f) != getattr(earlier, f) for f in _COMPARED):
+    if node.id != earlier.id + shift or any(getattr(node, f) != getattr(earlier, f) for f in COMPARED_FIELDS):
         return False
     if list(node.data_deps) != [d + shift if d >= first else d for d in earlier.data_deps] or \
             list(node.ctrl_deps) != [d + shift if d >= first else d for d in earlier.ctrl_deps]:
         return False
     if node.attr == earlier.attr:
         return node.type not in _P2P or _tag(node) is None or tag_shift() == 0
-    if len(node.attr) != len(earlier.attr):
+    if [a for a in node.attr if a.name != "comm_tag"] != [a for a in earlier.attr if a.name != "comm_tag"]:
         return False
-    for mine, theirs in zip(node.attr, earlier.attr):
-        if mine.name == theirs.name == "comm_tag" and mine.WhichOneof("value") == theirs.WhichOneof("value") == "int64_val":
-            if mine.int64_val != theirs.int64_val + tag_shift():
-                return False
-        elif mine != theirs:
-            return False
-    return True
+    mine, theirs = _tag(node), _tag(earlier)
+    return mine is not None and theirs is not None and mine == theirs + tag_shift()
 
 
 def _tag(node: pb.Node) -> int | None:
-    return next((attr.int64_val for attr in node.attr if attr.name == "comm_tag"), None)
+    return NodeView(node).int("comm_tag", None)
 
 
 def reach(nodes: list[pb.Node], span: RankPeriods) -> int:
