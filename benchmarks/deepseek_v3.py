@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chakra_core import run as runner  # noqa: E402
+from chakra_core.jobs.rank_writer import usable_cores  # noqa: E402
 
 PUBLISHED = {"tokens_per_s_per_gpu": 1297, "tflops_per_gpu": 338}
 
@@ -59,7 +60,8 @@ def main() -> None:
     parser.add_argument("--alltoall", action="store_true", help="Megatron's alltoall dispatcher instead of DeepEP")
     parser.add_argument("--fold-time", default="auto", choices=["auto", "off"],
                         help="workload.fold_time: off simulates every micro-batch (the same step to the ns)")
-    parser.add_argument("--profile", type=Path, help="write cProfile statistics of the run to FILE")
+    parser.add_argument("--profile", type=Path, help="write cProfile statistics of the run to FILE (of this "
+                        "process: the workers writing the traces are not in it)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         manifest = {"job": job(args.precision, not args.no_overlap, "alltoall" if args.alltoall else "flex"),
@@ -69,7 +71,8 @@ def main() -> None:
         started, cpu = time.perf_counter(), time.process_time()
         if profiler:
             profiler.enable()
-        result = runner.simulate(runner.load(manifest, base_dir=Path(tmp)))
+        # the traces written in a process per usable core, as `chakra-sim run` writes them
+        result = runner.simulate(runner.load(manifest, base_dir=Path(tmp), workers=usable_cores()))
         if profiler:
             profiler.disable()
             profiler.dump_stats(args.profile)

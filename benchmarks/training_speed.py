@@ -10,11 +10,13 @@ training accuracy table describes it (64 stages, 512 micro-batches).
     python benchmarks/training_speed.py --fold-time auto   # folded in time only
     python benchmarks/training_speed.py --fold-off   # also 1,024 GPUs with every rank simulated
 
-Wall time counts everything `chakra-sim run` does for a job manifest: generating the traces of
-one rank per pipeline stage, building the layers, simulating, building the results; peak memory
-is the process's maximum resident set. Beside it, the seconds spent generating the traces before
-the simulation starts (loading the manifest; a time-folded run that tries again writes its next
-traces inside the simulation, counted in the rest).
+Wall time counts everything `chakra-sim run` does for a job manifest: generating (and indexing)
+the traces of one rank per pipeline stage in a process per usable core, as `chakra-sim run` does
+(rank_writer.py), building the layers, simulating, building the results; peak memory is the
+process's maximum resident set, and the largest of the trace-writing workers' forked from it.
+Beside the wall time, the seconds spent generating the traces before the simulation starts
+(loading the manifest; a time-folded run that tries again writes its next traces inside the
+simulation, counted in the rest).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from chakra_core import run as runner  # noqa: E402
+from chakra_core import run as runner
+from chakra_core.jobs.rank_writer import usable_cores  # noqa: E402
 
 JOBS: dict[str, dict[str, Any]] = {
     "llama3-70b on 1,024 H100 (TP 4, PP 8, VP 5, DP 32, GBS 2048, FP8)": {
@@ -73,7 +76,7 @@ def measure(job: dict[str, Any], out: Path, fold: str, fold_time: str = "auto") 
     manifest = {"job": {"name": "step", **job}, "workload": {"fold": fold, "fold_time": fold_time},
                 "output": {"dir": str(out)}, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     started = time.perf_counter()
-    prepared = runner.load(manifest, base_dir=out)
+    prepared = runner.load(manifest, base_dir=out, workers=usable_cores())   # as `chakra-sim run` writes them
     generated = time.perf_counter()
     result = runner.simulate(prepared)
     return time.perf_counter() - started, generated - started, result.document
@@ -108,7 +111,9 @@ def main() -> None:
                           f"{wall:.1f} | {generating:.1f} | {results['finish_ns']:,} | {training['tflops_per_gpu']:.0f} | {same} |",
                           flush=True)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak resident memory of the process: {peak_mb:,.0f} MB")
+    worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak resident memory of the process: {peak_mb:,.0f} MB (of the largest trace-writing worker: "
+          f"{worker_mb:,.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from chakra_core.engine.simulation import Simulation
 from chakra_core.errors import ChakraSimError
 from chakra_core.hardware.devices import device_mismatch
 from chakra_core.hardware.profiles import load_profile
-from chakra_core.jobs.expand import GenerationProgress, is_job, job_config
+from chakra_core.jobs.expand import is_job, job_config
+from chakra_core.jobs.rank_writer import GenerationProgress
 from chakra_core.jobs.report import training_section
 from chakra_core.json_types import JsonObject
 from chakra_core.report.document import Results
@@ -50,21 +51,23 @@ ManifestData = Mapping[str, Any]
 
 def load(source: str | Path | ManifestData, host: PluginHost | None = None, *,
          base_dir: str | Path | None = None, name: str | None = None,
-         out_dir: str | Path | None = None, progress: GenerationProgress | None = None) -> RunConfig:
+         out_dir: str | Path | None = None, progress: GenerationProgress | None = None,
+         workers: int = 1) -> RunConfig:
     """Read and validate a manifest: a YAML file, or a mapping (relative paths resolve against
     `base_dir`, default the current folder; `name` names it in messages). `out_dir` overrides
-    `output.dir`; `progress(ranks written, ranks)` hears a training job's trace generation.
+    `output.dir`; `progress(ranks written, ranks)` hears a training job's trace generation, which
+    runs in up to `workers` processes (chakra_core.jobs.rank_writer).
     Raises ManifestError listing every problem, PluginError for an unknown plugin."""
     host = host if host is not None else make_plugin_host()
     if isinstance(source, Mapping):
         folder = Path(base_dir) if base_dir is not None else Path.cwd()
         if is_job(source):   # a training job: its traces are generated first
-            return job_config(source, host, folder, name or "manifest", out_dir, progress)
+            return job_config(source, host, folder, name or "manifest", out_dir, progress, workers)
         return build_config(source, host, base_dir=folder, source=name or "manifest", out_dir=out_dir)
     path = Path(source)
     data = read_config_file(path)
     if is_job(data):
-        return job_config(data, host, path.resolve().parent, str(path), out_dir, progress)
+        return job_config(data, host, path.resolve().parent, str(path), out_dir, progress, workers)
     return build_config(data, host, base_dir=path.resolve().parent, source=str(path), out_dir=out_dir)
 
 

@@ -65,6 +65,8 @@ def run_inputs(command: F) -> F:
                           "ASTRA-sim's congestion-unaware backend]"),
         click.option("--out", "out_dir", type=click.Path(file_okay=False),
                      help="output folder (overrides the manifest's output.dir)"),
+        click.option("--workers", type=click.IntRange(min=1), metavar="N",
+                     help="processes writing a training job's traces (Linux)  [default: every usable core]"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -73,7 +75,7 @@ def run_inputs(command: F) -> F:
 
 def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, astra_system: str | None,
                 astra_network: str | None, astra_memory: str | None, comm_group: str | None,
-                backend: str | None, out_dir: str | None) -> RunConfig:
+                backend: str | None, out_dir: str | None, workers: int | None = None) -> RunConfig:
     """The RunConfig of `run`'s / `validate`'s inputs (see run_inputs). With a manifest, the
     ASTRA-style flags replace its settings, each with a note on stderr saying what it replaced."""
     from pathlib import Path
@@ -81,13 +83,15 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
     from chakra_core.config.astra import override_manifest
     from chakra_core.config.files import read_config_file
     from chakra_core.jobs.expand import is_job
+    from chakra_core.jobs.rank_writer import usable_cores
     from chakra_core.run import load, load_astra
 
     astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
     if manifest:
         if not (workload or any(astra_flags)):
             with generation_progress() as progress:
-                return load(manifest, host, out_dir=out_dir, progress=progress)
+                return load(manifest, host, out_dir=out_dir, progress=progress,
+                            workers=workers if workers is not None else usable_cores())
         data = read_config_file(Path(manifest))
         if is_job(data):
             raise CliError(f"{manifest} is a training job, which makes its own traces and layers from `job:`: "
@@ -113,7 +117,7 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def run(manifest: str | None, workload: str | None, astra_system: str | None, astra_network: str | None,
         astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
-        quiet: bool, plots: bool, all_ranks: bool, debug: bool) -> None:
+        workers: int | None, quiet: bool, plots: bool, all_ranks: bool, debug: bool) -> None:
     """Simulate a manifest, or ASTRA-sim inputs given directly.
 
     With a manifest, --workload, --astra-*, --comm-group and --network replace
@@ -142,7 +146,7 @@ def run(manifest: str | None, workload: str | None, astra_system: str | None, as
         try:
             host = make_plugin_host()
             config = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
-                                 comm_group, backend, out_dir)
+                                 comm_group, backend, out_dir, workers)
             note(config.notes)
             prepared = prepare(config, host)
             # After the layers accepted the inputs (no folder for a rejected run), before the run;
@@ -238,7 +242,7 @@ def _simulate(prepared: PreparedRun, quiet: bool) -> RunResult:
 @click.option("--debug", is_flag=True, help="show tracebacks")
 def validate(manifest: str | None, workload: str | None, astra_system: str | None, astra_network: str | None,
              astra_memory: str | None, comm_group: str | None, backend: str | None, out_dir: str | None,
-             debug: bool) -> None:
+             workers: int | None, debug: bool) -> None:
     """Check a run's inputs without simulating; list every problem.
 
     Takes the same inputs as `run`. Besides the manifest (every problem with its
@@ -261,7 +265,7 @@ def validate(manifest: str | None, workload: str | None, astra_system: str | Non
     try:
         host = make_plugin_host()
         config = load_inputs(host, manifest, workload, astra_system, astra_network, astra_memory,
-                             comm_group, backend, out_dir)
+                             comm_group, backend, out_dir, workers)
         found = find_problems(config, host)
     except ChakraSimError as exc:
         fail(exc, debug)

@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
+from chakra_core.feeder import written
 from chakra_core.feeder.base import GraphFeeder
 from chakra_core.input_files import open_trace_file
-from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, StreamingFeeder, TraceIndex
+from chakra_core.feeder.streaming import DEFAULT_CACHE_NODES, IndexArrays, StreamingFeeder, TraceIndex
 
 T = TypeVar("T")
 
@@ -109,11 +110,14 @@ class TraceLibrary:
         self.distinct = 0
         """Number of distinct files indexed so far."""
 
-    def _index(self, path: Path) -> TraceIndex:
-        index = TraceIndex(path, self.cache_nodes, self.missing_parents, self.dependencies)
+    def _index(self, path: Path, found: IndexArrays | None) -> TraceIndex:
+        index = TraceIndex(path, self.cache_nodes, self.missing_parents, self.dependencies, found)
         self.distinct += 1
         return index
 
     def open(self, path: str | os.PathLike[str]) -> GraphFeeder:
         path = Path(path)
-        return StreamingFeeder(path, index=self._indexes.get_or_make(path, lambda: self._index(path)))
+        # a job's traces written in worker processes were indexed there (feeder/written.py); taken
+        # even when a file of the same bytes is indexed already, so that none waits past its run
+        found = written.take(path, (self.missing_parents, self.dependencies))
+        return StreamingFeeder(path, index=self._indexes.get_or_make(path, lambda: self._index(path, found)))

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from array import array
 from collections import OrderedDict
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from chakra_core.errors import TraceFormatError, TraceGraphError
 from chakra_core.et.attrs import NodeView
@@ -42,6 +42,25 @@ READ_BLOCK = 32 << 10
 """Bytes of a trace read at once for the nodes' bodies (a rank's trace keeps one block)."""
 
 
+class IndexArrays(NamedTuple):
+    """What a TraceIndex found in a file, for a TraceIndex of the same file in another process
+    (feeder/written.py): the metadata's bytes and the index's arrays (see TraceIndex._index)."""
+
+    metadata: bytes
+    ids: array[int]
+    offsets: array[int]
+    lengths: array[int]
+    kinds: bytearray
+    base: int
+    dense: array[int] | None
+    sparse: dict[int, int] | None
+    remaining: array[int]
+    child_start: array[int]
+    children: array[int]
+    roots: list[int]
+    warnings: list[str]
+
+
 class TraceIndex:
     """What a trace file says, indexed once and shared by every rank that reads the same bytes."""
 
@@ -49,9 +68,14 @@ class TraceIndex:
     _base: int
     _dense: array[int] | None
     _sparse: dict[int, int] | None
+    _block: tuple[int, bytes]
+    """The bytes last read (_load), from that offset."""
 
     def __init__(self, path: str | os.PathLike[str], cache_nodes: int = DEFAULT_CACHE_NODES,
-                 missing_parents: str = "ignore-control", dependencies: str = "all"):
+                 missing_parents: str = "ignore-control", dependencies: str = "all",
+                 found: IndexArrays | None = None):
+        """`found`: what indexing this very file with these options found (feeder/written.py),
+        taken instead of reading it again."""
         if cache_nodes < 1:
             raise ValueError("cache_nodes must be at least 1")
         self.path = str(path)
@@ -64,10 +88,32 @@ class TraceIndex:
         self._cache: OrderedDict[int, NodeView] = OrderedDict()
         self.users = 0
         try:
-            self._index()
+            if found is None:
+                self._index()
+            else:
+                self._adopt(found)
         except BaseException:
             self.close()
             raise
+
+    def _adopt(self, found: IndexArrays) -> None:
+        self.metadata = pb.GlobalMetadata.FromString(found.metadata)
+        self._ids, self._offsets, self._lengths, self._kinds = found.ids, found.offsets, found.lengths, found.kinds
+        self._base, self._dense, self._sparse = found.base, found.dense, found.sparse
+        self._remaining, self._child_start, self._children = found.remaining, found.child_start, found.children
+        self.roots = found.roots
+        self.warnings.extend(found.warnings)
+        self._file = open(self.path, "rb")
+        self._block = (0, b"")
+
+    def found(self) -> IndexArrays:
+        """What indexing the file found, to hand to another process (not for a gzip file, which
+        is indexed from a temporary copy)."""
+        if self._tmp_dir is not None:
+            raise ValueError(f"{self.path}: a gzip trace's index is not handed over")
+        return IndexArrays(self.metadata.SerializeToString(), self._ids, self._offsets, self._lengths, self._kinds, self._base,
+                           self._dense, self._sparse, self._remaining, self._child_start, self._children,
+                           self.roots, list(self.warnings))
 
     # Indexing ---------------------------------------------------------------------------
     def _index(self) -> None:
@@ -144,8 +190,7 @@ class TraceIndex:
         self.roots = sorted(ids[p] for p in range(count) if remaining[p] == 0)
         """Ids of the nodes with no parent, smallest first (a valid heap)."""
         self._file = open(source, "rb")
-        self._block: tuple[int, bytes] = (0, b"")
-        """The bytes last read (_load), from that offset."""
+        self._block = (0, b"")
 
     def _build_id_map(self, ids: array[int]) -> None:
         """id -> position: a dense array when ids are (nearly) contiguous, else a dict.

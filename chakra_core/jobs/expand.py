@@ -34,8 +34,9 @@ from chakra_core.jobs.hybrid_ep import hybridep_problem
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.offload import offload_memory_defaults
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.rank_writer import GenerationProgress, RankFilesTask, write_ranks
+from chakra_core.feeder import written
 from chakra_core.jobs.time_fold import (RETRY_STEADY_PERIODS, period_microbatches, rank_periods, reach, reduced_job,
                                         simulated_microbatches, steady_periods)
 from chakra_core.contract.time_folding import RankPeriods, TimeFolding, unsafe_layers
@@ -45,14 +46,9 @@ from chakra_core.jobs.domains import domain_note, job_gpus_per_node
 from chakra_core.limits import RANKS
 from chakra_core.et.build import metadata, rank_path
 from chakra_core.et.rank_files import RankFiles
-from chakra_core.et.io import write_trace
 from chakra_core.json_types import JsonObject
 
 GENERATOR = "chakra-sim job"
-
-
-GenerationProgress = Callable[[int, int], None]
-"""Told (ranks written, ranks to write) as a job's traces are generated."""
 
 
 @dataclass
@@ -134,10 +130,10 @@ def _profile_problems(raw: object, known: Sequence[tuple[str, str]], base_dir: P
 
 
 def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: str | Path | None,
-               progress: GenerationProgress | None = None, time_fold_refusal: str = "") -> JobRun:
-    """The job's traces and settings; unless `time_fold_refusal` says why not (or
-    workload.fold_time is off), the traces of fewer micro-batches when the step repeats
-    (time_fold.py)."""
+               progress: GenerationProgress | None = None, time_fold_refusal: str = "", workers: int = 1) -> JobRun:
+    """The job's traces (written in up to `workers` processes) and settings; unless
+    `time_fold_refusal` says why not (or workload.fold_time is off), the traces of fewer
+    micro-batches when the step repeats (time_fold.py)."""
     raw = data.get("job")
     if isinstance(raw, Mapping) and "cluster" not in raw and "cluster" in data:
         raw = {**raw, "cluster": data["cluster"]}
@@ -182,7 +178,8 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         return [path_of.get(rank) or path_of[representative[rank]] for rank in range(placement.world)]
 
     def whole_step() -> list[str]:
-        return [str(path) for path in traces_of(_generate(job, placement, folder / "traces", ranks, progress)[0])]
+        return [str(path) for path in traces_of(_generate(job, placement, folder / "traces", ranks, progress,
+                                                          workers=workers)[0])]
 
     kept, note = simulated_microbatches(job)
     if time_fold_refusal or output.get("timeline"):
@@ -195,7 +192,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
         rank's pairs do not repeat node for node)."""
         periods: dict[int, RankPeriods | None] = {}
         traces, reused = _generate(reduced_job(job, kept), placement, folder / "traces" / "time-folded", ranks,
-                                   progress, periods)
+                                   progress, periods, workers)
         if not all(periods.get(rank) is not None for rank in ranks):
             return None, traces, reused
         per_period = period_microbatches(job)
@@ -229,7 +226,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
             if time_folding is None:
                 note = "a rank's forward/backward pairs do not repeat node for node"
         if time_folding is None:
-            traces, reused = _generate(job, placement, folder / "traces", ranks, progress)
+            traces, reused = _generate(job, placement, folder / "traces", ranks, progress, workers=workers)
     except OSError as exc:
         raise ManifestError([(f"{source}: output.dir", f"cannot write the job's traces in {folder / 'traces'}: "
                               f"{exc.strerror or exc}")]) from None
@@ -264,10 +261,10 @@ def generator_digest() -> str:
 
 def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int],
               progress: GenerationProgress | None = None,
-              periods: dict[int, RankPeriods | None] | None = None) -> tuple[list[Path], bool]:
-    """Write the ranks' traces unless the folder holds them for this very job, written by this
-    very release and generator, already; the paths and whether they were reused. With `periods`,
-    fill it with where each rank's trace repeats (kept beside the traces)."""
+              periods: dict[int, RankPeriods | None] | None = None, workers: int = 1) -> tuple[list[Path], bool]:
+    """Write the ranks' traces (in up to `workers` processes) unless the folder holds them for this
+    very job, written by this very release and generator, already; the paths and whether they were
+    reused. With `periods`, fill it with where each rank's trace repeats (kept beside the traces)."""
     digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
                                         placement.gpus_per_node, placement.architecture, ranks], sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
@@ -282,12 +279,12 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
 
-    def record_periods(rank: int, program: RankProgram) -> None:
-        if periods is not None:
-            span = rank_periods(job, program.stage, program.step_starts)
-            periods[rank] = None if span is None else replace(span, reach=reach(program.stream.nodes, span))
+    def periods_of(rank: int, program: RankProgram) -> RankPeriods | None:
+        span = rank_periods(job, program.stage, program.step_starts)
+        return None if span is None else replace(span, reach=reach(program.stream.nodes, span))
 
-    write_job(job, placement, folder / job.name, ranks, progress, on_program=record_periods)
+    write_job(job, placement, folder / job.name, ranks, progress, on_program=None if periods is None else periods_of,
+              answers=periods, workers=workers)
     if periods is not None:
         spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes, span.reach]
                                      for rank, span in periods.items()}))
@@ -297,22 +294,28 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
 
 def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None,
               progress: GenerationProgress | None = None, compress: bool = False,
-              on_program: Callable[[int, RankProgram], None] | None = None) -> list[Path]:
-    """Write PREFIX.<rank>.et for `ranks` (default every rank; gzipped with `compress`), removing
-    rank files of an earlier, larger job under the same prefix; `progress(ranks written, ranks)`
-    after each."""
+              on_program: Callable[[int, RankProgram], Any] | None = None, answers: dict[int, Any] | None = None,
+              workers: int = 1) -> list[Path]:
+    """Write PREFIX.<rank>.et for `ranks` (default every rank; gzipped with `compress`; in up to
+    `workers` processes: rank_writer.py), removing rank files of an earlier, larger job under the
+    same prefix; `progress(ranks written, ranks)` after each; `on_program(rank, program)`'s
+    answers go in `answers`."""
     ranks = list(range(placement.world)) if ranks is None else ranks
     meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
-        for done, rank in enumerate(ranks, start=1):
-            program = rank_program(job, placement, rank)
-            write_trace(staged.path(rank), meta, program.build(), compress=compress)
-            if on_program is not None:
-                on_program(rank, program)
-            if progress is not None:
-                progress(done, len(ranks))
-        return staged.commit()
+        # a folded run's files (its representatives'): each indexed by the worker that wrote it (rank_writer.py)
+        task = RankFilesTask(job, placement, meta, {rank: staged.path(rank) for rank in ranks}, compress, on_program,
+                             index_files=ranks == placement.representatives)
+        written.forget_all()   # an earlier job's indexes never opened
+        said, found = write_ranks(task, ranks, workers, progress)
+        if answers is not None:
+            answers.update(said)
+        paths = staged.commit()
+    for rank, path in zip(ranks, paths):
+        if rank in found:
+            written.remember(path, written.DEFAULT_OPTIONS, found[rank])
+    return paths
 
 
 def is_job(data: Mapping[str, Any]) -> bool:
@@ -320,9 +323,10 @@ def is_job(data: Mapping[str, Any]) -> bool:
 
 
 def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source: str,
-               out_dir: str | Path | None = None, progress: GenerationProgress | None = None) -> RunConfig:
-    """Validate a job manifest, generate its traces (`progress(ranks written, ranks)`), and return
-    the run's configuration."""
+               out_dir: str | Path | None = None, progress: GenerationProgress | None = None,
+               workers: int = 1) -> RunConfig:
+    """Validate a job manifest, generate its traces (`progress(ranks written, ranks)`; in up to
+    `workers` processes), and return the run's configuration."""
     unknown = sorted(set(data) - {"job", "cluster", "workload", "output", *LAYER_DEFAULTS})
     if unknown:
         raise ManifestError([(f"{source}: {unknown[0]}", "unknown section of a job manifest (known: job, "
@@ -331,7 +335,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
     if missing:
         raise ManifestError([(f"{source}: {layer}", f"required: a job names its {layer} layer (`plugin:`; "
                               "chakra-sim plugins lists them; see docs/training.md)") for layer in missing])
-    job = expand_job(data, base_dir, source, out_dir, progress, _time_fold_refusal(data, host))
+    job = expand_job(data, base_dir, source, out_dir, progress, _time_fold_refusal(data, host), workers)
     try:
         _cluster_defaults(job, host)
         config = build_config(job.manifest, host, base_dir, source, traces=job.traces)

@@ -1,0 +1,119 @@
+"""A job's rank files written in worker processes (chakra_core.jobs.rank_writer): the same bytes
+and the same answers as written here, and a rank's error raised as it is without workers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from chakra_core import run
+from chakra_core.feeder import written
+from chakra_core.feeder.library import TraceLibrary
+from chakra_core.feeder.streaming import TraceIndex
+from chakra_core.jobs.expand import write_job
+from chakra_core.jobs.placement import Placement
+from chakra_core.jobs.program import RankProgram
+from chakra_core.jobs.spec import JobSpec
+from tests.test_jobs import job
+
+forks = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+
+
+class RankRefused(Exception):
+    """An error whose constructor takes what pickling does not give back (it would not cross
+    from a worker as it is)."""
+
+    def __init__(self, rank: int, why: str):
+        super().__init__(f"rank {rank}: {why}")
+        self.rank = rank
+
+
+def _spec() -> JobSpec:
+    return JobSpec.model_validate(job(parallel={"tp": 2, "pp": 4, "vp": 2, "cp": 1},
+                                      cluster={"gpus": 16, "profile": "h100-hgx-ndr400"}))
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+@forks
+def test_workers_write_the_same_bytes_and_answers(tmp_path: Path) -> None:
+    spec = _spec()
+    placement = Placement(spec, 8)
+    said: dict[int, dict[int, tuple[int, int]]] = {1: {}, 3: {}}
+    for workers in (1, 3):
+        write_job(spec, placement, tmp_path / str(workers) / "t", on_program=lambda rank, program: (rank, len(program.stream.nodes)),
+                  answers=said[workers], workers=workers)
+    assert _files(tmp_path / "1") == _files(tmp_path / "3")
+    assert said[1] == said[3] and sorted(said[3]) == list(range(16))
+    assert all(count > 0 for _, count in said[3].values())
+
+
+@forks
+def test_a_ranks_error_in_a_worker_is_raised_as_it_is(tmp_path: Path) -> None:
+    spec = _spec()
+
+    def refuse(rank: int, program: RankProgram) -> None:
+        if rank == 5:
+            raise RankRefused(rank, "no")
+
+    with pytest.raises(RankRefused, match="rank 5: no"):
+        write_job(spec, Placement(spec, 8), tmp_path / "t", on_program=refuse, workers=2)
+    assert not list(tmp_path.glob("t.*.et"))   # nothing half-written in place
+
+
+@forks
+def test_a_time_folded_job_gives_the_same_results_with_workers(tmp_path: Path) -> None:
+    manifest = {"job": job(parallel={"tp": 2, "pp": 4, "vp": 1, "cp": 1}, training={"seq": 2048, "global_batch": 64},
+                           cluster={"gpus": 16, "profile": "h100-hgx-ndr400"}),
+                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+    results = {}
+    for workers in (1, 2):
+        out = tmp_path / str(workers)
+        document = run.simulate(run.load(manifest, base_dir=tmp_path, out_dir=out, workers=workers)).document
+        results[workers] = (document["ranks"], document["training"], document["folding"])
+        assert (out / "traces" / "time-folded" / "t.periods.json").exists()
+    assert results[1] == results[2] and results[1][2]["time"]["folded"]
+    assert _files(tmp_path / "1" / "traces" / "time-folded") == _files(tmp_path / "2" / "traces" / "time-folded")
+
+
+@forks
+def test_the_workers_indexes_are_what_indexing_the_files_finds_and_taken_once(tmp_path: Path) -> None:
+    spec = _spec()
+    placement = Placement(spec, 8)
+    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2)
+    assert len(paths) == 4   # one per stage
+    for path in paths[:-1]:
+        found = written.take(path, written.DEFAULT_OPTIONS)
+        assert found is not None and found == TraceIndex(path).found()
+        assert written.take(path, written.DEFAULT_OPTIONS) is None   # once
+    with paths[-1].open("ab") as handle:   # a file changed since it was indexed is indexed again
+        handle.write(b"\x00")
+    assert written.take(paths[-1], written.DEFAULT_OPTIONS) is None
+    written.forget_all()
+
+
+@forks
+def test_a_run_opens_the_workers_indexes_only_for_its_own_options(tmp_path: Path) -> None:
+    spec = _spec()
+    placement = Placement(spec, 8)
+    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2)
+    other = TraceLibrary(dependencies="data")
+    other.open(paths[0])   # other options: indexed again, the worker's index stays for the run
+    assert written.take(paths[0], written.DEFAULT_OPTIONS) is not None
+    library = TraceLibrary()
+    feeder = library.open(paths[1])
+    assert written.take(paths[1], written.DEFAULT_OPTIONS) is None and feeder.num_nodes > 0
+    written.forget_all()
+
+
+@forks
+def test_only_a_folded_runs_files_are_indexed_by_the_workers(tmp_path: Path) -> None:
+    """Every rank's files (an unfolded run's): replicas of the same bytes share one index in the
+    run, so none is made apart for each."""
+    spec = _spec()
+    paths = write_job(spec, Placement(spec, 8), tmp_path / "t", workers=2)
+    assert len(paths) == 16 and all(written.take(path, written.DEFAULT_OPTIONS) is None for path in paths)
