@@ -45,8 +45,8 @@ def test_workers_write_the_same_bytes_and_answers(tmp_path: Path) -> None:
     placement = Placement(spec, 8)
     said: dict[int, dict[int, tuple[int, int]]] = {1: {}, 3: {}}
     for workers in (1, 3):
-        write_job(spec, placement, tmp_path / str(workers) / "t", on_program=lambda rank, program: (rank, len(program.stream.nodes)),
-                  answers=said[workers], workers=workers)
+        write_job(spec, placement, tmp_path / str(workers) / "t", answers=said[workers], workers=workers,
+                  on_program=lambda rank, program: (rank, len(program.stream.nodes)))
     assert _files(tmp_path / "1") == _files(tmp_path / "3")
     assert said[1] == said[3] and sorted(said[3]) == list(range(16))
     assert all(count > 0 for _, count in said[3].values())

@@ -111,9 +111,9 @@ class TraceIndex:
         is indexed from a temporary copy)."""
         if self._tmp_dir is not None:
             raise ValueError(f"{self.path}: a gzip trace's index is not handed over")
-        return IndexArrays(self.metadata.SerializeToString(), self._ids, self._offsets, self._lengths, self._kinds, self._base,
-                           self._dense, self._sparse, self._remaining, self._child_start, self._children,
-                           self.roots, list(self.warnings))
+        return IndexArrays(self.metadata.SerializeToString(), self._ids, self._offsets, self._lengths, self._kinds,
+                           self._base, self._dense, self._sparse, self._remaining, self._child_start,
+                           self._children, self.roots, list(self.warnings))
 
     # Indexing ---------------------------------------------------------------------------
     def _index(self) -> None:

@@ -2,7 +2,7 @@
 
 A training job's traces written in worker processes (chakra_core.jobs.rank_writer) are indexed
 there too, each rank's file by the worker that wrote it, in parallel (the pass over a file that
-`TraceIndex` makes costs about a third as much as generating it). What each index found comes back
+`TraceIndex` makes costs about half as much as generating it: docs/performance.md). What each index found comes back
 with the worker's answer and waits here until the run's `TraceLibrary` opens the file: it is taken
 only for the very file indexed (device, inode, size and modification time unchanged since) and
 the same index options, else the file is indexed again as any other. Only the latest job's wait
