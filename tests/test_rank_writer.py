@@ -84,7 +84,7 @@ def test_a_time_folded_job_gives_the_same_results_with_workers(tmp_path: Path) -
 def test_the_workers_indexes_are_what_indexing_the_files_finds_and_taken_once(tmp_path: Path) -> None:
     spec = _spec()
     placement = Placement(spec, 8)
-    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2)
+    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2, index_files=True)
     assert len(paths) == 4   # one per stage
     for path in paths[:-1]:
         found = written.take(path, written.DEFAULT_OPTIONS)
@@ -100,7 +100,7 @@ def test_the_workers_indexes_are_what_indexing_the_files_finds_and_taken_once(tm
 def test_a_run_opens_the_workers_indexes_only_for_its_own_options(tmp_path: Path) -> None:
     spec = _spec()
     placement = Placement(spec, 8)
-    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2)
+    paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2, index_files=True)
     other = TraceLibrary(dependencies="data")
     other.open(paths[0])   # other options: indexed again, the worker's index stays for the run
     assert written.take(paths[0], written.DEFAULT_OPTIONS) is not None
@@ -111,9 +111,18 @@ def test_a_run_opens_the_workers_indexes_only_for_its_own_options(tmp_path: Path
 
 
 @forks
-def test_only_a_folded_runs_files_are_indexed_by_the_workers(tmp_path: Path) -> None:
-    """Every rank's files (an unfolded run's): replicas of the same bytes share one index in the
+def test_a_job_runs_files_are_indexed_by_the_workers_only_when_folded(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unfolded run's files (every rank's): replicas of the same bytes share one index in the
     run, so none is made apart for each."""
-    spec = _spec()
-    paths = write_job(spec, Placement(spec, 8), tmp_path / "t", workers=2)
-    assert len(paths) == 16 and all(written.take(path, written.DEFAULT_OPTIONS) is None for path in paths)
+    indexed: list[Path] = []
+    remember = written.remember
+    monkeypatch.setattr(written, "remember", lambda path, *rest: (indexed.append(Path(path)), remember(path, *rest)))
+    data = job(parallel={"tp": 2, "pp": 4, "vp": 2, "cp": 1}, cluster={"gpus": 16, "profile": "h100-hgx-ndr400"})
+    for fold, files in (("auto", 4), ("off", 0)):
+        manifest = {"job": data, "workload": {"fold": fold, "fold_time": "off"}, "compute": {"plugin": "achievable"},
+                    "system": {"plugin": "nccl"}}
+        run.load(manifest, base_dir=tmp_path, out_dir=tmp_path / fold, workers=2)
+        assert len(indexed) == files, fold   # one per stage folded
+        indexed.clear()
+        written.forget_all()

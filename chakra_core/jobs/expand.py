@@ -283,8 +283,9 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
         span = rank_periods(job, program.stage, program.step_starts)
         return None if span is None else replace(span, reach=reach(program.stream.nodes, span))
 
+    # a folded run's files (its representatives'), each opened: indexed by the worker that wrote it
     write_job(job, placement, folder / job.name, ranks, progress, on_program=None if periods is None else periods_of,
-              answers=periods, workers=workers)
+              answers=periods, workers=workers, index_files=ranks == placement.representatives)
     if periods is not None:
         spans.write_text(json.dumps({rank: None if span is None else [span.first, span.end, span.nodes, span.reach]
                                      for rank, span in periods.items()}))
@@ -295,18 +296,18 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
 def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int] | None = None,
               progress: GenerationProgress | None = None, compress: bool = False,
               on_program: Callable[[int, RankProgram], Any] | None = None, answers: dict[int, Any] | None = None,
-              workers: int = 1) -> list[Path]:
+              workers: int = 1, index_files: bool = False) -> list[Path]:
     """Write PREFIX.<rank>.et for `ranks` (default every rank; gzipped with `compress`; in up to
     `workers` processes: rank_writer.py), removing rank files of an earlier, larger job under the
     same prefix; `progress(ranks written, ranks)` after each; `on_program(rank, program)`'s
-    answers go in `answers`."""
+    answers go in `answers`; with `index_files`, each worker indexes the files it wrote for the
+    run that opens them (feeder/written.py)."""
     ranks = list(range(placement.world)) if ranks is None else ranks
     meta = metadata({"generator": GENERATOR, "model": job.shape.name or "inline", "gpus": placement.world,
                      "device": "none: compute nodes are timed from num_ops and shapes"})
     with RankFiles(prefix, len(ranks), "job.cluster.gpus") as staged:
-        # a folded run's files (its representatives'): each indexed by the worker that wrote it (rank_writer.py)
         task = RankFilesTask(job, placement, meta, {rank: staged.path(rank) for rank in ranks}, compress, on_program,
-                             index_files=ranks == placement.representatives)
+                             index_files)
         written.forget_all()   # an earlier job's indexes never opened
         said, found = write_ranks(task, ranks, workers, progress)
         if answers is not None:
