@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chakra_core import run as runner  # noqa: E402
-from chakra_core.jobs.rank_writer import usable_cores  # noqa: E402
+from chakra_core.jobs.rank_writer import default_workers  # noqa: E402
 
 PUBLISHED = {"tokens_per_s_per_gpu": 1297, "tflops_per_gpu": 338}
 
@@ -72,7 +72,7 @@ def main() -> None:
         if profiler:
             profiler.enable()
         # the traces written in a process per usable core, as `chakra-sim run` writes them
-        result = runner.simulate(runner.load(manifest, base_dir=Path(tmp), workers=usable_cores()))
+        result = runner.simulate(runner.load(manifest, base_dir=Path(tmp), workers=default_workers()))
         if profiler:
             profiler.disable()
             profiler.dump_stats(args.profile)

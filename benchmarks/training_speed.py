@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from chakra_core import run as runner
-from chakra_core.jobs.rank_writer import usable_cores  # noqa: E402
+from chakra_core.jobs.rank_writer import default_workers  # noqa: E402
 
 JOBS: dict[str, dict[str, Any]] = {
     "llama3-70b on 1,024 H100 (TP 4, PP 8, VP 5, DP 32, GBS 2048, FP8)": {
@@ -76,7 +76,7 @@ def measure(job: dict[str, Any], out: Path, fold: str, fold_time: str = "auto") 
     manifest = {"job": {"name": "step", **job}, "workload": {"fold": fold, "fold_time": fold_time},
                 "output": {"dir": str(out)}, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     started = time.perf_counter()
-    prepared = runner.load(manifest, base_dir=out, workers=usable_cores())   # as `chakra-sim run` writes them
+    prepared = runner.load(manifest, base_dir=out, workers=default_workers())   # as `chakra-sim run` writes them
     generated = time.perf_counter()
     result = runner.simulate(prepared)
     return time.perf_counter() - started, generated - started, result.document

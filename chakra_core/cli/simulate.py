@@ -66,7 +66,8 @@ def run_inputs(command: F) -> F:
         click.option("--out", "out_dir", type=click.Path(file_okay=False),
                      help="output folder (overrides the manifest's output.dir)"),
         click.option("--workers", type=click.IntRange(min=1), metavar="N",
-                     help="processes writing a training job's traces (Linux)  [default: every usable core]"),
+                     help="processes writing a training job's traces (Linux)  [default: every usable core, "
+                          "at most 8]"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -83,7 +84,7 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
     from chakra_core.config.astra import override_manifest
     from chakra_core.config.files import read_config_file
     from chakra_core.jobs.expand import is_job
-    from chakra_core.jobs.rank_writer import usable_cores
+    from chakra_core.jobs.rank_writer import default_workers
     from chakra_core.run import load, load_astra
 
     astra_flags = [astra_system, astra_network, astra_memory, comm_group, backend]
@@ -91,7 +92,7 @@ def load_inputs(host: PluginHost, manifest: str | None, workload: str | None, as
         if not (workload or any(astra_flags)):
             with generation_progress() as progress:
                 return load(manifest, host, out_dir=out_dir, progress=progress,
-                            workers=workers if workers is not None else usable_cores())
+                            workers=workers if workers is not None else default_workers())
         data = read_config_file(Path(manifest))
         if is_job(data):
             raise CliError(f"{manifest} is a training job, which makes its own traces and layers from `job:`: "

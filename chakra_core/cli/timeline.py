@@ -33,12 +33,12 @@ def timeline(manifest: str, out_file: str | None, max_flows: int, debug: bool) -
     """
     from chakra_core.plugins import make_plugin_host
     from chakra_core.report.writers import prepare_output_dir, result_files, write_run_files
-    from chakra_core.jobs.rank_writer import usable_cores
+    from chakra_core.jobs.rank_writer import default_workers
     from chakra_core.run import load, prepare
 
     with tool_errors("the timeline", debug):
         host = make_plugin_host()
-        config = load(manifest, host, workers=usable_cores())
+        config = load(manifest, host, workers=default_workers())
         prepared = prepare(config, host, timeline=True)
         if out_file:
             result = prepared.simulate()

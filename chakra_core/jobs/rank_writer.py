@@ -87,11 +87,15 @@ def _in_worker(rank: int) -> tuple[bool, Any, IndexArrays | None]:
     return True, answer, _TASK.index(rank)
 
 
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+DEFAULT_MOST_WORKERS = 8
+"""At most this many workers unless asked: each holds one rank's program in memory while it writes
+it (a large job's is hundreds of MB), where one process held one at a time."""
+
+
+def default_workers() -> int:
+    """The cores this process may run on, at most DEFAULT_MOST_WORKERS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, DEFAULT_MOST_WORKERS))
 
 
 def can_fork_workers() -> bool:

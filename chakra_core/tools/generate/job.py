@@ -16,7 +16,7 @@ from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.models import preset, presets
 from chakra_core.jobs.placement import Placement
-from chakra_core.jobs.rank_writer import usable_cores
+from chakra_core.jobs.rank_writer import default_workers
 from chakra_core.json_types import JsonObject, JsonValue
 from chakra_core.sweep.paths import KeyPathError, parse_key_path, set_key_path
 
@@ -128,7 +128,7 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
         click.echo(f"wrote {save_job}")
     if output is not None:
         with tool_errors(f"{output}.<rank>.et"):
-            files = write_job(spec, placement, Path(output), compress=compress, workers=usable_cores())
+            files = write_job(spec, placement, Path(output), compress=compress, workers=default_workers())
         click.echo(f"{placement.world} ranks (tp {spec.parallel.tp} x cp {spec.parallel.cp} x dp {spec.dp} x pp "
                    f"{spec.parallel.pp}, vp {spec.vp}), {spec.microbatches} micro-batch(es) per replica; "
                    f"{model_flops(spec, formulas(spec)[0]):.4g} model FLOPs per step")
