@@ -3,6 +3,9 @@ and the same answers as written here, and a rank's error raised as it is without
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -63,6 +66,44 @@ def test_a_ranks_error_in_a_worker_is_raised_as_it_is(tmp_path: Path) -> None:
     with pytest.raises(RankRefused, match="rank 5: no"):
         write_job(spec, Placement(spec, 8), tmp_path / "t", on_program=refuse, workers=2)
     assert not list(tmp_path.glob("t.*.et"))   # nothing half-written in place
+
+
+@forks
+def test_the_workers_stop_whatever_sigterm_handler_the_parent_has(tmp_path: Path) -> None:
+    """Ray's and a sweep's SIGTERM handlers do not end a process: forked workers that kept one
+    would never leave when the pool stops them after an error (the run would hang)."""
+    spec = _spec()
+
+    def refuse(rank: int, program: RankProgram) -> None:
+        if rank == 3:
+            raise RankRefused(rank, "no")
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    signal.alarm(120)   # a hang fails the test instead of the suite
+    try:
+        with pytest.raises(RankRefused):
+            write_job(spec, Placement(spec, 8), tmp_path / "t", on_program=refuse, workers=2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, previous)
+    assert multiprocessing.active_children() == []
+
+
+def _dies_in_a_worker(rank: int, program: RankProgram) -> int:
+    if rank == 5 and multiprocessing.current_process().name != "MainProcess":
+        os._exit(9)   # as the kernel's out-of-memory killer would end it
+    return rank
+
+
+@forks
+def test_a_worker_that_dies_leaves_its_ranks_to_the_parent(tmp_path: Path) -> None:
+    spec = _spec()
+    placement = Placement(spec, 8)
+    said: dict[int, dict[int, int]] = {1: {}, 2: {}}
+    for workers in (1, 2):
+        write_job(spec, placement, tmp_path / str(workers) / "t", on_program=_dies_in_a_worker, answers=said[workers],
+                  workers=workers)
+    assert _files(tmp_path / "1") == _files(tmp_path / "2") and said[1] == said[2]
 
 
 @forks

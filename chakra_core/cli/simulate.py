@@ -204,10 +204,13 @@ def generation_progress() -> Iterator[Callable[[int, int], None] | None]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # drawn as each rank is written, without rich's refresh thread: the traces are written by
+    # processes forked from this one (jobs/rank_writer.py), which should not copy a thread's locks
     with Progress(TextColumn("generating the job's traces"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("ranks"), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+                  TextColumn("ranks"), TimeRemainingColumn(), console=err_console, transient=True,
+                  auto_refresh=False) as bar:
         task = bar.add_task("ranks", total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+        yield lambda done, total: bar.update(task, completed=done, total=total, refresh=True)
 
 
 def _give_up(config: RunConfig | None, created: Path | None) -> None:

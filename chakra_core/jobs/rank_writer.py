@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -78,6 +82,16 @@ _TASK: RankFilesTask | None = None
 """The task of the pool being forked (set in the parent just before, read by the workers)."""
 
 
+def _worker_signals() -> None:
+    """A worker leaves Ctrl-C to the parent, which stops the pool, and dies of a SIGTERM whatever
+    handler it inherited (Ray's and a sweep's do not end a process). It writes nothing to stdout
+    or stderr, whose locks a thread of the parent (a progress bar's) may have held as it forked:
+    its errors go back to the parent, and warnings are not shown (the generator gives none)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    warnings.simplefilter("ignore")
+
+
 def _in_worker(rank: int) -> tuple[bool, Any, IndexArrays | None]:
     assert _TASK is not None, "a rank writer's worker runs in a process forked by write_ranks"
     try:
@@ -117,14 +131,24 @@ def write_ranks(task: RankFilesTask, ranks: Sequence[int], workers: int = 1,
         return answers, found
     global _TASK
     _TASK = task
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_signals)
+    done = 0
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for done, (rank, (wrote, answer, index)) in enumerate(zip(ranks, pool.imap(_in_worker, ranks)), start=1):
+        try:
+            for rank, (wrote, answer, index) in zip(ranks, pool.map(_in_worker, ranks)):
                 answers[rank] = answer if wrote else task.write(rank)
                 if index is not None:
                     found[rank] = index
+                done += 1
                 if progress is not None:
                     progress(done, len(ranks))
-    finally:
+        except BrokenProcessPool:   # a worker died (out of memory, killed): the ranks left, here
+            for rank in ranks[done:]:
+                answers[rank] = task.write(rank)
+                done += 1
+                if progress is not None:
+                    progress(done, len(ranks))
+    finally:   # the ranks in hand finish; none is started (Ctrl-C, an error: in the parent)
+        pool.shutdown(wait=True, cancel_futures=True)
         _TASK = None
     return answers, found
