@@ -16,7 +16,8 @@ the workers are gone before it starts.
 Forked only on Linux, from a process that may have children (not a pool's daemon worker, such as
 `chakra-sim sweep`'s and `plan`'s, which already use the cores); elsewhere, or with one worker
 or one rank, the ranks are written here. A rank whose worker raised is written again here, so
-that its error is raised as it is without workers (not every exception survives pickling)."""
+that its error is raised as it is without workers (not every exception survives pickling); if a
+worker dies (the out-of-memory killer), the ranks not yet in hand are written here too."""
 
 from __future__ import annotations
 
