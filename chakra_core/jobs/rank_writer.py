@@ -104,7 +104,8 @@ def _in_worker(rank: int) -> tuple[bool, Any, IndexArrays | None]:
 
 DEFAULT_MOST_WORKERS = 8
 """At most this many workers unless asked: each holds one rank's program in memory while it writes
-it (a large job's is hundreds of MB), where one process held one at a time."""
+it (1.9 GB for a rank of Llama 3.1 405B's unfolded step of 768 micro-batches on 256 H100), where
+one process held one at a time."""
 
 
 def default_workers() -> int:
