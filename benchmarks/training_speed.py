@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from chakra_core import run as runner
+from chakra_core import run as runner  # noqa: E402
 from chakra_core.jobs.rank_writer import default_workers  # noqa: E402
 
 JOBS: dict[str, dict[str, Any]] = {

@@ -21,6 +21,9 @@ from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from tests.test_jobs import job
 
+JOB_RUN_OPTIONS = (TraceLibrary().missing_parents, TraceLibrary().dependencies)
+"""The index options a job's run opens its traces with (TraceLibrary's defaults)."""
+
 forks = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
 
 
@@ -128,12 +131,12 @@ def test_the_workers_indexes_are_what_indexing_the_files_finds_and_taken_once(tm
     paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2, index_files=True)
     assert len(paths) == 4   # one per stage
     for path in paths[:-1]:
-        found = written.take(path, written.DEFAULT_OPTIONS)
+        found = written.take(path, JOB_RUN_OPTIONS)
         assert found is not None and found == TraceIndex(path).found()
-        assert written.take(path, written.DEFAULT_OPTIONS) is None   # once
+        assert written.take(path, JOB_RUN_OPTIONS) is None   # once
     with paths[-1].open("ab") as handle:   # a file changed since it was indexed is indexed again
         handle.write(b"\x00")
-    assert written.take(paths[-1], written.DEFAULT_OPTIONS) is None
+    assert written.take(paths[-1], JOB_RUN_OPTIONS) is None
     written.forget_all()
 
 
@@ -144,10 +147,10 @@ def test_a_run_opens_the_workers_indexes_only_for_its_own_options(tmp_path: Path
     paths = write_job(spec, placement, tmp_path / "t", placement.representatives, workers=2, index_files=True)
     other = TraceLibrary(dependencies="data")
     other.open(paths[0])   # other options: indexed again, the worker's index stays for the run
-    assert written.take(paths[0], written.DEFAULT_OPTIONS) is not None
+    assert written.take(paths[0], JOB_RUN_OPTIONS) is not None
     library = TraceLibrary()
     feeder = library.open(paths[1])
-    assert written.take(paths[1], written.DEFAULT_OPTIONS) is None and feeder.num_nodes > 0
+    assert written.take(paths[1], JOB_RUN_OPTIONS) is None and feeder.num_nodes > 0
     written.forget_all()
 
 

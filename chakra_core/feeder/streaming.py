@@ -44,8 +44,10 @@ READ_BLOCK = 32 << 10
 
 class IndexArrays(NamedTuple):
     """What a TraceIndex found in a file, for a TraceIndex of the same file in another process
-    (feeder/written.py): the metadata's bytes and the index's arrays (see TraceIndex._index)."""
+    (feeder/written.py): the options it was built with (missing_parents, dependencies), the
+    metadata's bytes and the index's arrays (see TraceIndex._index)."""
 
+    options: tuple[str, str]
     metadata: bytes
     ids: array[int]
     offsets: array[int]
@@ -80,6 +82,7 @@ class TraceIndex:
             raise ValueError("cache_nodes must be at least 1")
         self.path = str(path)
         self.missing_parents = missing_parents
+        self.dependencies = dependencies
         self._use_ctrl = use_control_deps(dependencies)
         self.warnings: list[str] = []
         self.cache_nodes = cache_nodes
@@ -111,9 +114,9 @@ class TraceIndex:
         is indexed from a temporary copy)."""
         if self._tmp_dir is not None:
             raise ValueError(f"{self.path}: a gzip trace's index is not handed over")
-        return IndexArrays(self.metadata.SerializeToString(), self._ids, self._offsets, self._lengths, self._kinds,
-                           self._base, self._dense, self._sparse, self._remaining, self._child_start,
-                           self._children, self.roots, list(self.warnings))
+        return IndexArrays((self.missing_parents, self.dependencies), self.metadata.SerializeToString(), self._ids,
+                           self._offsets, self._lengths, self._kinds, self._base, self._dense, self._sparse,
+                           self._remaining, self._child_start, self._children, self.roots, list(self.warnings))
 
     # Indexing ---------------------------------------------------------------------------
     def _index(self) -> None:

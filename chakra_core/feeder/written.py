@@ -14,13 +14,7 @@ import os
 
 from chakra_core.feeder.streaming import IndexArrays
 
-Options = tuple[str, str]
-"""The index options that change what it finds: (missing_parents, dependencies)."""
-
-DEFAULT_OPTIONS: Options = ("ignore-control", "all")
-"""TraceIndex's and TraceLibrary's defaults, which a training job's run uses."""
-
-_waiting: dict[tuple[int, int, int, int], tuple[Options, IndexArrays]] = {}
+_waiting: dict[tuple[int, int, int, int], IndexArrays] = {}
 
 
 def _identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
@@ -28,22 +22,23 @@ def _identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
     return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
-def remember(path: str | os.PathLike[str], options: Options, found: IndexArrays) -> None:
-    """What indexing the file at `path` (as it is now) with `options` found."""
-    _waiting[_identity(path)] = (options, found)
+def remember(path: str | os.PathLike[str], found: IndexArrays) -> None:
+    """What indexing the file at `path` (as it is now) found, with `found.options`."""
+    _waiting[_identity(path)] = found
 
 
-def take(path: str | os.PathLike[str], options: Options) -> IndexArrays | None:
-    """What indexing this very file with these options found, if a worker did (once)."""
+def take(path: str | os.PathLike[str], options: tuple[str, str]) -> IndexArrays | None:
+    """What indexing this very file with these options (missing_parents, dependencies) found, if a
+    worker did (once)."""
     try:
         key = _identity(path)
     except OSError:
         return None
-    entry = _waiting.get(key)
-    if entry is None or entry[0] != options:
+    found = _waiting.get(key)
+    if found is None or found.options != options:
         return None
     del _waiting[key]
-    return entry[1]
+    return found
 
 
 def forget_all() -> None:

@@ -315,7 +315,7 @@ def write_job(job: JobSpec, placement: Placement, prefix: Path, ranks: list[int]
         paths = staged.commit()
     for rank, path in zip(ranks, paths):
         if rank in found:
-            written.remember(path, written.DEFAULT_OPTIONS, found[rank])
+            written.remember(path, found[rank])
     return paths
 
 

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from chakra_core.et.io import write_trace
-from chakra_core.feeder import written
 from chakra_core.feeder.streaming import IndexArrays, TraceIndex
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.placement import Placement
@@ -70,7 +69,7 @@ class RankFilesTask:
         if self.compress or not self.index_files:
             return None
         try:
-            index = TraceIndex(self.paths[rank], 1, *written.DEFAULT_OPTIONS)
+            index = TraceIndex(self.paths[rank], 1)   # the options a job's run indexes with: the defaults
         except Exception:
             return None
         try:
