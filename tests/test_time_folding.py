@@ -315,6 +315,21 @@ def test_a_layer_that_cannot_promise_a_periodic_state_gets_the_whole_step(tmp_pa
     same_step(folded, whole)
 
 
+def test_a_layer_that_refuses_as_built_reads_the_whole_steps_traces(tmp_path):
+    """hbm with a per-node memory expansion refuses once built (its instance is not time_fold_safe):
+    the layers are built again on the whole step's traces, so its pre-pass counts the references of
+    the traces that run (it read the fewer micro-batches' files before: another peak, more
+    allocations)."""
+    data = job(pp=2, gpus=8, microbatches=24) | {"tensors": True}
+    memory = {**NO_HOST, "memory": {"plugin": "hbm", "memory-type": "PER_NODE_MEMORY_EXPANSION", "remote-mem-bw": 100,
+                                    "num-npus-per-node": 8}}
+    folded, whole = (simulate(tmp_path, data, fold_time, **memory, workload={"fold": "off", "fold_time": fold_time})
+                     for fold_time in ("auto", "off"))   # nor can it stand one rank for another
+    assert "memory plugin 'hbm'" in folded["folding"]["time"]["reason"]
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"]
+
+
 class _Heating(AchievableCompute):
     """A straggler: rank 0's GPU gets slower with every kernel (a clock that throttles as it heats),
     which no period repeats."""

@@ -166,12 +166,13 @@ class Simulation:
         self.watch = None
         if spec.time_folding is not None:
             refusal = time_fold_refusal(self.layers, self.intervals is not None, self.node_observer is not None)
-            if refusal:
+            if refusal:   # build the layers again: their inputs must name the whole step's traces
                 self._unfold_time(refusal)
-            else:
-                watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()), lambda reason: (
-                    self.context.request_restart(reason, TimeUnfold(reason, watch.unfit_cycle, retry=True))))
-                self.watch = watch
+                self._setup(hints, folding)
+                return
+            watch = PeriodWatch(spec.time_folding, self.queue, list(self.layers.values()), lambda reason: (
+                self.context.request_restart(reason, TimeUnfold(reason, watch.unfit_cycle, retry=True))))
+            self.watch = watch
 
     def _unfold_time(self, reason: str, hint: TimeUnfold | None = None) -> None:
         """Start over on another try at folding (`hint`: no instant repeated) or on the whole step's traces."""
