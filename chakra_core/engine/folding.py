@@ -39,6 +39,7 @@ from typing import Mapping, Sequence
 from chakra_core.comm.collectives import ROOT_ATTRS
 from chakra_core.comm.groups import group_shape, parse_pg_list
 from chakra_core.contract.folding import Folding
+from chakra_core.cores import usable_cores
 from chakra_core.errors import TraceFormatError
 from chakra_core.et.io import decode_varint, parse_metadata, parse_node, read_file_bytes
 from chakra_core.schema import pb
@@ -177,7 +178,7 @@ def find_folding(paths: Sequence[str | os.PathLike[str]], comm_groups: Mapping[s
     ranks = len(files)
     if ranks < 2:
         return None, "one rank"
-    views = _views(files, comm_groups or {}, workers if workers is not None else (os.cpu_count() or 1))
+    views = _views(files, comm_groups or {}, workers if workers is not None else usable_cores())
     # Initial classes: equal signatures (unfoldable ranks each alone).
     keys: dict[object, int] = {}
     label: list[int] = []

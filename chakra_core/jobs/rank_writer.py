@@ -22,7 +22,6 @@ worker dies (the out-of-memory killer), the ranks not yet in hand are written he
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import sys
 import warnings
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from chakra_core.cores import usable_cores
 from chakra_core.et.io import write_trace
 from chakra_core.feeder.streaming import IndexArrays, TraceIndex
 from chakra_core.jobs.fsdp import rank_program
@@ -109,8 +109,7 @@ one process held one at a time."""
 
 def default_workers() -> int:
     """The cores this process may run on, at most DEFAULT_MOST_WORKERS."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, DEFAULT_MOST_WORKERS))
+    return min(usable_cores(), DEFAULT_MOST_WORKERS)
 
 
 def can_fork_workers() -> bool:

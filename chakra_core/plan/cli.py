@@ -43,7 +43,8 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
                    "optionally `network:`, replacing the job's")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: a process pool on this machine; ray: Ray tasks")
-@click.option("--workers", "-j", type=click.IntRange(min=1), help="simulations at once  [default: the CPU count]")
+@click.option("--workers", "-j", type=click.IntRange(min=1),
+              help="simulations at once  [default: the cores this process may use]")
 @click.option("--address", metavar="HOST:PORT", help="Ray cluster to connect to (with --executor ray)")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="simulate until these many fastest layouts are known for sure")

@@ -28,7 +28,8 @@ SHOWN_ROWS = 40
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: a process pool on this machine; ray: Ray tasks (pip install 'chakra-sim[ray]')")
 @click.option("--workers", "-j", type=click.IntRange(min=1),
-              help="points run at once  [default: the CPU count; on a Ray cluster: as many as it runs]")
+              help="points run at once  [default: the cores this process may use; on a Ray cluster: as many as "
+                   "it runs]")
 @click.option("--address", metavar="HOST:PORT",
               help="Ray cluster to connect to (default: $RAY_ADDRESS, else start a local Ray instance)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
+from chakra_core.cores import usable_cores
 from chakra_core.sweep.errors import RAY_INSTALL, SweepError, first_line
 from chakra_core.sweep.task import PointOutcome, PointTask
 from chakra_core.sweep.stop import held, reinstall
@@ -42,7 +43,7 @@ def run_ray(tasks: list[PointTask], workers: int | None, address: str | None,
                     ray.init(address=where, logging_level=logging.WARNING)
                 else:
                     with _ray_on_loopback():
-                        ray.init(address="local", num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                        ray.init(address="local", num_cpus=workers or usable_cores(), include_dashboard=False,
                                  _node_ip_address=LOOPBACK, logging_level=logging.WARNING)
             except Exception as exc:   # Ray raises ConnectionError, RuntimeError, ValueError ...
                 target = f"the Ray cluster at {where}" if where else "a local Ray instance"

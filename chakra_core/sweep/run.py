@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from chakra_core._version import __version__
+from chakra_core.cores import usable_cores
 from chakra_core.json_types import JsonObject
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
@@ -225,7 +226,7 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
         report(point, _record(sweep, point, outcome, result.warnings, metric_misses), skipped=False)
 
     if tasks and executor == "local":
-        run_local(tasks, max(1, min(workers or os.cpu_count() or 1, len(tasks))), finished, timeout=timeout)
+        run_local(tasks, max(1, min(workers or usable_cores(), len(tasks))), finished, timeout=timeout)
     elif tasks:
         run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
 
