@@ -232,6 +232,20 @@ def test_a_failing_point_is_recorded_and_the_others_run(tmp_path):
     assert "4 points: 2 ok, 2 failed" in done.output
 
 
+def test_the_default_pool_has_a_worker_per_usable_core_and_no_more_than_points(tmp_path, monkeypatch):
+    """Without --workers, a process confined to some cores (a container, a batch job) starts as many
+    workers as it may use, not the machine's count (chakra_core.cores)."""
+    import chakra_core.sweep.run as sweep_run
+
+    started: list[int] = []
+    monkeypatch.setattr(sweep_run, "usable_cores", lambda: 3)
+    monkeypatch.setattr(sweep_run, "run_local", lambda tasks, workers, *args, **kwargs: started.append(workers))
+    for values, workers in (([50, 100, 200, 400, 800], 3), ([50, 100], 2)):
+        path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": values}, "output": {"dir": f"out{workers}"}})
+        sweep_cli(path)
+        assert started.pop() == workers
+
+
 def test_resume_skips_finished_points_and_reruns_failed_ones(tmp_path):
     later = tmp_path / "later"   # unreadable traces there for now: its points fail
     traces = [str(TRACES / "all_reduce"), str(broken_traces(later))]
