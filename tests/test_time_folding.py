@@ -14,12 +14,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from chakra_core import hookimpl, run
 from chakra_core.contract import ComputeRegistry
+from chakra_core.engine.time_folding import NO_REPEAT
+from chakra_core.jobs import expand, time_fold
 from chakra_core.jobs.fsdp import rank_program
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.time_fold import (COMPARED_FIELDS, FEWEST_STEADY_PERIODS, REACH_NODES, STEADY_PERIODS,
                                         period_microbatches, rank_periods, reach, reduced_job, simulated_microbatches,
-                                        steady_periods)
+                                        steady_periods, tensor_steady_periods)
 from chakra_core.plugins import make_plugin_host
 from chakra_core.schema import pb
 from chakra_sim_compute_achievable.model import AchievableCompute
@@ -213,13 +215,39 @@ def test_memory_followed_tensor_by_tensor_folds_in_time_exactly(tmp_path, lifeti
     assert all(2 < len(series) <= 64 for series in summary["memory_series"].values())
 
 
+def test_listed_tensors_keep_the_steady_periods_their_activations_need(tmp_path, monkeypatch):
+    """Without interleaving, the first stage's 7 warm-up activations over 8 stages are freed 7
+    periods into the repeating nodes: with the tensors listed the first try keeps 8 steady periods
+    and folds; 7 find no repeat (and another try would keep most of the step: it is simulated
+    whole). Where the step is too short for the periods they need, it is simulated whole at once,
+    without a try that cannot fold, and says why."""
+    data = job(pp=8, gpus=16, microbatches=40) | {"tensors": True}
+    spec = JobSpec.model_validate(data)
+    assert tensor_steady_periods(spec) == steady_periods(spec) == 8
+    assert tensor_steady_periods(spec.model_copy(update={"tensors": False})) == 0
+    memory = {"memory": {"plugin": "hbm"}}
+    folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
+    assert folded["folding"]["time"]["microbatches_simulated"] == simulated_microbatches(spec)[0] == 18
+    same_step(folded, whole)
+    assert folded["layers"]["memory"] == whole["layers"]["memory"]
+    short = job(pp=4, vp=2, gpus=8, microbatches=32) | {"tensors": True}
+    kept, why = simulated_microbatches(JobSpec.model_validate(short))
+    assert kept == 32 and "with the tensors listed a repeat needs 3 steady periods" in why
+    assert simulated_microbatches(JobSpec.model_validate(short | {"tensors": False})) == (24, "")
+    assert simulate(tmp_path, short, "auto", **NO_HOST, **memory)["folding"]["time"] == {"folded": False, "reason": why}
+    for module in (expand, time_fold):
+        monkeypatch.setattr(module, "steady_periods", lambda job: 7)
+    fewer = simulate(tmp_path, data, "auto", **NO_HOST, **memory)
+    assert not fewer["folding"]["time"]["folded"] and fewer["folding"]["time"]["reason"].startswith(NO_REPEAT[:40])
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pp=st.sampled_from([2, 4, 8]), vp=st.sampled_from([1, 2]), microbatches=st.integers(10, 30),
        recompute=st.sampled_from(["none", "full"]), lifetime=st.sampled_from(["trace", "issued"]))
 def test_memory_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, vp, microbatches, recompute,
                                                                   lifetime):
-    """Whatever the pipeline (warm-up activations outliving the steady periods kept included: PP 8
-    with `lifetime: trace` does not fold), the hbm model's results folded in time are the whole
+    """Whatever the pipeline (warm-up activations living for most of the steady periods kept
+    included: PP 8 with `lifetime: trace`), the hbm model's results folded in time are the whole
     step's, or the step is not folded."""
     vp = 1 if pp == 8 else vp      # 8 layers
     c = 1 if vp == 1 else pp

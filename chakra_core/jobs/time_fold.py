@@ -19,7 +19,7 @@ from typing import Callable
 from chakra_core.contract.time_folding import RankPeriods
 from chakra_core.et.attrs import NodeView
 from chakra_core.schema import pb
-from chakra_core.jobs.schedule import extra_warmup, warmup_steps
+from chakra_core.jobs.schedule import extra_warmup, stage_schedule, warmup_steps
 from chakra_core.jobs.spec import JobSpec
 
 STEADY_PERIODS = 4
@@ -39,10 +39,37 @@ to wait: Llama 3.1 405B on H100 with PP 8 and CP 2 repeats every 6 micro-batches
 
 def steady_periods(job: JobSpec) -> int:
     """The steady periods a first try keeps: STEADY_PERIODS, or FEWEST_STEADY_PERIODS where those
-    would leave nothing out (the alternative is then the whole step, not a fold keeping more)."""
-    if simulated_microbatches(job, STEADY_PERIODS)[1] and not simulated_microbatches(job, FEWEST_STEADY_PERIODS)[1]:
-        return FEWEST_STEADY_PERIODS
-    return STEADY_PERIODS
+    would leave nothing out (the alternative is then the whole step, not a fold keeping more); with
+    the tensors listed, at least tensor_steady_periods."""
+    least = tensor_steady_periods(job)
+    most, fewest = max(STEADY_PERIODS, least), max(FEWEST_STEADY_PERIODS, least)
+    if simulated_microbatches(job, most)[1] and not simulated_microbatches(job, fewest)[1]:
+        return fewest
+    return most
+
+
+def tensor_steady_periods(job: JobSpec) -> int:
+    """The steady periods in which two instants a period apart can look alike to a memory layer
+    that follows the traces' tensors (0: the tensors are not listed).
+
+    An activation lives from its forward to its backward. Until the activations of the forwards
+    before the repeating nodes (the warm-up's and the first period's) are freed, each instant holds
+    some that no later instant can (the same storage with fewer references to come, where a period
+    on holds a newer one), so no two match: the first instant that can is the first period start
+    after the first stage's last such backward (the stage with the longest warm-up), and the second
+    a period later. Measured with hbm on small jobs (PP 2, 4 and 8, VP 1, 2 and 4): one period
+    fewer than this finds no repeat, and these fold."""
+    if not job.tensors:
+        return 0
+    pp, vp = job.parallel.pp, job.vp
+    steps = stage_schedule(0, pp, vp, job.microbatches, extra_warmup(job))
+    warmup = warmup_steps(0, pp, vp, job.microbatches, extra_warmup(job))
+    period = period_microbatches(job) * vp                      # pairs
+    backward = {(mb, chunk): position for position, (kind, mb, chunk) in enumerate(steps) if kind == "B"}
+    last = max(((backward[mb, chunk] - warmup) // 2 for position, (kind, mb, chunk) in enumerate(steps)
+                if kind == "F" and position < warmup + 2 * period), default=0)   # the pair freeing it
+    first_clean = max(0, -(-(last + 1 - period) // period))     # periods into the repeating nodes
+    return first_clean + 1
 
 
 def period_microbatches(job: JobSpec) -> int:
@@ -64,8 +91,11 @@ def simulated_microbatches(job: JobSpec, steady: int | None = None, multiple: in
     floor = (steady + 2) * period + (pp - 1 if vp == 1 else 2 * pp) + extra_warmup(job)
     periods = (job.microbatches - floor) // period
     if periods < max(2, multiple):
+        least = tensor_steady_periods(job)
+        alive = (f"; with the tensors listed a repeat needs {least} steady periods: the activations of the "
+                 "forwards before them live into them" if least > FEWEST_STEADY_PERIODS else "")
         return job.microbatches, (f"{job.microbatches} micro-batch(es): too few to repeat (time folding keeps "
-                                  f"{floor} and folds from {max(2, multiple)} periods of {period} left out)")
+                                  f"{floor} and folds from {max(2, multiple)} periods of {period} left out{alive})")
     periods -= periods % multiple
     return job.microbatches - periods * period, ""
 
