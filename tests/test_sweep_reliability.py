@@ -166,6 +166,34 @@ def test_exceptions_of_any_kind_and_timeouts_fail_their_point_alone(tmp_path):
     assert not Path(hung["temp"]).exists()   # and its temp folder removed with the pool's
 
 
+@pytest.mark.parametrize("guarded", [False, True])
+def test_workers_that_die_as_they_start_stop_the_pool_and_an_unguarded_script_is_named(tmp_path, guarded):
+    """A script that starts a pool at its top level starts it again in every (spawned) worker,
+    which dies: the error names the script and the guard it lacks; a guarded script whose
+    workers die for another reason is not blamed."""
+    body = textwrap.dedent("""\
+        import functools, os
+        from chakra_core.sweep.pool import PoolError, run_pool
+        from chakra_core.sweep.task import PointTask
+
+        def start():
+            try:
+                run_pool([PointTask(0, "p0")], 1, print, print, warm=functools.partial(os._exit, 3) if GUARDED else None)
+            except PoolError as exc:
+                print("POOL:", exc)
+        """)
+    script = tmp_path / "start_pool.py"
+    script.write_text(f"GUARDED = {guarded}\n{body}" + ('if __name__ == "__main__":\n    start()\n' if guarded else "start()\n"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    said = next(line for line in done.stdout.splitlines() if line.startswith("POOL:"))
+    assert "worker processes die as they start" in said
+    if guarded:
+        assert "(exit status 3)" in said and "__main__" not in said
+    else:
+        assert f"each worker imports {script} again" in said and 'if __name__ == "__main__":' in said
+
+
 def test_the_timeout_comes_from_the_sweep_file_or_the_command_line(tmp_path):
     path = write_sweep(tmp_path, {"grid": {"network.bandwidth[0]": [50, 100]}, "timeout": 30})
     assert load_sweep(path).timeout == 30

@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Callable
 
 from chakra_core.errors import ChakraSimError
@@ -105,6 +106,22 @@ class _Worker:
     ready: bool = False
     task: PointTask | None = None
     started: float = 0.0
+
+
+def _unguarded_script() -> str:
+    """What to say of the parent's script when workers die as they start: each worker is spawned
+    and imports it again, running its top-level code, so a script that starts a sweep or a plan
+    outside `if __name__ == "__main__":` starts it again in every worker, which fails ("" when the
+    parent is no such script: an interactive session, `python -m`, or a script with the guard)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return ""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if "__name__" in Path(path).read_text(encoding="utf-8"):
+            return ""
+    return (f"; each worker imports {path} again: a script that starts a sweep or a plan must start it "
+            'under `if __name__ == "__main__":`')
 
 
 def _exit_text(process: BaseProcess) -> str:
@@ -234,7 +251,7 @@ class _Pool:
             self.start_failures += 1
             if self.start_failures >= _START_FAILURES:
                 raise PoolError(f"the sweep's worker processes die as they start ({how}); "
-                                "run one point with `chakra-sim run` to see why")
+                                f"run one point with `chakra-sim run` to see why{_unguarded_script()}")
         self._replace()
         return outcome
 
