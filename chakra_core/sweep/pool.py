@@ -112,7 +112,8 @@ def _unguarded_script() -> str:
     """What to say of the parent's script when workers die as they start: each worker is spawned
     and imports it again, running its top-level code, so a script that starts a sweep or a plan
     outside `if __name__ == "__main__":` starts it again in every worker, which fails ("" when the
-    parent is no such script: an interactive session, `python -m`, or a script with the guard)."""
+    parent is no such script: an interactive session, `python -m`, or a script that names
+    `__name__` anywhere, taken for guarded: the hint is only said where it cannot mislead)."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if path is None or getattr(main, "__spec__", None) is not None:
