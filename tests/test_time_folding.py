@@ -217,27 +217,29 @@ def test_memory_followed_tensor_by_tensor_folds_in_time_exactly(tmp_path, lifeti
 
 def test_listed_tensors_keep_the_steady_periods_their_activations_need(tmp_path, monkeypatch):
     """Without interleaving, the first stage's 7 warm-up activations over 8 stages are freed 7
-    periods into the repeating nodes: with the tensors listed the first try keeps 8 steady periods
-    and folds; 7 find no repeat (and another try would keep most of the step: it is simulated
-    whole). Where the step is too short for the periods they need, it is simulated whole at once,
-    without a try that cannot fold, and says why."""
-    data = job(pp=8, gpus=16, microbatches=40) | {"tensors": True}
+    periods into the repeating nodes: with the tensors listed the first try keeps 9 steady periods
+    (the looks 7 and 8 periods in, before the last period) and folds; 8 find no repeat (and another
+    try would keep most of the step: it is simulated whole). Where the step is too short for the
+    periods they need, it is simulated whole at once, without a try that cannot fold, and says why."""
+    data = job(pp=8, gpus=16, microbatches=38) | {"tensors": True}
     spec = JobSpec.model_validate(data)
-    assert tensor_steady_periods(spec) == steady_periods(spec) == 8
+    assert tensor_steady_periods(spec) == steady_periods(spec) == 9
     assert tensor_steady_periods(spec.model_copy(update={"tensors": False})) == 0
     memory = {"memory": {"plugin": "hbm"}}
     folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
-    assert folded["folding"]["time"]["microbatches_simulated"] == simulated_microbatches(spec)[0] == 18
+    # exactly 9 steady periods, the first and last periods and the fill and drain of 8 stages
+    assert folded["folding"]["time"]["microbatches_simulated"] == simulated_microbatches(spec)[0] == 9 + 2 + 7
     same_step(folded, whole)
     assert folded["layers"]["memory"] == whole["layers"]["memory"]
     short = job(pp=4, vp=2, gpus=8, microbatches=32) | {"tensors": True}
     kept, why = simulated_microbatches(JobSpec.model_validate(short))
-    assert kept == 32 and "with the tensors listed a repeat needs 3 steady periods" in why
+    assert kept == 32 and "with the tensors listed a repeat needs 4 steady periods" in why
     assert simulated_microbatches(JobSpec.model_validate(short | {"tensors": False})) == (24, "")
     assert simulate(tmp_path, short, "auto", **NO_HOST, **memory)["folding"]["time"] == {"folded": False, "reason": why}
     for module in (expand, time_fold):
-        monkeypatch.setattr(module, "steady_periods", lambda job: 7)
-    fewer = simulate(tmp_path, data, "auto", **NO_HOST, **memory)
+        monkeypatch.setattr(module, "steady_periods", lambda job: 8)
+    fewer = simulate(tmp_path, job(pp=8, gpus=16, microbatches=39) | {"tensors": True}, "auto", **NO_HOST, **memory)
+    assert simulated_microbatches(JobSpec.model_validate(job(pp=8, gpus=16, microbatches=39)), 8)[0] == 8 + 2 + 7
     assert not fewer["folding"]["time"]["folded"] and fewer["folding"]["time"]["reason"].startswith(NO_REPEAT[:40])
 
 
@@ -248,7 +250,8 @@ def test_memory_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, 
                                                                   lifetime):
     """Whatever the pipeline (warm-up activations living for most of the steady periods kept
     included: PP 8 with `lifetime: trace`), the hbm model's results folded in time are the whole
-    step's, or the step is not folded."""
+    step's; and a step that leaves micro-batches out folds at its first try, its traces keeping the
+    steady periods the activations need (tensor_steady_periods)."""
     vp = 1 if pp == 8 else vp      # 8 layers
     c = 1 if vp == 1 else pp
     data = job(pp=pp, vp=vp, gpus=pp * 2, microbatches=c * (microbatches // c + 4), recompute=recompute) | {"tensors": True}
@@ -256,6 +259,8 @@ def test_memory_folded_in_time_equals_every_micro_batch_simulated(tmp_path, pp, 
     folded, whole = simulate(tmp_path, data, "auto", **NO_HOST, **memory), simulate(tmp_path, data, "off", **NO_HOST, **memory)
     same_step(folded, whole)
     assert folded["layers"]["memory"] == whole["layers"]["memory"]
+    kept, _ = simulated_microbatches(JobSpec.model_validate(data))
+    assert kept == data["training"]["global_batch"] // 2 or folded["folding"]["time"].get("microbatches_simulated") == kept
 
 
 def test_activation_offload_through_the_memory_layer_folds_in_time_exactly(tmp_path):
