@@ -51,12 +51,11 @@ class GpuSpec(_Strict):
         ..., description="dense peak per data type (TFLOP/s; TOP/s for int8), without sparsity")
     memory_bandwidth_gbps: Sourced = Field(..., description="HBM bandwidth, GB/s (10^9 B/s)")
     memory_gib: Sourced
-    usable_memory_gib: Sourced | None = Field(None, description="memory a program can allocate per GPU, GiB: the "
-                                                "device's total as CUDA reports it (less the driver's); default memory_gib")
+    usable_memory_gib: Sourced | None = Field(None, description="memory a program can allocate per GPU, GiB (as "
+                                                "CUDA reports it); default memory_gib")
     nvlink_links: Sourced = Field(..., description="NVLink links per GPU")
     nvlink_gbps: Sourced = Field(..., description="NVLink bandwidth per GPU and direction, GB/s")
-    power_w: Sourced | None = Field(None, description="the GPU's maximum power, W (vendor's maximum TDP, TGP or "
-                                                      "per-GPU power): what a step draws at most, the GPU alone")
+    power_w: Sourced | None = Field(None, description="the GPU's maximum power, W (vendor's TDP, TGP or per-GPU power)")
 
     @field_validator("peak_tflops")
     @classmethod
@@ -88,15 +87,17 @@ class NodeSpec(_Strict):
         "intel", description="host CPU vendor: NCCL's per-step network overhead and multi-node LL bandwidth "
                              "depend on it (an Arm host, e.g. Grace, gets NCCL's non-AMD values)")
     cpu_source: str | None = Field(None, description="the public document naming the host CPU")
-    kernel_launch_us: Sourced | None = Field(
-        None, description="host (CPU) time to launch one kernel asynchronously, µs: one thread driving "
-                          "several GPUs launches their collectives one after the other")
+    kernel_launch_us: Sourced | None = Field(None, description="host (CPU) time to launch one kernel asynchronously, "
+                                             "µs: one thread driving several GPUs launches their collectives in turn")
     pcie_gbps: Sourced | None = Field(
         None, description="PCIe bandwidth between one GPU and host memory, GB/s per direction: what a "
                           "host-staged network transfer crosses twice")
     host_link_gbps: Sourced | None = Field(
         None, description="bandwidth of one GPU's copies to and from host memory where the link is not PCIe "
                           "(NVLink-C2C on a Grace superchip), GB/s per direction; unset: pcie_gbps")
+    host_adam_ns_per_param: Sourced | None = Field(None, description="one rank's CPU Adam (optimizer offload), ns "
+                                                   "per fp32 parameter stepped")
+    host_optimizer_call_us: Sourced | None = Field(None, description="host time per CPU optimizer call, µs")
 
 
 class NetworkSpec(_Strict):
@@ -105,9 +106,8 @@ class NetworkSpec(_Strict):
     fabric: str
     nics_per_node: Sourced
     nic_gbits: Sourced = Field(..., description="line rate of one NIC, Gb/s")
-    nccl_devices_per_node: Sourced | None = Field(
-        None, description="network devices NCCL sees per node, where the network plugin groups several "
-                          "NICs into one device (their rates add up); default: one per NIC")
+    nccl_devices_per_node: Sourced | None = Field(None, description="network devices NCCL sees per node, where its "
+                                                  "plugin groups NICs into one (rates add up); default: one per NIC")
     extra_latency_us: Sourced | None = Field(
         None, description="per-hop latency beyond NCCL's InfiniBand figure (e.g. another transport); "
                           "what a network step really costs on top of NCCL's table")

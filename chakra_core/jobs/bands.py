@@ -74,7 +74,7 @@ def uncompared(job: JobSpec) -> tuple[str, ...]:
     found = [f"parallel.schedule {p.schedule}" if p.schedule != "1f1b" else "",
              "cp_comm_type a2a+p2p" if p.cp > 1 and p.cp_comm_type == "a2a+p2p" else "",
              "hybrid sharding (num_distributed_optimizer_instances)" if t.num_distributed_optimizer_instances > 1
-             else ""]
+             else "", "optimizer offload (optimizer_offload_fraction)" if t.optimizer_offload_fraction else ""]
     return tuple(what for what in found if what)
 
 

@@ -33,6 +33,7 @@ from chakra_core.jobs.fp8 import gemm_dtype, precision_problems
 from chakra_core.jobs.hybrid_ep import hybridep_problem
 from chakra_core.jobs.info import JobInfo
 from chakra_core.jobs.offload import offload_memory_defaults
+from chakra_core.jobs.optimizer_offload import host_optimizer
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.rank_writer import GenerationProgress, RankFilesTask, write_ranks
@@ -151,7 +152,12 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     domains = hybridep_problem(job, gpn)
     if domains:
         raise ManifestError([(f"{source}: job.parallel.ep", domains)])
-    placement = Placement(job, gpn, profile.gpu.architecture)
+    host = host_optimizer(profile)
+    if job.training.optimizer_offload_fraction and host is None:
+        raise ManifestError([(f"{source}: job.training.optimizer_offload_fraction", (
+            f"profile '{profile.name}' does not say what its host's CPU Adam costs: give node.host_adam_ns_per_param "
+            "and node.host_optimizer_call_us, with their sources (docs/hardware.md)"))])
+    placement = Placement(job, gpn, profile.gpu.architecture, host)
     output = dict(data.get("output") or {})
     if out_dir is not None:
         output["dir"] = str(out_dir)
@@ -265,8 +271,11 @@ def _generate(job: JobSpec, placement: Placement, folder: Path, ranks: list[int]
     """Write the ranks' traces (in up to `workers` processes) unless the folder holds them for this
     very job, written by this very release and generator, already; the paths and whether they were
     reused. With `periods`, fill it with where each rank's trace repeats (kept beside the traces)."""
+    host = placement.host_optimizer if job.training.optimizer_offload_fraction else None   # what it changes
     digest = hashlib.sha256(json.dumps([GENERATOR, __version__, generator_digest(), job.model_dump(mode="json"),
-                                        placement.gpus_per_node, placement.architecture, ranks], sort_keys=True).encode()).hexdigest()
+                                        placement.gpus_per_node, placement.architecture, ranks,
+                                        *([] if host is None else [[host.ns_per_param, host.call_us]])],
+                                       sort_keys=True).encode()).hexdigest()
     stamp = folder / f"{job.name}.job.sha256"
     spans = folder / f"{job.name}.periods.json"
     paths = [rank_path(folder / job.name, rank) for rank in ranks]

@@ -74,15 +74,18 @@ def offload_memory_defaults(job: JobSpec, section: object, profile: Profile, sou
     """With offload, the job names its memory layer (the copies are memory nodes); that layer gets
     ASTRA-sim's remote-memory keys for host memory, one expansion per GPU at the profile's host
     link, where its config takes them and the job does not say (jobs/expand.py)."""
-    if not job.training.cpu_offloading_num_layers:
+    t = job.training
+    if not (t.cpu_offloading_num_layers or t.optimizer_offload_fraction):
         return {}
+    key, what = (("cpu_offloading_num_layers", "activations") if t.cpu_offloading_num_layers else
+                 ("optimizer_offload_fraction", "gradients and weights"))
     host = profile.node.host_link_gbps or profile.node.pcie_gbps   # what a GPU's copies to host memory cross
     if not isinstance(section, Mapping):
         link = (f"host memory per GPU at the profile's {host.value:g} GB/s host link" if host is not None
                 else f"nothing: profile '{profile.name}' gives no host link (node.host_link_gbps, node.pcie_gbps)")
-        raise ManifestError([(f"{source}: memory", "required: job.training.cpu_offloading_num_layers copies activations "
-                              "with memory nodes, so the job names its memory layer (`plugin:`; chakra-sim plugins lists "
-                              f"them; docs/training.md, Activation offload); one taking ASTRA-sim's remote-memory keys gets {link}")])
+        raise ManifestError([(f"{source}: memory", f"required: job.training.{key} copies {what} with memory nodes, "
+                              "so the job names its memory layer (`plugin:`; chakra-sim plugins lists them; "
+                              f"docs/training.md, offload); one taking ASTRA-sim's remote-memory keys gets {link}")])
     if host is None:
         return {}
     return {"memory-type": "PER_NPU_MEMORY_EXPANSION", "remote-mem-bw": host.value}

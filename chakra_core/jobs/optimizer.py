@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chakra_core.jobs.fp8_params import Fp8Parameters
+from chakra_core.jobs.optimizer_offload import OptimizerOffload
 from chakra_core.schema import pb
 
 ADAM_COPY_BYTES = 4 + 2
@@ -20,7 +21,7 @@ ADAM_OPS_PER_PARAM = 10
 """Two moment updates, bias corrections, sqrt, divide, weight decay, update."""
 
 
-class AdamStep(Fp8Parameters):
+class AdamStep(Fp8Parameters, OptimizerOffload):
     """The optimizer step's kernels (see the module docstring)."""
 
     if TYPE_CHECKING:
@@ -40,7 +41,15 @@ class AdamStep(Fp8Parameters):
         if self.grad_bytes == 2:
             self.elementwise("optimizer.grads_to_fp32", updated, updated * GRAD_COPY_BYTES, dtype="fp32")
         fp8 = linear if self.fp8_primary and self.fp8_on else 0
+        offloaded = self.offloaded_elements(updated)   # state and step on the host (optimizer_offload.py)
+        if offloaded:
+            pieces = self.offload_pieces(tensors, offloaded, updated)
+            copies = self.copy_grads_out(offloaded, pieces)
+            updated, fp8 = updated - offloaded, fp8 * (updated - offloaded) // updated
         step = self.elementwise("optimizer.adam", updated, updated * ADAM_BYTES_PER_PARAM - fp8 * ADAM_COPY_BYTES,
-                                ADAM_OPS_PER_PARAM, dtype="fp32")
+                                ADAM_OPS_PER_PARAM, dtype="fp32") if updated else -1
+        if offloaded:
+            last_copy = self.step_on_host(offloaded, pieces, copies)
+            step = step if updated else last_copy
         self.fp8_param_update(linear, tensors)
         return step

@@ -14,6 +14,7 @@ from functools import cached_property
 
 from chakra_core.jobs.flex_dispatcher import NVL_PEERS
 from chakra_core.jobs.hybrid_ep import hybridep_domain, uses_hybridep
+from chakra_core.jobs.optimizer_offload import HostOptimizer
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.step import PlacedGroup
 
@@ -29,11 +30,14 @@ class Coord:
 class Placement:
     """Where rank r sits (`coord`, `node`), on what GPU, and the groups it uses (`groups`)."""
 
-    def __init__(self, job: JobSpec, gpus_per_node: int, architecture: str = "hopper"):
+    def __init__(self, job: JobSpec, gpus_per_node: int, architecture: str = "hopper",
+                 host_optimizer: HostOptimizer | None = None):
         self.job = job
         self.architecture = architecture
         """The GPUs' generation (the profile's gpu.architecture): Transformer Engine's fp8 copies
         depend on it (jobs/fp8.py fp8_transposes)."""
+        self.host_optimizer = host_optimizer
+        """The hosts' CPU Adam (the profile's node section), for optimizer offload (jobs/optimizer_offload.py)."""
         p = job.parallel
         self.tp, self.cp, self.dp, self.pp = p.tp, p.cp, job.dp, p.pp
         self.world = job.cluster.gpus

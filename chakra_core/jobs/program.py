@@ -299,7 +299,8 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         for (units, size), split, expert in [*((bucket, shards, False) for bucket in buckets),
                                              *((bucket, expert_shards, True) for bucket in self.expert_buckets)]:
             state += [self.weight_storage(size, self.bucket_linear(units, expert)), ledger.new(size, self.grad_bytes)]
-            state += [ledger.new(-(-size // split), 4) for _ in range(fp32_copies)]
+            shard = -(-size // split)   # less what lives on the host (optimizer_offload.py)
+            state += [ledger.new(shard - self.offloaded_elements(shard), 4) for _ in range(fp32_copies)]
         if self.fp8:   # TE's fp8 copies of each linear weight (fp8_params.py)
             for chunk in range(self.vp):
                 for layer in self.chunk_layers(chunk) + self.mtp_units(chunk):

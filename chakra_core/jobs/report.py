@@ -3,8 +3,9 @@
 Each rank's time is split exclusively (it sums to the rank's finish): compute by part of the
 step (forward, backward, recompute, optimizer, other), communication exposed by communicator
 role (tp, cp, dp, pp, other, and ep for a mixture of experts' token dispatch and combine: a collective or message in flight or waiting for peers while no
-kernel runs), activation offload's copies to and from host memory while no kernel runs (`offload`,
-only when there are any) and the pipeline bubble (waiting for a pipeline neighbour's activations or
+kernel runs), activation or optimizer offload's copies to and from host memory while no kernel runs
+(`offload`, only when there are any), the host's optimizer steps while no kernel runs
+(`host_optimizer`, only with optimizer offload) and the pipeline bubble (waiting for a pipeline neighbour's activations or
 gradients, or nothing in flight at all). The step takes as long as its slowest rank; its
 split is reported, and one per pipeline stage.
 """
@@ -35,9 +36,10 @@ def split(record: RankRecord, roles: tuple[str, ...] = ROLES) -> dict[str, int]:
     parts = record.parts or {}
     for part, ns in parts.get("gpu_compute_ns", {}).items():
         out[f"compute_{part if part in COMPUTE else 'other'}"] += ns
-    out["compute_other"] += record.breakdown["cpu_compute_ns"]
-    if record.breakdown["memory_ns"]:   # a job's memory nodes are its activation offload (jobs/offload.py)
-        out["offload"] = record.breakdown["memory_ns"]
+    if record.breakdown["cpu_compute_ns"]:   # a job's CPU nodes are its offloaded optimizer steps
+        out["host_optimizer"] = record.breakdown["cpu_compute_ns"]
+    if record.breakdown["memory_ns"]:   # a job's memory nodes are its offloads' copies (jobs/offload.py,
+        out["offload"] = record.breakdown["memory_ns"]   # jobs/optimizer_offload.py)
     for category in ("exposed_network_ns", "waiting_ns"):
         for part, ns in parts.get(category, {}).items():
             if category == "waiting_ns" and part == "pp":

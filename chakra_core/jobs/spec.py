@@ -19,6 +19,7 @@ from chakra_core.jobs.fp8_params import fp8_param_problems
 from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.offload import offload_problems
+from chakra_core.jobs.optimizer_offload import optimizer_offload_problems
 from chakra_core.jobs.recompute import recompute_problems
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
 from chakra_core.jobs.schedule import schedule_problems
@@ -39,8 +40,7 @@ class Parallel(_Strict):
     pp: PositiveInt = Field(1, description="pipeline stages (--pipeline-model-parallel-size)")
     vp: PositiveInt | None = Field(None, description="model chunks per pipeline stage: interleaved 1F1B "
                                                      "(--num-layers-per-virtual-pipeline-stage = layers/pp/vp)")
-    cp: PositiveInt = Field(1, description="context parallel size: attention over the sequence split in "
-                                            "2 x cp load-balanced chunks")
+    cp: PositiveInt = Field(1, description="context parallel size: attention over the sequence in 2 x cp chunks")
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = Field(
         "p2p", description="how context parallel attention communicates (Megatron's --cp-comm-type): 'p2p' ring "
                            "attention, key/value blocks passed around the CP ring beside the steps; 'a2a' "
@@ -52,16 +52,13 @@ class Parallel(_Strict):
                           "(--hierarchical-context-parallel-sizes)")
     sp: bool | None = Field(None, description="sequence parallelism with TP; default: on when tp > 1")
     account_for_embedding_and_loss: bool = Field(
-        False, description="the pipeline split counts the embedding and the loss as one layer each "
-                           "(Megatron's account_for_embedding/loss_in_pipeline_split), so the first and "
-                           "last chunk hold one layer fewer")
-    tp_comm_overlap: bool = Field(False, description="TP all-gathers / reduce-scatters overlap the GEMMs "
-                                                     "they feed (Transformer Engine userbuffers)")
+        False, description="the pipeline split counts the embedding and the loss as one layer each (Megatron's "
+                           "account_for_embedding/loss_in_pipeline_split): the first and last chunk hold one fewer")
+    tp_comm_overlap: bool = Field(False, description="TP collectives overlap their GEMMs (TE userbuffers)")
     ep: PositiveInt = Field(1, description="expert parallel size (--expert-model-parallel-size): each rank of an "
                                            "EP group holds num_experts / ep experts")
     etp: PositiveInt | None = Field(None, description="expert tensor parallel size (--expert-tensor-parallel-size): "
-                                                      "each expert's FFN split over etp ranks; default tp, as "
-                                                      "Megatron's")
+                                                      "each expert's FFN split over etp ranks; default tp")
     overlap_moe_expert_parallel_comm: bool = Field(
         False, description="in the steady state of 1F1B one micro-batch's forward and another's backward run "
                            "together, layer by layer, each one's EP all-to-alls beside the other's compute "
@@ -69,16 +66,16 @@ class Parallel(_Strict):
     delay_wgrad_compute: bool = Field(False, description=(
         "with overlap_moe_expert_parallel_comm, Transformer Engine's weight gradients run after the data gradients, "
         "where the combined schedule places them (--delay-wgrad-compute)"))
-    moe_shared_expert_overlap: bool = Field(False, description=(
-        "shared experts on a stream of their own beside the dispatcher's all-to-alls (--moe-shared-expert-overlap)"))
+    moe_shared_expert_overlap: bool = Field(False, description="shared experts beside the dispatch "
+                                                               "(--moe-shared-expert-overlap)")
     moe_token_dispatcher: Literal["alltoall", "flex", "allgather"] = Field(
         "alltoall", description="--moe-token-dispatcher-type: 'alltoall' all-to-alls over ep (Megatron-Bridge's MoE "
                                 "models); 'flex' moe_flex_backend's kernels; 'allgather' (Megatron-Core's default)")
     moe_flex_backend: Literal["deepep", "hybridep"] = Field("deepep", description=(
         "--moe-flex-dispatcher-backend: 'deepep' (NVLink within 8 GPUs, RDMA once per node beyond), 'hybridep' "
         "(NVLink within the NVLink domain, RDMA once per domain beyond)"))
-    moe_hybridep_num_sms: PositiveInt | None = Field(None, description=(
-        "HybridEP's thread blocks (--moe-hybridep-num-sms): default 16, Megatron-Bridge's performance runs 32"))
+    moe_hybridep_num_sms: PositiveInt | None = Field(None, description="HybridEP's thread blocks "
+                                                     "(--moe-hybridep-num-sms): default 16")
     pipeline_layout: str | None = Field(None, description="each virtual stage's layers (--pipeline-model-parallel-"
                                         "layout), e.g. 'Et|(tt|)*30mL': E embedding, t layer, m MTP, L loss; vp follows")
     schedule: Literal["1f1b", "gpipe", "zb-h1"] = Field(
@@ -138,16 +135,14 @@ class Training(_Strict):
         "auto", description="the library of the fused attention kernels (TE's NVTE_FLASH_ATTN/NVTE_FUSED_ATTN): "
                             "'auto' the profile's curves (gpu.achievable.attention_kernel says whose), else "
                             "FlashAttention-2 or -3 or cuDNN, timed with the profile's curves of it")
-    dropout: float = Field(0.0, ge=0, lt=1, description="hidden and attention dropout probability (the "
-                                                        "masks' memory traffic; 0: no dropout kernels)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="hidden and attention dropout probability (0: no dropout)")
     recompute_layers: PositiveInt | None = Field(
         None, description="with full: layers per stage chunk recomputed (--recompute-num-layers, "
                           "block method); default all")
     distributed_optimizer: bool = Field(True, description="shard optimizer state over data parallel ranks "
                                                           "(--use-distributed-optimizer): gradients "
                                                           "reduce-scattered, parameters all-gathered")
-    overlap_grad_reduce: bool = Field(True, description="reduce gradients bucket by bucket during the "
-                                                        "backward of the last micro-batch")
+    overlap_grad_reduce: bool = Field(True, description="reduce gradients bucket by bucket in the last backward")
     overlap_param_gather: bool = Field(True, description="all-gather parameters bucket by bucket during "
                                                          "the forward (distributed optimizer only)")
     bucket_params: PositiveInt | None = Field(
@@ -174,6 +169,10 @@ class Training(_Strict):
     cpu_offloading_num_layers: NonNegativeInt = Field(
         0, description="activations of the first k layers copied to host memory after their forward and back before "
                        "their backward (--cpu-offloading-num-layers, Transformer Engine's schedule: jobs/offload.py)")
+    optimizer_offload_fraction: float = Field(0.0, ge=0, le=1, description=(
+        "optimizer state and step of this fraction of each rank's parameters on the host CPU (--optimizer-cpu-offload "
+        "--optimizer-offload-fraction: Megatron's HybridDeviceOptimizer, jobs/optimizer_offload.py)"))
+    overlap_cpu_optimizer_d2h_h2d: bool = Field(False, description="--overlap-cpu-optimizer-d2h-h2d")
     routing: Literal["balanced"] | Routing = Field(
         BALANCED, description="how a mixture of experts' router spreads tokens over the experts: 'balanced' (as "
                               "--moe-router-force-load-balancing forces it), {zipf: s} or {histogram: FILE or list} "
@@ -193,7 +192,8 @@ class Training(_Strict):
             if data.get("use_megatron_fsdp") is False:   # off: the echo as before it was a setting
                 data.pop("use_megatron_fsdp")
             for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0),
-                             ("fp8_param_gather", False), ("attention_kernel", "auto")):
+                             ("fp8_param_gather", False), ("attention_kernel", "auto"),
+                             ("optimizer_offload_fraction", 0.0), ("overlap_cpu_optimizer_d2h_h2d", False)):
                 if data.get(key) == off:
                     data.pop(key)
         return data
@@ -351,7 +351,7 @@ class JobSpec(_Strict):
             problems.append(f"training.attention_kernel {t.attention_kernel} needs attention: flash")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
             latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self) + \
-            offload_problems(self) + fp8_param_problems(self)
+            offload_problems(self) + fp8_param_problems(self) + optimizer_offload_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:

@@ -341,6 +341,7 @@ def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper") -> Memo
     # routed experts' state is sharded over the expert data-parallel group (expert_memory)
     expert_shards = job.dp * p.cp * p.tp // (p.ep * p.expert_tp) if t.distributed_optimizer else 1
     optimizer = -(-state.dense * per_param // shards) + -(-state.experts * per_param // expert_shards)
+    optimizer -= round(t.optimizer_offload_fraction * optimizer)   # on the host (jobs/optimizer_offload.py)
     return MemoryEstimate(stage=stage, weights=weights, gradients=DTYPE_BYTES[t.grad_reduce_dtype] * params,
                           optimizer=optimizer, activations=_peak_activations(job, stage), buffers=0)
 

@@ -15,6 +15,7 @@ from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile, read_job, write_job
 from chakra_core.jobs.flops import formulas, model_flops
 from chakra_core.jobs.models import preset, presets
+from chakra_core.jobs.optimizer_offload import host_optimizer
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.rank_writer import default_workers
 from chakra_core.json_types import JsonObject, JsonValue
@@ -121,7 +122,11 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
         profile = job_profile(spec.cluster.profile, spec.training.precision, Path("."), source, spec.training.fp8_recipe)
     except ManifestError as exc:
         raise CliError(str(exc)) from None
-    placement = Placement(spec, job_gpus_per_node(spec.cluster, profile), profile.gpu.architecture)
+    host = host_optimizer(profile)
+    if spec.training.optimizer_offload_fraction and host is None:
+        raise CliError(f"{source}: job.training.optimizer_offload_fraction: profile '{profile.name}' gives no "
+                       "node.host_adam_ns_per_param and node.host_optimizer_call_us (docs/hardware.md)")
+    placement = Placement(spec, job_gpus_per_node(spec.cluster, profile), profile.gpu.architecture, host)
     if save_job is not None:
         with tool_errors(str(save_job)):
             atomic_write_text(save_job, yaml.safe_dump({"job": data}, sort_keys=False))
