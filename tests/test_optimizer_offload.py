@@ -143,6 +143,22 @@ def test_folded_equals_unfolded(tmp_path):
     assert folded["training"]["step_time_s"] == unfolded["training"]["step_time_s"]
 
 
+def test_folded_in_time_equals_every_micro_batch_simulated(tmp_path):
+    """The host's step and the copies come after the repeating micro-batches: a step folded in time
+    is the whole step's, to the nanosecond, with the copies' bytes."""
+    data = job(1.0, overlap=True, gpus=2, global_batch=64, parallel={"pp": 2})
+    runs = {}
+    for fold_time in ("auto", "off"):
+        manifest = {"job": copy.deepcopy(data), "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                    "workload": {"fold_time": fold_time}, "output": {"dir": str(tmp_path / fold_time)},
+                    "memory": {"plugin": "hbm", "track_tensors": False}}
+        runs[fold_time] = run.simulate(run.load(manifest, base_dir=tmp_path)).document
+    assert runs["auto"]["folding"]["time"]["folded"], runs["auto"]["folding"]["time"]
+    assert runs["auto"]["training"] == runs["off"]["training"]
+    assert runs["auto"]["layers"]["memory"]["summary"]["bytes_stored"] == \
+        runs["off"]["layers"]["memory"]["summary"]["bytes_stored"] > 0
+
+
 def test_the_published_microbenchmark_is_reproduced(tmp_path):
     """NVIDIA-NeMo/RL #3628, Qwen3-0.6B on one H100: the profile's two host rates come from its two
     half-offload runs (+0.435 s without overlap, +0.464 s with it); the full-offload run (+0.926 s)
@@ -206,3 +222,37 @@ def test_a_job_that_offloads_names_its_memory_layer(tmp_path):
                 "output": {"dir": str(tmp_path)}}
     with pytest.raises(ManifestError, match=r"memory: required: .*optimizer_offload_fraction.*64 GB/s host link"):
         run.load(manifest, base_dir=tmp_path)
+
+
+# In the plan -----------------------------------------------------------------------------------------
+def test_plan_keeps_the_jobs_offload_in_every_layout(tmp_path):
+    """A job that offloads its optimizer is planned with it: every simulated layout's bound stays
+    below its step (the host's steps are left out of the bound), memory is checked against the
+    prediction with the GPU's share of the state, and each step includes the host's optimizer."""
+    from chakra_core.plan.search import SIMULATED, PlanOptions, plan
+    from chakra_core.sweep.run import Execution
+
+    manifest = {"job": job(0.5, gpus=4, global_batch=8), "compute": {"plugin": "achievable"},
+                "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
+    search = {"micro_batches": (1,), "recompute": ("none",), "distributed_optimizer": (True,), "max_cp": 1}
+    found = plan(manifest, tmp_path, tmp_path / "out", PlanOptions(top=2, batch=2, search=search),
+                 Execution(workers=1))
+    simulated = [c for c in found.candidates if c.status == SIMULATED]
+    assert simulated and found.memory_checked
+    assert all(c.bound_s <= (c.step_s or 0) for c in simulated)
+    assert all(c.memory_check == 0 for c in simulated)
+    plain = {**manifest, "job": job(0.0, gpus=4, global_batch=8)}
+    without = plan(plain, tmp_path, tmp_path / "without", PlanOptions(top=2, batch=2, search=search),
+                   Execution(workers=1))
+    by_layout = {c.layout: c.step_s for c in without.candidates if c.status == SIMULATED}
+    assert all(c.step_s > by_layout[c.layout] for c in simulated if c.layout in by_layout)
+    assert any(c.layout in by_layout for c in simulated)
+
+
+def test_plan_refuses_a_profile_without_host_rates(tmp_path):
+    from chakra_core.plan.search import PlanOptions, plan
+
+    manifest = {"job": job(0.5, gpus=4, profile="a100-sxm-hgx"), "compute": {"plugin": "achievable"},
+                "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
+    with pytest.raises(ManifestError, match=r"a100-sxm-hgx.*host_adam_ns_per_param"):
+        plan(manifest, tmp_path, tmp_path / "out", PlanOptions(top=1))

@@ -152,12 +152,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     domains = hybridep_problem(job, gpn)
     if domains:
         raise ManifestError([(f"{source}: job.parallel.ep", domains)])
-    host = host_optimizer(profile)
-    if job.training.optimizer_offload_fraction and host is None:
-        raise ManifestError([(f"{source}: job.training.optimizer_offload_fraction", (
-            f"profile '{profile.name}' does not say what its host's CPU Adam costs: give node.host_adam_ns_per_param "
-            "and node.host_optimizer_call_us, with their sources (docs/hardware.md)"))])
-    placement = Placement(job, gpn, profile.gpu.architecture, host)
+    placement = Placement(job, gpn, profile.gpu.architecture, host_optimizer(job, profile, source))
     output = dict(data.get("output") or {})
     if out_dir is not None:
         output["dir"] = str(out_dir)

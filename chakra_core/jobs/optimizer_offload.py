@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chakra_core.errors import ManifestError
 from chakra_core.et.build import bool_attr, micros_from_ns, str_attr, uint_attr
 from chakra_core.schema import pb
 
@@ -49,9 +50,14 @@ class HostOptimizer:
     call_us: float
 
 
-def host_optimizer(profile: Profile) -> HostOptimizer | None:
+def host_optimizer(job: JobSpec, profile: Profile, source: str) -> HostOptimizer | None:
+    """The profile's host rates; a job that offloads its optimizer to a profile without them is refused."""
     node = profile.node
     if node.host_adam_ns_per_param is None or node.host_optimizer_call_us is None:
+        if job.training.optimizer_offload_fraction:
+            raise ManifestError([(f"{source}: job.training.optimizer_offload_fraction", (
+                f"profile '{profile.name}' does not say what its host's CPU Adam costs: give "
+                "node.host_adam_ns_per_param and node.host_optimizer_call_us, with their sources (docs/hardware.md)"))])
         return None
     return HostOptimizer(float(node.host_adam_ns_per_param.value), float(node.host_optimizer_call_us.value))
 

@@ -35,6 +35,7 @@ from chakra_core.contract.layers import ComputeModel, SystemLayer
 from chakra_core.errors import ManifestError, PluginError
 from chakra_core.et.attrs import NodeView
 from chakra_core.jobs.expand import with_cluster_defaults
+from chakra_core.jobs.optimizer_offload import HostOptimizer
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.primitives import EP_PART
 from chakra_core.jobs.program import RankProgram
@@ -58,7 +59,7 @@ class ComputeBound:
     """Step-time bounds from the compute model a job manifest names (see the module docstring)."""
 
     def __init__(self, manifest: Mapping[str, Any], base_dir: Path, host: PluginHost, profile: str,
-                 gpus_per_node: int, gpus: int, architecture: str):
+                 gpus_per_node: int, gpus: int, architecture: str, host_optimizer: HostOptimizer | None = None):
         if not isinstance((manifest.get("compute") or {}).get("plugin"), str):
             raise ManifestError([("compute.plugin", "required: the compute layer plan times kernels with")])
         config = _layers_config(manifest, base_dir, host, profile, gpus_per_node)
@@ -75,6 +76,7 @@ class ComputeBound:
         self.system = system if isinstance(system, SystemLayer) and "network" not in manifest else None
         self.streams = max(1, config.spec.resources.gpu or 1)
         self.gpus_per_node, self.architecture = gpus_per_node, architecture
+        self.host_optimizer = host_optimizer   # with optimizer offload: the host's rates (jobs/optimizer_offload.py)
         self._layers: dict[tuple[Any, ...], Times] = {}
         self._steps: dict[tuple[Any, ...], float] = {}
 
@@ -83,7 +85,10 @@ class ComputeBound:
         return node.duration_micros * 1000 if duration is None else duration
 
     def _time(self, nodes: list[pb.Node]) -> float:
-        return sum(self._compute_ns(node) for node in nodes if node.type == pb.COMP_NODE) / 1e9
+        """The GPU's kernels one after another; the host's optimizer steps (CPU nodes), which run
+        beside the GPU's own Adam, are left out so the sum stays below any step."""
+        return sum(self._compute_ns(node) for node in nodes
+                   if node.type == pb.COMP_NODE and not NodeView(node).is_cpu_op) / 1e9
 
     def _path(self, program: RankProgram, start: int) -> float:
         """Seconds from the start of the nodes built since `start` until the stream's frontier
@@ -163,7 +168,7 @@ class ComputeBound:
     def bound_s(self, spec: JobSpec) -> float:
         """Seconds no simulated step of `spec` can beat (see the module docstring)."""
         p, t, m = spec.parallel, spec.training, spec.shape
-        placement = Placement(spec, self.gpus_per_node, self.architecture)
+        placement = Placement(spec, self.gpus_per_node, self.architecture, self.host_optimizer)
         reps = placement.representatives
         stage_rank = {placement.coord(rank).pp: rank for rank in reps}
         pieces = self._pieces(spec, placement, stage_rank[0])

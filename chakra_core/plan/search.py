@@ -1,5 +1,4 @@
-"""The search of `chakra-sim plan`: every layout, cheap filters first, simulations only where they
-can still win.
+"""The search of `chakra-sim plan`: every layout, cheap filters first, simulations only where they can win.
 
 1. Every valid layout of the job (`layouts.enumerate_layouts`).
 2. Its predicted peak memory per GPU (`memory.predict_memory`) and a reserve for the CUDA
@@ -14,10 +13,9 @@ can still win.
    layout's keys set: resumable, locked, on local processes or Ray.
 4. A layout whose bound is not below the K-th best simulated step time cannot enter the top K:
    it and every layout after it are left unsimulated ("pruned").
-5. Memory is checked (`check_memory`, when the manifest names a memory layer): the simulated
-   layouts' traces list their tensors (`job.tensors`) and the memory layer follows them (the
-   `hbm` plugin does), so each simulated layout has its simulated peak beside the prediction
-   (`memory_check`: simulated / predicted - 1).
+5. Memory is checked (`check_memory`, when the manifest names a memory layer): the simulated layouts'
+   traces list their tensors (`job.tensors`) and the memory layer follows them (the `hbm` plugin
+   does): each has its simulated peak beside the prediction (`memory_check`: simulated / predicted - 1).
 
 Which layouts get simulated depends on `batch`, never on the executor or the number of workers,
 and the top K does not depend on either: a pruned layout's step time is at least its bound.
@@ -42,6 +40,7 @@ from chakra_core.jobs.bands import ErrorBand
 from chakra_core.json_types import JsonObject
 from chakra_core.jobs.domains import job_gpus_per_node
 from chakra_core.jobs.expand import job_profile
+from chakra_core.jobs.optimizer_offload import host_optimizer
 from chakra_core.jobs.routing import histogram_anchored
 from chakra_core.jobs.spec import Cluster, JobSpec
 from chakra_core.jobs.overflow import overflow as trace_overflow
@@ -262,7 +261,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
 
     host = make_plugin_host()
     # the profile as the job names it: a file's path, not the name it loads under
-    tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus, profile.gpu.architecture)
+    tight = ComputeBound(manifest, base_dir, host, cluster.profile, gpus_per_node, cluster.gpus, profile.gpu.architecture,
+                         host_optimizer(enumeration.specs[enumeration.layouts[0]], profile, source))
     headroom = Headroom.of(profile, options.headroom_gib,
                            communicator_bytes(manifest, base_dir, host, cluster.profile, gpus_per_node),
                            moe=enumeration.layouts[0].moe)

@@ -122,10 +122,10 @@ def write_job_files(data: JsonObject, source: str, output: str | None, save_job:
         profile = job_profile(spec.cluster.profile, spec.training.precision, Path("."), source, spec.training.fp8_recipe)
     except ManifestError as exc:
         raise CliError(str(exc)) from None
-    host = host_optimizer(profile)
-    if spec.training.optimizer_offload_fraction and host is None:
-        raise CliError(f"{source}: job.training.optimizer_offload_fraction: profile '{profile.name}' gives no "
-                       "node.host_adam_ns_per_param and node.host_optimizer_call_us (docs/hardware.md)")
+    try:
+        host = host_optimizer(spec, profile, source)
+    except ManifestError as exc:
+        raise CliError(str(exc)) from None
     placement = Placement(spec, job_gpus_per_node(spec.cluster, profile), profile.gpu.architecture, host)
     if save_job is not None:
         with tool_errors(str(save_job)):
