@@ -50,7 +50,7 @@ def plan_figures() -> int:
     options = PlanOptions(top=3, batch=4, search={"micro_batches": (1,), "offload": True})
     with tempfile.TemporaryDirectory(prefix="chakra-offload-plan-") as tmp:
         found = plan(manifest, ROOT, Path(tmp), options, Execution(workers=2))
-    plain = [c for c in found.candidates if not c.layout.offload]
+    plain = [c for c in found.candidates if not c.layout.offload and not c.layout.optimizer_offload]
     variants = [c for c in found.candidates if c.layout.offload]
     too_big = [c for c in plain if c.status == TOO_BIG]
     tried = [c for c in too_big if c.layout.pp == 1 and c.layout.recompute == "none"]

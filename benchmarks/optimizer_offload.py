@@ -13,6 +13,11 @@
    measured it; global batch 8): the step and the predicted memory per GPU for each fraction, and
    the step over the step without offload (the docs: 1.9x at 25% to 4.2x at 100%, "scales linearly";
    3.8 GB saved per 25%). Their global batch and sequence are not stated; 8 and 4,096 are taken.
+
+`--plan`: `chakra-sim plan --offload --top 3 --micro-batches 1` of Llama 3 70B on 16 H100 (sequence
+4,096, global batch 16, memory not checked): how many layouts do not fit, how many of those come back
+with a quarter of the optimizer offloaded and with how much, and the fastest of them against the
+fastest layout that fits as it is (docs/plan.md, "Offload").
 """
 
 from __future__ import annotations
@@ -49,7 +54,36 @@ def job(name: str, model: object, gpus: int, fraction: float, overlap: bool, par
             "cluster": {"gpus": gpus, "profile": "h100-sxm-hgx" if gpus <= 8 else "h100-hgx-ndr400"}}
 
 
+def plan_figures() -> None:
+    from chakra_core.plan.search import SIMULATED, TOO_BIG, PlanOptions, plan
+    from chakra_core.sweep.run import Execution
+    manifest = {"job": {"name": "optimizer-offload-plan", "model": "llama3-70b",
+                        "training": {"seq": 4096, "global_batch": 16},
+                        "cluster": {"gpus": 16, "profile": "h100-hgx-ndr400"}},
+                "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
+                "memory": {"plugin": "hbm", "track_tensors": False}}
+    options = PlanOptions(top=3, batch=4, check_memory=False, search={"micro_batches": (1,), "offload": True})
+    with tempfile.TemporaryDirectory(prefix="chakra-optimizer-offload-plan-") as tmp:
+        found = plan(manifest, ROOT, Path(tmp), options, Execution(workers=2))
+    plain = [c for c in found.candidates if not c.layout.offload and not c.layout.optimizer_offload]
+    variants = [c for c in found.candidates if c.layout.optimizer_offload]
+    too_big = [c for c in plain if c.status == TOO_BIG]
+    fractions = sorted({c.layout.optimizer_offload for c in variants})
+    print(f"{len(plain)} layouts, {len(too_big)} do not fit; {len(variants)} fit with a share of the optimizer "
+          f"offloaded ({', '.join(f'{f:g}' for f in fractions)}); "
+          f"{sum(c.layout.offload > 0 for c in found.candidates)} with activations offloaded")
+    for label, group in (("fastest offloading its optimizer", variants), ("fastest fitting as it is", plain)):
+        best = min((c for c in group if c.status == SIMULATED), key=lambda c: c.step_s or 0.0)
+        assert best.training is not None
+        print(f"{label}: {best.layout.label()}, {best.step_s:.3f} s, "
+              f"{best.training.breakdown_s.get('host_optimizer', 0.0):.3f} s of host steps with no kernel running, "
+              f"{best.memory.total / 2**30:.1f} GiB")
+
+
 def main() -> None:
+    if "--plan" in sys.argv[1:]:
+        plan_figures()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         print("Qwen3-0.6B on 1 H100 (NVIDIA-NeMo/RL #3628)")
         print(f"{'fraction':>8} {'overlap':>7} {'step s':>8} {'added s':>8} {'published':>9} {'added':>7} "

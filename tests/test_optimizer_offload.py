@@ -256,3 +256,51 @@ def test_plan_refuses_a_profile_without_host_rates(tmp_path):
                 "system": {"plugin": "nccl"}, "memory": {"plugin": "hbm"}}
     with pytest.raises(ManifestError, match=r"a100-sxm-hgx.*host_adam_ns_per_param"):
         plan(manifest, tmp_path, tmp_path / "out", PlanOptions(top=1))
+
+
+def test_plan_offload_tries_the_smallest_quarter_of_the_optimizer_that_fits():
+    """`plan --offload`: a layout with the distributed optimizer that does not fit comes back, right
+    after it, with the smallest of 25/50/75/100% offloaded that makes it fit (the next smaller does
+    not), pipeline stages and recomputation allowed; none on a profile without host rates."""
+    import dataclasses
+
+    from chakra_core.hardware.profiles import load_profile
+    from chakra_core.plan.headroom import Headroom
+    from chakra_core.plan.layouts import enumerate_layouts, job_with
+    from chakra_core.plan.memory import overflow
+    from chakra_core.plan.offload import OPTIMIZER_FRACTIONS, add_offload_variants
+
+    data = {"name": "p", "model": "llama3-70b", "training": {"seq": 4096, "global_batch": 16},
+            "cluster": {"gpus": 16, "profile": "h100-hgx-ndr400"}}
+    profile = load_profile("h100-hgx-ndr400")
+    headroom = Headroom.of(profile)
+
+    def fits(layout: Any) -> bool:
+        peak = predict_memory(job_with(data, layout))
+        return overflow(peak, headroom.usable, headroom.reserve(layout, peak.total).total) is None
+
+    enumeration = enumerate_layouts(data, 8, micro_batches=(1,), recompute=("full",), distributed_optimizer=(True,),
+                                    max_cp=1)
+    index = 0
+    while index < len(enumeration.layouts):
+        if not fits(enumeration.layouts[index]):
+            add_offload_variants(enumeration, index, data, headroom, profile)
+        index += 1
+    variants = [layout for layout in enumeration.layouts if layout.optimizer_offload]
+    assert variants and any(layout.pp > 1 for layout in variants)
+    assert enumeration.layouts == sorted(enumeration.layouts)
+    for variant in variants:
+        assert fits(variant)
+        original = dataclasses.replace(variant, optimizer_offload=0.0)
+        assert original in enumeration.layouts and not fits(original)
+        smaller = OPTIMIZER_FRACTIONS.index(variant.optimizer_offload) - 1
+        if smaller >= 0:
+            assert not fits(dataclasses.replace(variant, optimizer_offload=OPTIMIZER_FRACTIONS[smaller]))
+        assert f"opt-offload{variant.optimizer_offload:g}" in variant.label()
+    a100 = {**data, "cluster": {"gpus": 16, "profile": "a100-sxm-hgx"}}
+    plain = enumerate_layouts(a100, 8, micro_batches=(1,), recompute=("full",), distributed_optimizer=(True,),
+                              max_cp=1)
+    before = list(plain.layouts)
+    for index in range(len(before)):
+        add_offload_variants(plain, index, a100, Headroom.of(load_profile("a100-sxm-hgx")), load_profile("a100-sxm-hgx"))
+    assert not any(layout.optimizer_offload for layout in plain.layouts)

@@ -81,7 +81,8 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*x\s*$")
                    "sets each simulated layout's peak memory beside the prediction")
 @click.option("--offload", is_flag=True,
               help="a layout that does not fit in memory is tried again with the fewest layers' activations "
-                   "offloaded to host memory that make it fit (pp 1, no recomputation; docs/plan.md)")
+                   "offloaded to host memory that make it fit (pp 1, no recomputation), and with the smallest "
+                   "quarter of its optimizer offloaded that makes it fit (docs/plan.md)")
 @click.option("--keep-traces", is_flag=True,
               help="keep each simulated layout's generated traces in OUT/simulations (gigabytes for a large "
                    "model's layout; by default they are removed once it is simulated, its results kept)")

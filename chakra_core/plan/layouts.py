@@ -112,6 +112,8 @@ class Layout:
     Megatron-FSDP data_parallel_sharding_strategy."""
     offload: int = 0
     """Layers whose activations go to host memory (plan.offload); 0: as the job says."""
+    optimizer_offload: float = 0.0
+    """Share of the optimizer state and step on the host (plan.offload); 0: as the job says."""
 
     @property
     def fsdp(self) -> bool:
@@ -138,13 +140,15 @@ class Layout:
                 "job.parallel.vp": self.vp if self.vp > 1 else None, "job.parallel.cp": self.cp, **experts,
                 "job.training.micro_batch": self.micro_batch, "job.training.recompute": self.recompute,
                 "job.training.distributed_optimizer": self.distributed_optimizer, **sharded,
-                **({"job.training.cpu_offloading_num_layers": self.offload} if self.offload else {})}
+                **({"job.training.cpu_offloading_num_layers": self.offload} if self.offload else {}),
+                **({"job.training.optimizer_offload_fraction": self.optimizer_offload} if self.optimizer_offload else {})}
 
     def label(self) -> str:
         optimizer = f"fsdp-{self.sharding}" if self.fsdp else "dist-opt" if self.distributed_optimizer else "no-dist-opt"
         experts = f" EP{self.ep} ETP{self.etp}" if self.moe else ""
         return (f"TP{self.tp} PP{self.pp} VP{self.vp} CP{self.cp} DP{self.dp}{experts} MB{self.micro_batch} "
-                f"{self.recompute} {optimizer}" + (f" offload{self.offload}" if self.offload else ""))
+                f"{self.recompute} {optimizer}" + (f" offload{self.offload}" if self.offload else "") +
+                (f" opt-offload{self.optimizer_offload:g}" if self.optimizer_offload else ""))
 
 
 @dataclass

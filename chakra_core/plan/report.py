@@ -34,7 +34,7 @@ EXPERT_COLUMNS = ["ep", "etp", "edp"]
 """A mixture of experts' plan's columns after dp: expert parallel, expert tensor and expert data parallel sizes."""
 KINDS = {"rank": "int", "layout": "str", "tp": "int", "pp": "int", "vp": "int", "cp": "int", "dp": "int",
          **{c: "int" for c in EXPERT_COLUMNS},
-         "micro_batch": "int", "recompute": "str", "offload": "int", "distributed_optimizer": "bool", "sharding": "str",
+         "micro_batch": "int", "recompute": "str", "offload": "int", "optimizer_offload": "float", "distributed_optimizer": "bool", "sharding": "str",
          "status": "str", "across_domains": "str",
          "step_s": "float", "vs_best": "float", "tie": "bool", "bound_s": "float", "tflops_per_gpu": "float", "mfu": "float", "memory_gib": "float",
          "memory_stage": "int", "memory_check": "float", "exposed_comm_s": "float", "bubble_s": "float", "overflow": "str", "error": "str",
@@ -51,9 +51,10 @@ def plan_files(plan: Plan, settings: JsonObject) -> dict[str, str | bytes]:
     if any(c.layout.sharding is not None for c in plan.candidates):   # a plan that searched Megatron-FSDP
         after = columns.index("distributed_optimizer") + 1
         columns = columns[:after] + ["sharding"] + columns[after:]
-    if any(c.layout.offload for c in plan.candidates):   # plan --offload found layouts that fit with it
-        after = columns.index("recompute") + 1
-        columns = columns[:after] + ["offload"] + columns[after:]
+    for key in ("optimizer_offload", "offload"):   # plan --offload found layouts that fit with it
+        if any(getattr(c.layout, key) for c in plan.candidates):
+            after = columns.index("recompute") + 1
+            columns = columns[:after] + [key] + columns[after:]
     marked = {"marked": mark_rows(plan)} if plan.marked else {}
     files: dict[str, str | bytes] = {
         "plan.csv": table_csv(columns, rows, KINDS),

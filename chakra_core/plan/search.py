@@ -1,10 +1,9 @@
 """The search of `chakra-sim plan`: every layout, cheap filters first, simulations only where they can win.
 
 1. Every valid layout of the job (`layouts.enumerate_layouts`).
-2. Its predicted peak memory per GPU (`memory.predict_memory`) and a reserve for the CUDA
-   context, NCCL's buffers and fragmentation against the memory a program can use
-   (`headroom.Headroom`): a layout that does not fit is kept in the table with what overflows
-   and by how much.
+2. Its predicted peak memory per GPU (`memory.predict_memory`) and a reserve for the CUDA context,
+   NCCL's buffers and fragmentation against the memory a program can use (`headroom.Headroom`): a
+   layout that does not fit is kept in the table with what overflows and by how much.
 3. A lower bound on its step time: the FLOPs of its busiest stage at the fastest rate any
    kernel reaches (`layouts.lower_bound_s`) for every layout, tightened for those that reach
    the front of the queue by timing their kernels with the manifest's own compute model
@@ -17,8 +16,8 @@
    traces list their tensors (`job.tensors`) and the memory layer follows them (the `hbm` plugin
    does): each has its simulated peak beside the prediction (`memory_check`: simulated / predicted - 1).
 
-Which layouts get simulated depends on `batch`, never on the executor or the number of workers,
-and the top K does not depend on either: a pruned layout's step time is at least its bound.
+Which layouts get simulated depends on `batch`, never on the executor or the number of workers, and
+the top K does not depend on either: a pruned layout's step time is at least its bound.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ from chakra_core.plan.compute_bound import ComputeBound
 from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
-from chakra_core.plan.offload import add_offload_variant
+from chakra_core.plan.offload import add_offload_variants
 from chakra_core.plan.ranking import kth_best, standing
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import Execution, PointReport, run_sweep
@@ -128,6 +127,7 @@ class Candidate:
             "rank": rank, "layout": lay.label(), "tp": lay.tp, "pp": lay.pp, "vp": lay.vp, "cp": lay.cp,
             "dp": lay.dp, **({"ep": lay.ep, "etp": lay.etp, "edp": lay.edp} if lay.moe else {}),
             "micro_batch": lay.micro_batch, "recompute": lay.recompute, **({"offload": lay.offload} if lay.offload else {}),
+            **({"optimizer_offload": lay.optimizer_offload} if lay.optimizer_offload else {}),
             "distributed_optimizer": lay.distributed_optimizer,
             **({"sharding": lay.sharding} if lay.sharding is not None else {}), "status": self.status.value,
             "step_s": self.step_s, "bound_s": self.bound_s, "across_domains": None if step is None else step.across_domains,
@@ -276,7 +276,7 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
         if candidate.overflow is not None:
             candidate.status = TOO_BIG
             if offload:   # again with the fewest layers offloaded that make it fit, right after it
-                add_offload_variant(enumeration, index, dict(job), headroom, profile.gpu.architecture)
+                add_offload_variants(enumeration, index, dict(job), headroom, profile)
         candidates.append(candidate)
     result = Plan(candidates, enumeration, headroom, profile.name, marked=include,
                   power_w=None if profile.gpu.power_w is None else profile.gpu.power_w.value)
