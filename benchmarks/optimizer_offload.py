@@ -22,6 +22,7 @@ fastest layout that fits as it is (docs/plan.md, "Offload").
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -81,7 +82,9 @@ def plan_figures() -> None:
 
 
 def main() -> None:
-    if "--plan" in sys.argv[1:]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", action="store_true", help="the docs/plan.md --offload example's optimizer figures")
+    if parser.parse_args().plan:
         plan_figures()
         return
     with tempfile.TemporaryDirectory() as tmp:
