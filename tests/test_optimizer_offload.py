@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from chakra_core import run
@@ -86,6 +88,27 @@ def test_the_host_steps_its_share_and_the_copies_carry_it(fraction, overlap, gpu
     assert len(out) == len(back) == len(host) == (len(host) if overlap else 1)
     assert [n.name for n in trace if not n.name.startswith("optimizer")] == \
         [n.name for n in whole if not n.name.startswith("optimizer")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(fraction=st.floats(min_value=0.01, max_value=1.0), overlap=st.booleans(),
+       layout=st.sampled_from([(1, 1, 2), (2, 1, 2), (1, 2, 4), (2, 2, 8), (1, 1, 4)]),
+       precision=st.sampled_from(["bf16", "fp8"]))
+def test_every_offloaded_element_is_stepped_once_and_crosses_the_link_twice(fraction, overlap, layout, precision):
+    """On any layout, each rank's shard is stepped exactly once (GPU or host), and the bytes copied
+    out equal the bytes copied back, 4 per host-stepped element."""
+    tp, pp, gpus = layout
+    data = job(fraction, overlap, gpus=gpus, parallel={"tp": tp, "pp": pp}, precision=precision,
+               global_batch=8)
+    for rank in {0, gpus - 1}:
+        whole = _gpu_adam_elements(nodes(job(0.0, gpus=gpus, parallel={"tp": tp, "pp": pp}, precision=precision,
+                                             global_batch=8), rank))
+        trace = nodes(data, rank)
+        host = sum(_uint(n, "num_params") for n in _named(trace, "optimizer.offload.cpu_adam"))
+        assert host == round(fraction * whole) and _gpu_adam_elements(trace) + host == whole
+        out = sum(_uint(n, "tensor_size") for n in _named(trace, "optimizer.offload.grads_d2h"))
+        back = sum(_uint(n, "tensor_size") for n in _named(trace, "optimizer.offload.params_h2d"))
+        assert out == back == host * COPY_BYTES
 
 
 def test_without_overlap_the_copies_run_on_the_compute_stream():
