@@ -19,8 +19,9 @@ The CPU's step is a CPU node (`is_cpu_op`) of the time the profile's host gives
 (`node.host_adam_ns_per_param` per element, `node.host_optimizer_call_us` per optimizer call);
 the copies are MEM_STORE / MEM_LOAD nodes (`mem_location: remote`) timed by the job's memory
 layer, as activation offload's are (jobs/offload.py offload_memory_defaults). Pieces here are
-the offloaded elements split evenly over the rank's offloaded parameter tensors (counted as
-jobs/fp8_params.py counts weights, plus two norms per layer: an estimate, not Megatron's list).
+the offloaded elements split evenly over the rank's offloaded parameter tensors (counted from
+the model's shape, `offload_pieces`: an estimate, not Megatron's list, which also decides which
+tensors come first).
 """
 
 from __future__ import annotations
@@ -90,12 +91,15 @@ class OptimizerOffload:
         return round(self.job.training.optimizer_offload_fraction * updated)
 
     def offload_pieces(self, weight_tensors: int, offloaded: int, updated: int) -> int:
-        """The offloaded parameter tensors: the stage's `weight_tensors` and its layers' norms, a shard's
-        share of them with the distributed optimizer plus one split by its ends, in the offloaded share."""
+        """The offloaded parameter tensors: the stage's `weight_tensors` and, per layer, Megatron-Core's
+        two norm weights (fused into linear_qkv and linear_fc1, or a MoE layer's pre-MLP norm), QK norms,
+        four biases with add_bias_linear and a MoE router, plus the embedding or the final norm and output
+        layer; a shard's share of them with the distributed optimizer (one more split by its ends), in
+        the offloaded share."""
         m, p = self.job.shape, self.job.parallel
-        norms = (4 if m.qk_layernorm else 2) * -(-m.layers // p.pp)
-        tensors = -(-(weight_tensors + norms) // len(self.groups.get("dp_cp", (0,)))) + 1
-        return max(1, round(tensors * offloaded / updated))
+        per_layer = 2 + (2 if m.qk_layernorm else 0) + (4 if m.bias else 0) + (1 if m.moe else 0)
+        tensors = weight_tensors + per_layer * -(-m.layers // p.pp) + 2
+        return max(1, round((-(-tensors // len(self.groups.get("dp_cp", (0,)))) + 1) * offloaded / updated))
 
     def copy_grads_out(self, elements: int, pieces: int) -> list[int]:
         """The D2H copies of the offloaded main gradients: one on the compute stream, or one per
