@@ -1,5 +1,6 @@
 """The generator's training-step rules as properties: every gradient bucket is reduced exactly
-once, after its last contribution; changing DP alone moves a step by no more than its DP
+once, after its last contribution; a data-parallel group's collectives run one after another;
+changing DP alone moves a step by no more than its DP
 communication; more bandwidth never slows a step; every collective a trace emits is counted once
 in the run's bytes."""
 
@@ -69,14 +70,18 @@ layouts = st.fixed_dictionaries({
 })
 
 
+def layout_job(layout: dict[str, Any]) -> JobSpec:
+    vp = 2 if layout["interleave"] and layout["pp"] > 1 else None
+    return spec(tp=layout["tp"], pp=layout["pp"], vp=vp, dp=layout["dp"], microbatches=4 if vp is None else 2 * layout["pp"],
+                distributed_optimizer=layout["distributed_optimizer"],
+                overlap_grad_reduce=layout["overlap_grad_reduce"], overlap_param_gather=layout["overlap_param_gather"],
+                grad_reduce_dtype=layout["grad_reduce_dtype"], bucket_params=layout["bucket_params"])
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts)
 def test_every_gradient_bucket_is_reduced_once_after_its_last_contribution(layout):
-    vp = 2 if layout["interleave"] and layout["pp"] > 1 else None
-    job = spec(tp=layout["tp"], pp=layout["pp"], vp=vp, dp=layout["dp"], microbatches=4 if vp is None else 2 * layout["pp"],
-               distributed_optimizer=layout["distributed_optimizer"],
-               overlap_grad_reduce=layout["overlap_grad_reduce"], overlap_param_gather=layout["overlap_param_gather"],
-               grad_reduce_dtype=layout["grad_reduce_dtype"], bucket_params=layout["bucket_params"])
+    job = layout_job(layout)
     placement = Placement(job, 8)
     for rank in placement.representatives:
         program = RankProgram(job, placement, rank)
@@ -105,6 +110,56 @@ def test_every_gradient_bucket_is_reduced_once_after_its_last_contribution(layou
         matched = [i for i in range(len(buckets)) if ("bucket", i) in matching]
         assert len(matched) == len(buckets), f"rank {rank}: buckets {sorted(set(range(len(buckets))) - set(matched))} " \
                                              "have no reduction after all their gradients"
+
+
+def _dp_group(name: str) -> str | None:
+    """The data-parallel process group a collective runs on: dense buckets and parameters on one,
+    expert buckets and parameters on the expert-data-parallel one."""
+    if name.startswith(("grads.dp_", "params.dp_")):
+        return "dp_cp"
+    if name.startswith(("grads.edp_", "params.edp_")):
+        return "edp"
+    return None
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts)
+def test_a_data_parallel_groups_collectives_are_issued_one_after_another(layout):
+    """One process group's collectives share one NCCL stream (PyTorch's ProcessGroupNCCL), so
+    every gradient reduction and parameter all-gather of a group depends on the one before."""
+    job = layout_job(layout)
+    placement = Placement(job, 8)
+    for rank in placement.representatives:
+        nodes = RankProgram(job, placement, rank).build()
+        by_group: dict[str, list[int]] = {}
+        for node in nodes:
+            group = _dp_group(node.name)
+            if group is not None:
+                by_group.setdefault(group, []).append(node.id)
+        for group, ids in by_group.items():
+            for earlier, later in zip(ids, ids[1:]):
+                assert earlier in ancestors(nodes, later), (rank, group, nodes[earlier].name, nodes[later].name)
+
+
+def test_a_ranks_data_parallel_collectives_never_overlap_in_time(tmp_path):
+    """Simulated: with small buckets reduced during the backward pass and parameters gathered
+    during the forward pass, no two data-parallel collectives of a rank's group are in flight at once."""
+    job = spec(tp=1, pp=2, vp=2, dp=4, microbatches=4, distributed_optimizer=True, overlap_grad_reduce=True,
+               overlap_param_gather=True, bucket_params=400_000).model_dump(mode="json")
+    data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / "out")},
+            "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
+    result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
+    assert result.intervals is not None
+    spans: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for rank, _, name, _, _, start, end, _ in result.intervals:
+        group = _dp_group(name)
+        if group is not None:
+            spans.setdefault((rank, group), []).append((start, end))
+    assert spans and max(len(s) for s in spans.values()) > 4   # many buckets, so overlap was possible
+    for key, intervals in spans.items():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+            assert start >= end, key
 
 
 @pytest.mark.parametrize("overlap", [True, False])

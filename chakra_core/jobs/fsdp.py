@@ -60,7 +60,6 @@ class ShardedRankProgram(RankProgram):
         self.fsdp = job_schedule(job, self.fsdp_buckets)
         self.gather_node: dict[int, int | None] = {}   # bucket -> its last all-gather
         self.reduce_node: dict[int, int | None] = {}   # bucket -> its reduction in flight
-        self.chain: dict[str, int | None] = {}         # process group -> its last collective
         self.gathered_at: dict[int, tuple[int, int]] = {}   # bucket -> (its transient storage, launch point)
         self.unsharded: dict[int, int] = {}            # bucket -> its unsharded gradient storage
         self.spans: list[tuple[int, int, int]] = []    # (storage, first point, last point) for the ledger
@@ -95,17 +94,8 @@ class ShardedRankProgram(RankProgram):
     # Collectives ----------------------------------------------------------------------------------
     def _chained(self, name: str, bucket: int, kind: int, size: int, role: str | None = None,
                  after: list[int] | None = None) -> int | None:
-        """A collective of the bucket's group (or `role`'s), after the compute so far (or `after`) and
-        the group's last collective."""
-        role = role or self._role(bucket)
-        last = self.chain.get(role)
-        after = [*(self.stream.frontier if after is None else after), *([last] if last is not None else [])]
-        part, self.part = self.part, "dp"
-        node = self.collective(name, role, kind, size, "dp", after=after)
-        self.part = part
-        if node is not None:
-            self.chain[role] = node
-        return node
+        """A collective of the bucket's group (or `role`'s), chained on that group (`_dp_collective`)."""
+        return self._dp_collective(name, role or self._role(bucket), kind, size, after)
 
     def _all_gather(self, ids: list[int], backward: bool = False, wait: bool = True, mb: int | None = None) -> None:
         """A module's unshard hook: free what the pipeline recycles, launch the window, wait for `ids`."""

@@ -36,6 +36,7 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
         super().__init__(job, placement, rank)
         self.pending_grads: list[int] = []
+        self.chain: dict[str, int | None] = {}            # data-parallel group -> its last collective
         self.reductions = 0                               # gradient buckets reduced so far
         self.expert_reductions = 0                        # expert gradient buckets reduced so far
         # keyed by (expert buffer?, a bucket's first unit): dense and expert parameters are gathered
@@ -80,7 +81,7 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         else:
             name = f"grads.dp_{what}.{self.reductions}"
             self.reductions += 1
-        node = self.collective(name, role, kind, params * self.grad_bytes, "dp")
+        node = self._dp_collective(name, role, kind, params * self.grad_bytes)
         if node is not None:
             if self.job.training.overlap_grad_reduce:
                 self.pending_grads.append(node)
@@ -123,11 +124,21 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
     def _gather_params(self, key: Key) -> int | None:
         expert, unit = key
         role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
-        part, self.part = self.part, "dp"
-        node = self.collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
-                               self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])),
-                               "dp")
-        self.part = part
+        if role not in self.groups:
+            return None
+        return self._dp_collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
+                                   self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])))
+
+    def _dp_collective(self, name: str, role: str, kind: int, size: int, after: list[int] | None = None) -> int | None:
+        """A collective of a data-parallel group, after the compute so far (or `after`) and the group's
+        last collective: Megatron-Core launches every bucket's reduction and parameter all-gather on the
+        group's process group (param_and_grad_buffer.py at d98e8a64, start_grad_sync / start_param_sync),
+        and PyTorch's ProcessGroupNCCL runs a group's collectives on one NCCL stream (ncclStreams_)."""
+        last = self.chain.get(role)
+        after = [*(self.stream.frontier if after is None else after), *([last] if last is not None else [])]
+        node = self.collective(name, role, kind, size, "dp", after=after)
+        if node is not None:
+            self.chain[role] = node
         return node
 
     # Buckets --------------------------------------------------------------------------------------
