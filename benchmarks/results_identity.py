@@ -113,6 +113,15 @@ rate inside the node, so 64 MiB and 1 GiB now run as a tree (1 GiB: 40,635 -> 24
 the 170 runs of the accuracy table predict the same steps).
 Recorded again (issue 36, optimizer offload): three generated jobs that offload (activations; a
 quarter of the optimizer, with and without overlap) added; the other 371 outputs byte-identical.
+Recorded again (issue 31, one data-parallel group's collectives one after another, as NCCL runs a
+process group's on one stream): six outputs changed. The llama3-70b example's step went from
+10.926524 s to 10.910207 s, and its error band follows the accuracy table simulated again (geomean
+6.2486% -> 6.2975%, mean signed +5.1779% -> +5.1073%); the plan-gpt-1.7b example's step from
+1.836503 s to 1.835472 s (exposed DP 7.2 ms -> 6.2 ms); "gpt dp2 tp2 pp2 hbm congestion
+timeline" changed only in its timeline, whose gradient reductions now start one after another
+(its results.json is byte-identical); the three offload jobs changed only in their error band
+(its class's runs simulated again: geomean 4.1829% -> 4.3273%, mean signed -3.5865% -> -3.7123%,
+worst 24.19% -> 25.01%). The other 368 outputs stayed byte-identical.
 """
 
 from __future__ import annotations
