@@ -17,6 +17,7 @@ are compared with are in docs/training-accuracy.md (benchmarks/training_accuracy
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -24,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import yaml  # noqa: E402
 
@@ -78,12 +77,15 @@ CASES: dict[str, dict[str, Any] | str] = {
 """The jobs, by the name the table prints (their settings as docs/training.md states them)."""
 
 
+@functools.cache
+def published_runs() -> dict[str, dict[str, Any]]:
+    """benchmarks/data/training-runs.yaml's runs by id, read once."""
+    return {run["id"]: run for run in yaml.safe_load(RUNS.read_text())["runs"]}
+
+
 def simulate(name: str) -> dict[str, Any]:
     case = CASES[name]
-    if isinstance(case, str):   # a published run of benchmarks/data/training-runs.yaml
-        spec = job_of(next(r for r in yaml.safe_load(RUNS.read_text())["runs"] if r["id"] == case))
-    else:
-        spec = case
+    spec = job_of(published_runs()[case]) if isinstance(case, str) else case
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         manifest = {"job": spec, "output": {"dir": out}, "compute": {"plugin": "achievable"},

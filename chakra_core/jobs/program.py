@@ -124,8 +124,6 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
     def _gather_params(self, key: Key) -> int | None:
         expert, unit = key
         role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
-        if role not in self.groups:
-            return None
         return self._dp_collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
                                    self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])))
 
