@@ -1,5 +1,6 @@
 """The generator's training-step rules as properties: every gradient bucket is reduced exactly
-once, after its last contribution; a data-parallel group's collectives run one after another;
+once, after its last contribution; a data-parallel group's collectives run one after another; a
+stage's first parameter gather starts as the Megatron-Core release starts it;
 changing DP alone moves a step by no more than its DP
 communication; more bandwidth never slows a step; every collective a trace emits is counted once
 in the run's bytes."""
@@ -188,6 +189,59 @@ def test_changing_dp_alone_moves_a_step_by_no_more_than_its_dp_communication(tmp
                     per_rank[rank] += end - start
             stage = {r: Placement(JobSpec.model_validate(job), 8).coord(r).pp for r in per_rank}
             dp_time = sum(max(t for r, t in per_rank.items() if stage[r] == s) for s in set(stage.values()))
+    assert dp_time > 0
+    assert steps[1] <= steps[2] <= steps[1] + dp_time, (steps, dp_time)
+
+
+def _first_gathers(job: JobSpec) -> dict[int, tuple[pb.Node, bool]]:
+    """Per pipeline stage (its first rank), its first parameter all-gather and whether a received
+    activation is among its ancestors."""
+    placement = Placement(job, 8)
+    out = {}
+    for rank in placement.representatives:
+        stage = placement.coord(rank).pp
+        if stage in out:
+            continue
+        nodes = RankProgram(job, placement, rank).build()
+        gather = next(n for n in nodes if n.name.startswith("params.dp_all_gather"))
+        out[stage] = gather, any(nodes[a].type == pb.COMM_RECV_NODE for a in ancestors(nodes, gather.id))
+    return out
+
+
+@pytest.mark.parametrize("start", ["first_forward", "step_start"])
+def test_a_stages_first_parameter_gather_starts_as_its_megatron_release_starts_it(start):
+    """Megatron-Core 0.9 and later launch a stage's first bucket at its first forward, after the
+    stage has received its first activation; 0.6 to 0.8 launched it in zero_grad, at the step's
+    start on every stage (param_gathers.py)."""
+    job = spec(tp=1, pp=4, dp=2, microbatches=8, distributed_optimizer=True, overlap_grad_reduce=True,
+               overlap_param_gather=True, param_gather_start=start)
+    gathers = _first_gathers(job)
+    assert sorted(gathers) == [0, 1, 2, 3]
+    assert not gathers[0][1]   # the first stage receives nothing before its first forward
+    for stage in (1, 2, 3):
+        assert gathers[stage][1] == (start == "first_forward"), (stage, gathers[stage][0].name)
+
+
+def test_gathers_at_the_steps_start_leave_dp_outside_the_pipelines_fill(tmp_path):
+    """With the first buckets gathered at the step's start, the later stages' gathers run while
+    they wait for their first activation: DP 1 -> 2 moves the step by no more than the slowest
+    rank's time in DP collectives (with first_forward the gathers line up along the fill: the
+    bound above sums the stages)."""
+    steps, dp_time = {}, 0
+    for dp in (1, 2):
+        job = spec(tp=2, pp=4, dp=dp, microbatches=8, distributed_optimizer=True,
+                   param_gather_start="step_start").model_dump(mode="json")
+        data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / f"dp{dp}")},
+                "compute": {"plugin": "achievable", "effects": {"gpu_variation": False}}, "system": {"plugin": "nccl"}}
+        result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
+        steps[dp] = result.document["finish_ns"]
+        if dp == 2:
+            per_rank: Counter[int] = Counter()
+            assert result.intervals is not None
+            for rank, _, name, _, _, start, end, _ in result.intervals:
+                if name.startswith(("grads.dp_", "params.dp_", "optimizer.grad_norm_all_reduce")):
+                    per_rank[rank] += end - start
+            dp_time = max(per_rank.values())
     assert dp_time > 0
     assert steps[1] <= steps[2] <= steps[1] + dp_time, (steps, dp_time)
 

@@ -67,6 +67,9 @@ def test_presets_name_their_source_and_count_known_parameters():
     ({"training__global_batch": 3}, "not divisible by dp"),
     ({"model": "llama9"}, "no model preset 'llama9'"),
     ({"training__attention": "unfused"}, "context parallelism needs"),
+    ({"training__param_gather_start": "step_start"}, "step_start is modelled without interleaving"),
+    ({"training": {"seq": 2048, "global_batch": 16, "param_gather_start": "step_start",
+                   "overlap_param_gather": False}}, "step_start needs the distributed optimizer"),
 ])
 def test_invalid_jobs_say_what_and_where(tmp_path, change, message):
     data = job(**change)

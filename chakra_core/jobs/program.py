@@ -21,16 +21,14 @@ from chakra_core.et.build import p2p_attrs, str_attr
 from chakra_core.jobs.moe_overlap import combined_phases
 from chakra_core.jobs.offload import ActivationOffload
 from chakra_core.jobs.optimizer import AdamStep
+from chakra_core.jobs.param_gathers import ParamGathers
 from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.zero_bubble import WeightPasses
 from chakra_core.schema import pb
 
-Key = tuple[bool, int]   # a parameter bucket: (in the expert buffer, its first unit in forward order)
-
-
-class RankProgram(ActivationOffload, AdamStep, WeightPasses):
+class RankProgram(ActivationOffload, ParamGathers, AdamStep, WeightPasses):
     """Builds the node list of one rank (`build`)."""
 
     def __init__(self, job: JobSpec, placement: Placement, rank: int):
@@ -39,13 +37,6 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         self.chain: dict[str, int | None] = {}            # data-parallel group -> its last collective
         self.reductions = 0                               # gradient buckets reduced so far
         self.expert_reductions = 0                        # expert gradient buckets reduced so far
-        # keyed by (expert buffer?, a bucket's first unit): dense and expert parameters are gathered
-        # over their own groups (Megatron-Core's expert_parallel_buffers)
-        self.param_gather: dict[Key, int | None] = {}     # -> its all-gather, launched
-        self.gather_size: dict[Key, int] = {}             # -> its parameters
-        self.gather_linear: dict[Key, int] = {}           # -> of those, the fp8 weights (fp8_params.py)
-        self.gather_next: dict[Key, Key] = {}             # -> the next bucket's, launched beside it
-        self.gather_with: dict[int, list[Key]] = {}       # chunk -> buckets launched at its first forward
         self.expert_buckets: list[tuple[list[int], int]] = []
         self.expert_bucket_end: dict[int, int] = {}
         self._seen_forward: set[int] = set()               # chunks whose first forward has run
@@ -87,45 +78,6 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
                 self.pending_grads.append(node)
             else:
                 self.stream.wait(node)
-
-    def _plan_param_gathers(self, buckets: list[tuple[list[int], int]], expert: bool = False) -> None:
-        """When each bucket's parameter all-gather starts, as Megatron-Core dispatches them (at
-        d98e8a64): without interleaving, a chunk's first bucket at its first forward and each
-        next bucket when the one before is waited for (param_and_grad_buffer.py
-        finish_param_sync); interleaved (align_param_gather, Megatron-LM's default there), every
-        bucket of chunks 0 and 1 at the step's start and those of chunk c when chunk c - 1 starts
-        (pipeline_parallel/schedules.py, param_sync_func)."""
-        for chunk, chunk_buckets in enumerate(self._by_chunk(buckets)):
-            forward = [(expert, units[-1]) for units, _ in reversed(chunk_buckets)]   # first units, forward order
-            for units, size in chunk_buckets:
-                self.gather_size[expert, units[-1]] = size
-                self.gather_linear[expert, units[-1]] = self.bucket_linear(units, expert)
-            if self.vp == 1:
-                self.gather_next.update(zip(forward, forward[1:]))
-            elif chunk < 2:
-                for key in forward:
-                    self.param_gather[key] = self._gather_params(key)
-            else:
-                self.gather_with.setdefault(chunk - 1, []).extend(forward)
-
-    def _await_params(self, layer: int) -> None:
-        """Before a bucket's first forward, wait for its parameters (launched now if nothing
-        launched them) and launch the next bucket's beside this one's forward."""
-        for key in ((False, layer), (True, layer)):
-            if key not in self.gather_size:
-                continue
-            node = self.param_gather.pop(key) if key in self.param_gather else self._gather_params(key)
-            del self.gather_size[key]
-            self.stream.wait(node)
-            following = self.gather_next.pop(key, None)
-            if following is not None:
-                self.param_gather[following] = self._gather_params(following)
-
-    def _gather_params(self, key: Key) -> int | None:
-        expert, unit = key
-        role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
-        return self._dp_collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
-                                   self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])))
 
     def _dp_collective(self, name: str, role: str, kind: int, size: int, after: list[int] | None = None) -> int | None:
         """A collective of a data-parallel group, after the compute so far (or `after`) and the group's
@@ -239,6 +191,7 @@ class RankProgram(ActivationOffload, AdamStep, WeightPasses):
         if job.effects.step_overheads:   # Megatron's train_step zeroes the grad buffers first
             self.part = "optimizer"
             self.elementwise("optimizer.zero_grad_buffer", zeroed, zeroed * self.grad_bytes)
+        self.start_param_gathers()
         if job.parallel.overlap_moe_expert_parallel_comm:
             for forward, backward in combined_phases(self.stage, self.pp, self.vp, m):
                 self.combined_step(forward, backward)

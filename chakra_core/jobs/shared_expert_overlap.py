@@ -26,16 +26,19 @@ the main stream waits for it before the second norm's backward (the gradients me
 As a plain linear, fc1 saves the gathered input and needs no second all-gather in the backward,
 and no amax is reduced over TP under fp8 current scaling (TE linear.py reduces it only for
 sequence-parallel column-parallel inputs and row-parallel output gradients). Megatron refuses the
-option together with --overlap-moe-expert-parallel-comm (spec.py).
+option together with --overlap-moe-expert-parallel-comm (overlap_problems).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from chakra_core.jobs.primitives import KernelPrimitives
 from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.jobs.spec import JobSpec
 
 
 class SharedExpertOverlap(KernelPrimitives):
@@ -122,3 +125,30 @@ class SharedExpertOverlap(KernelPrimitives):
             self.gemm(p + "shared.fc1.dgrad", n, up, h, cast=True)
             self._read(self.gemm(p + "shared.fc1.wgrad", up, n, h, accumulate=True), "fc1_in")
             self._shared_tp(p + "shared.fc1.tp_reduce_scatter", pb.REDUCE_SCATTER, n * h * b)
+
+
+def overlap_problems(job: JobSpec) -> list[str]:
+    """What Megatron-LM refuses of the MoE overlaps (at d98e8a64: TransformerConfig.__post_init__ in
+    megatron/core/transformer/transformer_config.py, lines 3002-3077), and Transformer Engine (at
+    d0067d0d) of delayed weight gradients."""
+    p, t = job.parallel, job.training
+    out = []
+    if p.overlap_moe_expert_parallel_comm:
+        if p.pp > 1 and job.vp == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm with pp > 1 needs parallel.vp > 1 (Megatron: "
+                       "virtual_pipeline_model_parallel_size must be specified)")
+        if p.ep == 1:
+            out.append("parallel.overlap_moe_expert_parallel_comm needs parallel.ep > 1 (expert model parallelism)")
+        if t.recompute == "full":
+            out.append("parallel.overlap_moe_expert_parallel_comm needs training.recompute other than full")
+        if p.moe_shared_expert_overlap:
+            out.append("parallel.moe_shared_expert_overlap and parallel.overlap_moe_expert_parallel_comm exclude "
+                       "each other (Megatron: disable moe_shared_expert_overlap)")
+    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
+        out.append("parallel.delay_wgrad_compute needs parallel.overlap_moe_expert_parallel_comm")
+    if p.delay_wgrad_compute and p.tp_comm_overlap and p.tp > 1:
+        # module/layernorm_linear.py and linear.py: NotImplementedError for a delayed wgrad GEMM with
+        # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
+        out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
+                   "delay weight gradients with userbuffers")
+    return out

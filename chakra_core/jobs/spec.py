@@ -22,7 +22,9 @@ from chakra_core.jobs.offload import offload_problems
 from chakra_core.jobs.optimizer_offload import optimizer_offload_problems
 from chakra_core.jobs.recompute import recompute_problems
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
+from chakra_core.jobs.param_gathers import param_gather_problems
 from chakra_core.jobs.schedule import schedule_problems
+from chakra_core.jobs.shared_expert_overlap import overlap_problems
 from chakra_core.jobs.sharding import sharding_problems
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -145,6 +147,10 @@ class Training(_Strict):
     overlap_grad_reduce: bool = Field(True, description="reduce gradients bucket by bucket in the last backward")
     overlap_param_gather: bool = Field(True, description="all-gather parameters bucket by bucket during "
                                                          "the forward (distributed optimizer only)")
+    param_gather_start: Literal["first_forward", "step_start"] = Field(
+        "first_forward", description="with overlap_param_gather, when a stage's first bucket is gathered: at its first "
+                                     "forward (Megatron-Core 0.9 and later) or at the step's start (0.4 to 0.8; "
+                                     "jobs/param_gathers.py)")
     bucket_params: PositiveInt | None = Field(
         None, description="parameters per gradient bucket; default Megatron's max(40M, 1M x dp)")
     fp8_param_gather: bool = Field(
@@ -193,7 +199,8 @@ class Training(_Strict):
                 data.pop("use_megatron_fsdp")
             for key, off in (("num_distributed_optimizer_instances", 1), ("cpu_offloading_num_layers", 0),
                              ("fp8_param_gather", False), ("attention_kernel", "auto"),
-                             ("optimizer_offload_fraction", 0.0), ("overlap_cpu_optimizer_d2h_h2d", False)):
+                             ("optimizer_offload_fraction", 0.0), ("overlap_cpu_optimizer_d2h_h2d", False),
+                             ("param_gather_start", "first_forward")):
                 if data.get(key) == off:
                     data.pop(key)
         return data
@@ -351,7 +358,8 @@ class JobSpec(_Strict):
             problems.append(f"training.attention_kernel {t.attention_kernel} needs attention: flash")
         problems += _moe_problems(self) + attention_variant_problems(self) + recompute_problems(self) + \
             latent_attention_problems(self) + sharding_problems(self) + schedule_problems(self) + \
-            offload_problems(self) + fp8_param_problems(self) + optimizer_offload_problems(self)
+            offload_problems(self) + fp8_param_problems(self) + optimizer_offload_problems(self) + \
+            param_gather_problems(self)
         if t.recompute_layers is not None and t.recompute != "full":
             problems.append("training.recompute_layers needs recompute: full")
         if m.position == "learned" and m.max_seq is not None and t.seq > m.max_seq:
@@ -390,31 +398,4 @@ def _moe_problems(job: JobSpec) -> list[str]:
     if p.tp > 1 and p.sp is False:
         # megatron/core/transformer/moe/moe_layer.py forward: MoE with TP trains with SP
         out.append("parallel.sp false with tp > 1: Megatron trains MoE layers with sequence parallelism")
-    return out + _overlap_problems(job) + flex_problems(job) + allgather_problems(job)
-
-
-def _overlap_problems(job: JobSpec) -> list[str]:
-    """What Megatron-LM refuses of the MoE overlaps (at d98e8a64: TransformerConfig.__post_init__ in
-    megatron/core/transformer/transformer_config.py, lines 3002-3077), and Transformer Engine (at
-    d0067d0d) of delayed weight gradients."""
-    p, t = job.parallel, job.training
-    out = []
-    if p.overlap_moe_expert_parallel_comm:
-        if p.pp > 1 and job.vp == 1:
-            out.append("parallel.overlap_moe_expert_parallel_comm with pp > 1 needs parallel.vp > 1 (Megatron: "
-                       "virtual_pipeline_model_parallel_size must be specified)")
-        if p.ep == 1:
-            out.append("parallel.overlap_moe_expert_parallel_comm needs parallel.ep > 1 (expert model parallelism)")
-        if t.recompute == "full":
-            out.append("parallel.overlap_moe_expert_parallel_comm needs training.recompute other than full")
-        if p.moe_shared_expert_overlap:
-            out.append("parallel.moe_shared_expert_overlap and parallel.overlap_moe_expert_parallel_comm exclude "
-                       "each other (Megatron: disable moe_shared_expert_overlap)")
-    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
-        out.append("parallel.delay_wgrad_compute needs parallel.overlap_moe_expert_parallel_comm")
-    if p.delay_wgrad_compute and p.tp_comm_overlap and p.tp > 1:
-        # module/layernorm_linear.py and linear.py: NotImplementedError for a delayed wgrad GEMM with
-        # userbuffers, whose bulk wgrad overlap Megatron turns on by default (tp_comm_bulk_wgrad)
-        out.append("parallel.delay_wgrad_compute with parallel.tp_comm_overlap: Transformer Engine does not "
-                   "delay weight gradients with userbuffers")
-    return out
+    return out + overlap_problems(job) + flex_problems(job) + allgather_problems(job)
