@@ -3,6 +3,7 @@
     python benchmarks/training_congestion.py                       # both tables
     python benchmarks/training_congestion.py --sizes 64,256,1024   # growth table for these GPU counts
     python benchmarks/training_congestion.py --skip-headline       # (or --skip-growth) only one table
+    python benchmarks/training_congestion.py --example             # the example job folded and not, alone
 
 Headline: Llama 3.1 405B on 16,384 H100 (the layout Meta reports for Llama 3 405B pre-training:
 TP 8, CP 1, PP 16, DP 128, 16M tokens per step; "The Llama 3 Herd of Models", sec. 3.3, as quoted
@@ -15,6 +16,10 @@ Growth: weak scaling of Llama 3 70B (TP 8, PP 4, DP = N / 32, global batch 8 x D
 data-parallel replica does the same work) on N = 64 ... 16,384 H100, same fabric family with
 N / 8 nodes. wall / (N log2 N) and wall / N are normalised to the smallest size, so a column
 staying near 1.0 means wall time grows as that function of N.
+
+Example (`--example`): examples/llama3-70b-64gpu.yaml's job (Llama 3 70B on 64 H100, 8 nodes) on
+the same fabric family, folded (one rank per pipeline stage and CP index) and with every rank
+simulated (`workload.fold: off`): the same finish both ways.
 
 Each case runs in a fresh process (this script with --case JSON). Wall time counts load+simulate
 (trace generation, building the layers, simulating, building the results); peak RSS is the
@@ -73,6 +78,8 @@ def run_case(case: dict[str, Any]) -> None:
                                 "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"}}
     if case.get("network"):
         manifest["network"] = case["network"]
+    if case.get("fold"):
+        manifest["workload"] = {"fold": case["fold"]}
     started = time.perf_counter()
     results = runner.simulate(runner.load(manifest, base_dir=out)).document
     wall = time.perf_counter() - started
@@ -83,9 +90,9 @@ def run_case(case: dict[str, Any]) -> None:
                       "simulated_ranks": results["folding"]["simulated_ranks"]}))
 
 
-def measure(job: dict[str, Any], network: dict[str, Any] | None, out: Path) -> dict[str, Any]:
+def measure(job: dict[str, Any], network: dict[str, Any] | None, out: Path, fold: str | None = None) -> dict[str, Any]:
     """Parent: run one case in a fresh process; its last stdout line is the measurement."""
-    case = {"job": job, "network": network, "out": str(out)}
+    case = {"job": job, "network": network, "out": str(out), "fold": fold}
     proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)],
                           capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
@@ -128,18 +135,39 @@ def growth(tmp: Path, sizes: list[int]) -> None:
               f"{per_n / first[1]:.3f} |", flush=True)
 
 
+def example(tmp: Path) -> None:
+    import yaml
+    job = yaml.safe_load((ROOT / "examples" / "llama3-70b-64gpu.yaml").read_text())["job"]
+    job.pop("name", None)
+    network = {"plugin": "congestion", "mode": "fair", "generator": rail_generator(job["cluster"]["gpus"])}
+    print("examples/llama3-70b-64gpu.yaml (Llama 3 70B on 64 H100, TP 4, PP 4, VP 5, CP 2), congestion fair\n")
+    print("| fold | simulated ranks | wall s | peak RSS MB | finish ns | network messages |")
+    print("|---|---:|---:|---:|---:|---:|")
+    finishes = []
+    for fold in ("auto", "off"):
+        r = measure(job, network, tmp / f"example-{fold}", fold)
+        finishes.append(r["finish_ns"])
+        print(f"| {fold} | {r['simulated_ranks']:,} | {r['wall_s']:.1f} | {r['rss_mb']:,.0f} | {r['finish_ns']:,} | "
+              f"{messages(r)} |", flush=True)
+    print(f"\nsame finish folded and unfolded: {'yes' if finishes[0] == finishes[1] else 'NO'}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="GPU counts of the growth table")
     parser.add_argument("--skip-headline", action="store_true")
     parser.add_argument("--skip-growth", action="store_true")
+    parser.add_argument("--example", action="store_true", help="only the example job, folded and unfolded")
     args = parser.parse_args()
     if args.case:
         run_case(json.loads(args.case))
         return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="chakra-train-net-") as tmp:
+        if args.example:
+            example(Path(tmp))
+            return
         if not args.skip_headline:
             headline(Path(tmp))
         if not args.skip_growth:
