@@ -163,6 +163,24 @@ def test_a_ranks_data_parallel_collectives_never_overlap_in_time(tmp_path):
             assert start >= end, key
 
 
+def _dp_1_and_2(tmp_path: Path, **training: Any) -> tuple[dict[int, int], Counter[int], JobSpec]:
+    """A TP 2 PP 4 job's step at DP 1 and 2 (unfolded, no chip-to-chip variation), and at DP 2 each
+    rank's time in data-parallel collectives."""
+    steps, per_rank = {}, Counter[int]()
+    for dp in (1, 2):
+        job = spec(tp=2, pp=4, dp=dp, microbatches=8, distributed_optimizer=True, **training)
+        data = {"job": job.model_dump(mode="json"), "workload": {"fold": "off"},
+                "output": {"dir": str(tmp_path / f"dp{dp}")}, "system": {"plugin": "nccl"},
+                "compute": {"plugin": "achievable", "effects": {"gpu_variation": False}}}
+        result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
+        steps[dp] = result.document["finish_ns"]
+        assert result.intervals is not None
+        for rank, _, name, _, _, start, end, _ in result.intervals if dp == 2 else ():
+            if name.startswith(("grads.dp_", "params.dp_", "optimizer.grad_norm_all_reduce")):
+                per_rank[rank] += end - start
+    return steps, per_rank, job
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_changing_dp_alone_moves_a_step_by_no_more_than_its_dp_communication(tmp_path, overlap):
     """DP 1 -> 2 adds the DP reductions (and parameter gathers) of one replica, nothing more: the
@@ -172,23 +190,9 @@ def test_changing_dp_alone_moves_a_step_by_no_more_than_its_dp_communication(tmp
     fill; everything else is at most the slowest rank's.
     Chip-to-chip variation is switched off: twice the GPUs are expected to hold a slower one,
     which slows the step on purpose (test_effects in the compute plugin checks that)."""
-    steps = {}
-    dp_time = 0
-    for dp in (1, 2):
-        job = spec(tp=2, pp=4, dp=dp, microbatches=8, overlap_grad_reduce=overlap, overlap_param_gather=overlap,
-                   distributed_optimizer=True).model_dump(mode="json")
-        data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / f"dp{dp}")},
-                "compute": {"plugin": "achievable", "effects": {"gpu_variation": False}}, "system": {"plugin": "nccl"}}
-        result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
-        steps[dp] = result.document["finish_ns"]
-        if dp == 2:
-            per_rank: Counter[int] = Counter()
-            assert result.intervals is not None
-            for rank, _, name, _, _, start, end, _ in result.intervals:
-                if name.startswith(("grads.dp_", "params.dp_", "optimizer.grad_norm_all_reduce")):
-                    per_rank[rank] += end - start
-            stage = {r: Placement(JobSpec.model_validate(job), 8).coord(r).pp for r in per_rank}
-            dp_time = sum(max(t for r, t in per_rank.items() if stage[r] == s) for s in set(stage.values()))
+    steps, per_rank, job = _dp_1_and_2(tmp_path, overlap_grad_reduce=overlap, overlap_param_gather=overlap)
+    stage = {r: Placement(job, 8).coord(r).pp for r in per_rank}
+    dp_time = sum(max(t for r, t in per_rank.items() if stage[r] == s) for s in set(stage.values()))
     assert dp_time > 0
     assert steps[1] <= steps[2] <= steps[1] + dp_time, (steps, dp_time)
 
@@ -227,21 +231,8 @@ def test_gathers_at_the_steps_start_leave_dp_outside_the_pipelines_fill(tmp_path
     they wait for their first activation: DP 1 -> 2 moves the step by no more than the slowest
     rank's time in DP collectives (with first_forward the gathers line up along the fill: the
     bound above sums the stages)."""
-    steps, dp_time = {}, 0
-    for dp in (1, 2):
-        job = spec(tp=2, pp=4, dp=dp, microbatches=8, distributed_optimizer=True,
-                   param_gather_start="step_start").model_dump(mode="json")
-        data = {"job": job, "workload": {"fold": "off"}, "output": {"dir": str(tmp_path / f"dp{dp}")},
-                "compute": {"plugin": "achievable", "effects": {"gpu_variation": False}}, "system": {"plugin": "nccl"}}
-        result = run.simulate(run.load(data, base_dir=tmp_path), timeline=True)
-        steps[dp] = result.document["finish_ns"]
-        if dp == 2:
-            per_rank: Counter[int] = Counter()
-            assert result.intervals is not None
-            for rank, _, name, _, _, start, end, _ in result.intervals:
-                if name.startswith(("grads.dp_", "params.dp_", "optimizer.grad_norm_all_reduce")):
-                    per_rank[rank] += end - start
-            dp_time = max(per_rank.values())
+    steps, per_rank, _ = _dp_1_and_2(tmp_path, param_gather_start="step_start")
+    dp_time = max(per_rank.values())
     assert dp_time > 0
     assert steps[1] <= steps[2] <= steps[1] + dp_time, (steps, dp_time)
 

@@ -71,6 +71,8 @@ class ParamGathers(Fp8Parameters):
         self.gather_first: list[Key] = []                 # each buffer's first bucket in forward order
 
     def _plan_param_gathers(self, buckets: list[tuple[list[int], int]], expert: bool = False) -> None:
+        """When each bucket's all-gather starts (the module docstring): launched now, at a chunk's
+        first forward, beside the bucket before, or (`gather_first`) at the step's start."""
         for chunk, chunk_buckets in enumerate(self._by_chunk(buckets)):
             forward = [(expert, units[-1]) for units, _ in reversed(chunk_buckets)]   # first units, forward order
             for units, size in chunk_buckets:
@@ -110,4 +112,3 @@ class ParamGathers(Fp8Parameters):
         role, what = ("edp", "edp") if expert else ("dp_cp", "dp")
         return self._dp_collective(f"params.{what}_all_gather.u{unit}", role, pb.ALL_GATHER,
                                    self.shard_bytes(self.gather_size[key], self.gather_linear[key], len(self.groups[role])))
-

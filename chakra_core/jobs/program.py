@@ -28,6 +28,7 @@ from chakra_core.jobs.spec import JobSpec
 from chakra_core.jobs.zero_bubble import WeightPasses
 from chakra_core.schema import pb
 
+
 class RankProgram(ActivationOffload, ParamGathers, AdamStep, WeightPasses):
     """Builds the node list of one rank (`build`)."""
 
