@@ -10,10 +10,11 @@ training accuracy table describes it (64 stages, 512 micro-batches).
     python benchmarks/training_speed.py --fold-time auto   # folded in time only
     python benchmarks/training_speed.py --fold-off   # also 1,024 GPUs with every rank simulated
 
-Wall time counts everything `chakra-sim run` does for a job manifest: generating (and indexing)
-the traces of one rank per pipeline stage in a process per usable core, as `chakra-sim run` does
-(rank_writer.py), building the layers, simulating, building the results; peak memory is the
-process's maximum resident set, and the largest of the trace-writing workers' forked from it.
+Each measurement runs in a fresh process (this script with --case JSON). Wall time counts
+everything `chakra-sim run` does for a job manifest: generating (and indexing) the traces of one
+rank per pipeline stage in a process per usable core, as `chakra-sim run` does (rank_writer.py),
+building the layers, simulating, building the results; peak memory is that process's maximum
+resident set, and the largest of the trace-writing workers' forked from it.
 Beside the wall time, the seconds spent generating the traces before the simulation starts
 (loading the manifest; a time-folded run that tries again writes its next traces inside the
 simulation, counted in the rest).
@@ -22,8 +23,10 @@ simulation, counted in the rest).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -82,16 +85,43 @@ def measure(job: dict[str, Any], out: Path, fold: str, fold_time: str = "auto") 
     return time.perf_counter() - started, generated - started, result.document
 
 
+def run_case(case: dict[str, Any]) -> None:
+    """Child: one measurement; prints one JSON line (the results' ranks and training section as a digest)."""
+    wall, generating, results = measure(case["job"], Path(case["out"]), case["fold"], case["fold_time"])
+    training, folded = results["training"], results["folding"].get("time") or {}
+    print(json.dumps({
+        "wall": wall, "generating": generating, "finish_ns": results["finish_ns"],
+        "tflops": training["tflops_per_gpu"], "simulated_ranks": results["folding"]["simulated_ranks"],
+        "time": {k: folded.get(k) for k in ("folded", "microbatches_simulated", "microbatches", "reason")},
+        "digest": hashlib.sha256(json.dumps([results["ranks"], training], sort_keys=True).encode()).hexdigest(),
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
+
+
+def measure_apart(job: dict[str, Any], out: Path, fold: str, fold_time: str) -> dict[str, Any]:
+    """Parent: one measurement in a fresh process; its last stdout line."""
+    case = {"job": job, "out": str(out), "fold": fold, "fold_time": fold_time}
+    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
+                          cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"measurement failed (fold {fold}, fold_time {fold_time}):\n{proc.stderr}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--fold-off", action="store_true", help="also simulate the 1,024-GPU job unfolded")
     parser.add_argument("--fold-time", choices=["both", "auto", "off"], default="both",
                         help="fold in time (auto), not (off), or both and compare the steps (default)")
     parser.add_argument("--only", default="", help="only jobs whose name contains this")
     args = parser.parse_args()
+    if args.case:
+        run_case(json.loads(args.case))
+        return
     print("| job | fold | fold in time | simulated ranks | micro-batches simulated | wall s | of which generating "
-          "traces s | step ns | TFLOP/s per GPU | same step |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+          "traces s | peak RSS MB (largest writing worker) | step ns | TFLOP/s per GPU | same step |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for index, (name, job) in enumerate(jobs().items()):
             if args.only not in name:
@@ -99,21 +129,17 @@ def main() -> None:
             folds = ["auto", "off"] if args.fold_off and index == 0 else ["auto"]
             in_time = ["auto", "off"] if args.fold_time == "both" else [args.fold_time]
             for fold in folds:
-                steps = []
+                digests = []
                 for fold_time in in_time:
-                    wall, generating, results = measure(job, Path(tmp) / f"{index}-{fold}-{fold_time}", fold, fold_time)
-                    training, time = results["training"], results["folding"].get("time") or {}
-                    steps.append(json.dumps([results["ranks"], training], sort_keys=True))
-                    kept = (f"{time['microbatches_simulated']} of {time['microbatches']}" if time.get("folded")
-                            else f"all ({time.get('reason', fold_time)[:60]})" if fold_time == "auto" else "all")
-                    same = "" if len(steps) < 2 else ("identical" if steps[0] == steps[1] else "DIFFERENT")
-                    print(f"| {name} | {fold} | {fold_time} | {results['folding']['simulated_ranks']:,} | {kept} | "
-                          f"{wall:.1f} | {generating:.1f} | {results['finish_ns']:,} | {training['tflops_per_gpu']:.0f} | {same} |",
-                          flush=True)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    worker_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak resident memory of the process: {peak_mb:,.0f} MB (of the largest trace-writing worker: "
-          f"{worker_mb:,.0f} MB)")
+                    r = measure_apart(job, Path(tmp) / f"{index}-{fold}-{fold_time}", fold, fold_time)
+                    digests.append(r["digest"])
+                    folded = r["time"]
+                    kept = (f"{folded['microbatches_simulated']} of {folded['microbatches']}" if folded.get("folded")
+                            else f"all ({(folded.get('reason') or fold_time)[:60]})" if fold_time == "auto" else "all")
+                    same = "" if len(digests) < 2 else ("identical" if digests[0] == digests[1] else "DIFFERENT")
+                    print(f"| {name} | {fold} | {fold_time} | {r['simulated_ranks']:,} | {kept} | {r['wall']:.1f} | "
+                          f"{r['generating']:.1f} | {r['rss_mb']:,.0f} ({r['worker_mb']:,.0f}) | {r['finish_ns']:,} | "
+                          f"{r['tflops']:.0f} | {same} |", flush=True)
 
 
 if __name__ == "__main__":
