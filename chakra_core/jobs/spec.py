@@ -20,9 +20,9 @@ from chakra_core.jobs.mla import latent_attention_problems
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.offload import offload_problems
 from chakra_core.jobs.optimizer_offload import optimizer_offload_problems
+from chakra_core.jobs.param_gathers import param_gather_problems
 from chakra_core.jobs.recompute import recompute_problems
 from chakra_core.jobs.routing import BALANCED, Routing, routing_problems
-from chakra_core.jobs.param_gathers import param_gather_problems
 from chakra_core.jobs.schedule import schedule_problems
 from chakra_core.jobs.shared_expert_overlap import overlap_problems
 from chakra_core.jobs.sharding import sharding_problems
