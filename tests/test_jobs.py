@@ -176,6 +176,8 @@ FOLD_CASES = [
                                                                          "attention": "unfused", "dropout": 0.1,
                                                                          "overlap_grad_reduce": False},
         cluster={"gpus": 16, "profile": PROFILE}),
+    job(parallel={"tp": 2, "pp": 4}, training={"seq": 1024, "global_batch": 16, "param_gather_start": "step_start"},
+        cluster={"gpus": 32, "profile": PROFILE}),
 ]
 
 

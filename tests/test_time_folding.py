@@ -183,6 +183,7 @@ KINDS = {
                                                     "delay_wgrad_compute": True}, {"precision": "fp8"}, MOE),
     "Megatron-FSDP (ZeRO-3)": ({"pp": 1}, {"use_megatron_fsdp": True,
                                            "data_parallel_sharding_strategy": "optim_grads_params"}, None),
+    "parameter gathers from the step's start (Megatron-Core 0.8)": ({}, {"param_gather_start": "step_start"}, None),
 }
 
 
