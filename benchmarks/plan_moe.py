@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))   # training_accuracy imports its helpers by name
 
+from benchmarks._plan_timing import plan_manifest, timed_plan  # noqa: E402
 from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
 from chakra_core.plan.marks import mark_rows, parse_mark  # noqa: E402
-from chakra_core.plan.search import SIMULATED, PlanOptions, plan  # noqa: E402
-from chakra_core.sweep.run import Execution  # noqa: E402
+from chakra_core.plan.search import SIMULATED, PlanOptions  # noqa: E402
 
 RUNS = ("mbridge-25.11-qwen3-235b-a22b-h100-256-fp8cs",)
 """Megatron-Bridge 25.11's Qwen3-235B-A22B on 256 H100 in FP8 (TP2 PP8 VP4 EP32 ETP1, the EP
@@ -67,15 +65,10 @@ def main() -> None:
     for run_id in args.run or RUNS:
         job = job_of(runs[run_id])
         marked = parse_mark("job", job)
-        manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
-                    **({"memory": {"plugin": "hbm"}} if args.check_memory else {})}
-        with tempfile.TemporaryDirectory() as tmp:
-            started = time.perf_counter()
-            found = plan(manifest, Path(tmp), Path(tmp) / run_id,
-                         PlanOptions(top=args.top, search=search, include=(marked,), check_memory=args.check_memory,
-                                     progress=lambda line: print(line, file=sys.stderr, flush=True)),
-                         Execution(workers=args.workers))
-            wall = time.perf_counter() - started
+        found, wall = timed_plan(plan_manifest(job, args.check_memory),
+                                 PlanOptions(top=args.top, search=search, include=(marked,), check_memory=args.check_memory,
+                                             progress=lambda line: print(line, file=sys.stderr, flush=True)),
+                                 args.workers, run_id)
         counts = found.counts()
         mine = mark_rows(found)[0]
         best = next(c for c in found.ranked() if c.status == SIMULATED)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))   # training_accuracy imports its helpers by name
 
+from benchmarks._plan_timing import plan_manifest, timed_plan  # noqa: E402
 from benchmarks.training_accuracy import RUNS as RUNS_FILE, job_of  # noqa: E402
 from chakra_core.jobs.spec import JobSpec  # noqa: E402
 from chakra_core.plan.layouts import Layout  # noqa: E402
 from chakra_core.plan.marks import job_layout  # noqa: E402
-from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, PlanOptions, plan  # noqa: E402
-from chakra_core.sweep.run import Execution  # noqa: E402
+from chakra_core.plan.search import GIB, SIMULATED, TOO_BIG, PlanOptions  # noqa: E402
 
 RUNS = ("nemo-24.07-llama2-7b-h100-8-fp8", "nemo-24.07-llama3-8b-h100-8-fp8", "nemo-24.07-llama2-13b-h100-16-fp8",
         "nemo-24.03-llama2-7b-seq16k-h100-16-fp8", "sc21-gpt-1.7b-a100-32", "sc21-gpt-3.6b-a100-64",
@@ -55,36 +53,31 @@ def main() -> None:
           "| best layout | best step s | best / published | layouts valid / fit / simulated | largest memory gap "
           "| plan wall s |")
     print("|---|---|---:|---:|---|---:|---:|---|---:|---:|---|---:|---:|")
-    with tempfile.TemporaryDirectory() as tmp:
-        for run_id in RUNS:
-            if args.only not in run_id:
-                continue
-            job = job_of(runs[run_id])
-            layout = published(job)
-            manifest = {"job": job, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
-                        "memory": {"plugin": "hbm"}}
-            started = time.perf_counter()
-            # the published micro-batch searched too (SC'21's 16 is above the command's default 8)
-            search = {"micro_batches": sorted({1, 2, 4, 8, layout.micro_batch})}
-            found = plan(manifest, Path(tmp), Path(tmp) / run_id,
-                         PlanOptions(top=args.top, include=(layout,), search=search), Execution(workers=2))
-            wall = time.perf_counter() - started
-            ranked = [c for c in found.ranked() if c.status == SIMULATED]
-            mine = next(c for c in found.candidates if c.layout == layout)
-            rank = next((i + 1 for i, c in enumerate(ranked) if c.layout == layout), None)
-            best = ranked[0]
-            counts = found.counts()
-            mine_step = f"{mine.step_s:.3f}" if mine.step_s is not None else "-"
-            ratio = f"{best.step_s / mine.step_s:.3f}" if mine.step_s and best.step_s else "-"
-            simulated = "-" if mine.simulated_memory is None else f"{mine.simulated_memory / GIB:.1f}"
-            gaps = [abs(c.memory_check) for c in found.candidates if c.memory_check is not None]
-            gap = f"{100 * max(gaps):.3f}%" if gaps else "-"
-            print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} + {mine.reserve.total / GIB:.1f} "
-                  f"({found.usable_bytes / GIB:.1f}) | "
-                  f"{simulated} | {'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
-                  f"{rank if rank is not None else '-'} of {len(ranked)} | {best.layout.label()} | {best.step_s:.3f} | "
-                  f"{ratio} | {counts['enumerated']:,} / {counts['fit']:,} / {counts['simulated'] + counts['failed']:,} "
-                  f"| {gap} | {wall:.0f} |", flush=True)
+    for run_id in RUNS:
+        if args.only not in run_id:
+            continue
+        job = job_of(runs[run_id])
+        layout = published(job)
+        # the published micro-batch searched too (SC'21's 16 is above the command's default 8)
+        search = {"micro_batches": sorted({1, 2, 4, 8, layout.micro_batch})}
+        found, wall = timed_plan(plan_manifest(job), PlanOptions(top=args.top, include=(layout,), search=search),
+                                 2, run_id)
+        ranked = [c for c in found.ranked() if c.status == SIMULATED]
+        mine = next(c for c in found.candidates if c.layout == layout)
+        rank = next((i + 1 for i, c in enumerate(ranked) if c.layout == layout), None)
+        best = ranked[0]
+        counts = found.counts()
+        mine_step = f"{mine.step_s:.3f}" if mine.step_s is not None else "-"
+        ratio = f"{best.step_s / mine.step_s:.3f}" if mine.step_s and best.step_s else "-"
+        simulated = "-" if mine.simulated_memory is None else f"{mine.simulated_memory / GIB:.1f}"
+        gaps = [abs(c.memory_check) for c in found.candidates if c.memory_check is not None]
+        gap = f"{100 * max(gaps):.3f}%" if gaps else "-"
+        print(f"| {run_id} | {layout.label()} | {mine.memory.total / GIB:.1f} + {mine.reserve.total / GIB:.1f} "
+              f"({found.usable_bytes / GIB:.1f}) | "
+              f"{simulated} | {'no: ' + str(mine.overflow) if mine.status == TOO_BIG else 'yes'} | {mine_step} | "
+              f"{rank if rank is not None else '-'} of {len(ranked)} | {best.layout.label()} | {best.step_s:.3f} | "
+              f"{ratio} | {counts['enumerated']:,} / {counts['fit']:,} / {counts['simulated'] + counts['failed']:,} "
+              f"| {gap} | {wall:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

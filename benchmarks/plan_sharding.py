@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chakra_core.plan.search import SIMULATED, PlanOptions, plan  # noqa: E402
-from chakra_core.sweep.run import Execution  # noqa: E402
+from benchmarks._plan_timing import plan_manifest, timed_plan  # noqa: E402
+from chakra_core.plan.search import SIMULATED, PlanOptions  # noqa: E402
 
 JOB = {"name": "llama3-70b", "model": "llama3-70b", "training": {"seq": 8192, "global_batch": 512},
        "cluster": {"gpus": 256, "profile": "h100-hgx-ndr400"}}
@@ -38,13 +36,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    manifest = {"job": JOB, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
-                "memory": {"plugin": "hbm"}}
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        found = plan(manifest, Path(tmp), Path(tmp) / "plan",
-                     PlanOptions(top=args.top, search={"sharding": SHARDINGS}), Execution(workers=args.workers))
-        wall = time.perf_counter() - started
+    found, wall = timed_plan(plan_manifest(JOB), PlanOptions(top=args.top, search={"sharding": SHARDINGS}),
+                             args.workers)
     counts = found.counts()
     print(f"{wall:.0f} s: {counts['tried']:,} layouts tried, {counts['enumerated']:,} valid, {counts['fit']:,} fit, "
           f"{counts['simulated'] + counts['failed']:,} simulated ({counts['failed']} failed), {counts['pruned']:,} pruned\n")

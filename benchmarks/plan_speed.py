@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chakra_core.plan.search import SIMULATED, PlanOptions, plan  # noqa: E402
-from chakra_core.sweep.run import Execution  # noqa: E402
+from benchmarks._plan_timing import plan_manifest, timed_plan  # noqa: E402
+from chakra_core.plan.search import SIMULATED, PlanOptions  # noqa: E402
 
 JOB = {"name": "llama3-70b", "model": "llama3-70b", "training": {"seq": 8192, "global_batch": 2048},
        "cluster": {"gpus": 1024, "profile": "h100-hgx-ndr400"}}
@@ -38,13 +36,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-check-memory", dest="check_memory", action="store_false")
     args = parser.parse_args()
-    manifest = {"job": JOB, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
-                "memory": {"plugin": "hbm"}}
-    with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        found = plan(manifest, Path(tmp), Path(tmp) / "plan",
-                     PlanOptions(top=args.top, check_memory=args.check_memory), Execution(workers=args.workers))
-        wall = time.perf_counter() - started
+    found, wall = timed_plan(plan_manifest(JOB), PlanOptions(top=args.top, check_memory=args.check_memory),
+                             args.workers)
     counts = found.counts()
     print(f"| top | wall s | tried | valid | fit | bounded by the compute model | simulated | pruned | rounds |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
