@@ -51,6 +51,15 @@ def measure(manifest: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def case_in_child(script: str, case: dict, what: str) -> dict:
+    """Run `script --case JSON` (a benchmark that measures one case in a process of its own) and
+    return the JSON of its last stdout line; exit naming `what`, with the child's stderr, if it fails."""
+    proc = subprocess.run([sys.executable, script, "--case", json.dumps(case)], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"{what} failed:\n{proc.stderr}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 _compiled = False
 
 

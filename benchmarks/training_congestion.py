@@ -32,7 +32,6 @@ import argparse
 import json
 import math
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _measure import case_in_child  # noqa: E402
 
 HEADLINE_JOB: dict[str, Any] = {
     "model": "llama3.1-405b", "parallel": {"tp": 8, "pp": 16, "account_for_embedding_and_loss": True},
@@ -93,12 +95,8 @@ def run_case(case: dict[str, Any]) -> None:
 def measure(job: dict[str, Any], network: dict[str, Any] | None, out: Path, fold: str | None = None) -> dict[str, Any]:
     """Parent: run one case in a fresh process; its last stdout line is the measurement."""
     case = {"job": job, "network": network, "out": str(out), "fold": fold}
-    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)],
-                          capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode:
-        sys.exit(f"case failed ({job['model']}, {job['cluster']['gpus']} GPUs, "
-                 f"network={'yes' if network else 'no'}):\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return case_in_child(__file__, case, f"case ({job['model']}, {job['cluster']['gpus']} GPUs, "
+                                         f"network={'yes' if network else 'no'})")
 
 
 def messages(row: dict[str, Any]) -> str:

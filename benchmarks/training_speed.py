@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _measure import case_in_child  # noqa: E402
 from chakra_core import run as runner  # noqa: E402
 from chakra_core.jobs.rank_writer import default_workers  # noqa: E402
 
@@ -99,13 +99,9 @@ def run_case(case: dict[str, Any]) -> None:
 
 
 def measure_apart(job: dict[str, Any], out: Path, fold: str, fold_time: str) -> dict[str, Any]:
-    """Parent: one measurement in a fresh process; its last stdout line."""
+    """Parent: one measurement in a fresh process."""
     case = {"job": job, "out": str(out), "fold": fold, "fold_time": fold_time}
-    proc = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
-                          cwd=ROOT)
-    if proc.returncode:
-        sys.exit(f"measurement failed (fold {fold}, fold_time {fold_time}):\n{proc.stderr}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return case_in_child(__file__, case, f"measurement (fold {fold}, fold_time {fold_time})")
 
 
 def main() -> None:
