@@ -122,6 +122,11 @@ timeline" changed only in its timeline, whose gradient reductions now start one 
 (its results.json is byte-identical); the three offload jobs changed only in their error band
 (its class's runs simulated again: geomean 4.1829% -> 4.3273%, mean signed -3.5865% -> -3.7123%,
 worst 24.19% -> 25.01%). The other 368 outputs stayed byte-identical.
+Recorded again (issue 37, ring attention folded): the llama3-70b example (TP 4, CP 2: each ring
+within a node) folds its two CP ranks into one, so its `folding` section lists 4 representatives
+of 16 ranks instead of 8 of 8, and its event count halves (580,002 -> 290,001); every other byte,
+its step of 10.910206933 s and every rank's row included, is unchanged. The other 373 outputs
+stayed byte-identical.
 """
 
 from __future__ import annotations

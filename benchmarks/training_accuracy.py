@@ -389,8 +389,8 @@ def render(runs: list[dict[str, Any]], results: dict[tuple[str, str | None], dic
     out += _moe_table(runs, results)
     out += _gpu_ratios(runs, results)
     if folds:
-        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage, and per CP index with ring "
-                "attention) against `off` (every rank):", ""]
+        out += ["", "## Folding", "", "`workload.fold: auto` (one rank per pipeline stage, and per class of CP ranks "
+                "whose rings cross between nodes alike) against `off` (every rank):", ""]
         out += [f"- {run_id}: {'identical results' if same else 'DIFFERENT results'}" for run_id, same in folds]
     if excluded:
         out += ["", "## Published runs not compared", ""]

@@ -18,7 +18,7 @@ N / 8 nodes. wall / (N log2 N) and wall / N are normalised to the smallest size,
 staying near 1.0 means wall time grows as that function of N.
 
 Example (`--example`): examples/llama3-70b-64gpu.yaml's job (Llama 3 70B on 64 H100, 8 nodes) on
-the same fabric family, folded (one rank per pipeline stage and CP index) and with every rank
+the same fabric family, folded (one rank per pipeline stage: its CP 2 rings stay in a node) and with every rank
 simulated (`workload.fold: off`): the same finish both ways.
 
 Each case runs in a fresh process (this script with --case JSON). Wall time counts load+simulate

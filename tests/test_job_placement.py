@@ -95,6 +95,45 @@ def test_corresponding_groups_found_by_identity_are_those_found_by_value(layout)
         folding.corresponding((placement.world + 1,), 0, 0)
 
 
+@settings(max_examples=80, deadline=None)
+@given(layouts, st.sampled_from([2, 4, 8]))
+def test_ring_attention_folds_ranks_whose_rings_cross_alike_and_is_matched_by_ring_position(layout, gpus_per_node):
+    """CP ranks c and c' of a stage fold together exactly when every ring (next rank of the CP
+    group, the last wrapping to the first), turned by c' - c, crosses between nodes at the same
+    places; then a representative's message to its ring successor stands, for each class mate,
+    for the mate's own successor, and is received as the message from the successor's
+    representative's predecessor."""
+    tp, cp, pp, dp, tied, _ = layout
+    placement = Placement(JobSpec.model_validate(spec(tp, cp, pp, dp, tied)), gpus_per_node)
+    rings = [placement.groups(rank).get("cp", (rank,)) for rank in range(placement.world)]
+    crossing = {tuple(placement.node(a) == placement.node(b) for a, b in zip(ring, ring[1:] + ring[:1]))
+                for ring in set(rings)}
+    for rank in range(placement.world):
+        rep = placement.representative(rank)
+        assert placement.coord(rep).pp == placement.coord(rank).pp
+        turn = (placement.coord(rank).cp - placement.coord(rep).cp) % cp
+        if turn:
+            pattern = next(iter(crossing))
+            assert len(crossing) == 1 and pattern == pattern[turn:] + pattern[:turn]
+    representative = [placement.representative(r) for r in range(placement.world)]
+    folding = Folding.of(representative, [tuple(placement.groups(r).values()) for r in range(placement.world)],
+                         placement.cp_rings)
+    for rep in placement.representatives:
+        if cp > 1:
+            ring = rings[rep]
+            after = ring[(ring.index(rep) + 1) % cp]
+            for mate in folding.members[rep]:
+                own = rings[mate]
+                assert folding.peer(rep, after, mate) == own[(own.index(mate) + 1) % cp]
+            target = representative[after]
+            theirs = rings[target]
+            assert folding.matched_source(rep, after) == theirs[(theirs.index(target) - 1) % cp]
+        if pp > 1:   # the next stage's representative: its peer at a fixed offset, received as sent
+            nxt = placement.peer(rep, 1)
+            assert folding.matched_source(rep, nxt) == rep
+            assert all(folding.peer(rep, nxt, mate) == placement.peer(mate, 1) for mate in folding.members[rep])
+
+
 def test_a_group_defined_again_keeps_its_first_tuple():
     registry = GroupRegistry(8)
     registry.define("g", [0, 2, 4], "rank 0")

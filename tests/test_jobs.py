@@ -160,8 +160,8 @@ def test_a_job_runs_and_its_step_splits_exactly(tmp_path):
     assert training["step_time_s"] * 1e9 == results["finish_ns"]
     assert sum(training["breakdown_s"].values()) == pytest.approx(training["step_time_s"], rel=1e-12)
     assert training["breakdown_s"]["compute_forward"] > 0 and training["breakdown_s"]["compute_backward"] > 0
-    # one rank per pipeline stage and CP index: ring attention's exchanges tell CP ranks apart
-    assert results["folding"]["folded"] and results["folding"]["simulated_ranks"] == 2 * 2
+    # one rank per pipeline stage: every ring attention exchange stays within a node
+    assert results["folding"]["folded"] and results["folding"]["simulated_ranks"] == 2
     assert {row["group"] for row in training["placement"]} == {"tp", "cp", "dp_cp", "pp"}
 
 
@@ -177,6 +177,15 @@ FOLD_CASES = [
                                                                          "overlap_grad_reduce": False},
         cluster={"gpus": 16, "profile": PROFILE}),
     job(parallel={"tp": 2, "pp": 4}, training={"seq": 1024, "global_batch": 16, "param_gather_start": "step_start"},
+        cluster={"gpus": 32, "profile": PROFILE}),
+    # ring attention folded: four CP ranks within a node (one class); two CP ranks a node apart
+    # (each ring crosses twice: one class); four CP ranks over two nodes (within, across, within,
+    # across: ranks 0 and 2 stand for each other, 1 and 3)
+    job(parallel={"tp": 2, "pp": 2, "cp": 4}, training={"seq": 4096, "global_batch": 8},
+        cluster={"gpus": 32, "profile": PROFILE}),
+    job(parallel={"tp": 4, "pp": 2, "cp": 2}, training={"seq": 4096, "global_batch": 8},
+        cluster={"gpus": 32, "gpus_per_node": 4, "profile": PROFILE}),
+    job(parallel={"tp": 4, "pp": 1, "cp": 4}, training={"seq": 4096, "global_batch": 8},
         cluster={"gpus": 32, "profile": PROFILE}),
 ]
 

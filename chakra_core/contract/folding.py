@@ -22,14 +22,19 @@ class Folding:
     that equivalent ranks' corresponding groups sit at the same index."""
     members: dict[int, list[int]] = field(default_factory=dict)
     """representative -> every rank of its class, in order."""
+    rings: list[tuple[int, ...]] = field(default_factory=list)
+    """rank -> the group (members in ring order) within which its point-to-point messages go round
+    when their peers are folded into its own class, as ring attention's exchanges go round a CP
+    group and wrap at its end; empty (every rank, or the list): a peer is at a fixed rank offset."""
     _aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     """id(group) -> (group, the equal tuple `groups_of` holds): layers ask about a group for each
     of its members and class mates, and comparing a group of 32,768 ranks element by element
     each time costs more than the run; the tuple `groups_of` shares is found by identity."""
 
     @classmethod
-    def of(cls, representative: list[int], groups_of: list[tuple[tuple[int, ...], ...]]) -> "Folding":
-        folding = cls(representative, groups_of)
+    def of(cls, representative: list[int], groups_of: list[tuple[tuple[int, ...], ...]],
+           rings: list[tuple[int, ...]] | None = None) -> "Folding":
+        folding = cls(representative, groups_of, rings=rings or [])
         for rank, rep in enumerate(representative):
             folding.members.setdefault(rep, []).append(rank)
         return folding
@@ -51,6 +56,32 @@ class Folding:
         position = own.index(group)
         self._aliases[id(group)] = (group, own[position])
         return position
+
+    def peer(self, src: int, dst: int, mate: int) -> int:
+        """The rank `mate` (of representative `src`'s class) sends to where `src` sends to `dst`:
+        the member at the same position from it in its ring when `dst` is in `src`'s, else the
+        rank at the same offset."""
+        ring = self._ring(src, dst)
+        if ring is None:
+            return (mate + dst - src) % len(self.representative)
+        step = ring.index(dst) - ring.index(src)
+        own = self.rings[mate]
+        return own[(own.index(mate) + step) % len(own)]
+
+    def matched_source(self, src: int, dst: int) -> int:
+        """The rank whose message `dst`'s representative receives where `src` (a representative)
+        sends to `dst`: the message src's stands for, by position in the ring or by offset as `peer`."""
+        target = self.representative[dst]
+        ring = self._ring(src, dst)
+        if ring is None:
+            return (target - dst + src) % len(self.representative)
+        step = ring.index(dst) - ring.index(src)
+        own = self.rings[target]
+        return own[(own.index(target) - step) % len(own)]
+
+    def _ring(self, src: int, dst: int) -> tuple[int, ...] | None:
+        ring = self.rings[src] if self.rings else ()
+        return ring if dst in ring else None
 
     @property
     def representatives(self) -> list[int]:

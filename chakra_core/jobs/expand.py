@@ -235,7 +235,7 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
     folding = None
     if folded and placement.world > len(ranks):
         groups_of = [tuple(placement.groups(r).values()) for r in range(placement.world)]
-        folding = Folding.of(representative, groups_of)
+        folding = Folding.of(representative, groups_of, placement.cp_rings)
     trace_prefix = folder / "traces" / job.name
     manifest: JsonObject = {
         "workload": {"trace": str(trace_prefix), "ranks": placement.world,

@@ -91,7 +91,7 @@ class Placement:
             out["tp"] = self._group("tp", rank - c.tp, rank - c.tp + tp)
         if self.cp > 1:
             start = rank - tp * c.cp
-            out["cp"] = self._group("cp", start, start + tp * self.cp, tp)
+            out["cp"] = self._cp_group(rank)
             sizes = self.job.parallel.hierarchical_context_parallel_sizes
             if sizes is not None:   # a2a+p2p: runs of a2a CP ranks, and the ranks of one a2a index
                 a2a = sizes[0]
@@ -171,22 +171,51 @@ class Placement:
 
     # Folding ------------------------------------------------------------------------------------
     @cached_property
-    def _cp_distinct(self) -> bool:
-        """Ring attention's exchanges go to the next rank of the CP group, not to a fixed offset
-        (the last wraps to the first): CP ranks stand only for their own index's peers."""
-        return self.cp > 1 and self.job.parallel.cp_comm_type in ("p2p", "a2a+p2p")
+    def _cp_classes(self) -> int:
+        """How many CP indices stand apart: CP rank c stands for those whose index is c modulo it.
+
+        Ring attention's exchanges go to the next rank of the CP group, the last wrapping to the
+        first. CP ranks run the same program (jobs/context_parallel.py writes rank 0's shapes), so
+        two of them behave alike when the ring, turned from one to the other, crosses between
+        nodes at the same places: with every exchange within a node, or every one across, one
+        rank stands for all (1); with four CP ranks on two nodes (within, across, within, across)
+        ranks 0 and 2 stand for each other (2). Every ring must cross at the same places, else
+        (and with a2a+p2p, whose rings run over every a2a-th CP rank) each index stands apart. A
+        folded run matches the exchanges by ring position (`cp_rings`)."""
+        kind = self.job.parallel.cp_comm_type
+        if self.cp == 1 or kind not in ("p2p", "a2a+p2p"):
+            return 1
+        if kind == "a2a+p2p":
+            return self.cp
+        crossings = {tuple(self.node(a) == self.node(b) for a, b in zip(ring, ring[1:] + ring[:1]))
+                     for ring in {self._cp_group(rank) for rank in range(self.world)}}
+        if len(crossings) > 1:
+            return self.cp
+        crossing = crossings.pop()
+        return next(turn for turn in range(1, self.cp + 1) if crossing == crossing[turn:] + crossing[:turn])
+
+    def _cp_group(self, rank: int) -> tuple[int, ...]:
+        start = rank - self.tp * self.coord(rank).cp
+        return self._group("cp", start, start + self.tp * self.cp, self.tp)
+
+    @cached_property
+    def cp_rings(self) -> list[tuple[int, ...]]:
+        """rank -> its CP group, the ring its exchanges go round, when CP ranks are folded
+        together (`Folding.rings`); empty when they are not."""
+        if self._cp_classes == self.cp or self.job.parallel.cp_comm_type != "p2p":
+            return []
+        return [self._cp_group(rank) for rank in range(self.world)]
 
     def representative(self, rank: int) -> int:
         """Ranks of one pipeline stage run the same program up to rank ids; the stage's rank with
-        tp and dp index 0 (and cp index 0, unless ring attention's exchanges tell CP ranks apart)
-        stands for them, so representatives' pipeline and ring peers are representatives."""
+        tp and dp index 0 and the lowest cp index of its class (`_cp_classes`) stands for them, so
+        representatives' pipeline peers are representatives, and so are a ring's or its own class's."""
         c = self.coord(rank)
-        return self.rank(Coord(0, c.cp if self._cp_distinct else 0, 0, c.pp))
+        return self.rank(Coord(0, c.cp % self._cp_classes, 0, c.pp))
 
     @cached_property
     def representatives(self) -> list[int]:
-        cps = range(self.cp) if self._cp_distinct else range(1)
-        return [self.rank(Coord(0, cp, 0, stage)) for stage in range(self.pp) for cp in cps]
+        return [self.rank(Coord(0, cp, 0, stage)) for stage in range(self.pp) for cp in range(self._cp_classes)]
 
     @cached_property
     def stage_heads(self) -> list[int]:

@@ -133,19 +133,17 @@ class FoldGuard:
 
     def fold_p2p(self, src: int, dst: int, size: int) -> tuple[int, int]:
         """A message `src` (a representative) sends to `dst` stands for one from every rank of
-        src's class to its peer at the same offset: it reaches dst's representative, from the
-        rank at that offset from it, after the delay every such pair must share."""
+        src's class to its peer at the same offset (or ring position: Folding.peer): it reaches
+        dst's representative, from the rank that stands in the same place, after the delay every
+        such pair must share."""
         folding = self.folding
-        ranks = len(folding.representative)
-        offset = (dst - src) % ranks
-        key = ("p2p", src, offset, size)
+        key = ("p2p", src, dst, size)
         if key not in self._symmetric:
             self._symmetric[key] = True
             delay = self.network.message_delay
             expected = delay(src, dst, size)
             for mate in folding.members[src]:
-                if delay(mate, (mate + offset) % ranks, size) != expected:
+                if delay(mate, folding.peer(src, dst, mate), size) != expected:
                     self.context.request_restart(_UNFOLD_P2P, Unfold(_UNFOLD_P2P))
                     break
-        target = folding.representative[dst]
-        return (target - offset) % ranks, target
+        return folding.matched_source(src, dst), folding.representative[dst]

@@ -10,8 +10,9 @@ k-th collective on its corresponding group, where this is the k-th on G. That is
 the last member issues it in the unfolded run.
 
 A message a representative sends to its peer at offset d stands for one from every rank of its
-class to the rank at offset d; it is matched with the receive of the destination's
-representative, as in the built-in layer. The timing must be the same for every pair and group
+class to the rank at offset d (or, to a peer folded into its own class, at the same position in
+its ring: `Folding.rings`); it is matched with the receive of the destination's representative,
+as in the built-in layer. The timing must be the same for every pair and group
 a representative stands for: each of them must sit on its nodes the same way (node count, GPUs
 per node, a message within or across nodes). If not, the run starts over unfolded.
 """
@@ -144,16 +145,15 @@ class FoldedMatching:
 
     def fold_p2p(self, src: int, dst: int, size: int) -> tuple[int, int]:
         """The (src, dst) a message from representative `src` to `dst` is matched as: the
-        destination's representative receives it from the rank at the same offset from it."""
-        folding, ranks = self.folding, self.num_ranks
-        offset = (dst - src) % ranks
-        key = ("p2p", src, offset)
+        destination's representative receives it from the rank at the same offset from it, or the
+        same position in its ring (Folding.matched_source)."""
+        folding = self.folding
+        key = ("p2p", src, dst)
         if key not in self._checked:
             self._checked.add(key)
             local = self.same_node(src, dst)
-            if any(self.same_node(mate, (mate + offset) % ranks) != local for mate in folding.members[src]):
+            if any(self.same_node(mate, folding.peer(src, dst, mate)) != local for mate in folding.members[src]):
                 reason = ("point-to-point messages a representative stands for go within and across "
                           "nodes; simulating every rank")
                 self.restart(reason, Unfold(reason))
-        target = folding.representative[dst]
-        return (target - offset) % ranks, target
+        return folding.matched_source(src, dst), folding.representative[dst]

@@ -34,9 +34,8 @@ class P2PTiming:
         if traffic is not None and not same_node:
             pairs = [(src, dst)]
             if system.folding is not None:   # every pair this message stands for
-                ranks = self.npus_count
-                offset = (dst - src) % ranks
-                pairs = [(mate, (mate + offset) % ranks) for mate in system.folding.members[src]]
+                folding = system.folding
+                pairs = [(mate, folding.peer(src, dst, mate)) for mate in folding.members[src]]
             alone = now + ns(latency + transfer)
             traffic.run([[(a, b, size)] for a, b in pairs],
                         lambda finishes: self._crossed(pairs, now, alone, ns(latency), finishes, on_arrival, arg))
