@@ -62,7 +62,8 @@ def apart(context: LayerContext, what: Callable[[int], str], start: int, finishe
     different instants; if so the run starts over unfolded, saying which two and when."""
     if len(set(finishes)) == 1:
         return False
-    slow = max(range(len(finishes)), key=finishes.__getitem__)
+    # the one farthest from the first (the slowest named itself when the first was the slowest)
+    slow = max(range(len(finishes)), key=lambda i: abs(finishes[i] - finishes[0]))
     reason = (f"{what(slow)} takes {finishes[slow] - start:,} ns on the network and {what(0)}, which it is "
               f"folded with, {finishes[0] - start:,} ns (their flows cross the network differently: hash ECMP "
               "collisions, a failed or degraded link; ecmp: dmodk routes equivalent ranks alike); simulating "

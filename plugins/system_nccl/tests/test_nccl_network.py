@@ -161,10 +161,10 @@ def test_messages_across_nodes_cross_the_network(tmp_path):
 SMALL_MODEL = {"layers": 4, "hidden": 1024, "ffn_hidden": 2816, "heads": 16, "kv_heads": 4, "vocab": 32000}
 
 
-def job_manifest(tmp_path, fold: str, **generator: Any) -> dict[str, Any]:
-    return {"job": {"name": "t", "model": SMALL_MODEL, "parallel": {"tp": 2, "pp": 2},
-                    "training": {"seq": 1024, "global_batch": 16},
-                    "cluster": {"gpus": 32, "profile": NDR}},
+def job_manifest(tmp_path, fold: str, job: dict[str, Any] | None = None, **generator: Any) -> dict[str, Any]:
+    return {"job": job or {"name": "t", "model": SMALL_MODEL, "parallel": {"tp": 2, "pp": 2},
+                           "training": {"seq": 1024, "global_batch": 16},
+                           "cluster": {"gpus": 32, "profile": NDR}},
             "workload": {"fold": fold}, "compute": {"plugin": "achievable"}, "system": {"plugin": "nccl"},
             "network": {"plugin": "congestion", "mode": "fair",
                         "generator": {"kind": "rail_optimized", "nodes": 4, "gpus_per_node": 8, "radix": 4,
@@ -179,6 +179,20 @@ def test_folded_job_on_a_congested_network_equals_every_rank_simulated(tmp_path)
     unfolded = run_manifest(load(job_manifest(tmp_path, "off", ecmp="dmodk"), base_dir=tmp_path)).document
     assert not unfolded["folding"]["folded"]
     assert folded["finish_ns"] == unfolded["finish_ns"]
+    net_f, net_u = (r["layers"]["network"]["summary"] for r in (folded, unfolded))
+    assert net_f["message_bytes"] == net_u["message_bytes"] > 0
+    assert net_f["link_bytes"] == net_u["link_bytes"]
+
+
+def test_ring_attention_across_nodes_folds_on_a_congested_network(tmp_path):
+    """TP 8, CP 2: every ring exchange crosses between nodes, so one CP rank stands for the other
+    and its exchanges send the flows of every ring it stands for."""
+    job = {"name": "t", "model": {**SMALL_MODEL, "kv_heads": 8}, "parallel": {"tp": 8, "pp": 2, "cp": 2},
+           "training": {"seq": 4096, "global_batch": 4}, "cluster": {"gpus": 32, "profile": NDR}}
+    folded = run_manifest(load(job_manifest(tmp_path, "auto", job, ecmp="dmodk"), base_dir=tmp_path)).document
+    assert folded["folding"]["simulated_ranks"] == 2
+    unfolded = run_manifest(load(job_manifest(tmp_path, "off", job, ecmp="dmodk"), base_dir=tmp_path)).document
+    assert folded["ranks"] == unfolded["ranks"] and folded["training"] == unfolded["training"]
     net_f, net_u = (r["layers"]["network"]["summary"] for r in (folded, unfolded))
     assert net_f["message_bytes"] == net_u["message_bytes"] > 0
     assert net_f["link_bytes"] == net_u["link_bytes"]
