@@ -187,15 +187,17 @@ class Placement:
             return 1
         if kind == "a2a+p2p":
             return self.cp
-        crossings = {tuple(self.node(a) == self.node(b) for a, b in zip(ring, ring[1:] + ring[:1]))
-                     for ring in {self._cp_group(rank) for rank in range(self.world)}}
+        stride = self.tp * self.cp   # a CP group starts at each tp index of each block of tp x cp ranks
+        rings = {self._group("cp", start, start + stride, self.tp)
+                 for block in range(0, self.world, stride) for start in range(block, block + self.tp)}
+        crossings = {tuple(self.node(a) == self.node(b) for a, b in zip(ring, ring[1:] + ring[:1])) for ring in rings}
         if len(crossings) > 1:
             return self.cp
         crossing = crossings.pop()
         return next(turn for turn in range(1, self.cp + 1) if crossing == crossing[turn:] + crossing[:turn])
 
     def _cp_group(self, rank: int) -> tuple[int, ...]:
-        start = rank - self.tp * self.coord(rank).cp
+        start = rank - self.tp * (rank // self.tp % self.cp)
         return self._group("cp", start, start + self.tp * self.cp, self.tp)
 
     @cached_property
