@@ -115,6 +115,8 @@ def test_ring_attention_folds_ranks_whose_rings_cross_alike_and_is_matched_by_ri
         if turn:
             pattern = next(iter(crossing))
             assert len(crossing) == 1 and pattern == pattern[turn:] + pattern[:turn]
+    if len(crossing) == 1 and len(set(next(iter(crossing)))) == 1:   # all within a node, or all across
+        assert all(placement.coord(rep).cp == 0 for rep in placement.representatives)
     representative = [placement.representative(r) for r in range(placement.world)]
     folding = Folding.of(representative, [tuple(placement.groups(r).values()) for r in range(placement.world)],
                          placement.cp_rings)
