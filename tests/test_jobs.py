@@ -246,13 +246,19 @@ def test_1f1b_bubble_of_a_compute_only_job_is_the_closed_form(tmp_path, pp, m):
     assert (b["bubble"] + b["exposed_pp"]) / busy == pytest.approx(expected, rel=0.01)
 
 
-def test_folded_job_traces_cannot_run_unfolded(tmp_path):
+def test_a_folded_job_that_cannot_fold_writes_every_rank_and_runs_unfolded(tmp_path):
     """Traces generated for a folded run (representatives only) and a run that cannot fold (here:
-    a timeline records every rank) is an error that says what to do, not a missing file."""
+    a timeline records every rank): the job writes every rank's traces and runs them, saying why,
+    with fold: off's results; traces that are not a job's stay an error that says what to do."""
     config = run.load(manifest(tmp_path, job()), base_dir=tmp_path)
-    prepared = run.prepare(config, timeline=True)
+    results = run.prepare(config, timeline=True).simulate().document
+    assert not results["folding"]["folded"] and results["folding"]["reason"] == "a timeline records every rank"
+    assert results["ranks"] == simulate(tmp_path, job(), fold="off")["ranks"]
+    bare = tmp_path / "bare"
+    config = run.load(manifest(bare, job()), base_dir=tmp_path)
+    config.spec.unfolded_traces = None    # as if the traces came without their job
     with pytest.raises(SimulationError, match="fold: off"):
-        prepared.simulate()
+        run.prepare(config, timeline=True).simulate()
 
 
 def test_validate_checks_a_job_and_shows_its_placement(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 from pydantic import BaseModel
 
@@ -65,6 +65,9 @@ class RunSpec:
     time_folding: TimeFolding | None = None
     """A generated job's traces with fewer micro-batches, and where they repeat: the engine folds
     the run in time (chakra_core.contract.time_folding)."""
+    unfolded_traces: Callable[[], list[Path]] | None = None
+    """A generated job folded by construction: writes every rank's traces of the whole step, for a
+    run that finds it cannot fold after all (a network that treats class mates apart)."""
     time_fold_note: str = ""
     """Why a generated job's traces keep every micro-batch ("" when they do not need to say)."""
     step_parts: bool = False

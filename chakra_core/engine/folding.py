@@ -33,8 +33,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from chakra_core.comm.collectives import ROOT_ATTRS
 from chakra_core.comm.groups import group_shape, parse_pg_list
@@ -43,6 +44,9 @@ from chakra_core.cores import usable_cores
 from chakra_core.errors import TraceFormatError
 from chakra_core.et.io import decode_varint, parse_metadata, parse_node, read_file_bytes
 from chakra_core.schema import pb
+
+if TYPE_CHECKING:
+    from chakra_core.config.spec import RunSpec
 
 PEER_ATTRS = ("comm_src", "comm_dst")
 _MARKER_RE = re.compile(rb"comm_src|comm_dst|pg_|root")
@@ -208,3 +212,16 @@ def find_folding(paths: Sequence[str | os.PathLike[str]], comm_groups: Mapping[s
     interned: dict[tuple[int, ...], tuple[int, ...]] = {}
     groups_of = [tuple(interned.setdefault(g, g) for g in view.groups) for view in views]
     return Folding.of(representative, groups_of), ""
+
+
+def unfolded_job(spec: RunSpec, reason: str, time_note: str) -> tuple[RunSpec, str]:
+    """A job folded by construction (its traces are its representatives') whose run cannot fold
+    after all (`reason`: a network treats class mates apart, a layer is not fold-safe): the run
+    with every rank's traces of the whole step, written now (`spec.unfolded_traces`), folded
+    neither in space nor in time; and what to say of time folding (`time_note` unless it folded)."""
+    assert spec.unfolded_traces is not None
+    if spec.time_folding is not None:
+        time_note = f"time folding: {reason.removesuffix('; simulating every rank')}; simulating every rank and " \
+                    "every micro-batch"
+    return dataclasses.replace(spec, trace_files=spec.unfolded_traces(), folding=None, time_folding=None,
+                               unfolded_traces=None), time_note

@@ -46,6 +46,7 @@ from chakra_core.engine.collector import lenient_gc
 from chakra_core.engine.driver import Interval, RankDriver, slot_table, step_part
 from chakra_core.et.attr_cache import AttributeCache
 from chakra_core.engine.events import EventQueue
+from chakra_core.engine.folding import unfolded_job
 from chakra_core.engine.observers import Observers, ReadOnlyDict, blame
 from chakra_core.engine.time_folding import PeriodWatch, TimeUnfold, time_fold_refusal, time_fold_result, traces_after
 from chakra_core.errors import ChakraSimError, DeadlockError, PluginError, SimulationError
@@ -278,8 +279,13 @@ class Simulation:
             if self.folding is None and not self.fold_note:
                 self._fold()
             elif self.folding is None and self.spec.folding is not None:
-                raise SimulationError(f"the traces were generated for a folded run (one rank per class) but "
-                                      f"this run cannot fold: {self.fold_note}; set workload.fold: off")
+                note = self.fold_note
+                if self.spec.unfolded_traces is None:
+                    raise SimulationError(f"the traces were generated for a folded run (one rank per class) but "
+                                          f"this run cannot fold: {note}; set workload.fold: off")
+                self.spec, self.time_fold_note = unfolded_job(self.spec, note, self.time_fold_note)
+                self._setup([])
+                self.fold_note = note   # what _setup found before the traces changed
             self._open_feeders()
             self.run_info = ReadOnlyDict.of(self.describe())
             self.observers.start(self.run_info)
@@ -302,12 +308,15 @@ class Simulation:
                 if len(hints) > MAX_RESTARTS:    # the last attempt was to time everything by events
                     raise SimulationError(f"the run started over {len(hints)} times and a layer still asks to "
                                           f"start over: {restart.reason}")
-                if isinstance(restart.hint, Unfold) and self.spec.folding is not None:
+                unfold_job = isinstance(restart.hint, Unfold) and self.spec.folding is not None
+                if unfold_job and self.spec.unfolded_traces is None:
                     raise SimulationError(f"{restart.reason}, but the traces were generated for a folded run "
                                           "(one rank per class); set workload.fold: off to simulate every rank")
                 hints.append(restart.hint)
                 self.restarts.append(restart.reason)
                 self._close_feeders()
+                if unfold_job:   # after the feeders close: the representatives' files are written again
+                    self.spec, self.time_fold_note = unfolded_job(self.spec, restart.reason, self.time_fold_note)
                 self.drivers, self.finished = [], 0
                 if self.intervals is not None:
                     self.intervals.clear()

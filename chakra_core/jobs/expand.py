@@ -72,6 +72,8 @@ class JobRun:
     """The output folder's, taken before the traces were written (RunConfig.output_lock)."""
     memory_defaults: JsonObject = field(default_factory=dict)
     """Keys the memory layer gets where its config takes them and the job does not say (offload)."""
+    unfolded_traces: Callable[[], list[Path]] | None = None
+    """With `folding`: writes every rank's traces of the whole step (RunSpec.unfolded_traces)."""
 
 
 def read_job(data: Any, source: str, base_dir: Path | None = None) -> JobSpec:
@@ -250,7 +252,12 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(gemm_dtype(job.training)) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
-    return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock, memory_defaults)
+    every_rank = None
+    if folding is not None:
+        def every_rank() -> list[Path]:
+            return _generate(job, placement, folder / "traces", list(range(placement.world)), workers=workers)[0]
+    return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock, memory_defaults,
+                  every_rank)
 
 
 @lru_cache(maxsize=1)
@@ -350,6 +357,7 @@ def job_config(data: Mapping[str, Any], host: PluginHost, base_dir: Path, source
         raise
     config.spec.folding = job.folding
     config.spec.time_folding = job.time_folding
+    config.spec.unfolded_traces = job.unfolded_traces
     config.spec.time_fold_note = job.time_fold_note
     config.spec.step_parts = True
     config.spec.training = job.info
