@@ -30,10 +30,10 @@ that fails makes the run start over with every rank simulated.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 

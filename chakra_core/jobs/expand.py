@@ -252,12 +252,12 @@ def expand_job(data: Mapping[str, Any], base_dir: Path, source: str, out_dir: st
                    {formula: model_flops(job, formula) for formula in formulas(job)}, placement.where(),
                    profile.peak_flops(gemm_dtype(job.training)) / 1e12, profile.name, profile.gpu.model,
                    profile.gpu.architecture, job.cluster.profile, domain_note(job.cluster, profile))
-    every_rank = None
-    if folding is not None:
-        def every_rank() -> list[Path]:
-            return _generate(job, placement, folder / "traces", list(range(placement.world)), workers=workers)[0]
+    def every_rank() -> list[Path]:
+        """Every rank's traces of the whole step, for a folded run that cannot fold after all."""
+        return _generate(job, placement, folder / "traces", list(range(placement.world)), workers=workers)[0]
+
     return JobRun(manifest, trace_files, folding, info, trace_prefix, time_folding, note, reused, lock, memory_defaults,
-                  every_rank)
+                  every_rank if folding is not None else None)
 
 
 @lru_cache(maxsize=1)
