@@ -124,16 +124,18 @@ def test_ring_attention_folds_ranks_whose_rings_cross_alike_and_is_matched_by_ri
         if cp > 1:
             ring = rings[rep]
             after = ring[(ring.index(rep) + 1) % cp]
+            peers = dict(folding.pairs(rep, after))
+            assert list(peers) == folding.members[rep]
             for mate in folding.members[rep]:
                 own = rings[mate]
-                assert folding.peer(rep, after, mate) == own[(own.index(mate) + 1) % cp]
+                assert peers[mate] == own[(own.index(mate) + 1) % cp]
             target = representative[after]
             theirs = rings[target]
             assert folding.matched_source(rep, after) == theirs[(theirs.index(target) - 1) % cp]
         if pp > 1:   # the next stage's representative: its peer at a fixed offset, received as sent
             nxt = placement.peer(rep, 1)
             assert folding.matched_source(rep, nxt) == rep
-            assert all(folding.peer(rep, nxt, mate) == placement.peer(mate, 1) for mate in folding.members[rep])
+            assert folding.pairs(rep, nxt) == tuple((mate, placement.peer(mate, 1)) for mate in folding.members[rep])
 
 
 def test_a_group_defined_again_keeps_its_first_tuple():

@@ -26,6 +26,9 @@ class Folding:
     """rank -> the group (members in ring order) within which its point-to-point messages go round
     when their peers are folded into its own class, as ring attention's exchanges go round a CP
     group and wrap at its end; empty (every rank, or the list): a peer is at a fixed rank offset."""
+    _pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                       compare=False)
+    _sources: dict[tuple[int, int], int] = field(default_factory=dict, init=False, repr=False, compare=False)
     _aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     """id(group) -> (group, the equal tuple `groups_of` holds): layers ask about a group for each
     of its members and class mates, and comparing a group of 32,768 ranks element by element
@@ -57,31 +60,31 @@ class Folding:
         self._aliases[id(group)] = (group, own[position])
         return position
 
-    def peer(self, src: int, dst: int, mate: int) -> int:
-        """The rank `mate` (of representative `src`'s class) sends to where `src` sends to `dst`:
-        the member at the same position from it in its ring when `dst` is in `src`'s, else the
-        rank at the same offset."""
-        ring = self._ring(src, dst)
-        if ring is None:
-            return (mate + dst - src) % len(self.representative)
-        step = ring.index(dst) - ring.index(src)
-        own = self.rings[mate]
-        return own[(own.index(mate) + step) % len(own)]
+    def pairs(self, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+        """Every (class mate, the rank it sends to) that representative `src`'s message to `dst`
+        stands for: the mate's peer at the same position from it in its ring when `dst` is in
+        `src`'s ring, else at the same rank offset (asked for each message: kept)."""
+        found = self._pairs.get((src, dst))
+        if found is None:
+            found = self._pairs[src, dst] = tuple((mate, self._moved(src, dst, mate, 1)) for mate in self.members[src])
+        return found
 
     def matched_source(self, src: int, dst: int) -> int:
         """The rank whose message `dst`'s representative receives where `src` (a representative)
-        sends to `dst`: the message src's stands for, by position in the ring or by offset as `peer`."""
-        target = self.representative[dst]
-        ring = self._ring(src, dst)
-        if ring is None:
-            return (target - dst + src) % len(self.representative)
-        step = ring.index(dst) - ring.index(src)
-        own = self.rings[target]
-        return own[(own.index(target) - step) % len(own)]
+        sends to `dst`: the one whose message src's stands for, as `pairs` finds peers, backwards."""
+        found = self._sources.get((src, dst))
+        if found is None:
+            found = self._sources[src, dst] = self._moved(src, dst, self.representative[dst], -1)
+        return found
 
-    def _ring(self, src: int, dst: int) -> tuple[int, ...] | None:
+    def _moved(self, src: int, dst: int, rank: int, way: int) -> int:
+        """The rank `way` (1 or -1) times src's step to dst away from `rank`: by position in
+        `rank`'s ring when dst is in src's ring, else by rank offset."""
         ring = self.rings[src] if self.rings else ()
-        return ring if dst in ring else None
+        if dst not in ring:
+            return (rank + way * (dst - src)) % len(self.representative)
+        own = self.rings[rank]
+        return own[(own.index(rank) + way * (ring.index(dst) - ring.index(src))) % len(own)]
 
     @property
     def representatives(self) -> list[int]:

@@ -188,8 +188,7 @@ class Placement:
         if kind == "a2a+p2p":
             return self.cp
         stride = self.tp * self.cp   # a CP group starts at each tp index of each block of tp x cp ranks
-        rings = {self._group("cp", start, start + stride, self.tp)
-                 for block in range(0, self.world, stride) for start in range(block, block + self.tp)}
+        rings = {self._cp_group(start) for block in range(0, self.world, stride) for start in range(block, block + self.tp)}
         crossings = {tuple(self.node(a) == self.node(b) for a, b in zip(ring, ring[1:] + ring[:1])) for ring in rings}
         if len(crossings) > 1:
             return self.cp

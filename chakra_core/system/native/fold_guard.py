@@ -133,7 +133,7 @@ class FoldGuard:
 
     def fold_p2p(self, src: int, dst: int, size: int) -> tuple[int, int]:
         """A message `src` (a representative) sends to `dst` stands for one from every rank of
-        src's class to its peer at the same offset (or ring position: Folding.peer): it reaches
+        src's class to its peer at the same offset (or ring position: Folding.pairs): it reaches
         dst's representative, from the rank that stands in the same place, after the delay every
         such pair must share."""
         folding = self.folding
@@ -142,8 +142,8 @@ class FoldGuard:
             self._symmetric[key] = True
             delay = self.network.message_delay
             expected = delay(src, dst, size)
-            for mate in folding.members[src]:
-                if delay(mate, folding.peer(src, dst, mate), size) != expected:
+            for mate, peer in folding.pairs(src, dst):
+                if delay(mate, peer, size) != expected:
                     self.context.request_restart(_UNFOLD_P2P, Unfold(_UNFOLD_P2P))
                     break
         return folding.matched_source(src, dst), folding.representative[dst]

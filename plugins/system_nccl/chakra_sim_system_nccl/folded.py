@@ -152,7 +152,7 @@ class FoldedMatching:
         if key not in self._checked:
             self._checked.add(key)
             local = self.same_node(src, dst)
-            if any(self.same_node(mate, folding.peer(src, dst, mate)) != local for mate in folding.members[src]):
+            if any(self.same_node(mate, peer) != local for mate, peer in folding.pairs(src, dst)):
                 reason = ("point-to-point messages a representative stands for go within and across "
                           "nodes; simulating every rank")
                 self.restart(reason, Unfold(reason))

@@ -5,7 +5,7 @@ crossed the network at the same instant."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from chakra_core import LayerContext, Unfold
 from chakra_sim_system_nccl.sharing import NIC, NVLINK
@@ -32,10 +32,9 @@ class P2PTiming:
         now = scheduler.now
         traffic = system.internode
         if traffic is not None and not same_node:
-            pairs = [(src, dst)]
+            pairs: Sequence[tuple[int, int]] = [(src, dst)]
             if system.folding is not None:   # every pair this message stands for
-                folding = system.folding
-                pairs = [(mate, folding.peer(src, dst, mate)) for mate in folding.members[src]]
+                pairs = system.folding.pairs(src, dst)
             alone = now + ns(latency + transfer)
             traffic.run([[(a, b, size)] for a, b in pairs],
                         lambda finishes: self._crossed(pairs, now, alone, ns(latency), finishes, on_arrival, arg))
@@ -48,7 +47,7 @@ class P2PTiming:
         system.load.add(fabric, ends, now, now + delay)
         scheduler.schedule(delay, on_arrival, arg)
 
-    def _crossed(self, pairs: list[tuple[int, int]], start: int, alone: int, latency_ns: int, finishes: list[int],
+    def _crossed(self, pairs: Sequence[tuple[int, int]], start: int, alone: int, latency_ns: int, finishes: list[int],
                  on_arrival: Callable[[Any], None], arg: Any) -> None:
         """The message (and those it stands for) crossed the network: it arrives when NCCL's time
         alone says, or one step's latency after its last byte, whichever is later."""
