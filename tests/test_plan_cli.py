@@ -26,7 +26,7 @@ def test_progress_names_each_round_and_reports_a_layout_once(tmp_path):
     assert re.search(r"\d+ layouts, \d+ fit in [\d.]+ GiB per GPU", result.output)
     rounds = re.findall(r"round (\d+): simulating (\d+) layout", result.output)
     assert len(rounds) >= 2 and all(count == "1" for _, count in rounds)
-    reported = re.findall(r"^  1 of 1: (.+): [\d.]+ s$", result.output, re.M)
+    reported = re.findall(r"^  1 of 1 \(round \d+\): (.+): [\d.]+ s$", result.output, re.M)
     assert len(reported) == len(rounds) and len(set(reported)) == len(reported)   # never read back again
     assert "no layout is known yet" in result.output and "to enter the 2 fastest" in result.output
     # the ranking so far after each round, its last the table's first rows
@@ -47,8 +47,8 @@ def test_top_shows_that_many_rows_and_says_where_the_others_are(tmp_path):
     table_rows = re.findall(r"^│\s*(\d+)\s*│", result.output, re.M)
     assert table_rows == ["1"]
     assert "2 more simulated layout(s) in plan.csv (--top 1 shows the 1 fastest)" in result.output
-    assert re.search(r"^  1 of 3: .+: [\d.]+ s; about \d+ s left in this round$", result.output, re.M)
-    assert re.search(r"^  3 of 3: .+: [\d.]+ s$", result.output, re.M)
+    assert re.search(r"^  1 of 3 \(round 1\): .+: [\d.]+ s; about \d+ s left in round 1$", result.output, re.M)
+    assert re.search(r"^  3 of 3 \(round 1\): .+: [\d.]+ s$", result.output, re.M)
 
 
 def test_a_simulated_layouts_traces_are_removed_unless_kept(tmp_path):

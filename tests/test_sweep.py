@@ -454,3 +454,35 @@ def test_a_long_legend_title_goes_beside_the_axes_a_key_per_line(tmp_path):
     figure = plot_figure(sweep, rows)
     assert figure.axes[0].get_legend() is None and len(figure.legends) == 1
     assert figure.legends[0].get_title().get_text().count("\n") == len(sweep.plot.series) - 1
+
+
+def test_a_sweep_that_grows_runs_every_point_once_on_the_same_workers_and_resumes(tmp_path):
+    """`grow` (plan's rounds) adds points while the sweep runs: each runs once, the table has every
+    point's row in order, a bad added point stops the sweep naming it, and a second run of the same
+    growth reads every point back."""
+    bandwidths = [[50], [50, 100], [50, 100, 200], [50, 100, 200, 400]]
+
+    def sweep_of(values: list[int]):
+        return load_sweep(write_sweep(tmp_path, {"points": [{"network.bandwidth[0]": v} for v in values]}))
+
+    def run(steps: list[list[int]]):
+        left, seen = list(steps[1:]), []
+
+        def grow():
+            if not left:
+                return None
+            return sweep_of(left.pop(0))
+
+        result = run_sweep(sweep_of(steps[0]), workers=2, grow=grow, on_point=lambda p: seen.append(p.point.index))
+        return result, seen
+
+    first, seen = run(bandwidths)
+    assert (first.ran, first.skipped) == (4, 0) and sorted(seen) == [0, 1, 2, 3]
+    assert [row["network.bandwidth[0]"] for row in first.rows] == [50, 100, 200, 400]
+    alone = run_sweep(load_sweep(write_sweep(tmp_path, {"points": [{"network.bandwidth[0]": 400}],
+                                                        "output": {"dir": "alone"}}, "alone.yaml")))
+    assert alone.ran == 1 and first.rows[3]["finish_ns"] == alone.rows[0]["finish_ns"]
+    again, _ = run(bandwidths)
+    assert (again.ran, again.skipped) == (0, 4)
+    with pytest.raises(ManifestError, match="point 2"):
+        run([[50], [50, 100], [50, 100, "fast"]])

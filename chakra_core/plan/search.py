@@ -8,8 +8,9 @@
    kernel reaches (`layouts.lower_bound_s`) for every layout, tightened for those that reach
    the front of the queue by timing their kernels with the manifest's own compute model
    (`compute_bound.ComputeBound`). Layouts that fit are simulated in order of their bound, in
-   rounds of `batch`, each round a sweep (`chakra_core.sweep`) of the job manifest with the
-   layout's keys set: resumable, locked, on local processes or Ray.
+   rounds of `batch` (`rounds`: round r + 1 chosen once rounds 1 .. r - 1 have finished, so the
+   workers never wait for a round's end), all one sweep (`chakra_core.sweep`) of the job manifest
+   with each layout's keys set: resumable, locked, on local processes or Ray.
 4. A layout whose bound is not below the K-th best simulated step time cannot enter the top K:
    it and every layout after it are left unsimulated ("pruned").
 5. Memory is checked (`check_memory`, when the manifest names a memory layer): the simulated layouts'
@@ -23,11 +24,8 @@ the top K does not depend on either: a pruned layout's step time is at least its
 from __future__ import annotations
 
 import heapq
-import json
 import math
-import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -49,28 +47,14 @@ from chakra_core.plan.headroom import Headroom, Reserve, communicator_bytes
 from chakra_core.plan.layouts import Enumeration, Layout, enumerate_layouts, lower_bound_s, sharding_searched
 from chakra_core.plan.memory import MemoryEstimate, overflow, predict_memory
 from chakra_core.plan.offload import add_offload_variants
-from chakra_core.plan.ranking import kth_best, standing
-from chakra_core.report.document import Results
-from chakra_core.sweep.run import Execution, PointReport, run_sweep
-from chakra_core.sweep.spec import build_sweep
-from chakra_core.sweep.task import Status
+from chakra_core.plan.rounds import Rounds, simulate_rounds
+from chakra_core.plan.status import FAILED as FAILED, PRUNED as PRUNED, SIMULATED as SIMULATED  # the plan's names
+from chakra_core.plan.status import TOO_BIG as TOO_BIG, LayoutStatus as LayoutStatus
+from chakra_core.sweep.run import Execution
 
 GIB = 1 << 30
-METRIC = "training.step_time_s"
 SIMULATIONS = "simulations"
 """The sweep of simulated layouts, in the plan's folder: its points, table and plot."""
-
-class LayoutStatus(str, Enum):
-    """What the plan found out about a layout, written as its value in the table."""
-
-    SIMULATED = "simulated"
-    FAILED = "failed"
-    PRUNED = "pruned"
-    TOO_BIG = "does not fit"
-
-
-SIMULATED, FAILED = LayoutStatus.SIMULATED, LayoutStatus.FAILED
-PRUNED, TOO_BIG = LayoutStatus.PRUNED, LayoutStatus.TOO_BIG
 
 
 @dataclass(frozen=True)
@@ -297,23 +281,8 @@ def plan(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, options: Pl
     queue.remove(chosen)
     for c in chosen:   # their bounds as tight as the queue's would be
         c.bound_s = max(c.bound_s, tight.bound_s(enumeration.specs[c.layout]))
-    while True:
-        kth = kth_best(chosen, top)
-        round_ = list(chosen) if result.rounds == 0 else []   # the given layouts first
-        while len(round_) < batch:
-            following = queue.pop(kth)
-            if following is None:
-                break
-            round_.append(following)
-            chosen.append(following)
-        if not round_:
-            break
-        result.rounds += 1
-        say(f"round {result.rounds}: simulating {len(round_)} layout(s), {len(chosen):,} in all so far; "
-            + ("no layout is known yet" if kth == math.inf else
-               f"a layout needs a step under {kth:.3f} s to enter the {top} fastest"))
-        _simulate(manifest, base_dir, out_dir / SIMULATIONS, chosen, result, execution, len(chosen) - len(round_), say)
-        say(standing(chosen, top))
+    rounds = Rounds(chosen, queue, top, batch, result, say)
+    simulate_rounds(manifest, base_dir, out_dir / SIMULATIONS, rounds, result, execution)
     result.tightened = queue.tightened
     blind = [c for c in candidates if c.status == SIMULATED and c.simulated_memory is None]
     if result.memory_checked and blind:
@@ -341,6 +310,10 @@ class _Queue:
 
     def remove(self, candidates: list[Candidate]) -> None:
         self.removed |= {id(c) for c in candidates}
+
+    def exhausted(self) -> bool:
+        """No layout is left in the queue."""
+        return all(id(entry[3]) in self.removed for entry in self.heap)
 
     def pop(self, limit: float) -> Candidate | None:
         """The layout with the lowest bound, if that is below `limit` (None: no layout can be)."""
@@ -382,39 +355,3 @@ def _check_job(job: Mapping[str, Any], source: str) -> None:
     too_large = trace_overflow(spec)   # no layout makes a layer fit a trace's 64-bit fields
     if too_large is not None:
         raise ManifestError([(f"{source}: {too_large[0]}", too_large[1])])
-
-
-def _simulate(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, chosen: list[Candidate], result: Plan,
-              execution: Execution, first_new: int, say: Callable[[str], None]) -> None:
-    """One round: a sweep over every layout chosen so far (those of earlier rounds, before
-    `first_new`, are read back and not reported again)."""
-    data: JsonObject = {"base": dict(manifest), "points": [c.layout.overrides() for c in chosen], "metric": METRIC,
-            "output": {"dir": str(out_dir)}, "job_traces": execution.job_traces}
-    sweep = build_sweep(data, base_dir, "plan", name="plan")
-    done, started, todo = [0], time.monotonic(), len(chosen) - first_new
-
-    def report(point: PointReport) -> None:
-        if point.point.index < first_new:
-            return
-        done[0] += 1
-        what = ("read back from an earlier plan" if point.skipped else
-                f"{point.wall_s or 0.0:.1f} s" if point.status is Status.OK else f"failed: {point.error}")
-        left = (time.monotonic() - started) / done[0] * (todo - done[0])   # the round's pace so far
-        eta = f"; about {left:.0f} s left in this round" if done[0] < todo else ""
-        say(f"  {done[0]} of {todo}: {chosen[point.point.index].layout.label()}: {what}{eta}")
-        if execution.on_point is not None:
-            execution.on_point(point)
-
-    outcome = run_sweep(sweep, execution.executor, execution.workers, execution.address,
-                        execution.force and result.rounds == 1, on_point=report, timeout=execution.timeout)
-    result.simulated += outcome.ran
-    result.warnings.extend(w for w in outcome.warnings if w not in result.warnings)
-    for candidate, point, row in zip(chosen, sweep.points, outcome.rows):
-        candidate.point = str(sweep.point_dir(point))
-        if row["status"] == "ok":
-            results = Results.from_json(json.loads((sweep.point_dir(point) / "results.json").read_text(encoding="utf-8")))
-            candidate.status, candidate.training = SIMULATED, results.training
-            if result.memory_checked:   # a memory layer that follows tensors (MemoryModel.peak_memory_bytes)
-                candidate.simulated_memory = results.peak_memory_bytes
-        else:
-            candidate.status, candidate.error = FAILED, str(row["error"])

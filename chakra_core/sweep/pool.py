@@ -133,21 +133,34 @@ def _exit_text(process: BaseProcess) -> str:
     return f"exit status {code}"
 
 
+Refill = Callable[[], list[PointTask] | None]
+"""More tasks for a pool with none waiting: a list (empty: none yet, asked again once a point
+ends), or None: no more."""
+
+
 def run_pool(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOutcome], None],
              function: Callable[[PointTask], PointOutcome], timeout: float | None = None,
-             warm: Callable[[], object] | None = None) -> None:
-    """Run `function` on each task in `workers` processes; call `on_outcome` as each ends.
+             warm: Callable[[], object] | None = None, refill: Refill | None = None) -> None:
+    """Run `function` on each task in `workers` processes; call `on_outcome` as each ends, and
+    `refill` (when given) whenever no task waits for a worker: the same workers run what it adds.
 
     A point running longer than `timeout` seconds is killed with its worker (and whatever it
     started) and fails with "timed out after N s"; a worker that dies fails its point alone;
     both workers are replaced. An exception here (Interrupted by SIGINT or SIGTERM ...) kills
     every worker and removes their temporary files before it propagates.
     """
-    pool = _Pool(tasks, function, warm, timeout)
+    pool = _Pool(function, warm, timeout, workers)
     try:
-        for _ in range(min(workers, len(tasks))):
-            pool.start()
-        while pool.busy():
+        pool.add(tasks)
+        while True:
+            if refill is not None and not pool.pending:
+                more = refill()
+                if more is None:
+                    refill = None
+                else:
+                    pool.add(more)
+            if not pool.busy():
+                break
             pool.feed()
             pool.wait()
             ended = pool.collect(time.monotonic())
@@ -162,10 +175,10 @@ def run_pool(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOu
 class _Pool:
     """The worker processes of one run_pool call and the tasks not yet sent to them."""
 
-    def __init__(self, tasks: list[PointTask], function: Callable[[PointTask], PointOutcome],
-                 warm: Callable[[], object] | None, timeout: float | None) -> None:
-        self.pending = deque(tasks)
-        self.function, self.warm, self.timeout = function, warm, timeout
+    def __init__(self, function: Callable[[PointTask], PointOutcome], warm: Callable[[], object] | None,
+                 timeout: float | None, workers: int) -> None:
+        self.pending: deque[PointTask] = deque()
+        self.function, self.warm, self.timeout, self.most = function, warm, timeout, workers
         self.context = multiprocessing.get_context("spawn")   # fork would copy the progress bar's thread and locks
         remove_abandoned_temp_dirs()
         self.temp_dir = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}pid{os.getpid()}-")
@@ -180,6 +193,13 @@ class _Pool:
             process.start()
             self.workers.append(_Worker(process, ours))
             theirs.close()   # else the pipe never reports the worker's death
+
+    def add(self, tasks: list[PointTask]) -> None:
+        """Queue tasks, with as many workers as can run them (at most the pool's number)."""
+        self.pending.extend(tasks)
+        running = sum(w.task is not None for w in self.workers)
+        while len(self.workers) < min(self.most, running + len(self.pending)):
+            self.start()
 
     def retire(self, worker: _Worker) -> None:
         with held():

@@ -24,6 +24,7 @@ their temporary files with them. docs/reliability.md lists the guarantees.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
 from chakra_core._version import __version__
 from chakra_core.cores import usable_cores
@@ -44,7 +45,7 @@ from chakra_core.sweep.errors import SweepError
 from chakra_core.sweep.errors import first_line as _first_line
 from chakra_core.output_lock import OutputLock
 from chakra_core.sweep.paths import KeyPathError, Metric
-from chakra_core.sweep.pool import describe_exception, run_pool
+from chakra_core.sweep.pool import Refill, describe_exception, run_pool
 from chakra_core.sweep.ray_executor import run_ray
 from chakra_core.sweep.spec import POINTS_DIR, Point, Sweep
 from chakra_core.sweep.stop import StopSignals
@@ -116,10 +117,13 @@ def run_point(task: PointTask) -> PointOutcome:
 
 # Executors ---------------------------------------------------------------------------------------
 def run_local(tasks: list[PointTask], workers: int, on_outcome: Callable[[PointOutcome], None],
-              function: Callable[[PointTask], PointOutcome] = run_point, timeout: float | None = None) -> None:
+              function: Callable[[PointTask], PointOutcome] = run_point, timeout: float | None = None,
+              refill: Refill | None = None) -> None:
     """Run `function` (`run_point`) on each task in a pool of `workers` fresh processes;
-    call `on_outcome` as each ends (chakra_core.sweep.pool: timeouts, dead workers, signals)."""
-    run_pool(tasks, workers, on_outcome, function, timeout, warm=_plugin_host if function is run_point else None)
+    call `on_outcome` as each ends, `refill` for more (chakra_core.sweep.pool: timeouts, dead
+    workers, signals)."""
+    run_pool(tasks, workers, on_outcome, function, timeout, warm=_plugin_host if function is run_point else None,
+             refill=refill)
 
 
 # The sweep ---------------------------------------------------------------------------------------
@@ -168,9 +172,15 @@ def table_columns(sweep: Sweep) -> list[str]:
     return ["point", "id", *sweep.keys, *STATUS_COLUMNS, *metric, *STAT_COLUMNS, WALL_COLUMN]
 
 
+WAIT = "wait"
+Grow = Callable[[], Sweep | str | None]
+"""A sweep's next points: the sweep with more points after its own (same order and output folder),
+WAIT (none can be chosen until a running point ends), or None (no more)."""
+
+
 def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None, address: str | None = None,
               force: bool = False, on_point: Callable[[PointReport], None] | None = None,
-              timeout: float | None = None) -> SweepResult:
+              timeout: float | None = None, grow: Grow | None = None) -> SweepResult:
     """Run every point not already finished (all with `force`); write the table and the plot.
 
     Every point's manifest is validated first: ManifestError lists the bad points, and
@@ -179,6 +189,11 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
     seconds, default the sweep file's) is a row with status `failed`, never an exception.
     SIGINT and SIGTERM raise `Interrupted` once the workers are stopped and their temporary
     files removed; finished points are kept.
+
+    `grow` (plan's rounds) adds points while the sweep runs, whenever none waits for a worker:
+    the same workers run them, under the same lock; each is validated when it comes (a bad one
+    stops the sweep with ManifestError) and read back if an earlier run finished it (`force`
+    reruns the first points only). The result is the last sweep's: its keys, every point's row.
     """
     if executor not in EXECUTORS:
         raise SweepError(f"unknown executor {executor!r} (choose {', '.join(EXECUTORS)})")
@@ -192,45 +207,78 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
         prepare_output_dir(sweep.output_dir)
         with OutputLock(sweep.output_dir):
             remove_stale_temp_files(sweep)
-            return _run_locked(sweep, executor, workers, address, force, on_point, timeout)
+            return _run_locked(sweep, executor, workers, address, force, on_point, timeout, grow)
+
+
+@dataclass
+class _Ended:
+    """How a point ended, for its row."""
+    point: Point
+    status: Status
+    error: str | None
+    results: JsonObject | None
+    wall_s: float | None
 
 
 def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str | None, force: bool,
-                on_point: Callable[[PointReport], None] | None, timeout: float | None) -> SweepResult:
-    result = SweepResult(columns=table_columns(sweep), rows=[])
-    rows: dict[int, JsonObject] = {}
-    metric_misses: list[tuple[int, str]] = []
-    by_index = {point.index: point for point in sweep.points}
+                on_point: Callable[[PointReport], None] | None, timeout: float | None,
+                grow: Grow | None) -> SweepResult:
+    result = SweepResult(columns=[], rows=[])
+    ended: dict[int, _Ended] = {}
+    by_index: dict[int, Point] = {}
 
-    def report(point: Point, row: JsonObject, skipped: bool) -> None:
-        rows[point.index] = row
-        result.failed += row["status"] != Status.OK.value
+    def report(end: _Ended, skipped: bool) -> None:
+        ended[end.point.index] = end
+        result.failed += end.status is not Status.OK
         if on_point is not None:
-            error, wall_s = row["error"], row[WALL_COLUMN]
-            on_point(PointReport(point, Status(row["status"]), skipped, error if isinstance(error, str) else None,
-                                 float(wall_s) if isinstance(wall_s, (int, float)) else None))
+            on_point(PointReport(end.point, end.status, skipped, end.error, end.wall_s))
 
-    tasks: list[PointTask] = []
-    for point in sweep.points:
-        row = None if force else _finished_row(sweep, point, metric_misses)
-        if row is not None:
-            result.skipped += 1
-            report(point, row, skipped=True)
-        else:
-            tasks.append(PointTask(point.index, point.id, point.data, str(sweep.base_dir), f"point {point.index}",
-                                   str(sweep.point_dir(point)), sweep.drop_job_traces))
+    def tasks_of(points: list[Point], rerun: bool) -> list[PointTask]:
+        """The points to run; those an earlier run finished are read back and reported."""
+        tasks = []
+        for point in points:
+            by_index[point.index] = point
+            done = None if rerun else _finished(sweep, point)
+            if done is not None:
+                result.skipped += 1
+                report(done, skipped=True)
+            else:
+                tasks.append(PointTask(point.index, point.id, point.data, str(sweep.base_dir), f"point {point.index}",
+                                       str(sweep.point_dir(point)), sweep.drop_job_traces))
+        return tasks
 
     def finished(outcome: PointOutcome) -> None:
-        point = by_index[outcome.index]
         result.ran += 1
-        report(point, _record(sweep, point, outcome, result.warnings, metric_misses), skipped=False)
+        report(_record(sweep, by_index[outcome.index], outcome, result.warnings), skipped=False)
 
-    if tasks and executor == "local":
-        run_local(tasks, max(1, min(workers or usable_cores(), len(tasks))), finished, timeout=timeout)
-    elif tasks:
-        run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
+    def refill() -> list[PointTask] | None:
+        nonlocal sweep
+        while grow is not None:
+            grown = grow()
+            if grown is None or grown == WAIT:
+                return None if grown is None else []
+            assert isinstance(grown, Sweep) and grown.output_dir == sweep.output_dir
+            new = [point for point in grown.points if point.index not in by_index]
+            check_points(dataclasses.replace(grown, points=new))
+            sweep = grown
+            tasks = tasks_of(new, rerun=False)
+            if tasks:
+                return tasks
+        return None
 
-    result.rows = [rows[index] for index in sorted(rows)]
+    tasks = tasks_of(sweep.points, force)
+    if executor == "local":
+        most = workers or usable_cores()
+        run_local(tasks, max(1, most if grow is not None else min(most, len(tasks))), finished, timeout=timeout,
+                  refill=refill if grow is not None else None)
+    else:
+        while tasks:
+            run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
+            tasks = refill() or []   # one batch after another: a point chosen waits for none running
+
+    metric_misses: list[tuple[int, str]] = []
+    result.columns = table_columns(sweep)
+    result.rows = [_row(sweep, ended[index], metric_misses) for index in sorted(ended)]
     if metric_misses:
         shown = ", ".join(str(index) for index, _ in sorted(metric_misses)[:10])
         more = " ..." if len(metric_misses) > 10 else ""
@@ -317,9 +365,8 @@ def remove_stale_temp_files(sweep: Sweep) -> None:
                         os.unlink(entry.path)
 
 
-def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[str],
-            metric_misses: list[tuple[int, str]]) -> JsonObject:
-    """Write a finished point's folder; return its row."""
+def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[str]) -> _Ended:
+    """Write a finished point's folder; return how it ended."""
     folder = sweep.point_dir(point)
     status, error = outcome.status, outcome.error
     wall_s = round(outcome.wall_s, 6)
@@ -334,11 +381,11 @@ def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[st
     except OSError as exc:
         status, error = Status.FAILED, f"cannot write {folder}: {exc.strerror or exc}"
     results = json.loads(files["results.json"]) if status is Status.OK else None
-    return _row(sweep, point, status, error, results, wall_s, metric_misses)
+    return _Ended(point, status, error, results, wall_s)
 
 
-def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str]]) -> JsonObject | None:
-    """The row of a point finished by an earlier run of the sweep, or None to run it."""
+def _finished(sweep: Sweep, point: Point) -> _Ended | None:
+    """How a point finished by an earlier run of the sweep ended, or None to run it."""
     folder = sweep.point_dir(point)
     try:
         record = json.loads((folder / POINT_RECORD).read_text(encoding="utf-8"))
@@ -347,14 +394,15 @@ def _finished_row(sweep: Sweep, point: Point, metric_misses: list[tuple[int, str
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, AttributeError):
         return None   # absent, unreadable or not ours: run the point again
-    return _row(sweep, point, Status.OK, None, results, record.get("wall_s"), metric_misses)
+    wall_s = record.get("wall_s")
+    return _Ended(point, Status.OK, None, results, float(wall_s) if isinstance(wall_s, (int, float)) else None)
 
 
-def _row(sweep: Sweep, point: Point, status: Status, error: str | None, results: Mapping[str, Any] | None,
-         wall_s: float | None, metric_misses: list[tuple[int, str]]) -> JsonObject:
+def _row(sweep: Sweep, end: _Ended, metric_misses: list[tuple[int, str]]) -> JsonObject:
+    point, results = end.point, end.results
     row: JsonObject = {"point": point.index, "id": point.id}
     row.update({key: point.overrides.get(key) for key in sweep.keys})
-    row.update(status=status.value, error=error)
+    row.update(status=end.status.value, error=end.error)
     values: dict[str, int | float | None] = {}
     if results is not None:
         try:
@@ -368,5 +416,5 @@ def _row(sweep: Sweep, point: Point, status: Status, error: str | None, results:
                 values[column] = None   # a results document from before a key existed
     for column in table_columns(sweep)[len(row):-1]:
         row[column] = values.get(column)
-    row[WALL_COLUMN] = wall_s
+    row[WALL_COLUMN] = end.wall_s
     return row
