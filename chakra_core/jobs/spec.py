@@ -287,13 +287,13 @@ class JobSpec(_Strict):
 
     def chunk_layers(self, stage: int, chunk: int) -> list[int]:
         """The layers of a stage's model chunk: virtual stage chunk x pp + stage, as Megatron assigns them."""
-        layout = self.layout
-        if layout is not None:
-            return layout.transformer_layers(stage, chunk)
-        per = self.pipeline_slots // (self.parallel.pp * self.vp)
-        skip = 1 if self.parallel.account_for_embedding_and_loss else 0
-        first = (chunk * self.parallel.pp + stage) * per - skip
-        return [layer for layer in range(first, first + per) if 0 <= layer < self.shape.layers]
+        p = self.parallel
+        if p.pipeline_layout is not None:
+            return pipeline_layout.parse(p.pipeline_layout, p.pp).transformer_layers(stage, chunk)
+        per = self.pipeline_slots // (p.pp * (p.vp or 1))
+        skip = 1 if p.account_for_embedding_and_loss else 0
+        first = (chunk * p.pp + stage) * per - skip
+        return list(range(max(first, 0), min(first + per, self.shape.layers)))
 
     def warnings(self) -> list[str]:
         """Settings a run accepts but a user should hear about: a sequence past the model's trained

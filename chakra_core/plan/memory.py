@@ -78,6 +78,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
 from chakra_core.jobs.fp8 import QUANTIZED, fp8_transposes, gemm_dtype, quantized_copies
 from chakra_core.jobs.schedule import pipeline_steps
 from chakra_core.jobs.spec import DTYPE_BYTES, JobSpec
@@ -204,10 +206,23 @@ class _Chunk:
     offloaded: tuple[int, ...] = ()       # and what layers 0..k-1 copy to host memory
 
 
-def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
+def _chunk_activations(job: JobSpec, stage: int, chunk: int, memo: dict[Any, _Chunk] | None = None) -> _Chunk:
+    """`memo`: one job's chunks already worked out (a chunk depends on its layers' kinds, whether
+    it is the first or the last, and the job: every stage of a layout shares most)."""
+    t, p, m = job.training, job.parallel, job.shape
+    layers = job.chunk_layers(stage, chunk)
+    first, last = stage == 0 and chunk == 0, stage == p.pp - 1 and chunk == job.vp - 1
+    if memo is None or t.cpu_offloading_num_layers:   # offload's chunks depend on the layers' numbers
+        return _new_chunk(job, layers, first, last)
+    key = (tuple(map(m.is_moe_layer, layers)), first, last)
+    if key not in memo:
+        memo[key] = _new_chunk(job, layers, first, last)
+    return memo[key]
+
+
+def _new_chunk(job: JobSpec, layers: list[int], first: bool, last: bool) -> _Chunk:
     t, p, m = job.training, job.parallel, job.shape
     sp = p.tp if job.sp else 1
-    layers = job.chunk_layers(stage, chunk)
     recomputed = len(layers[:t.recompute_layers or len(layers)]) if t.recompute == "full" else 0
     checkpoint = layer_activations(job, recomputed=True)
     kinds = {m.is_moe_layer(layer) for layer in layers}
@@ -220,12 +235,12 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     backward += [(full[m.is_moe_layer(layer)] - checkpoint, checkpoint) for layer in reversed(layers[:recomputed])]
     forward_top = 0
     n, h = _tokens(job), job.shape.hidden
-    if stage == p.pp - 1 and chunk == job.vp - 1:
+    if last:
         logits = n * (job.shape.padded_vocab(p.tp) // p.tp)
         # the bf16 logits during the loss's forward, their gradient during its backward
         forward_top = ACT_BYTES * logits
         backward.insert(0, (ACT_BYTES * logits, 2 * n * ACT_BYTES * h // sp + SOFTMAX_BYTES * logits))
-    if stage == 0 and chunk == 0:
+    if first:
         backward.append((0, TOKEN_ID_BYTES * n + (n * MASK_BYTES * h // sp if t.dropout > 0 else 0)))
     kept = sum(released for _, released in backward)
     if t.cpu_offloading_num_layers:
@@ -236,7 +251,7 @@ def _chunk_activations(job: JobSpec, stage: int, chunk: int) -> _Chunk:
     # output gradients put on top from the layer's start (an upper bound: see _deferred)
     held, grads = _deferred(job)
     deferred, index = [], 0
-    if stage == p.pp - 1 and chunk == job.vp - 1:   # the output layer's: its input and the logits' gradient
+    if last:   # the output layer's: its input and the logits' gradient
         head = n * ACT_BYTES * h // sp + ACT_BYTES * logits
         deferred.append((ACT_BYTES * logits, backward[0][1] - head))
         index = 1
@@ -283,9 +298,9 @@ def _deferred(job: JobSpec) -> tuple[int, int]:
     return saved, grads
 
 
-def _peak_activations(job: JobSpec, stage: int) -> int:
+def _peak_activations(job: JobSpec, stage: int, memo: dict[Any, _Chunk] | None = None) -> int:
     pp, vp = job.parallel.pp, job.vp
-    chunks = tuple(_chunk_activations(job, stage, c) for c in range(vp))
+    chunks = tuple(_chunk_activations(job, stage, c, memo) for c in range(vp))
     # Once warm, the chunks in flight repeat every pp x vp forwards: 5 pp micro-batches cover the
     # warm-up and two such periods, so the walk stays short for long gradient accumulation.
     # gpipe holds every micro-batch before its first backward: walk them all
@@ -323,9 +338,10 @@ def fp8_weight_copies(job: JobSpec, architecture: str) -> int:
     return quantized_copies(gemm_dtype(t), fp8_transposes(architecture))
 
 
-def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper") -> MemoryEstimate:
+def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper",
+                 memo: dict[Any, _Chunk] | None = None) -> MemoryEstimate:
     """The memory of one GPU of pipeline stage `stage` (Megatron-FSDP's: plan.fsdp_memory) on
-    `architecture` GPUs (the profile's gpu.architecture)."""
+    `architecture` GPUs (the profile's gpu.architecture); `memo`: the job's chunks worked out so far."""
     t, p = job.training, job.parallel
     state = _stage_params(job, stage)
     params = state.dense + state.experts
@@ -343,12 +359,13 @@ def stage_memory(job: JobSpec, stage: int, architecture: str = "hopper") -> Memo
     optimizer = -(-state.dense * per_param // shards) + -(-state.experts * per_param // expert_shards)
     optimizer -= round(t.optimizer_offload_fraction * optimizer)   # on the host (jobs/optimizer_offload.py)
     return MemoryEstimate(stage=stage, weights=weights, gradients=DTYPE_BYTES[t.grad_reduce_dtype] * params,
-                          optimizer=optimizer, activations=_peak_activations(job, stage), buffers=0)
+                          optimizer=optimizer, activations=_peak_activations(job, stage, memo), buffers=0)
 
 
 def memory_by_stage(job: JobSpec, architecture: str = "hopper") -> list[MemoryEstimate]:
     """One estimate per pipeline stage (the embedding on the first, output layer and loss on the last)."""
-    return [stage_memory(job, stage, architecture) for stage in range(job.parallel.pp)]
+    memo: dict[Any, _Chunk] = {}
+    return [stage_memory(job, stage, architecture, memo) for stage in range(job.parallel.pp)]
 
 
 def predict_memory(job: JobSpec, architecture: str = "hopper") -> MemoryEstimate:
