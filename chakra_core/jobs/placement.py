@@ -8,6 +8,7 @@ in it, while data and pipeline parallel peers sit on other nodes.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
@@ -188,7 +189,9 @@ class Placement:
         if kind == "a2a+p2p":
             return self.cp
         stride = self.tp * self.cp   # a CP group starts at each tp index of each block of tp x cp ranks
-        rings = {self._cp_group(start) for block in range(0, self.world, stride) for start in range(block, block + self.tp)}
+        # nodes are consecutive ranks: the blocks' crossings repeat every lcm(stride, node) ranks
+        blocks = range(0, min(self.world, math.lcm(stride, self.gpus_per_node)), stride)
+        rings = {self._cp_group(start) for block in blocks for start in range(block, block + self.tp)}
         crossings = {tuple(self.node(a) == self.node(b) for a, b in zip(ring, ring[1:] + ring[:1])) for ring in rings}
         if len(crossings) > 1:
             return self.cp
