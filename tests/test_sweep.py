@@ -486,3 +486,34 @@ def test_a_sweep_that_grows_runs_every_point_once_on_the_same_workers_and_resume
     assert (again.ran, again.skipped) == (0, 4)
     with pytest.raises(ManifestError, match="point 2"):
         run([[50], [50, 100], [50, 100, "fast"]])
+
+
+def test_a_sweep_that_grows_on_ray_runs_its_points_in_batches_and_resumes(tmp_path, monkeypatch):
+    """With the Ray executor the added points run once the batch before has ended; a second run
+    whose first points are all read back still asks for the rest (Ray replaced by the points run
+    here, in order: the batching is what is tested)."""
+    import chakra_core.sweep.run as sweep_run
+
+    batches: list[list[int]] = []
+
+    def in_process(tasks, workers, address, on_outcome, function, timeout=None):
+        batches.append([task.index for task in tasks])
+        for task in tasks:
+            on_outcome(function(task))
+
+    monkeypatch.setattr(sweep_run, "run_ray", in_process)
+
+    def run(steps: list[list[int]]):
+        left = list(steps[1:])
+
+        def sweep_of(values: list[int]):
+            return load_sweep(write_sweep(tmp_path, {"points": [{"network.bandwidth[0]": v} for v in values]}))
+
+        return run_sweep(sweep_of(steps[0]), executor="ray", grow=lambda: sweep_of(left.pop(0)) if left else None)
+
+    first = run([[50], [50, 100], [50, 100, 200]])
+    assert batches == [[0], [1], [2]] and first.ran == 3
+    batches.clear()
+    again = run([[50], [50, 100], [50, 100, 200], [50, 100, 200, 400]])
+    assert batches == [[3]] and (again.ran, again.skipped) == (1, 3)
+    assert [row["network.bandwidth[0]"] for row in again.rows] == [50, 100, 200, 400]

@@ -15,19 +15,17 @@ Rows are built from the results.json text, never from the in-memory results,
 so a fresh row and a row read back are the same, and sorted by point order,
 so the table does not depend on which worker finished first.
 
-Before any point runs, every point's manifest is validated here (`check_points`)
-and the output folder is locked (`lock`); while points run, SIGINT and SIGTERM
+Before any point runs, every point's manifest is validated (`checks`) and the
+output folder is locked (`lock`); while points run, SIGINT and SIGTERM
 become an exception at a safe point (`stop`) that stops the workers (`pool`) and
 their temporary files with them. docs/reliability.md lists the guarantees.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 import traceback
@@ -41,13 +39,14 @@ from chakra_core.json_types import JsonObject
 from chakra_core.engine.driver import BREAKDOWN
 from chakra_core.errors import ChakraSimError, ManifestError
 from chakra_core.report.writers import prepare_output_dir, write_run_files
+from chakra_core.sweep.checks import check_points, remove_stale_temp_files
 from chakra_core.sweep.errors import SweepError
 from chakra_core.sweep.errors import first_line as _first_line
 from chakra_core.output_lock import OutputLock
 from chakra_core.sweep.paths import KeyPathError, Metric
 from chakra_core.sweep.pool import Refill, describe_exception, run_pool
 from chakra_core.sweep.ray_executor import run_ray
-from chakra_core.sweep.spec import POINTS_DIR, Point, Sweep
+from chakra_core.sweep.spec import Point, Sweep
 from chakra_core.sweep.stop import StopSignals
 from chakra_core.sweep.task import PointOutcome, PointTask, Status
 
@@ -203,7 +202,7 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
     if timeout is not None and not 0 < timeout < math.inf:
         raise SweepError(f"the timeout must be a positive number of seconds, not {timeout}")
     with StopSignals():
-        check_points(sweep)
+        check_points(sweep, _plugin_host())
         prepare_output_dir(sweep.output_dir)
         with OutputLock(sweep.output_dir):
             remove_stale_temp_files(sweep)
@@ -212,12 +211,13 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
 
 @dataclass
 class _Ended:
-    """How a point ended, for its row."""
+    """How a point ended: its row but the swept keys' columns (a growing sweep's keys may grow)."""
     point: Point
     status: Status
     error: str | None
-    results: JsonObject | None
+    values: dict[str, int | float | None]   # the metric's and the statistics' columns
     wall_s: float | None
+    metric_miss: str | None = None           # why its results have no metric
 
 
 def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str | None, force: bool,
@@ -259,7 +259,7 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
                 return None if grown is None else []
             assert isinstance(grown, Sweep) and grown.output_dir == sweep.output_dir
             new = [point for point in grown.points if point.index not in by_index]
-            check_points(dataclasses.replace(grown, points=new))
+            check_points(dataclasses.replace(grown, points=new), _plugin_host())
             sweep = grown
             tasks = tasks_of(new, rerun=False)
             if tasks:
@@ -271,14 +271,16 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
         most = workers or usable_cores()
         run_local(tasks, max(1, most if grow is not None else min(most, len(tasks))), finished, timeout=timeout,
                   refill=refill if grow is not None else None)
-    else:
-        while tasks:
-            run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
-            tasks = refill() or []   # one batch after another: a point chosen waits for none running
+    else:   # one batch after another: a grown sweep's points wait for none running
+        while True:
+            if tasks:
+                run_ray(tasks, workers, address, finished, run_point, timeout=timeout)
+            if not (tasks := refill() or []):
+                break
 
-    metric_misses: list[tuple[int, str]] = []
+    metric_misses = sorted((index, end.metric_miss) for index, end in ended.items() if end.metric_miss is not None)
     result.columns = table_columns(sweep)
-    result.rows = [_row(sweep, ended[index], metric_misses) for index in sorted(ended)]
+    result.rows = [_row(sweep, ended[index]) for index in sorted(ended)]
     if metric_misses:
         shown = ", ".join(str(index) for index, _ in sorted(metric_misses)[:10])
         more = " ..." if len(metric_misses) > 10 else ""
@@ -288,81 +290,6 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
 
     result.files = write_outputs(sweep, result.columns, result.rows, COLUMN_KINDS, result.warnings)
     return result
-
-
-# Before the first point ----------------------------------------------------------------------------
-SHOWN_BAD_POINTS = 10
-"""Point numbers listed per problem; the rest are counted."""
-
-
-def check_points(sweep: Sweep, host: PluginHost | None = None) -> None:
-    """Build and validate every point's manifest as its worker would (plugins named, settings of
-    the right types and ranges, trace files present); raise ManifestError naming the bad points,
-    each problem once with the points it hits.
-
-    A training job (`job:`) generates its traces when it runs, so only its `job` section is
-    checked here; the rest of it, like what a plugin refuses only when it builds its layer, fails
-    its point when it runs.
-    """
-    host = host if host is not None else _plugin_host()
-    hits: dict[tuple[str, str], list[Point]] = {}
-    for point in sweep.points:
-        for where, why in _point_problems(sweep, point, host):
-            hits.setdefault((where, why), []).append(point)
-    if not hits:
-        return
-    problems = []
-    for (where, why), points in hits.items():
-        if len(points) == 1:
-            overrides = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in points[0].overrides.items())
-            who = f"point {points[0].index} ({overrides})"
-        else:
-            listed = ", ".join(str(p.index) for p in points[:SHOWN_BAD_POINTS])
-            who = f"points {listed}{' ...' if len(points) > SHOWN_BAD_POINTS else ''} ({len(points)} points)"
-        problems.append((f"{sweep.source}: {who}" + (f": {where}" if where else ""), why))
-    raise ManifestError(problems)
-
-
-def _point_problems(sweep: Sweep, point: Point, host: PluginHost) -> list[tuple[str, str]]:
-    """(key path, reason) of each problem of the point's manifest; none when it validates."""
-    from chakra_core.config.build import build_config
-    from chakra_core.jobs.expand import is_job, read_job
-
-    source = f"point {point.index}"
-    try:
-        if is_job(point.data):
-            job = point.data.get("job")
-            if isinstance(job, dict) and "cluster" not in job and "cluster" in point.data:
-                job = {**job, "cluster": point.data["cluster"]}
-            read_job(job, source, sweep.base_dir)
-        else:
-            build_config(point.data, host, base_dir=sweep.base_dir, source=source, out_dir=sweep.point_dir(point))
-    except ManifestError as exc:
-        return [(loc.removeprefix(source).removeprefix(": "), why) for loc, why in exc.problems]
-    except ChakraSimError as exc:
-        return [("", _first_line(str(exc)) or type(exc).__name__)]
-    except Exception as exc:   # a plugin's settings model that crashes would crash the point too
-        return [("", describe_exception(exc))]
-    return []
-
-
-def remove_stale_temp_files(sweep: Sweep) -> None:
-    """Remove the temporary files a killed (kill -9) earlier run left in the output folder.
-
-    Called with the folder locked, so no other run is writing them; they are named as
-    chakra_core._atomic and prepare_output_dir name theirs.
-    """
-    folders: list[str | Path] = [sweep.output_dir]
-    with contextlib.suppress(OSError):
-        folders += [entry.path for entry in os.scandir(sweep.output_dir / POINTS_DIR) if entry.is_dir()]
-    for folder in folders:
-        with contextlib.suppress(OSError), os.scandir(folder) as entries:
-            for entry in entries:
-                name = entry.name
-                if name.startswith(".") and (name.endswith(".tmp") or name.startswith(".chakra-sim-probe-")) \
-                        and entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
 
 
 def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[str]) -> _Ended:
@@ -381,7 +308,7 @@ def _record(sweep: Sweep, point: Point, outcome: PointOutcome, warnings: list[st
     except OSError as exc:
         status, error = Status.FAILED, f"cannot write {folder}: {exc.strerror or exc}"
     results = json.loads(files["results.json"]) if status is Status.OK else None
-    return _Ended(point, status, error, results, wall_s)
+    return _ended(sweep, point, status, error, results, wall_s)
 
 
 def _finished(sweep: Sweep, point: Point) -> _Ended | None:
@@ -395,26 +322,33 @@ def _finished(sweep: Sweep, point: Point) -> _Ended | None:
     except (OSError, ValueError, AttributeError):
         return None   # absent, unreadable or not ours: run the point again
     wall_s = record.get("wall_s")
-    return _Ended(point, Status.OK, None, results, float(wall_s) if isinstance(wall_s, (int, float)) else None)
+    return _ended(sweep, point, Status.OK, None, results, float(wall_s) if isinstance(wall_s, (int, float)) else None)
 
 
-def _row(sweep: Sweep, end: _Ended, metric_misses: list[tuple[int, str]]) -> JsonObject:
-    point, results = end.point, end.results
-    row: JsonObject = {"point": point.index, "id": point.id}
-    row.update({key: point.overrides.get(key) for key in sweep.keys})
-    row.update(status=end.status.value, error=end.error)
+def _ended(sweep: Sweep, point: Point, status: Status, error: str | None, results: JsonObject | None,
+           wall_s: float | None) -> _Ended:
+    """The point's metric and statistics, read from its results (not kept: a sweep may have many)."""
     values: dict[str, int | float | None] = {}
+    miss = None
     if results is not None:
         try:
             values[sweep.metric.text] = sweep.metric.value(results)
         except KeyPathError as exc:
-            metric_misses.append((point.index, str(exc)))
+            miss = str(exc)
         for column, metric in _STATS.items():
             try:
                 values[column] = metric.value(results)
             except KeyPathError:
                 values[column] = None   # a results document from before a key existed
+    return _Ended(point, status, error, values, wall_s, miss)
+
+
+def _row(sweep: Sweep, end: _Ended) -> JsonObject:
+    point = end.point
+    row: JsonObject = {"point": point.index, "id": point.id}
+    row.update({key: point.overrides.get(key) for key in sweep.keys})
+    row.update(status=end.status.value, error=end.error)
     for column in table_columns(sweep)[len(row):-1]:
-        row[column] = values.get(column)
+        row[column] = end.values.get(column)
     row[WALL_COLUMN] = end.wall_s
     return row

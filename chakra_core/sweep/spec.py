@@ -18,7 +18,7 @@ problem is reported at once as a ManifestError (file, key, reason): the
 syntax of key paths and of the metric, that each override lands somewhere in
 the base manifest (missing mapping keys are created; a list index past the
 end is an error), and that each point is distinct. Whether each point's
-manifest is valid is checked next, before any point runs (`run.check_points`).
+manifest is valid is checked next, before any point runs (`checks.check_points`).
 """
 
 from __future__ import annotations
