@@ -458,14 +458,14 @@ def test_a_long_legend_title_goes_beside_the_axes_a_key_per_line(tmp_path):
 
 def test_a_sweep_that_grows_runs_every_point_once_on_the_same_workers_and_resumes(tmp_path):
     """`grow` (plan's rounds) adds points while the sweep runs: each runs once, the table has every
-    point's row in order, a bad added point stops the sweep naming it, and a second run of the same
-    growth reads every point back."""
+    point's row in order, a bad added point stops the sweep naming it, a second run of the same
+    growth reads every point back, and `force` runs them all again."""
     bandwidths = [[50], [50, 100], [50, 100, 200], [50, 100, 200, 400]]
 
     def sweep_of(values: list[int]):
         return load_sweep(write_sweep(tmp_path, {"points": [{"network.bandwidth[0]": v} for v in values]}))
 
-    def run(steps: list[list[int]]):
+    def run(steps: list[list[int]], force: bool = False):
         left, seen = list(steps[1:]), []
 
         def grow():
@@ -473,7 +473,8 @@ def test_a_sweep_that_grows_runs_every_point_once_on_the_same_workers_and_resume
                 return None
             return sweep_of(left.pop(0))
 
-        result = run_sweep(sweep_of(steps[0]), workers=2, grow=grow, on_point=lambda p: seen.append(p.point.index))
+        result = run_sweep(sweep_of(steps[0]), workers=2, grow=grow, on_point=lambda p: seen.append(p.point.index),
+                           force=force)
         return result, seen
 
     first, seen = run(bandwidths)
@@ -484,6 +485,8 @@ def test_a_sweep_that_grows_runs_every_point_once_on_the_same_workers_and_resume
     assert alone.ran == 1 and first.rows[3]["finish_ns"] == alone.rows[0]["finish_ns"]
     again, _ = run(bandwidths)
     assert (again.ran, again.skipped) == (0, 4)
+    forced, _ = run(bandwidths, force=True)   # every point again, the added ones too
+    assert (forced.ran, forced.skipped) == (4, 0)
     with pytest.raises(ManifestError, match="point 2"):
         run([[50], [50, 100], [50, 100, "fast"]])
 

@@ -191,8 +191,8 @@ def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None,
 
     `grow` (plan's rounds) adds points while the sweep runs, whenever none waits for a worker:
     the same workers run them, under the same lock; each is validated when it comes (a bad one
-    stops the sweep with ManifestError) and read back if an earlier run finished it (`force`
-    reruns the first points only). The result is the last sweep's: its keys, every point's row.
+    stops the sweep with ManifestError) and read back if an earlier run finished it (`force`:
+    run again, as every point). The result is the last sweep's: its keys, every point's row.
     """
     if executor not in EXECUTORS:
         raise SweepError(f"unknown executor {executor!r} (choose {', '.join(EXECUTORS)})")
@@ -261,7 +261,7 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
             new = [point for point in grown.points if point.index not in by_index]
             check_points(dataclasses.replace(grown, points=new), _plugin_host())
             sweep = grown
-            tasks = tasks_of(new, rerun=False)
+            tasks = tasks_of(new, force)
             if tasks:
                 return tasks
         return None
