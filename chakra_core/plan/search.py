@@ -8,9 +8,9 @@
    kernel reaches (`layouts.lower_bound_s`) for every layout, tightened for those that reach
    the front of the queue by timing their kernels with the manifest's own compute model
    (`compute_bound.ComputeBound`). Layouts that fit are simulated in order of their bound, in
-   rounds of `batch` (`rounds`: round r + 1 chosen once rounds 1 .. r - 1 have finished, so the
-   workers never wait for a round's end), all one sweep (`chakra_core.sweep`) of the job manifest
-   with each layout's keys set: resumable, locked, on local processes or Ray.
+   rounds of `batch` (`rounds`: a round's layouts start as soon as what earlier rounds can still
+   give no longer decides them), all one sweep (`chakra_core.sweep`) of the job manifest with
+   each layout's keys set: resumable, locked, on local processes or Ray.
 4. A layout whose bound is not below the K-th best simulated step time cannot enter the top K:
    it and every layout after it are left unsimulated ("pruned").
 5. Memory is checked (`check_memory`, when the manifest names a memory layer): the simulated layouts'
