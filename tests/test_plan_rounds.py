@@ -62,7 +62,7 @@ def _rounds(candidates: list[_Candidate], top: int, batch: int) -> Rounds:
 def _one_round_after_another(candidates: list[_Candidate], top: int, batch: int) -> list[list[int]]:
     rounds = _rounds(candidates, top, batch)
     while (chosen := rounds.choose()) is not None:
-        assert chosen != WAIT   # every earlier layout has ended: the round is known
+        assert chosen is not WAIT   # every earlier layout has ended: the round is known
         for candidate in chosen:
             _end(rounds, candidate)
     return [[c.layout.number for c in round_] for round_ in rounds.rounds]
@@ -80,7 +80,7 @@ def _with_workers(candidates: list[_Candidate], top: int, batch: int, workers: i
             chosen = rounds.choose()
             if chosen is None:
                 asking = False
-            elif chosen == WAIT:
+            elif chosen is WAIT:
                 assert running, "waiting with nothing running: no layout would ever end"
                 break
             else:
@@ -123,7 +123,7 @@ def test_a_round_starts_before_the_one_before_it_ends():
     assert rounds.choose() == candidates[:2]
     assert rounds.choose() == candidates[2:4]   # chosen before any layout has ended
     _end(rounds, candidates[0])
-    assert rounds.choose() == WAIT               # the 3rd best may still be as low as 1.01
+    assert rounds.choose() is WAIT               # the 3rd best may still be as low as 1.01
     for candidate in candidates[1:4]:
         _end(rounds, candidate)
     assert rounds.choose() is None               # the 3rd best is 1.111: the 3.0 layout cannot enter

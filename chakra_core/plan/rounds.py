@@ -25,7 +25,7 @@ from chakra_core.json_types import JsonObject
 from chakra_core.plan.ranking import kth_best, standing
 from chakra_core.plan.status import FAILED, SIMULATED
 from chakra_core.report.document import Results
-from chakra_core.sweep.run import WAIT, Execution, PointReport, run_sweep
+from chakra_core.sweep.run import WAIT, Execution, PointReport, Wait, run_sweep
 from chakra_core.sweep.spec import Sweep, build_sweep
 from chakra_core.sweep.task import Status
 
@@ -54,7 +54,7 @@ class Rounds:
         self.finished: set[int] = set()        # ids of the candidates whose run ended
         self.started: list[float] = []         # each round's start (monotonic), for its pace
 
-    def choose(self) -> list[Candidate] | str | None:
+    def choose(self) -> list[Candidate] | Wait | None:
         """Layouts to simulate now: the next round's first ones, or the rest of the open round;
         WAIT while which is not known until a running layout ends; None: no layout left can
         enter the top K."""
@@ -131,7 +131,7 @@ def simulate_rounds(manifest: Mapping[str, Any], base_dir: Path, out_dir: Path, 
 
     current = sweep_of(rounds.chosen)
 
-    def grow() -> Sweep | str | None:
+    def grow() -> Sweep | Wait | None:
         nonlocal current
         following = rounds.choose()
         if not isinstance(following, list):

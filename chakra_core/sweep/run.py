@@ -30,6 +30,7 @@ import shutil
 import time
 import traceback
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -171,10 +172,15 @@ def table_columns(sweep: Sweep) -> list[str]:
     return ["point", "id", *sweep.keys, *STATUS_COLUMNS, *metric, *STAT_COLUMNS, WALL_COLUMN]
 
 
-WAIT = "wait"
-Grow = Callable[[], Sweep | str | None]
+class Wait(Enum):
+    """None of a growing sweep's next points can be chosen until a running point ends."""
+    WAIT = "wait"
+
+
+WAIT = Wait.WAIT
+Grow = Callable[[], Sweep | Wait | None]
 """A sweep's next points: the sweep with more points after its own (same order and output folder),
-WAIT (none can be chosen until a running point ends), or None (no more)."""
+WAIT, or None (no more)."""
 
 
 def run_sweep(sweep: Sweep, executor: str = "local", workers: int | None = None, address: str | None = None,
@@ -255,7 +261,7 @@ def _run_locked(sweep: Sweep, executor: str, workers: int | None, address: str |
         nonlocal sweep
         while grow is not None:
             grown = grow()
-            if grown is None or grown == WAIT:
+            if grown is None or grown is WAIT:
                 return None if grown is None else []
             assert isinstance(grown, Sweep) and grown.output_dir == sweep.output_dir
             new = [point for point in grown.points if point.index not in by_index]
