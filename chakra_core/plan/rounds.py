@@ -111,8 +111,10 @@ class Rounds:
                 f"{report.wall_s or 0.0:.1f} s" if report.status is Status.OK else f"failed: {report.error}")
         left = (time.monotonic() - self.started[number]) / done * (len(round_) - done)   # the round's pace so far
         eta = f"; about {left:.0f} s left in round {number + 1}" if done < len(round_) else ""
-        self.say(f"  {done} of {len(round_)} (round {number + 1}): {candidate.layout.label()}: {what}{eta}")
-        if done == len(round_) and (self.closed or number < len(self.rounds) - 1):
+        whole = self.closed or number < len(self.rounds) - 1   # the round has all its layouts
+        self.say(f"  {done} of {len(round_)}{'' if whole else ' so far'} (round {number + 1}): "
+                 f"{candidate.layout.label()}: {what}{eta}")
+        if done == len(round_) and whole:
             self.say(standing([c for c in self.chosen if id(c) in self.finished], self.top))
 
 
