@@ -26,5 +26,9 @@ def standing(chosen: list[Candidate], top: int) -> str:
 
 def kth_best(chosen: list[Candidate], top: int) -> float:
     """The `top`-th fastest step simulated so far (infinite until that many are known)."""
-    times = sorted(c.step_s for c in chosen if c.step_s is not None)
-    return times[top - 1] if len(times) >= top else math.inf
+    return kth_smallest([c.step_s for c in chosen if c.step_s is not None], top)
+
+
+def kth_smallest(values: list[float], top: int) -> float:
+    """The `top`-th smallest of `values` (infinite when there are fewer)."""
+    return sorted(values)[top - 1] if len(values) >= top else math.inf

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from chakra_core.json_types import JsonObject
-from chakra_core.plan.ranking import kth_best, standing
+from chakra_core.plan.ranking import kth_best, kth_smallest, standing
 from chakra_core.plan.status import FAILED, SIMULATED
 from chakra_core.report.document import Results
 from chakra_core.sweep.run import WAIT, Execution, PointReport, Wait, run_sweep
@@ -65,11 +65,9 @@ class Rounds:
         round_ = self.rounds[-1]
         before = [c for earlier in self.rounds[:-1] for c in earlier]
         known = all(id(c) in self.finished for c in before)
-        kth = kth_best(before, self.top)
-        if not known:   # the least the K-th best of those rounds can be
-            least = sorted([c.step_s for c in before if c.step_s is not None] +
-                           [c.bound_s for c in before if id(c) not in self.finished])
-            kth = least[self.top - 1] if len(least) >= self.top else math.inf
+        kth = kth_best(before, self.top) if known else kth_smallest(   # else the least it can be
+            [c.step_s for c in before if c.step_s is not None] + [c.bound_s for c in before if id(c) not in self.finished],
+            self.top)
         while len(round_) < self.batch:
             following = self.queue.pop(kth)
             if following is None:
