@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chakra_core.jobs.attention_variants import windowed_flops
+from chakra_core.jobs.attention_variants import attention_chunks, windowed_flops
 from chakra_core.jobs.primitives import Attr, KernelPrimitives
 from chakra_core.schema import pb
 
@@ -118,6 +118,10 @@ class SelfAttention(KernelPrimitives):
         """The attention of a layer; returns the node that writes (forward) or reads (backward) its output."""
         if self.job.training.attention == "unfused":
             return self._unfused_attention(name, backward)
+        chunks = attention_chunks(self.job.shape, self.s)
+        if chunks > 1:   # Llama 4: causal chunks as batch entries (attention_variants; refused with CP)
+            chunk = self.job.shape.attention_chunk or self.s
+            return self.flash_attention(name, backward, chunk, chunk, True, self.a, chunks)
         if self.cp > 1 and self.job.parallel.cp_comm_type == "p2p":
             return self.ring_attention(name, backward)
         if self.cp > 1 and self.job.parallel.cp_comm_type in ("a2a", "a2a+p2p"):
@@ -132,11 +136,13 @@ class SelfAttention(KernelPrimitives):
             self.blocking(name + ".cp_dkv_reduce_scatter", "cp", pb.REDUCE_SCATTER, kv * self.cp)
         return node
 
-    def flash_attention(self, name: str, backward: bool, seq_q: int, seq_kv: int, causal: bool, heads: int) -> int:
+    def flash_attention(self, name: str, backward: bool, seq_q: int, seq_kv: int, causal: bool, heads: int,
+                        chunks: int = 1) -> int:
         """One fused attention kernel: `heads` query heads (and their share of the key/value heads)
-        of `seq_q` queries against `seq_kv` keys, for the micro-batch; q and k of head size dqk, v
-        and the output of dv (`attn_head_dim`, and `attn_head_dim_v` when they differ)."""
-        b, dqk, dv = self.b, self.dqk, self.dv
+        of `seq_q` queries against `seq_kv` keys, for the micro-batch (times `chunks` when the
+        sequence is cut into chunks); q and k of head size dqk, v and the output of dv
+        (`attn_head_dim`, and `attn_head_dim_v` when they differ)."""
+        b, dqk, dv = self.b * chunks, self.dqk, self.dv
         kv_heads = self.g * heads // self.a
         causal_half = 2 if causal else 1
         qkvo = b * (heads * seq_q + kv_heads * seq_kv) * (dqk + dv) * self.act_bytes

@@ -25,6 +25,15 @@ exp(sink - row max) to each row's sum in the forward, and in the backward reduce
 -P_sink x D (D = rowsum(dO x O), which FlashAttention-style backwards compute anyway) into the
 sink's gradient: a few operations per query row and head, no matmul.
 
+Chunked attention (Llama 4), as Megatron-Bridge runs it (NVIDIA-NeMo/Megatron-Bridge
+src/megatron/bridge/models/llama/llama4_utils.py at v0.3.0, 21b02e0c: Llama4SelfAttention.forward
+and chunkify): a sequence longer than `attention_chunk` has its queries, keys and values padded to a
+multiple of the chunk and reshaped to [chunk, chunks x batch], so every layer's core attention is one
+causal kernel of `chunk` tokens over chunks x batch sequences, each chunk attending only within
+itself (HF's Llama 4 keeps full attention on its NoPE layers; Megatron-Bridge chunks those too).
+With context parallelism it asserts that each rank's pieces are whole chunks; that case is not
+modelled (refused).
+
 Transformer Engine's backends (attention/dot_product_attention/utils.py get_attention_backend at
 d0067d0d): learnable softmax runs only in FusedAttention (cuDNN) or unfused, and with context
 parallelism only with cp_comm_type a2a; a sliding window with context parallelism not with p2p.
@@ -71,10 +80,32 @@ def mean_keys(seq: int, window: int | None) -> float:
     return (window * (2 * seq - window + 1) - seq) / (2 * seq)
 
 
+def attention_chunks(model: "ModelSpec", seq: int) -> int:
+    """Chunks a sequence of `seq` tokens is cut into for the core attention (1: not chunked)."""
+    chunk = model.attention_chunk
+    return -(-seq // chunk) if chunk is not None and seq > chunk else 1
+
+
+def chunked_mean_keys(seq: int, chunk: int) -> float:
+    """Keys a query attends to on average when `seq` tokens are cut into causal chunks of `chunk`
+    (the causal convention, half of each chunk's square; a shorter last chunk its own)."""
+    full, rest = divmod(seq, chunk)
+    return (full * chunk * chunk / 2 + rest * rest / 2) / seq
+
+
 def attention_variant_problems(job: "JobSpec") -> list[str]:
-    """What Transformer Engine cannot run with context parallelism (module docstring)."""
+    """What Transformer Engine cannot run with context parallelism (module docstring), and chunked
+    attention where it is not modelled."""
     m, p = job.shape, job.parallel
     out = []
+    if attention_chunks(m, job.training.seq) > 1:
+        if p.cp > 1:
+            out.append(f"model.attention_chunk ({m.attention_chunk} tokens, shorter than training.seq "
+                       f"{job.training.seq}) with parallel.cp > 1 is not modelled (Megatron-Bridge then needs "
+                       "every CP rank's pieces to be whole chunks): use cp 1 or a sequence of at most one chunk")
+        if job.training.attention == "unfused":
+            out.append("model.attention_chunk needs the fused attention (training.attention: flash), as "
+                       "Megatron-Bridge's Llama 4 attention cuts the sequence for it")
     if p.cp > 1 and m.window is not None and p.cp_comm_type in ("p2p", "a2a+p2p"):
         out.append("model.window with parallel.cp > 1 needs parallel.cp_comm_type a2a or allgather (Transformer "
                    "Engine runs no sliding window in p2p ring attention)")

@@ -50,7 +50,7 @@ no such model (NeMo's own deepseekv3 function has changed between its commits).
 
 from __future__ import annotations
 
-from chakra_core.jobs.attention_variants import layer_window, mean_keys
+from chakra_core.jobs.attention_variants import attention_chunks, chunked_mean_keys, layer_window, mean_keys
 from chakra_core.jobs.spec import JobSpec
 
 FORMULAS = ("nemo", "megatron_bridge", "megatron_sc21", "dgxc_mha")
@@ -104,6 +104,8 @@ def model_flops(job: JobSpec, formula: str = "nemo") -> float:
     total = float(B * s * (l * (6 * linear + attention) + 6 * moe + 6 * h * V))
     if formula == REPORTED and m.window is not None:   # windowed layers: their keys, not s / 2
         total += B * s * 12 * m.heads * d * sum(mean_keys(s, layer_window(m, layer)) - s / 2 for layer in range(l))
+    if formula == REPORTED and attention_chunks(m, s) > 1 and m.attention_chunk:   # chunked: a chunk's keys
+        total += B * s * 12 * m.heads * d * l * (chunked_mean_keys(s, m.attention_chunk) - s / 2)
     return total
 
 

@@ -16,11 +16,12 @@ VOCAB_DIVISOR = 128
 megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
 
 
-MOE_KEYS = ("topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "capacity_factor",
+MOE_KEYS = ("topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "moe_layer_step", "capacity_factor",
             "router_score_function", "router_groups", "router_group_topk", "router_expert_bias")
 """Keys that describe a mixture of experts (they need num_experts)."""
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
-OPTIONAL_KEYS = ("kv_channels", "num_experts", *MOE_KEYS, "window", "window_attn_skip_freq", "attention_sinks",
+OPTIONAL_KEYS = ("kv_channels", "num_experts", *MOE_KEYS, "window", "window_attn_skip_freq", "attention_chunk",
+                 "attention_sinks",
                  *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
 """Keys a model echoes only when set: a dense model's echo (results.json, the trace cache's digest)
 stays what it was before mixtures of experts, attention variants, latent attention and multi-token
@@ -64,6 +65,9 @@ class ModelSpec(BaseModel):
                                                                         "a multiple of it keep full attention "
                                                                         "(--window-attn-skip-freq; GPT-OSS 2); "
                                                                         "none: every layer windowed")
+    attention_chunk: PositiveInt | None = Field(None, description="chunked attention: a longer sequence is cut "
+                                                                  "into chunks of this many tokens, each attending "
+                                                                  "only within itself (Llama 4: 8192); none: full")
     attention_sinks: bool | None = Field(None, description="a learned sink logit per head in each softmax "
                                                            "(Megatron's softmax_type learnable; GPT-OSS)")
     # Mixture of experts (Megatron-Core megatron/core/transformer/moe/, NVIDIA/Megatron-LM at d98e8a64)
@@ -80,6 +84,10 @@ class ModelSpec(BaseModel):
     dense_layers_first: int | None = Field(None, ge=0, description="leading layers with a dense MLP of ffn_hidden "
                                                                    "(DeepSeek's first 3; --moe-layer-freq "
                                                                    "[0]*k+[1]*(L-k)); default 0")
+    moe_layer_step: PositiveInt | None = Field(None, description="every step-th layer has a MoE block, the others "
+                                                                 "a dense MLP of ffn_hidden (HF Llama 4's "
+                                                                 "interleave_moe_layer_step; --moe-layer-freq "
+                                                                 "([0]*(step-1)+[1])*(L/step)); default 1")
     capacity_factor: float | None = Field(None, gt=0, description="expert capacity factor "
                                                                   "(--moe-expert-capacity-factor); none: dropless")
     router_score_function: Literal["softmax", "sigmoid"] | None = Field(
@@ -133,11 +141,16 @@ class ModelSpec(BaseModel):
         if self.num_experts is not None:
             if self.router_topk > self.num_experts:
                 raise ValueError(f"topk {self.router_topk} is more than num_experts {self.num_experts}")
+            if self.dense_layers_first and self.moe_layer_step not in (None, 1):
+                raise ValueError("dense_layers_first and moe_layer_step: give one layer pattern, not both")
             if self.first_moe_layer >= self.layers:
-                raise ValueError(f"dense_layers_first {self.first_moe_layer} leaves no MoE layer of the "
-                                 f"{self.layers} layers")
+                raise ValueError(f"{'moe_layer_step' if self.moe_layer_step else 'dense_layers_first'} "
+                                 f"{self.first_moe_layer + (1 if self.moe_layer_step else 0)} leaves no MoE "
+                                 f"layer of the {self.layers} layers")
             self._router_groups_fit(self.num_experts)
         self._latent_attention_fits()
+        if self.attention_chunk is not None and (self.window is not None or self.mla):
+            raise ValueError("attention_chunk (chunked attention) goes with neither window nor latent attention")
         if self.window_attn_skip_freq is not None and self.window is None:
             raise ValueError("window_attn_skip_freq needs window (the sliding window it skips)")
         if self.mlp == "clamped-swiglu" and (self.num_experts is None or self.first_moe_layer or self.shared_ffn):
@@ -268,16 +281,24 @@ class ModelSpec(BaseModel):
 
     @property
     def first_moe_layer(self) -> int:
-        return self.dense_layers_first or 0
+        """The first layer with a MoE block (0-based); every layer before it is dense."""
+        return self.moe_layer_step - 1 if self.moe_layer_step else self.dense_layers_first or 0
 
     def is_moe_layer(self, layer: int) -> bool:
         """Layer `layer` (0-based) has a MoE block: every layer after the leading dense ones
-        (Megatron's --moe-layer-freq as the list [0]*k + [1]*(L-k))."""
-        return self.num_experts is not None and layer >= self.first_moe_layer
+        (Megatron's --moe-layer-freq as the list [0]*k + [1]*(L-k)), or every step-th one (HF
+        Llama 4: moe_layers = range(step - 1, L, step))."""
+        if self.num_experts is None or layer < self.first_moe_layer:
+            return False
+        return self.moe_layer_step is None or (layer + 1) % self.moe_layer_step == 0
 
     @property
     def moe_layers(self) -> int:
-        return self.layers - self.first_moe_layer if self.moe else 0
+        if not self.moe:
+            return 0
+        if self.moe_layer_step:
+            return self.layers // self.moe_layer_step
+        return self.layers - self.first_moe_layer
 
     def up_projections(self) -> int:
         return 2 if self.gated else 1
