@@ -198,11 +198,18 @@ def test_dlrm_has_5_all_to_all_and_3_all_reduce_per_rank_and_simulates_on_2_npus
             assert all(n.name.startswith("ncclKernel") and n.duration_micros > 0 and n.start_time_micros > 0
                        for n in comm)
         sizes.append([NodeView(n).int("comm_size") for n in comm])
+        # all_to_allv records its 8 pieces (an 8-rank job; one uneven: 96 ... 1,664 floats): kept
+        a2av = [NodeView(n) for n in comm if NodeView(n).has("comm_send_splits")]
+        assert len(a2av) == 4 and all(len(v.raw("comm_send_splits")) == 8 == len(v.raw("comm_recv_splits"))
+                                      and sum(v.raw("comm_send_splits")) == v.int("comm_size") for v in a2av)
         result.write(tmp_path / "dlrm")
     assert sizes[0] == sizes[1]
     assert sizes[0][4] == 394241 * 4          # all-reduce of 394,241 floats
+    # split evenly among the 2 ranks simulated here, with a warning
     results = simulate(manifest(str(tmp_path / "dlrm"), ring_network(2)))
-    assert results["finish_ns"] > 0 and results["warnings"] == []
+    assert results["finish_ns"] > 0 and results["warnings"] == [
+        "all-to-alls among all ranks carry 8 pieces (comm_send_splits) but run among 2 ranks here: their "
+        "comm_size is split evenly"]
     for rank in results["ranks"]:
         assert rank["native"]["collectives"] == 8
         assert set(rank["comm_bytes_by_type"]) == {"ALL_REDUCE", "ALL_TO_ALL"}
@@ -844,3 +851,20 @@ def test_the_sample_output_in_the_docs_is_what_the_converter_prints(tmp_path):
     printed = result.output.replace(str(tmp_path / "dlrm"), "traces/dlrm")
     assert f"```\n{printed}```" in (root / "docs" / "converter.md").read_text(encoding="utf-8"), \
         "docs/converter.md: paste the converter's output again:\n" + printed
+
+
+def test_an_uneven_all_to_all_keeps_its_pieces(tmp_path):
+    """all_to_all_single with split sizes: record_param_comms' in_split_size / out_split_size
+    (elements per member) become comm_send_splits / comm_recv_splits in bytes; their sum is the
+    send buffer, comm_size. Pieces that do not add up to it are left out, with a warning."""
+    nodes, _, _ = SIZE_CASES["uneven all_to_allv: the send buffer"]
+    comm = NodeView(_comm_nodes(convert(write_json(tmp_path / "et.json", host_doc(nodes)), rank=0).nodes)[0])
+    assert (comm.raw("comm_send_splits"), comm.raw("comm_recv_splits")) == ([400, 800], [1000, 1000])
+    assert sum(comm.raw("comm_send_splits")) == comm.int("comm_size")
+    bad = [nodes[0], rpc(4, 3, "all_to_allv", F(300, 2), F(500, 1), collective_name="all_to_allv", dtype="Float",
+                         in_msg_nelems=300, out_msg_nelems=500, in_split_size="[100, 100]",
+                         out_split_size="[250, 250]", pg_size=2)]
+    result = convert(write_json(tmp_path / "bad.json", host_doc(bad)), rank=0)
+    assert not NodeView(_comm_nodes(result.nodes)[0]).has("comm_send_splits")
+    (warning,) = result.summary.warnings
+    assert "split sizes (2 pieces summing to 800 B) do not describe its send buffer of 1,200 B" in warning

@@ -177,3 +177,14 @@ def test_a_comm_group_naming_a_missing_rank_is_reported_once(tmp_path):
     prefix = write_ranks(tmp_path / "t", [[comp(1, 1)]] * 2)
     lines = problem_lines(validate(_with_groups(tmp_path, prefix, 2, "{g: [0, 5]}")))
     assert len(lines) == 1 and "communicator group 'g'" in lines[0] and "names rank(s) [5]" in lines[0]
+
+
+def test_uneven_all_to_all_pieces_that_disagree(tmp_path):
+    """Rank 0 says it sends 100 B to rank 1; rank 1 says it receives 60 B from rank 0."""
+    def a2a(send, recv):
+        return [collective(1, pb.ALL_TO_ALL, sum(send), comm_send_splits=send, comm_recv_splits=recv)]
+    prefix = write_ranks(tmp_path / "t", [a2a([0, 100], [0, 40]), a2a([40, 0], [60, 0])])
+    (line,) = problem_lines(validate(manifest(tmp_path, prefix, 2)))
+    assert line.endswith("uneven all-to-all ALL_TO_ALL of 100 B among all ranks (#1 there): rank 0 (node 1) sends "
+                         "100 B to rank 1, but rank 1 (node 1) receives 60 B from it (comm_send_splits / "
+                         "comm_recv_splits)")

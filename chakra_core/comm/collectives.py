@@ -4,7 +4,11 @@ A COMM_COLL node carries `comm_type` (a `CollectiveCommType`), `comm_size` (byte
 see docs/collectives.md for what it counts per type), an optional `pg_name`
 (the communicator group; none, "" or "0" is all ranks) and, for rooted
 collectives, the root's rank (`root_rank`, `root` or `comm_root`). A barrier
-moves no data and runs as a 0-byte all-reduce.
+moves no data and runs as a 0-byte all-reduce. An all-to-all whose pieces differ (PyTorch's
+`all_to_all_single` with split sizes, a mixture of experts' token dispatch) carries the bytes this
+rank sends to and receives from each member, in the group's member order: `comm_send_splits` and
+`comm_recv_splits` (uint64 lists; comm_size stays the whole send buffer, their sum). Its members'
+comm_size then differ, and what member i sends member j must be what j receives from i.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ COLLECTIVE_TYPES = SYMMETRIC | ROOTED | {pb.REDUCE_SCATTER_BLOCK, pb.BARRIER}
 """Collective types a system layer runs (a barrier as a 0-byte all-reduce)."""
 ROOT_ATTRS = ("root_rank", "root", "comm_root")
 """Attributes naming a rooted collective's root, in the order they are looked for."""
+SEND_SPLITS, RECV_SPLITS = "comm_send_splits", "comm_recv_splits"
+"""An uneven all-to-all's bytes to and from each member (module docstring)."""
+Splits = tuple[tuple[int, ...], tuple[int, ...]]
+"""(bytes sent to, bytes received from) each member of an uneven all-to-all, in member order."""
 
 
 def collective_name(comm_type: int) -> str:
@@ -45,6 +53,8 @@ class CollectiveCall(NamedTuple):
     """comm_size in bytes (0 for a barrier)."""
     group: str
     """The communicator group's name; "" is all ranks."""
+    splits: Splits | None = None
+    """An uneven all-to-all's pieces (comm_send_splits, comm_recv_splits); None: even."""
 
 
 def read_collective(rank: int, node: NodeView, warn: Callable[[str], None]) -> CollectiveCall:
@@ -62,7 +72,27 @@ def read_collective(rank: int, node: NodeView, warn: Callable[[str], None]) -> C
              "a barrier moves no data, so the size is ignored")
         size = 0
     group = node.str("pg_name", "")
-    return CollectiveCall(comm_type, size, "" if group == "0" else group)
+    splits = read_splits(rank, node, size) if comm_type == ALL_TO_ALL else None
+    return CollectiveCall(comm_type, size, "" if group == "0" else group, splits)
+
+
+def read_splits(rank: int, node: NodeView, size: int) -> Splits | None:
+    """An all-to-all's comm_send_splits and comm_recv_splits, checked; None when it has neither."""
+    lists = [node.raw(SEND_SPLITS), node.raw(RECV_SPLITS)]
+    if lists == [None, None]:
+        return None
+    where = f"rank {rank}, node {node.id} ({node.name!r})"
+    for name, value in zip((SEND_SPLITS, RECV_SPLITS), lists):
+        if value is None:
+            raise SimulationError(f"{where}: an uneven all-to-all needs both {SEND_SPLITS} and {RECV_SPLITS} "
+                                  f"(the bytes to and from each member); {name} is missing")
+        if not isinstance(value, list) or not all(isinstance(v, int) and v >= 0 for v in value):
+            raise SimulationError(f"{where}: {name} must be a list of non-negative byte counts, not {value!r}")
+    send, recv = tuple(lists[0]), tuple(lists[1])
+    if sum(send) != size:
+        raise SimulationError(f"{where}: comm_size {size:,} B is not the sum of {SEND_SPLITS} "
+                              f"({sum(send):,} B): an all-to-all's comm_size is its whole send buffer")
+    return send, recv
 
 
 def collective_root(node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:

@@ -150,7 +150,8 @@ def _collective_problems(scans: list[_RankScan], registry: GroupRegistry) -> lis
                 problems = by_group.setdefault(call.group, [])
                 seq = matcher.issued[rank].get(call.group, 0) - 1
                 first = matcher.open.get((call.group, seq))
-                if first is None or seq < 0:       # not a member, or an undefined group
+                if first is None or seq < 0 or call.splits is not None:   # not a member, an undefined group,
+                    # or an uneven all-to-all whose pieces disagree (the error says which)
                     problems.append(f"{paths[rank]}: {exc}")
                     continue
                 where = f"group '{call.group}'" if call.group else "all ranks"

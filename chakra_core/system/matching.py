@@ -35,7 +35,7 @@ class MatchingSystem(SystemLayer, Generic[C]):
         opens a collective (see CollectiveMatcher)."""
         n = context.num_ranks
         self.groups = GroupRegistry(n, context.inputs.comm_groups)
-        self.matcher: CollectiveMatcher[C] = CollectiveMatcher(self.groups, make)
+        self.matcher: CollectiveMatcher[C] = CollectiveMatcher(self.groups, make, context.warn)
         self.open: list[dict[int, C]] = [{} for _ in range(n)]
         """rank -> {node id: its open collective}, for deadlock reports."""
         self.bytes_sent = [0] * n

@@ -39,6 +39,10 @@ from chakra_core.system.native.queues import ChunkQueues
 from chakra_core.system.native.solver import CollectiveSolver
 from chakra_core.json_types import JsonObject
 
+_UNEVEN = ("rank {rank}, node {node}: an uneven all-to-all (comm_send_splits / comm_recv_splits, PyTorch's "
+           "all_to_all_single with split sizes) runs on the nccl system layer (system: {{plugin: nccl}}); the "
+           "native layer plans every collective as ASTRA-sim does, even, from its first member's comm_size")
+
 
 class NativeSystem(MatchingSystem[Collective]):
     collectives_start_waiting = True
@@ -138,6 +142,8 @@ class NativeSystem(MatchingSystem[Collective]):
     # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
+        if coll.splits is not None:
+            raise SimulationError(_UNEVEN.format(rank=rank, node=node.id))
         if len(coll.nodes) == 1:   # the first member to issue it: plan it
             coll.set_plans(self.planner.plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans

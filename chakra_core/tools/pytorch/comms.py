@@ -28,6 +28,9 @@ reduce, each rank's input of an all-gather or gather, the full input of a reduce
 whole send buffer of an all-to-all), except scatter, where it is the piece each rank receives;
 0 for a barrier. PyTorch records what that needs: `in_msg_nelems` is the input of every type
 and `out_msg_nelems` the output (N x the input for all-gather, 1/N of it for reduce-scatter).
+An all-to-all with split sizes (`all_to_all_single(..., output_split_sizes, input_split_sizes)`,
+recorded as `in_split_size` / `out_split_size`) keeps its pieces: `comm_send_splits` and
+`comm_recv_splits`, bytes to and from each member (docs/collectives.md).
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ class CommInfo:
     rank: int | None = None     # this rank, when the trace records it
     group_ranks: list[int] | None = None   # from record_param_comms' rank start / stride / size
     group_size: int | None = None          # members of the collective's group, when recorded
+    splits: tuple[tuple[int, ...], tuple[int, ...]] | None = None   # an uneven all-to-all's bytes per member
 
 
 def comm_size(info: CommInfo, group_size: int | None) -> tuple[int, str | None]:
@@ -170,6 +174,8 @@ def _sizes(info: CommInfo, op: HostOp, rpc: HostOp | None, backends: list[HostOp
         if elem is None:
             found = tensors(rpc.inputs) + tensors(rpc.outputs)
             elem = found[0].elem_bytes if found else None
+        if info.kind == pb.ALL_TO_ALL and elem is not None:
+            info.splits = _splits(rpc, elem)
         nin, nout = rpc.attrs.get("in_msg_nelems"), rpc.attrs.get("out_msg_nelems")
         if elem is not None and isinstance(nin, int) and isinstance(nout, int):
             info.in_bytes, info.out_bytes = nin * elem, nout * elem
@@ -196,6 +202,34 @@ def _sizes(info: CommInfo, op: HostOp, rpc: HostOp | None, backends: list[HostOp
         info.in_bytes = info.out_bytes = sum_bytes(tensors(backend.inputs))
         if info.in_bytes:
             return
+
+
+def _splits(rpc: HostOp, elem: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """An all-to-all's pieces in bytes, to and from each member: record_param_comms'
+    `in_split_size` / `out_split_size` attributes (elements per member, schema 1.1), else the two
+    lists after the collective's name (1.0.2+); None when either is empty (an even split)."""
+    found = [_element_list(rpc.attrs.get(key)) for key in ("in_split_size", "out_split_size")]
+    if None in found:
+        types = rpc.inputs.types
+        name_at = next((i for i, kind in enumerate(types) if kind == "String"), None)
+        after = rpc.inputs.values[name_at + 1:name_at + 3] if name_at is not None else []
+        found = [_element_list(value) for value in after] if len(after) == 2 else [None, None]
+    send, recv = found
+    if not send or not recv:
+        return None
+    return tuple(n * elem for n in send), tuple(n * elem for n in recv)
+
+
+def _element_list(value: Any) -> list[int] | None:
+    """A list of element counts, as recorded (a list, or its JSON text); None if it is not one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return value
+    return None
 
 
 def _rpc_facts(info: CommInfo, rpc: HostOp, backend_ids: dict[int, str]) -> None:

@@ -23,7 +23,8 @@ from typing import Any, TypedDict
 from chakra_core.et.attrs import attr_value
 from chakra_core.et.dtypes import operands_dtype
 from chakra_core.schema import pb
-from chakra_core.et.build import bool_attr, int_attr, process_group_json, str_attr, uint_attr
+from chakra_core.comm.collectives import RECV_SPLITS, SEND_SPLITS
+from chakra_core.et.build import bool_attr, int_attr, process_group_json, str_attr, uint_attr, uint_list_attr
 from chakra_core.tools.pytorch import comms
 from chakra_core.tools.pytorch.comms import CommInfo, ProcessGroups
 from chakra_core.tools.pytorch.deps import Dependencies
@@ -195,6 +196,21 @@ class NodeBuilder(JobContext):
         end = max(target.start_time_micros + target.duration_micros, to_micros(kernel.end))
         target.duration_micros = end - target.start_time_micros
 
+    def _split_attrs(self, op: HostOp, info: CommInfo, size: int) -> list[pb.AttributeProto]:
+        """An all-to-all's recorded pieces (comm_send_splits, comm_recv_splits), when they describe
+        its send buffer (kept even when equal: every member of the collective must carry them
+        alike); else none, and the system layer splits it evenly."""
+        if info.splits is None:
+            return []
+        send, recv = info.splits
+        group = info.group_size or self._group_size(info.pg_name)
+        if sum(send) != size or len(send) != len(recv) or (group is not None and len(send) != group):
+            self.warnings.append(f"{self.host.path}: {op.label()}: its split sizes ({len(send)} pieces "
+                                 f"summing to {sum(send):,} B) do not describe its send buffer of {size:,} B "
+                                 f"among {group or '?'} ranks; left out (an even split)")
+            return []
+        return [uint_list_attr(SEND_SPLITS, send), uint_list_attr(RECV_SPLITS, recv)]
+
     def _comm_node(self, op: HostOp, info: CommInfo, kernel: Event | None, event: Event | None) -> int:
         node_type = comms.node_type_of(info.kind)
         attrs = [bool_attr("is_cpu_op", False), str_attr("op_type", "communication")]
@@ -205,6 +221,7 @@ class NodeBuilder(JobContext):
         if problem:
             self.warnings.append(f"{self.host.path}: {op.label()}: {problem}")
         attrs.append(uint_attr("comm_size", max(0, size)))
+        attrs += self._split_attrs(op, info, size)
         if info.pg_name is not None:
             attrs.append(str_attr("pg_name", info.pg_name))
         if info.kind in comms.ROOTED and info.root is not None:

@@ -37,7 +37,7 @@ from typing import Callable, Hashable, NamedTuple, Sequence
 from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
 from chakra_core import (
-    FoldView, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
+    FoldView, Unfold, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
     ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
 )
 from chakra_sim_system_nccl import model as nccl
@@ -48,6 +48,7 @@ from chakra_sim_system_nccl.section import NCCL_KEY, NcclSpec, communicator_byte
 from chakra_sim_system_nccl.sharing import NIC, FabricLoad, GroupShape, group_shape
 from chakra_sim_system_nccl.traffic import NetworkTraffic, collective_flows
 from chakra_sim_system_nccl.tuning import AlgorithmName, ProtocolName
+from chakra_sim_system_nccl.uneven import moved_pieces, uneven_all_to_all
 
 # A collective is one operation of one communicator group: 8 data-parallel groups each
 # all-reducing once are 8 operations of one trace node. Said wherever the counts are shown.
@@ -214,6 +215,11 @@ class NcclSystem(MatchingSystem[_Pending]):
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
+        if coll.splits is not None and self.folded is not None:   # each member's pieces are its own
+            reason = (f"rank {rank}'s node {node.id} is an all-to-all with pieces of its own (comm_send_splits): "
+                      "simulating every rank")
+            self.context.request_restart(reason, Unfold(reason))
+            return
         coll.done[rank] = done
         ctas, hbm, alone = self._footprint(coll)
         if node.has("comm_ctas"):   # run by Transformer Engine's userbuffers, on their own thread blocks
@@ -241,14 +247,16 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.context.comm_released(coll.nodes.items())
         simulated = coll.members if self.folded is None else [m for m in coll.members if m in coll.nodes]
         for rank in simulated:    # folded: the representatives among the members
-            self.bytes_sent[rank] += per_rank_bytes
-            self.bytes_received[rank] += per_rank_bytes
+            sent, received = (per_rank_bytes, per_rank_bytes) if coll.splits is None \
+                else moved_pieces(coll.members, coll.splits, rank)
+            self.bytes_sent[rank] += sent
+            self.bytes_received[rank] += received
         if on_network and cost.nbytes:
             assert self.internode is not None
             groups = [coll.members] if self.folded is None else self.folded.groups(coll.members)
             flows = [collective_flows(coll.comm_type, cost.algorithm, group,
                                       group[coll.members.index(coll.root)] if coll.root in coll.members else -1,
-                                      cost.nbytes, per_rank_bytes, self.gpus_per_node) for group in groups]
+                                      cost.nbytes, per_rank_bytes, self.gpus_per_node, coll.splits) for group in groups]
             self.internode.run(flows, lambda finishes: self._crossed(coll, simulated, groups, now, cost, weight,
                                                                    finishes))
             return
@@ -271,7 +279,8 @@ class NcclSystem(MatchingSystem[_Pending]):
         """Its duration sharing its fabric with `others` operations in flight, the bytes each
         member sends and receives (by nccl-tests' bus convention), and NCCL's choice; counted
         in the choices `weight` times (the groups a folded collective stands for)."""
-        chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape)
+        chosen = (uneven_all_to_all(self.model, self.same_node, coll.members, coll.splits, coll.size)
+                  if coll.splits is not None else self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape))
         if chosen is None:
             return _Cost(0, 0, 0, 0, "", ("", "", ""))
         choice, name, nbytes, moved = chosen

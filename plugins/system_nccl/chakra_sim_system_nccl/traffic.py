@@ -31,9 +31,12 @@ the layer to check.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from chakra_core import NetworkModel, Scheduler, pb
+
+Splits = tuple[tuple[int, ...], tuple[int, ...]]
+"""An uneven all-to-all member's bytes to and from each member (comm_send_splits / comm_recv_splits)."""
 
 Flow = tuple[int, int, int]
 """(source rank, destination rank, bytes)."""
@@ -93,13 +96,17 @@ def dtree_parents(nranks: int) -> tuple[list[int], list[int]]:
 
 
 def collective_flows(comm_type: int, algorithm: str, members: Sequence[int], root: int, nbytes: int,
-                     per_rank: int, gpus_per_node: int) -> list[Flow]:
+                     per_rank: int, gpus_per_node: int, splits: Mapping[int, Splits] | None = None) -> list[Flow]:
     """The inter-node flows of one collective (see the module docstring). `nbytes` is the
-    buffer NCCL counts (an all-gather's output), `per_rank` what each rank of a ring sends."""
+    buffer NCCL counts (an all-gather's output), `per_rank` what each rank of a ring sends;
+    `splits`, an uneven all-to-all's pieces per member (each sender's own)."""
     nodes = by_node(members, gpus_per_node)
     count = len(nodes)
     if count < 2 or nbytes <= 0:
         return []
+    if comm_type == pb.ALL_TO_ALL and splits is not None:
+        return [(src, dst, splits[src][0][j]) for src in members for j, dst in enumerate(members)
+                if splits[src][0][j] and src // gpus_per_node != dst // gpus_per_node]
     if comm_type == pb.ALL_TO_ALL:
         share = nbytes // len(members)
         return [(src, dst, share) for src in members for dst in members
