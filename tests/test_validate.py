@@ -184,7 +184,19 @@ def test_uneven_all_to_all_pieces_that_disagree(tmp_path):
     def a2a(send, recv):
         return [collective(1, pb.ALL_TO_ALL, sum(send), comm_send_splits=send, comm_recv_splits=recv)]
     prefix = write_ranks(tmp_path / "t", [a2a([0, 100], [0, 40]), a2a([40, 0], [60, 0])])
+    lines = problem_lines(validate(manifest(tmp_path, prefix, 2)))   # beside the native layer's refusal
+    assert any(line.endswith("uneven all-to-all ALL_TO_ALL of 100 B among all ranks (#1 there): rank 0 (node 1) "
+                             "sends 100 B to rank 1, but rank 1 (node 1) receives 60 B from it (comm_send_splits / "
+                             "comm_recv_splits)") for line in lines)
+
+
+def test_uneven_all_to_all_on_the_native_layer(tmp_path):
+    """validate says what the run would: the native layer refuses pieces of their own."""
+    def a2a(send, recv):
+        return [collective(1, pb.ALL_TO_ALL, sum(send), comm_send_splits=send, comm_recv_splits=recv)]
+    prefix = write_ranks(tmp_path / "t", [a2a([0, 100], [0, 40]), a2a([40, 0], [100, 0])])
     (line,) = problem_lines(validate(manifest(tmp_path, prefix, 2)))
-    assert line.endswith("uneven all-to-all ALL_TO_ALL of 100 B among all ranks (#1 there): rank 0 (node 1) sends "
-                         "100 B to rank 1, but rank 1 (node 1) receives 60 B from it (comm_send_splits / "
-                         "comm_recv_splits)")
+    assert line == (f"{prefix}.0.et (rank 0), node 1: an uneven all-to-all (comm_send_splits / comm_recv_splits, "
+                    "PyTorch's all_to_all_single with split sizes) runs on the nccl system layer (system: {plugin: "
+                    "nccl}); the native layer plans every collective as ASTRA-sim does, even, from its first "
+                    "member's comm_size")

@@ -77,7 +77,7 @@ def check_traces(spec: RunSpec, system: type[SystemLayer] | None, source: str, p
                                 "loads/stores need a memory layer (a `memory:` section; "
                                 "`chakra-sim plugins --layer memory` lists them)")
     if registry is not None and system is not None and len(scans) == len(spec.trace_files):
-        problems.extend(_collective_problems(scans, registry))
+        problems.extend(_collective_problems(scans, registry, getattr(system, "uneven_all_to_all_refusal", None)))
 
 
 def _scan(rank: int, path: Path, spec: RunSpec, system: type[SystemLayer] | None,
@@ -130,13 +130,15 @@ def _without_rank(message: str, rank: int) -> str:
     return message[len(prefix):] if message.startswith(prefix) else message
 
 
-def _collective_problems(scans: list[_RankScan], registry: GroupRegistry) -> list[str]:
+def _collective_problems(scans: list[_RankScan], registry: GroupRegistry, uneven_refusal: str | None = None
+                         ) -> list[str]:
     """The k-th collective of each group must agree across its members (see module docstring)."""
     by_group: dict[str, list[str]] = {}     # problems, reported group by group
     paths = {scan.rank: scan.path for scan in scans}
     names: dict[tuple[int, int], str] = {}
     matcher: CollectiveMatcher[OpenCollective] = CollectiveMatcher(registry, OpenCollective)
     stopped: set[tuple[int, str]] = set()      # (rank, group) past its first problem
+    refused: set[str] = set()                   # groups with an uneven all-to-all the layer refuses
     for scan in scans:
         rank = scan.rank
         for node, call in scan.collectives:
@@ -144,7 +146,11 @@ def _collective_problems(scans: list[_RankScan], registry: GroupRegistry) -> lis
                 continue
             names[(rank, node.id)] = node.name
             try:
-                matcher.join(rank, node, call)
+                coll = matcher.join(rank, node, call)
+                if uneven_refusal is not None and coll.splits is not None and call.group not in refused:
+                    refused.add(call.group)   # the group's first one says it
+                    by_group.setdefault(call.group, []).append(f"{paths[rank]} (rank {rank}), node {node.id}: "
+                                                               f"{uneven_refusal}")
             except ChakraSimError as exc:
                 stopped.add((rank, call.group))
                 problems = by_group.setdefault(call.group, [])

@@ -28,6 +28,10 @@ _CALL = object()
 class MatchingSystem(SystemLayer, Generic[C]):
     """Groups, matching and reporting shared by system layers (see the module docstring)."""
 
+    uneven_all_to_all_refusal: str | None = None
+    """Why the layer refuses all-to-alls with pieces of their own (comm_send_splits), for
+    `chakra-sim validate`; None: it runs them."""
+
     def _setup_matching(self, context: LayerContext, network: P2PNetwork,
                         make: Callable[[str, int, int, int, tuple[int, ...], int, int], C],
                         **p2p_options: Any) -> None:

@@ -39,14 +39,15 @@ from chakra_core.system.native.queues import ChunkQueues
 from chakra_core.system.native.solver import CollectiveSolver
 from chakra_core.json_types import JsonObject
 
-_UNEVEN = ("rank {rank}, node {node}: an uneven all-to-all (comm_send_splits / comm_recv_splits, PyTorch's "
-           "all_to_all_single with split sizes) runs on the nccl system layer (system: {{plugin: nccl}}); the "
-           "native layer plans every collective as ASTRA-sim does, even, from its first member's comm_size")
+_UNEVEN = ("an uneven all-to-all (comm_send_splits / comm_recv_splits, PyTorch's all_to_all_single with split "
+           "sizes) runs on the nccl system layer (system: {plugin: nccl}); the native layer plans every "
+           "collective as ASTRA-sim does, even, from its first member's comm_size")
 
 
 class NativeSystem(MatchingSystem[Collective]):
     collectives_start_waiting = True
     name = "native"
+    uneven_all_to_all_refusal = _UNEVEN
     fidelity = ("ASTRA-sim's native collectives (ring, direct, halving-doubling, double binary tree, "
                 "one* variants) per network dimension, chunked and pipelined, endpoint and reduction "
                 "delays, LIFO/FIFO scheduling, communicator groups, eager/rendezvous p2p")
@@ -143,7 +144,7 @@ class NativeSystem(MatchingSystem[Collective]):
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
         if coll.splits is not None:
-            raise SimulationError(_UNEVEN.format(rank=rank, node=node.id))
+            raise SimulationError(f"rank {rank}, node {node.id}: {_UNEVEN}")
         if len(coll.nodes) == 1:   # the first member to issue it: plan it
             coll.set_plans(self.planner.plan(coll, node))
             coll.solve = self.solve_whole and all(spec.algorithm.causal for chunk in coll.plans
