@@ -57,6 +57,16 @@ def test_an_all_reduce_twice_as_large_on_one_rank_is_flagged(tmp_path):
     assert result["short_ranks"] == []
 
 
+def test_an_all_to_all_whose_pieces_pile_up_on_one_rank_is_flagged(tmp_path):
+    """Every rank sends 4 MiB (comm_size equal) but rank 3 receives 6 MiB, the others 3 or 4: the
+    larger of sent and received compares the ranks (a mixture of experts' hot expert rank)."""
+    matrix = [[MIB, MIB, MIB, MIB], [0, MIB, MIB, 2 * MIB], [0, MIB, MIB, 2 * MIB], [3 * MIB, 0, 0, MIB]]
+    ranks = [[collective(1, pb.ALL_TO_ALL, sum(matrix[r]), comm_send_splits=matrix[r],
+                         comm_recv_splits=[row[r] for row in matrix])] for r in range(4)]
+    (entry,) = analyze_traces(write_ranks(tmp_path, ranks))["imbalance"]["flagged"]
+    assert (entry["min_bytes"], entry["max_bytes"], entry["max_rank"], entry["ratio"]) == (4 * MIB, 6 * MIB, 3, 1.5)
+
+
 def test_a_balanced_trace_is_not_flagged_and_the_threshold_is_the_users(tmp_path):
     balanced = write_ranks(tmp_path / "balanced", _all_reduce_ranks([MIB] * 4))
     result = analyze_traces(balanced)["imbalance"]

@@ -12,8 +12,10 @@ A scan records:
   (CPU ops and nodes without num_ops keep their traced duration there too);
 - communication: node count and `comm_size` bytes per collective type and SEND/RECV, and
   messages per power-of-two size bucket;
-- the collectives (for the imbalance check of `job`) and the METADATA nodes defining process
-  groups.
+- the collectives (for the imbalance check of `job`: their `comm_size`; for an all-to-all with
+  pieces of its own, `comm_recv_splits`, the larger of what it sends and receives, so that the
+  rank a skewed routing sends the most tokens to stands out) and the METADATA nodes defining
+  process groups.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from chakra_core.feeder.base import (CPU_FLAG, cycle_error, find_cycle, missing_
 from chakra_core.et.duration import replay_time_ns
 from chakra_core.schema import pb
 from chakra_core.tools.analyze.report import ComputeTimingInfo
+from chakra_core.comm.collectives import RECV_SPLITS
 from chakra_core.comm.groups import WORLD
 
 _NODE_TYPE_NAMES: dict[int, str] = {value: name for name, value in pb.NodeType.items()}
@@ -192,7 +195,9 @@ def _count_node(scan: TraceScan, node: pb.Node, timing: ComputeTiming) -> int:
         comm_type = _COLLECTIVE_NAMES.get(view.int("comm_type", -1), "UNKNOWN")
         size = view.int("comm_size", 0)
         group = view.str("pg_name", WORLD)
-        scan.collectives.append(Collective(node.id, node.name, comm_type, size,
+        received = view.raw(RECV_SPLITS) if comm_type == "ALL_TO_ALL" else None
+        volume = max(size, sum(received)) if isinstance(received, list) else size
+        scan.collectives.append(Collective(node.id, node.name, comm_type, volume,
                                            WORLD if group == "0" else group))
         _count_message(scan, comm_type, size)
     elif node_type == pb.COMM_SEND_NODE:
