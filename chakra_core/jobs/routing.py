@@ -39,11 +39,12 @@ of a pipeline stage stay alike, so runs still fold. It writes:
   comm_send_splits / comm_recv_splits (converted traces do: docs/collectives.md), each rank its
   own, so that no two ranks of an EP group would fold together; here every rank writes the even
   split of the hottest rank's buffer instead, so each peer's piece is what the hottest rank
-  receives from each peer in the dispatch and sends back in the combine: the nccl layer, which
-  ends an uneven all-to-all with its slowest member, gives both the same time. That is the most any rank sends or receives: a rank
-  sends its tokens for the other ranks' experts, T x (1 - its own share), and the hottest rank's
-  receive, (ep - 1) x T x its share, is at least that, since each of the other ep - 1 shares is at
-  most the hottest's. The expert-TP all-gather and reduce-scatter carry the same tokens.
+  receives from each peer in the dispatch and sends back in the combine. That is the most any
+  rank sends or receives: a rank sends its tokens for the other ranks' experts, T x (1 - its own
+  share), and the hottest rank's receive, (ep - 1) x T x its share, is at least that, since each
+  of the other ep - 1 shares is at most the hottest's; the nccl layer, which ends an uneven
+  all-to-all with its slowest member, gives both the same time. The expert-TP all-gather and
+  reduce-scatter carry the same tokens.
 What this approximates: a cooler rank's experts finish earlier and its rank waits in the combine
 instead, so its step ends at the same time but its split shows expert compute where it waited,
 and its own all-to-all sizes, activation memory and kernel counts are written as the hottest

@@ -37,8 +37,8 @@ from typing import Callable, Hashable, NamedTuple, Sequence
 from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
 from chakra_core import (
-    FoldView, Unfold, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
-    ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
+    FoldView, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
+    Unfold, ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
 )
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
@@ -279,8 +279,10 @@ class NcclSystem(MatchingSystem[_Pending]):
         """Its duration sharing its fabric with `others` operations in flight, the bytes each
         member sends and receives (by nccl-tests' bus convention), and NCCL's choice; counted
         in the choices `weight` times (the groups a folded collective stands for)."""
-        chosen = (uneven_all_to_all(self.model, self.same_node, coll.members, coll.splits, coll.size)
-                  if coll.splits is not None else self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape))
+        if coll.splits is not None:   # an all-to-all with pieces of its own (uneven.py)
+            chosen = uneven_all_to_all(self.model, self.same_node, coll.members, coll.splits, coll.size)
+        else:
+            chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape)
         if chosen is None:
             return _Cost(0, 0, 0, 0, "", ("", "", ""))
         choice, name, nbytes, moved = chosen
