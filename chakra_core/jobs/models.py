@@ -16,13 +16,12 @@ VOCAB_DIVISOR = 128
 megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding)."""
 
 
-MOE_KEYS = ("topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "moe_layer_step", "capacity_factor",
-            "router_score_function", "router_groups", "router_group_topk", "router_expert_bias")
+MOE_KEYS = ("topk", "moe_ffn_hidden", "shared_expert_ffn", "dense_layers_first", "moe_layer_step",
+            "capacity_factor", "router_score_function", "router_groups", "router_group_topk", "router_expert_bias")
 """Keys that describe a mixture of experts (they need num_experts)."""
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 OPTIONAL_KEYS = ("kv_channels", "num_experts", *MOE_KEYS, "window", "window_attn_skip_freq", "attention_chunk",
-                 "attention_sinks",
-                 *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
+                 "attention_sinks", *MLA_KEYS, "qk_layernorm", "mtp_num_layers", "make_vocab_size_divisible_by")
 """Keys a model echoes only when set: a dense model's echo (results.json, the trace cache's digest)
 stays what it was before mixtures of experts, attention variants, latent attention and multi-token
 prediction were modelled."""
