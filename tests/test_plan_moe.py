@@ -221,6 +221,10 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
     "fsdp-zero2-shared-experts-layer-unit": ({"shared_expert_ffn": 512, "dense_layers_first": 1}, {"ep": 2},
                                              {"use_megatron_fsdp": True, "data_parallel_sharding_strategy": "optim_grads",
                                               "suggested_communication_unit_size": 3_000_000}),
+    # Llama 4 Maverick in small: MoE blocks on every other layer, a shared expert, chunked attention
+    "llama4-moe-every-2nd-layer-chunked-attention": ({"moe_layer_step": 2, "shared_expert_ffn": 512, "topk": 1,
+                                                      "attention_chunk": 512, "router_score_function": "sigmoid"},
+                                                     {"tp": 2, "pp": 2, "vp": 2, "ep": 4, "etp": 1}, {}),
 }
 
 
@@ -228,7 +232,8 @@ MEMORY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] =
 def test_the_hbm_layers_peak_is_the_prediction(tmp_path, case):
     """The memory layer following the generated traces' tensors peaks at the predicted bytes, exactly:
     balanced and skewed routing, Qwen3's QK norms, selective recomputation of the MoE modules, the
-    overlaps, the flex and allgather dispatchers, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP."""
+    overlaps, the flex and allgather dispatchers, GPT-OSS's clamped SwiGLU and biases, Megatron-FSDP,
+    Llama 4's MoE blocks on every other layer and chunked attention."""
     model, parallel, training = MEMORY_CASES[case]
     data = {**job({**MOE, **model}, 16, parallel=parallel, **{"global_batch": 32, **training}), "tensors": True}
     predicted = predict_memory(JobSpec.model_validate(data)).total
@@ -248,9 +253,10 @@ def _simulated(tmp_path: Path, data: dict[str, Any], layout: Layout) -> float:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                 HealthCheck.function_scoped_fixture])
 @given(index=st.integers(0, 10_000), topk=st.sampled_from([1, 2, 4]), shared=st.sampled_from([0, 512]),
-       dense_first=st.sampled_from([0, 1]), precision=st.sampled_from(["bf16", "fp8"]))
-def test_the_bounds_are_never_above_the_simulated_step(tmp_path, index, topk, shared, dense_first, precision):
-    model = {**MOE, "topk": topk, "shared_expert_ffn": shared, "dense_layers_first": dense_first}
+       dense=st.sampled_from(["none", "first", "every-2nd"]), precision=st.sampled_from(["bf16", "fp8"]))
+def test_the_bounds_are_never_above_the_simulated_step(tmp_path, index, topk, shared, dense, precision):
+    pattern = {"first": {"dense_layers_first": 1}, "every-2nd": {"moe_layer_step": 2}}.get(dense, {})
+    model = {**MOE, "topk": topk, "shared_expert_ffn": shared, **pattern}
     data = job(model, 16, global_batch=16, precision=precision)
     found = enumerate_layouts(data, 8, micro_batches=(1, 2), recompute=("none", "full"), max_cp=2)
     layout = found.layouts[index % len(found.layouts)]
