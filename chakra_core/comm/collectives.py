@@ -95,6 +95,11 @@ def read_splits(rank: int, node: NodeView, size: int) -> Splits | None:
     return send, recv
 
 
+def even_pieces(splits: Splits | None) -> bool:
+    """Pieces that all-to-all's even split already gives: one size to and from every member."""
+    return splits is None or len(set(splits[0]) | set(splits[1])) <= 1
+
+
 def collective_root(node: NodeView, members: tuple[int, ...], rank: int, comm_type: int) -> int:
     """The root of a rooted collective (its root attribute, else the group's first rank); the
     first rank for the others."""

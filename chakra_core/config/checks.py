@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chakra_core.comm.collectives import CollectiveCall, collective_name
+from chakra_core.comm.collectives import CollectiveCall, collective_name, even_pieces
 from chakra_core.comm.groups import GroupRegistry
 from chakra_core.comm.matcher import CollectiveMatcher, OpenCollective
 from chakra_core.config.spec import RunSpec
@@ -147,7 +147,8 @@ def _collective_problems(scans: list[_RankScan], registry: GroupRegistry, uneven
             names[(rank, node.id)] = node.name
             try:
                 coll = matcher.join(rank, node, call)
-                if uneven_refusal is not None and coll.splits is not None and call.group not in refused:
+                if uneven_refusal is not None and coll.splits is not None and not even_pieces(coll.splits.get(rank)) \
+                        and call.group not in refused:
                     refused.add(call.group)   # the group's first one says it
                     by_group.setdefault(call.group, []).append(f"{paths[rank]} (rank {rank}), node {node.id}: "
                                                                f"{uneven_refusal}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from chakra_core.comm.collectives import ROOTED, collective_name, collective_wait
+from chakra_core.comm.collectives import ROOTED, collective_name, collective_wait, even_pieces
 from chakra_core.contract.algorithm import CollectiveAlgorithm
 from chakra_core.contract.inputs import LayerContext, ValidationInputs
 from chakra_core.contract.layers import ProblemList
@@ -143,7 +143,7 @@ class NativeSystem(MatchingSystem[Collective]):
     # Issuing a collective ---------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
-        if coll.splits is not None:
+        if coll.splits is not None and not even_pieces(coll.splits.get(rank)):   # even ones run as without
             raise SimulationError(f"rank {rank}, node {node.id}: {_UNEVEN}")
         if len(coll.nodes) == 1:   # the first member to issue it: plan it
             coll.set_plans(self.planner.plan(coll, node))
