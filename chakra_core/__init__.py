@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     # public names plugins import; at run time __getattr__ below imports them on first use.
     from chakra_core.comm.collectives import (
         CollectiveCall as CollectiveCall, collective_name as collective_name, collective_wait as collective_wait,
+        even_pieces as even_pieces,
     )
     from chakra_core.config.spec import RunConfig as RunConfig
     from chakra_core.contract.algorithm import (
@@ -121,6 +122,7 @@ _EXPORTS = {
     "read_trace": "chakra_core.et.io", "write_trace": "chakra_core.et.io",
     "GraphFeeder": "chakra_core.feeder", "open_feeder": "chakra_core.feeder", "pb": "chakra_core.schema",
     "OpenCollective": "chakra_core.comm.matcher", "collective_wait": "chakra_core.comm.collectives",
+    "even_pieces": "chakra_core.comm.collectives",
     "NO_LOAD": "chakra_core.contract.inputs",
     # hardware profiles
     "Profile": "chakra_core.hardware.profiles", "load_profile": "chakra_core.hardware.profiles",

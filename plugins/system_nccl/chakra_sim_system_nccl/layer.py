@@ -38,7 +38,7 @@ from pydantic import Field, PositiveInt, SerializerFunctionWrapHandler, model_se
 
 from chakra_core import (
     FoldView, GpuLoad, JsonObject, LayerContext, MatchingSystem, NodeView, OpenCollective, PluginConfig, SimulationError,
-    Unfold, ValidationInputs, collective_name, collective_wait, load_profile, pb, profile_problems,
+    Unfold, ValidationInputs, collective_name, collective_wait, even_pieces, load_profile, pb, profile_problems,
 )
 from chakra_sim_system_nccl import model as nccl
 from chakra_sim_system_nccl.folded import Fact, FoldedMatching
@@ -215,7 +215,8 @@ class NcclSystem(MatchingSystem[_Pending]):
     # Collectives ------------------------------------------------------------------------------------
     def issue_collective(self, rank: int, node: NodeView, done: Callable[[int], None]) -> None:
         coll = self._join(rank, node)
-        if coll.splits is not None and self.folded is not None:   # each member's pieces are its own
+        if coll.splits is not None and self.folded is not None and not even_pieces(coll.splits.get(rank)):
+            # uneven pieces are each member's own: no rank stands for another
             reason = (f"rank {rank}'s node {node.id} is an all-to-all with pieces of its own (comm_send_splits): "
                       "simulating every rank")
             self.context.request_restart(reason, Unfold(reason))
@@ -279,7 +280,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         """Its duration sharing its fabric with `others` operations in flight, the bytes each
         member sends and receives (by nccl-tests' bus convention), and NCCL's choice; counted
         in the choices `weight` times (the groups a folded collective stands for)."""
-        if coll.splits is not None:   # an all-to-all with pieces of its own (uneven.py)
+        if coll.splits is not None and len(coll.splits) == len(coll.members):   # pieces of its own (uneven.py)
             chosen = uneven_all_to_all(self.model, self.same_node, coll.members, coll.splits, coll.size)
         else:
             chosen = self._choose(coll.comm_type, coll.size, coll.members, coll.root, shape)

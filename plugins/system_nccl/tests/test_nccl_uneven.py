@@ -148,3 +148,11 @@ def test_the_native_layer_runs_even_pieces_as_the_even_all_to_all(tmp_path):
     pieces = run(tmp_path / "a", [[2**16] * 4] * 4, plugin="native")
     even = run(tmp_path / "b", size=4 * 2**16, plugin="native")
     assert pieces["finish_ns"] == even["finish_ns"] > 0
+
+
+def test_even_pieces_on_identical_ranks_fold(tmp_path):
+    """Ranks whose traces are identical (even pieces) still fold; uneven ones start over unfolded."""
+    results = run(tmp_path / "a", [[2**18] * 4] * 4)
+    assert results["folding"]["folded"] and not results["warnings"]
+    skewed = run(tmp_path / "b", [[2**18, 2**18, 2**18, 2**19]] * 4)
+    assert not skewed["folding"]["folded"] or any("pieces of its own" in w for w in skewed["warnings"])
