@@ -15,7 +15,7 @@ from chakra_core.testing import collective, comp, manifest, recv, send, simulate
 
 __all__ = ["DATA", "MICRO", "GIB", "collective", "comp", "manifest", "recv", "ring_network", "send",
            "simulate", "uniform_network", "write_ranks", "hop_ns", "PairDelayNetwork",
-           "REF_RESULTS", "astra_cases", "run_astra_case", "results_of", "job_folded_and_unfolded"]
+           "REF_RESULTS", "astra_cases", "run_astra_case", "results_of", "job_folded_and_unfolded", "changed_job"]
 
 DATA = Path(__file__).resolve().parent / "data"
 MICRO = DATA / "astra-microbenchmarks"
@@ -100,3 +100,12 @@ def job_folded_and_unfolded(job: dict[str, Any], tmp_path: Path) -> dict[str, tu
         assert (document["folding"]["folded"] is True) == (fold == "auto")
         out[fold] = (document["finish_ns"], document["ranks"])
     return out
+
+
+def changed_job(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A job's sections `base` with `changes` applied (the validation tests' one-change jobs): a
+    changed model replaces the model, any other section is updated key by key."""
+    data = dict(base)
+    for key, value in changes.items():
+        data[key] = value if key == "model" else {**data[key], **value}
+    return data

@@ -18,7 +18,7 @@ from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
-from tests.simhelpers import job_folded_and_unfolded
+from tests.simhelpers import changed_job, job_folded_and_unfolded
 
 PROFILE = "h100-hgx-ndr400"
 SMALL = {"layers": 4, "hidden": 512, "ffn_hidden": 512, "heads": 8, "kv_heads": 2, "kv_channels": 64, "vocab": 8000,
@@ -169,9 +169,7 @@ def test_a_dense_job_echoes_no_new_keys():
     ({"model": {**SMALL, "window": None}}, "window_attn_skip_freq needs window"),
 ])
 def test_validation_names_the_key(changes, message):
-    data: dict[str, Any] = {"name": "gptoss", "model": SMALL, "parallel": {},
-                            "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}
-    for key, value in changes.items():
-        data[key] = value if key == "model" else {**data[key], **value}
+    data = changed_job({"name": "gptoss", "model": SMALL, "parallel": {},
+                        "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}, changes)
     with pytest.raises(ValueError, match=message):
         JobSpec.model_validate(data)

@@ -13,7 +13,7 @@ from chakra_core.jobs.attention_variants import attention_chunks, chunked_mean_k
 from chakra_core.jobs.flops import model_flops
 from chakra_core.jobs.models import ModelSpec, preset
 from chakra_core.jobs.spec import JobSpec
-from tests.simhelpers import job_folded_and_unfolded
+from tests.simhelpers import changed_job, job_folded_and_unfolded
 from tests.test_gpt_oss import computed, nodes_of
 
 PROFILE = "h100-hgx-ndr400"
@@ -125,10 +125,8 @@ def test_a_folded_run_equals_every_rank_simulated(tmp_path):
                 "router_score_function": None}}, "moe_layer_step describe a mixture of experts"),
 ])
 def test_validation_names_the_key(changes, message):
-    data: dict[str, Any] = {"name": "llama4", "model": SMALL, "parallel": {},
-                            "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}
-    for key, value in changes.items():
-        data[key] = value if key == "model" else {**data[key], **value}
+    data = changed_job({"name": "llama4", "model": SMALL, "parallel": {},
+                        "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}, changes)
     with pytest.raises(ValueError, match=message):
         JobSpec.model_validate(data)
 

@@ -19,7 +19,7 @@ from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
-from tests.simhelpers import job_folded_and_unfolded
+from tests.simhelpers import changed_job, job_folded_and_unfolded
 
 DENSE = {"layers": 4, "hidden": 512, "ffn_hidden": 1408, "heads": 8, "kv_heads": 4, "vocab": 8000}
 MOE = {**DENSE, "num_experts": 8, "topk": 2, "moe_ffn_hidden": 512}
@@ -232,10 +232,8 @@ def test_the_step_split_shows_the_dispatcher(tmp_path):
     ({"parallel": {"etp": 3}, "cluster": {"gpus": 3}}, "parallel.etp 3 must divide model.moe_ffn_hidden 512"),
 ])
 def test_validation_names_the_key(changes, message):
-    data: dict[str, Any] = {"name": "moe", "model": MOE, "parallel": {},
-                            "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}
-    for key, value in changes.items():
-        data[key] = value if key == "model" else {**data[key], **value}
+    data = changed_job({"name": "moe", "model": MOE, "parallel": {},
+                        "training": {"seq": 1024, "global_batch": 4}, "cluster": {"gpus": 1, "profile": PROFILE}}, changes)
     with pytest.raises(ValueError, match=message):
         JobSpec.model_validate(data)
 

@@ -16,7 +16,7 @@ from chakra_core.jobs.placement import Placement
 from chakra_core.jobs.program import RankProgram
 from chakra_core.jobs.spec import JobSpec
 from chakra_core.schema import pb
-from tests.simhelpers import job_folded_and_unfolded
+from tests.simhelpers import changed_job, job_folded_and_unfolded
 
 MOE = {"layers": 2, "hidden": 512, "ffn_hidden": 1408, "heads": 8, "kv_heads": 4, "vocab": 8000,
        "num_experts": 32, "topk": 4, "moe_ffn_hidden": 256}
@@ -139,10 +139,8 @@ def test_a_folded_run_equals_every_rank_simulated(tmp_path, layout):
     ({"parallel": {"moe_token_dispatcher": "flex", "ep": 2, "moe_flex_backend": "nccl_ep"}}, "moe_flex_backend"),
 ])
 def test_validation_names_the_key(changes, message):
-    data: dict[str, Any] = {"name": "flex", "model": MOE, "parallel": {},
-                            "training": {"seq": 1024, "global_batch": 8}, "cluster": {"gpus": 2, "profile": PROFILE}}
-    for key, value in changes.items():
-        data[key] = value if key == "model" else {**data[key], **value}
+    data = changed_job({"name": "flex", "model": MOE, "parallel": {},
+                        "training": {"seq": 1024, "global_batch": 8}, "cluster": {"gpus": 2, "profile": PROFILE}}, changes)
     if data["model"].get("num_experts") is None:
         data["model"] = {k: v for k, v in data["model"].items() if k not in ("num_experts", "topk", "moe_ffn_hidden")}
     with pytest.raises(ValueError, match=message):
