@@ -40,6 +40,25 @@ def test_schedule_at_rejects_the_past():
         queue.run()
 
 
+def test_a_cancelled_event_does_not_run_and_its_empty_instant_is_skipped():
+    queue, seen = EventQueue(), []
+    moved, stays = ("moved",), ("stays",)
+    queue.schedule(5, seen.append, moved)
+    queue.schedule(7, seen.append, stays)
+    queue.schedule(7, seen.append, ("also",))
+    queue.cancel(5, seen.append, moved)
+    queue.schedule_at(9, seen.append, moved)
+    assert len(queue) == 3
+    queue.run()
+    assert seen == [stays, ("also",), moved] and queue.executed == 3 and queue.now == 9
+    with pytest.raises(SimulationError, match="no event"):
+        queue.cancel(12, seen.append, moved)   # never scheduled there
+    scheduled = ["late"]
+    queue.schedule(3, seen.append, scheduled)
+    with pytest.raises(SimulationError, match="no event"):
+        queue.cancel(12, seen.append, ["late"])   # an equal argument is not the one scheduled
+
+
 # Driver: resources and ordering ------------------------------------------------------------------
 def _run(tmp_path, ranks, **kwargs):
     prefix = write_ranks(tmp_path / "t", ranks)

@@ -396,8 +396,10 @@ def test_a_straggler_that_never_repeats_falls_back_to_every_micro_batch(tmp_path
     folded, whole = simulate(tmp_path, data, "auto", host, **compute), simulate(tmp_path, data, "off", host, **compute)
     time = folded["folding"]["time"]
     assert time["folded"] is False and "no instant" in time["reason"]
-    # the reason names what kept changing: the straggler (rank 0) and the stage that waits for it
-    assert "what kept changing from one period to the next: ranks 0 and 2;" in time["reason"]
+    # the reason names what kept changing: the straggler (rank 0), the stage that waits for it and
+    # the compute layer, whose kernels in flight beside communication (sharing.py) shift with them
+    assert ("what kept changing from one period to the next: ranks 0 and 2 and the compute layer 'heating';"
+            in time["reason"])
     same_step(folded, whole)
 
 

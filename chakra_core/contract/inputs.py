@@ -135,6 +135,12 @@ class LayerContext:
     gpu_load: Callable[[int], GpuLoad] = lambda rank: NO_LOAD
     """Set by the engine to the system layer's `SystemLayer.gpu_load` once that is built: what the
     communication in flight on `rank` takes from compute kernels now (compute models call it)."""
+    comm_start: Callable[[int], None] | None = None
+    """Set by the engine when the system layer reports its operations' starts
+    (`SystemLayer.reports_comm_starts`) and the compute model re-times kernels in flight
+    (`ComputeModel.retimes`): the system layer calls `comm_started(rank)` whenever an operation
+    starts holding what `gpu_load(rank)` counts, and the engine moves the ends `ComputeModel.retime`
+    gives."""
     comm_state: Callable[[int, int, bool], None] | None = None
     comm_release: Callable[[Iterable[tuple[int, int]]], None] | None = None
     stop: Callable[[], None] | None = None
@@ -161,6 +167,12 @@ class LayerContext:
         """
         if self.comm_state is not None:
             self.comm_state(rank, node_id, waiting)
+
+    def comm_started(self, rank: int) -> None:
+        """For system layers that report their operations' starts: an operation has just started
+        holding part of `rank`'s GPU (`gpu_load(rank)` counts it now)."""
+        if self.comm_start is not None:
+            self.comm_start(rank)
 
     def comm_released(self, nodes: Iterable[tuple[int, int]]) -> None:
         """`comm_waiting(rank, node_id, False)` for every (rank, node_id) pair, in one call."""

@@ -162,6 +162,18 @@ class ComputeModel(LayerModel):
     def compute_time_ns(self, rank: int, node: NodeView) -> int | None:
         """Duration of a compute node in ns, or None to replay the trace's duration_micros."""
 
+    retimes: bool = False
+    """True when a kernel's time depends on communication that starts beside it while it runs
+    (`LayerContext.gpu_load`): with a system layer that reports its operations' starts, the engine
+    then calls `retime` at each start and moves the kernels' ends it returns. A class attribute an
+    instance may override in `__init__`."""
+
+    def retime(self, rank: int) -> list[tuple[int, int]]:
+        """Communication has just started on `rank` (`LayerContext.comm_start` is set, so this is
+        called at every start): (node id, new end in ns, >= now) for each of the rank's kernels in
+        flight whose end moves. Default: none."""
+        return []
+
     def alone_time_ns(self, node: NodeView) -> int | None:
         """The node's duration with the GPU to itself and the host ahead of it: a lower bound on
         what `compute_time_ns` answers in any run (`chakra-sim plan`'s bound uses it). Default:
@@ -294,6 +306,11 @@ class SystemLayer(LayerModel):
         HBM traffic); a compute model times kernels that start beside them with what is left
         (`LayerContext.gpu_load`). Default: nothing, as for communication that runs off the GPU's SMs."""
         return NO_LOAD
+
+    reports_comm_starts: bool = False
+    """True when this layer calls `LayerContext.comm_started(rank)` whenever one of its operations
+    starts holding what `gpu_load(rank)` counts, so that a compute model can re-time the kernels it
+    has in flight (`ComputeModel.retimes`)."""
 
     def traffic(self, rank: int) -> tuple[int, int] | None:
         """(bytes `rank` injected into the network, bytes it received), or None if not counted.

@@ -22,15 +22,15 @@ goes to exactly one category, the first that applies, so the six sum to
 The system layer says when a communication node waits for peers
 (`LayerContext.comm_waiting`); without word from it, communication counts
 as network time. Overlapping totals are kept too: compute_ns (summed GPU
-node durations, ASTRA-sim's "GPU ops"), comm_ns (time with any
-communication in flight) and exposed_comm_ns (exposed network + waiting:
-comparable to ASTRA-sim's "exposed communication").
+node durations as re-timed beside communication, ASTRA-sim's "GPU ops"),
+comm_ns (time with any communication in flight) and exposed_comm_ns (exposed
+network + waiting: comparable to ASTRA-sim's "exposed communication").
 """
 
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from chakra_core.et.duration import replay_time_ns
 from chakra_core.errors import SimulationError
@@ -71,9 +71,6 @@ def step_part(node: NodeView) -> int:
     return _PART_INDEX.get(node.str("step_part", "other"), _OTHER_PART)
 
 
-_SKIPPED_TYPES = {pb.INVALID_NODE, pb.STORAGE_NODE, pb.BATCH_NODE, pb.CHECKPOINT_NODE}
-
-
 def slot_table(memory_shares_comm: bool) -> dict[int, int]:
     """Node kind (NodeType | CPU_FLAG) -> slot index."""
     table = {}
@@ -102,7 +99,8 @@ class RankDriver:
                  "in_use", "ready", "slots", "inflight", "remaining", "finish_ns", "_pumping", "_observer",
                  "_intervals", "_tensor_tracker", "_reporting", "_collective_category", "compute_ns",
                  "comm_ns", "time", "_active", "_last", "_type_counts", "comm_bytes",
-                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time", "_max_ns", "_part_of")
+                 "replayed_host_collectives", "_parts_on", "_part_active", "_part_time", "_max_ns", "_part_of",
+                 "_kernels")
 
     def __init__(self, rank: int, feeder: GraphFeeder, sim: "Simulation",
                  capacities: list[int | None], slots: dict[int, int]):
@@ -142,6 +140,8 @@ class RankDriver:
         self._part_of = sim.part_of
         self._part_active = [[0] * len(STEP_PARTS) for _ in range(6)]   # per category, per part
         self._part_time = [[0] * len(STEP_PARTS) for _ in range(6)]
+        # kernels re-timed as communication starts beside them: node id -> (end, callback, arg) of its event
+        self._kernels: dict[int, tuple[int, Callable[[Any], None], Any]] | None = {} if sim.context.comm_start else None
 
     # Issue -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -264,9 +264,13 @@ class RankDriver:
             if self._parts_on:
                 part = self._part_of(node)
                 self._part_active[category][part] += 1
-                self.queue.schedule(duration, self._computed_part, (node_id, slot, category, now, part))
+                callback: Callable[[Any], None] = self._computed_part
+                arg: Any = (node_id, slot, category, now, part)
             else:
-                self.queue.schedule(duration, self._computed, (node_id, slot, category, now))
+                callback, arg = self._computed, (node_id, slot, category, now)
+            self.queue.schedule(duration, callback, arg)
+            if self._kernels is not None and category == CAT_GPU:
+                self._kernels[node_id] = (now + duration, callback, arg)
         elif node_type == _COLL:
             self._begin(node_id, slot, self._collective_category, now)
             memo = node.memo
@@ -299,6 +303,20 @@ class RankDriver:
                 self.system.define_groups(rank, node)
             self._begin(node_id, slot, CAT_NONE, now)
             self.complete(node_id)
+
+    def move_kernels(self, moved: list[tuple[int, int]]) -> None:
+        """The compute model re-timed kernels in flight: (node id, new end) each (ComputeModel.retime)."""
+        kernels, queue = self._kernels or {}, self.queue   # set whenever the engine re-times kernels
+        for node_id, end in moved:
+            entry = kernels.get(node_id)
+            if entry is not None and entry[0] != end and entry[0] > queue.now:   # not ended, nor ending now
+                if end < queue.now:
+                    raise SimulationError(f"compute plugin '{self.compute.name}' moved rank {self.rank}'s node "
+                                          f"{node_id} to end at {end} ns, before now ({queue.now} ns)")
+                queue.cancel(*entry)
+                queue.schedule_at(end, entry[1], entry[2])
+                self.compute_ns += end - entry[0]
+                kernels[node_id] = (end, entry[1], entry[2])
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -339,6 +357,8 @@ class RankDriver:
     def _computed(self, arg: tuple[int, int, int, int]) -> None:
         """A node finished (the engine completes compute nodes here directly)."""
         node_id, slot, category, start = arg
+        if self._kernels is not None:
+            self._kernels.pop(node_id, None)
         if self.queue.now > self._max_ns:   # no hardware takes this long: a trace or model error
             raise SimulationError(f"rank {self.rank}, node {node_id} ({self.feeder.lookup_node(node_id).name!r}) "
                                   f"would finish at {self.queue.now:,} ns (started at {start:,} ns); "

@@ -58,6 +58,22 @@ class EventQueue:
         bucket.append((callback, arg))
         self.pending += 1
 
+    def cancel(self, time: int, callback: Callable[[Any], None], arg: Any) -> None:
+        """Drop the pending event `(callback, arg)` at `time` > now (the very `arg` it was scheduled
+        with): a kernel whose end moved (ComputeModel.retime). An instant left empty keeps its heap
+        entry, which `run` skips."""
+        bucket = self._buckets.get(time) if time > self.now else None
+        for index, (pending, pending_arg) in enumerate(bucket or ()):
+            if pending_arg is arg and pending == callback:
+                del bucket[index]   # type: ignore[union-attr]
+                break
+        else:
+            raise SimulationError(f"no event of {getattr(callback, '__qualname__', callback)} is pending at "
+                                  f"{time} ns (now {self.now} ns) to cancel")
+        self.pending -= 1
+        if not bucket:
+            del self._buckets[time]
+
     def pending_times(self) -> list[int]:
         """The instants that have events pending (any order)."""
         return list(self._buckets)
@@ -98,7 +114,9 @@ class EventQueue:
         next_report = self.executed + every
         while times:
             time = heappop(times)
-            bucket = buckets[time]
+            bucket = buckets.get(time)
+            if bucket is None:   # every event of the instant was cancelled
+                continue
             self.now = time
             index = 0
             while index < len(bucket):   # callbacks may append to this bucket

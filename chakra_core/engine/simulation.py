@@ -162,6 +162,8 @@ class Simulation:
         self.system = self._required("system", SystemLayer)
         if type(self.system).gpu_load is not SystemLayer.gpu_load:   # compute models ask only if it can answer
             self.context.gpu_load = self.system.gpu_load
+            if self.compute.retimes and self.system.reports_comm_starts:   # kernels' ends move as it starts
+                self.context.comm_start = lambda rank: self.driver_of[rank].move_kernels(self.compute.retime(rank))
         if folding is None and not self.fold_note:
             self._check_foldable()
         self.watch = None

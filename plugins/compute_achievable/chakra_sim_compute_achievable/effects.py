@@ -2,9 +2,9 @@
 each (`compute.effects`), so that docs/training-accuracy.md can say what each one moves.
 
 - comm_sms: communication kernels in flight hold SMs (NCCL: one thread block per channel;
-  Transformer Engine's userbuffers: `num_sm`), and a kernel that starts beside them runs on the
-  SMs left, in more waves; a GEMM Transformer Engine launches with an SM margin (`sm_margin`
-  attribute) runs on the SMs left by the margin.
+  Transformer Engine's userbuffers: `num_sm`), and a kernel beside them runs on the SMs left, in
+  more waves, its work left re-timed as they start (sharing.py); a GEMM Transformer
+  Engine launches with an SM margin (`sm_margin` attribute) runs on the SMs left by the margin.
 - comm_hbm: their copies and reductions take HBM bandwidth from memory-bound work.
 - sustained_clock: compute-bound work at the rate a power-capped, continuous training load
   sustains (the profile's `gpu.achievable.sustained_fraction`), not the short benchmarks'.
@@ -27,6 +27,8 @@ from statistics import NormalDist
 from pydantic import Field
 
 from chakra_core import PluginConfig
+from chakra_sim_compute_achievable.host import HostLaunches
+from chakra_sim_compute_achievable.section import AchievableSpec
 
 RANGE_OF_8 = 2.8472
 """Expected range of 8 samples of a standard normal distribution (in standard deviations):
@@ -35,7 +37,7 @@ RANGE_OF_8 = 2.8472
 
 class AchievableEffects(PluginConfig):
     comm_sms: bool = Field(True, description="communication kernels' thread blocks take SMs from kernels "
-                                             "that start beside them; GEMMs with an SM margin run on the rest")
+                                             "running beside them; GEMMs with an SM margin run on the rest")
     comm_hbm: bool = Field(True, description="communication copies take HBM bandwidth from memory-bound work")
     sustained_clock: bool = Field(True, description="compute-bound work at the rate a power-capped training "
                                                     "load sustains (gpu.achievable.sustained_fraction)")
@@ -58,3 +60,30 @@ def slowest_of(gpus: int, spread: float) -> float:
         return 0.0
     sigma = spread / RANGE_OF_8
     return sigma * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
+
+
+class EffectFactors:
+    """What the switched-on effects make of a profile's achievable section for a run of `ranks`
+    GPUs: the compute-bound rates' scale, the slowest chip's excess, the host's launches, and the
+    effects left out for want of their number (`missing`)."""
+
+    def __init__(self, ach: AchievableSpec, on: AchievableEffects, ranks: int):
+        self.missing: list[str] = []
+        self.compute_scale, self.slowest_excess = 1.0, 0.0
+        self.host: HostLaunches | None = None
+        if on.sustained_clock:
+            if ach.sustained_fraction is None:
+                self.missing.append("sustained_clock (gpu.achievable.sustained_fraction)")
+            else:
+                self.compute_scale = ach.sustained_fraction.value
+        if on.gpu_variation:
+            if ach.speed_spread is None:
+                self.missing.append("gpu_variation (gpu.achievable.speed_spread)")
+            else:
+                self.slowest_excess = slowest_of(ranks, ach.speed_spread.value)
+                self.compute_scale /= 1 + self.slowest_excess
+        if on.host_launch:
+            if ach.host_launch_us is None:
+                self.missing.append("host_launch (gpu.achievable.host_launch_us)")
+            else:
+                self.host = HostLaunches(ach.host_launch_us.value * 1e-6)

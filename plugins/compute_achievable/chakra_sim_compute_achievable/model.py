@@ -26,8 +26,8 @@ from chakra_core import (
 from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionLibraries,
                                                    attention_ceiling, interpolate as _interpolate, matmul_ceiling)
-from chakra_sim_compute_achievable.effects import slowest_of
-from chakra_sim_compute_achievable.host import HostLaunches
+from chakra_sim_compute_achievable.effects import EffectFactors
+from chakra_sim_compute_achievable.sharing import KernelsInFlight, Running, shared_until, until_first_end
 from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
 from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
@@ -140,34 +140,17 @@ class AchievableCompute(ComputeModel):
     def _setup_effects(self, config: AchievableConfig, context: LayerContext) -> None:
         """The factors and per-rank state of `compute.effects` (effects.py)."""
         ach, on = self.achievable, config.effects
-        missing = []
+        factors = EffectFactors(ach, on, context.num_ranks)
         # compute-bound rates: the sustained share of the benchmarks', at the slowest chip's pace
-        self._compute_scale = 1.0
-        self.slowest_excess = 0.0
-        if on.sustained_clock:
-            if ach.sustained_fraction is None:
-                missing.append("sustained_clock (gpu.achievable.sustained_fraction)")
-            else:
-                self._compute_scale = ach.sustained_fraction.value
-        if on.gpu_variation:
-            if ach.speed_spread is None:
-                missing.append("gpu_variation (gpu.achievable.speed_spread)")
-            else:
-                self.slowest_excess = slowest_of(context.num_ranks, ach.speed_spread.value)
-                self._compute_scale /= 1 + self.slowest_excess
-        self._host: HostLaunches | None = None
-        if on.host_launch:
-            if ach.host_launch_us is None:
-                missing.append("host_launch (gpu.achievable.host_launch_us)")
-            else:
-                self._host = HostLaunches(ach.host_launch_us.value * 1e-6)
-        self._sharing = on.comm_sms or on.comm_hbm
+        self._compute_scale, self.slowest_excess, self._host = factors.compute_scale, factors.slowest_excess, factors.host
+        self._sharing = self.retimes = on.comm_sms or on.comm_hbm
+        self._in_flight = KernelsInFlight()
         self._stream_k = ach.gemm_schedule == "stream_k"
         self._epilogue = on.gemm_epilogue
         self._causal_backward = on.causal_backward
         self._loaded: dict[tuple[int, int, int], int] = {}   # (work id, free SMs, HBM GB/s) -> ns
-        if missing:
-            self._warn("effects", f"profile '{self.profile.name}' has no source for {', '.join(missing)}; "
+        if factors.missing:
+            self._warn("effects", f"profile '{self.profile.name}' has no source for {', '.join(factors.missing)}; "
                        "those effects are left out (docs/hardware.md)")
 
     def rate_ceiling_flops(self) -> float | None:
@@ -187,23 +170,43 @@ class AchievableCompute(ComputeModel):
         if work.kind == _REPLAYED and not self._device_checked:
             self._check_device(rank)
         duration = work.ns
+        weight = self._weights.get(rank, 1) if self._weights else 1
         if duration is not None and work.kind != _MEASURED:
+            now, whole, shared = self.context.scheduler.now, duration, None
             if self._sharing and work.shape:
                 load = self.context.gpu_load(rank)
                 if load.ctas > work.margin or load.hbm_gbps:
-                    duration = self._beside(work, load, duration)
+                    whole = self._under(work, load)
+                    duration = until_first_end(whole, duration, load.until_ns, now)
+                    shared = shared_until(whole, now, load.until_ns)
+            running = duration
             if self._host is not None:
-                duration = self._host.delayed(rank, self.context.scheduler.now, duration, work.launches, work.sync)
-        weight = self._weights.get(rank, 1) if self._weights else 1
+                duration = self._host.delayed(rank, now, duration, work.launches, work.sync)
+            if self._sharing and work.shape and self.context.comm_start is not None:   # re-timed: sharing.py
+                begins = now + duration - running   # after the host's launch: its shares count from then
+                self._in_flight.add(rank, node.id, Running(work, weight, begins, whole, work.ns or 0, None if shared is None
+                                                           else begins + shared, now + duration), now)
         stats = self._stats[work.kind]
         stats[0] += weight
         stats[1] += weight * (replay_time_ns(node) if duration is None else duration)
         stats[2] += weight * work.flops
         return duration
 
-    # Time folding (chakra_core.contract.time_folding): the host's lead is the only state (host.py) ------
+    def retime(self, rank: int) -> list[tuple[int, int]]:
+        """Communication started beside `rank`'s kernels: their new ends (sharing.py)."""
+        load = self.context.gpu_load(rank)
+        moved = self._in_flight.retime(rank, self.context.scheduler.now, lambda kernel: (
+            self._under(kernel.work, load) if load.ctas > kernel.work.margin or load.hbm_gbps else kernel.alone),
+            load.until_ns)
+        for _, kernel, old in moved:
+            self._stats[kernel.work.kind][1] += kernel.weight * (kernel.end - old)
+            if kernel.work.sync and self._host is not None:
+                self._host.synced[rank] = kernel.end   # the host waits for its new end
+        return [(node_id, kernel.end) for node_id, kernel, _ in moved]
+
+    # Time folding (chakra_core.contract.time_folding): the host's lead and the kernels in flight --------
     def time_fold_state(self, now: int, view: FoldView) -> Hashable:
-        return () if self._host is None else self._host.time_fold_state(now)
+        return () if self._host is None else self._host.time_fold_state(now), self._in_flight.state(now, view)
 
     def statistics_snapshot(self) -> object:
         return [list(kind) for kind in self._stats], {} if self._host is None else self._host.leads(self.context.scheduler.now)
@@ -219,9 +222,8 @@ class AchievableCompute(ComputeModel):
         work = self._cached_work(node)
         return work.ns
 
-    def _beside(self, work: _Work, load: GpuLoad, alone: int) -> int:
-        """A kernel's time on the SMs and HBM bandwidth that communication in flight leaves it, up
-        to when the first of those operations ends; the rest of its work at its own pace."""
+    def _under(self, work: _Work, load: GpuLoad) -> int:
+        """A kernel's whole time on the SMs and HBM bandwidth that communication in flight leaves it."""
         on = self.config.effects
         busy = max(0, load.ctas - work.margin) if on.comm_sms else 0   # the margin's SMs take the first
         hbm = int(load.hbm_gbps) if on.comm_hbm else 0
@@ -231,10 +233,7 @@ class AchievableCompute(ComputeModel):
             bandwidth = max(self._hbm * _HBM_FLOOR, self._hbm - hbm * 1e9)
             loaded = self._loaded[key] = self._ns(self._seconds(work, busy, bandwidth) + work.gaps * self._gap,
                                                   work.flops, None, None)
-        shared = None if load.until_ns is None else load.until_ns - self.context.scheduler.now
-        if shared is None or shared <= 0 or shared >= loaded:   # overdue: waiting for peers, still holding
-            return loaded
-        return shared + int(math.ceil((1 - shared / loaded) * alone))
+        return loaded
 
     def _cached_work(self, node: NodeView) -> _Work:
         """`_work`, shared by nodes with the same attributes (a training step repeats each kernel

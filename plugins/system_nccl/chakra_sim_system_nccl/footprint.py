@@ -13,9 +13,11 @@
   primitives (src/device/all_reduce.h runRing: recvReduceSend, recvCopySend). Derived from the
   source, not measured; sends and receives are not counted. Together they make at most 3 bytes
   per byte the GPU's links carry (NVLink and its NICs), whatever static shares they were given.
-- Both are counted from the issue for as long as the operation takes alone: what a rank's own
-  kernels see depends on that rank's issues only, not on the order in which its peers' issues
-  reach the simulator at one instant (so a folded run sees what an unfolded one does).
+- Both are counted from the issue (each start reported, `LayerContext.comm_started`, so that a
+  compute model re-times the kernels already running beside it) for as long as the operation
+  takes alone: what a rank's own kernels see depends on that rank's issues only, not on when its
+  peers arrive nor on the order in which their issues reach the simulator at one instant (so a
+  folded run sees what an unfolded one does, and a pipeline's stages are not coupled through it).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def link_gbps(profile: Profile, gpus_per_node: int) -> float:
 class GpuFootprint:
     """Per rank: thread blocks and HBM traffic of the communication in flight."""
 
-    def __init__(self, ranks: int, hbm_cap_gbps: float):
+    def __init__(self, ranks: int, hbm_cap_gbps: float, started: Callable[[int], None] = lambda rank: None):
+        self.started = started
+        """Called with the rank an operation has just started on (LayerContext.comm_started)."""
         self.ctas = [0] * ranks
         self.hbm_gbps = [0.0] * ranks
         self.hbm_cap = hbm_cap_gbps
@@ -89,6 +93,8 @@ class GpuFootprint:
         self._held[rank][node_id] = (ctas, gbps, end_ns)
         self.ctas[rank] += ctas
         self.hbm_gbps[rank] += gbps
+        if ctas or gbps:
+            self.started(rank)
 
     def end(self, rank: int, node_id: int) -> None:
         held = self._held[rank].pop(node_id, None)

@@ -149,6 +149,7 @@ class NcclSystem(MatchingSystem[_Pending]):
                 "what crosses nodes goes through it as flows")
     Config = NcclSystemConfig
     collectives_start_waiting = True
+    reports_comm_starts = True   # footprint.py
     needs_network = False
     fold_safe = True
     time_fold_safe = True   # without a network layer (__init__): in-flight operations' load and footprint
@@ -168,7 +169,7 @@ class NcclSystem(MatchingSystem[_Pending]):
         self.choices: Counter[tuple[str, str, str]] = Counter()
         self.choice_ns: Counter[tuple[str, str, str]] = Counter()
         self.load = FabricLoad(n)
-        self.footprint = GpuFootprint(n, 3 * link_gbps(self.profile, self.gpus_per_node))
+        self.footprint = GpuFootprint(n, 3 * link_gbps(self.profile, self.gpus_per_node), context.comm_started)
         network = context.network
         self.internode = None if network is None else NetworkTraffic(network, context.scheduler)
         self.mirrors_folded_traffic = network is not None

@@ -52,3 +52,46 @@ def test_a_gemm_beside_an_all_reduce_loses_the_sms_nccl_runs_on(tmp_path):
     # NCCL runs the 1 GiB all-reduce as NVLS on 16 channels: H100's stream-K GEMM shares its main
     # loops out over the 116 SMs left
     assert beside == pytest.approx(alone * 132 / 116, rel=0.01)
+
+
+GEMM = {"kernel": "gemm", "gemm_m": ("uint64_val", 11 * 256), "gemm_n": ("uint64_val", 12 * 128),
+        "gemm_k": ("uint64_val", 8192), "gemm_batch": ("uint64_val", 1), "dtype": "bf16",
+        "num_ops": 2 * 11 * 256 * 12 * 128 * 8192, "tensor_size": 1}
+ONLY_SMS = {"comm_sms": True, **{name: False for name in ("comm_hbm", "sustained_clock", "gemm_epilogue",
+                                                           "host_launch", "gpu_variation")}}
+
+
+def gemm_and_collective(tmp_path, name: str, ranks: list[list[Any]]) -> dict[str, Any]:
+    prefix = write_ranks(tmp_path / name, ranks)
+    return simulate({"workload": {"trace": prefix, "resources": {"comm": None}},
+                     "system": {"plugin": "nccl", "profile": NODE},
+                     "compute": {"plugin": "achievable", "profile": NODE, "effects": ONLY_SMS},
+                     "output": {"dir": str(tmp_path / f"out-{name}")}})
+
+
+def test_a_gemm_is_timed_alike_whichever_of_it_and_a_collective_issues_first_at_an_instant(tmp_path):
+    """The GEMM's thread blocks share the GPU with NCCL's from the instant both run: a kernel
+    issued before the collective in the same ns is re-timed when it starts (compute_achievable
+    sharing.py), not run alone."""
+    first = gemm_and_collective(tmp_path, "gemm-first", [[comp(1, 1, **GEMM), collective(2, pb.ALL_REDUCE, 1 << 30)]
+                                                         for _ in range(8)])
+    second = gemm_and_collective(tmp_path, "coll-first", [[collective(1, pb.ALL_REDUCE, 1 << 30), comp(2, 1, **GEMM)]
+                                                          for _ in range(8)])
+    assert first["ranks"][0]["gpu_compute_ns"] == second["ranks"][0]["gpu_compute_ns"]
+    alone = gemm_beside_all_reduce(tmp_path, False)
+    assert first["ranks"][0]["gpu_compute_ns"] == pytest.approx(alone * 132 / 116, rel=0.01)
+
+
+def test_a_collective_starting_midway_slows_the_rest_of_a_running_gemm(tmp_path):
+    """Issued a host op's 40 µs into the GEMM, the all-reduce leaves the GEMM's remaining work
+    the SMs NCCL does not hold: 40 µs alone, the rest at 116/132 of the rate, until the
+    all-reduce ends (it outlasts the GEMM here)."""
+    delayed = [[comp(1, 1, **GEMM), comp(2, 40, is_cpu_op=True), collective(3, pb.ALL_REDUCE, 1 << 30, deps=[2])]
+               for _ in range(8)]
+    results = gemm_and_collective(tmp_path, "midway", delayed)
+    alone = gemm_beside_all_reduce(tmp_path, False)
+    loaded = gemm_beside_all_reduce(tmp_path, True)
+    assert 40_000 < alone
+    expected = 40_000 + (1 - 40_000 / alone) * loaded
+    assert results["ranks"][0]["gpu_compute_ns"] == pytest.approx(expected, abs=2)
+    assert alone < results["ranks"][0]["gpu_compute_ns"] < loaded
