@@ -27,7 +27,7 @@ from chakra_sim_compute_achievable.config import AchievableConfig
 from chakra_sim_compute_achievable.section import (KEY, AchievableSpec, AttentionLibraries,
                                                    attention_ceiling, interpolate as _interpolate, matmul_ceiling)
 from chakra_sim_compute_achievable.effects import EffectFactors
-from chakra_sim_compute_achievable.sharing import KernelsInFlight, Running, shared_until, until_first_end
+from chakra_sim_compute_achievable.sharing import KernelsInFlight, Running, until_first_end
 from chakra_sim_compute_achievable.gemm import gemm_groups, gemm_time, grouped_gemm_time
 from chakra_sim_compute_achievable.provenance import derived_rates, kernel_summary, kernel_tables, refusal
 from chakra_sim_compute_achievable.kernel_times import KernelTimes, KernelTimesError, load_kernel_times
@@ -177,8 +177,7 @@ class AchievableCompute(ComputeModel):
                 load = self.context.gpu_load(rank)
                 if load.ctas > work.margin or load.hbm_gbps:
                     whole = self._under(work, load)
-                    duration = until_first_end(whole, duration, load.until_ns, now)
-                    shared = shared_until(whole, now, load.until_ns)
+                    duration, shared = until_first_end(whole, duration, load.until_ns, now)
             running = duration
             if self._host is not None:
                 duration = self._host.delayed(rank, now, duration, work.launches, work.sync)

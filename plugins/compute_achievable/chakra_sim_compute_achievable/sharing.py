@@ -25,15 +25,15 @@ from typing import Any, Callable, Hashable
 from chakra_core import FoldView
 
 
-def until_first_end(loaded: float, alone: float, until_ns: int | None, now: int) -> int:
+def until_first_end(loaded: float, alone: float, until_ns: int | None, now: int) -> tuple[int, int | None]:
     """A kernel's time from `now` under the load it runs beside (`loaded` ns for its work) up to
     when the first of those operations is expected to end (`until_ns`), the rest of its work alone
     (`alone` ns for the same work); wholly loaded when one of them waits for peers (its end
-    unknown) or is overdue."""
+    unknown) or is overdue. With how long of it runs loaded (None: all of it)."""
     shared = None if until_ns is None else until_ns - now
     if shared is None or shared <= 0 or shared >= loaded:
-        return int(math.ceil(loaded))
-    return shared + int(math.ceil((1 - shared / loaded) * alone))
+        return int(math.ceil(loaded)), None
+    return shared + int(math.ceil((1 - shared / loaded) * alone)), shared
 
 
 class Running:
@@ -60,16 +60,9 @@ class Running:
             self.left = max(0.0, self.left - self.done(now))
             self.since = now
         self.whole = max(1, whole)
-        loaded = self.left * whole
-        shared = shared_until(loaded, self.since, until_ns)
+        took, shared = until_first_end(self.left * whole, self.left * self.alone, until_ns, self.since)
         self.switch = None if shared is None else self.since + shared
-        return self.since + until_first_end(loaded, self.left * self.alone, until_ns, self.since)
-
-
-def shared_until(loaded: float, since: int, until_ns: int | None) -> int | None:
-    """How long from `since` a kernel whose work left takes `loaded` ns under the load runs beside
-    it before going back to its own pace (None: to its end): until_first_end's loaded part."""
-    return until_ns - since if until_ns is not None and 0 < until_ns - since < loaded else None
+        return self.since + took
 
 
 _KEPT = 8

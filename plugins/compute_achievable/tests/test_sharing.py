@@ -67,9 +67,9 @@ def test_ended_kernels_are_dropped_as_the_next_starts():
 
 
 def test_the_load_holds_until_the_first_operation_is_expected_to_end():
-    assert until_first_end(2000, 1000, None, 0) == 2000          # waiting for peers: loaded throughout
-    assert until_first_end(2000, 1000, 500, 0) == 500 + 750      # a quarter loaded, the rest alone
-    assert until_first_end(2000, 1000, 5000, 0) == 2000
+    assert until_first_end(2000, 1000, None, 0) == (2000, None)       # waiting for peers: loaded throughout
+    assert until_first_end(2000, 1000, 500, 0) == (500 + 750, 500)    # a quarter loaded, the rest alone
+    assert until_first_end(2000, 1000, 5000, 0) == (2000, None)
 
 
 def reporting_model(loads: Loads, queue: EventQueue) -> AchievableCompute:
